@@ -1,0 +1,1 @@
+"""Readers and writers of on-disk formats. Each module handles one format."""

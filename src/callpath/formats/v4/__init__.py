@@ -1,0 +1,1 @@
+"""HPCToolkit sparse database format v4 (meta.db, profile.db, cct.db, trace.db)."""
