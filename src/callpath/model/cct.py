@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -135,7 +136,7 @@ class CCT:
         n = len(par)
         knd = np.asarray(kind, dtype=np.uint8)
 
-        def col(v: npt.ArrayLike | None, dtype: type, fill: int) -> npt.NDArray[np.generic]:
+        def col(v: npt.ArrayLike | None, dtype: type, fill: int) -> npt.NDArray[Any]:
             return np.full(n, fill, dtype=dtype) if v is None else np.asarray(v, dtype=dtype)
 
         fn = col(function, np.int64, -1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -49,8 +50,8 @@ class BinFile:
         self.major = self.mm[14]
         self.minor = self.mm[15]
         if self.major != SUPPORTED_MAJOR:
-            raise FormatError(path, f"major version {self.major}, only {SUPPORTED_MAJOR} is supported",
-                              14)
+            raise FormatError(path, f"major version {self.major}, only {SUPPORTED_MAJOR} is "
+                              "supported", 14)
         if bytes(self.mm[size - 8:]) != FOOTERS[fmt]:
             raise FormatError(path, f"missing footer {FOOTERS[fmt]!r}: the file is truncated or "
                               "was not completely written", size - 8)
@@ -101,8 +102,7 @@ class BinFile:
 
     # ---- arrays ------------------------------------------------------------------------
 
-    def array(self, off: int, dtype: npt.DTypeLike, count: int, what: str) -> npt.NDArray[
-            np.generic]:
+    def array(self, off: int, dtype: npt.DTypeLike, count: int, what: str) -> npt.NDArray[Any]:
         """A zero-copy array view of ``count`` items at ``off``."""
         dt = np.dtype(dtype)
         if count < 0 or count > self.size:
@@ -111,7 +111,7 @@ class BinFile:
         return np.frombuffer(self.mm, dtype=dt, count=count, offset=off)
 
     def records(self, off: int, stride: int, count: int, fields: dict[str, tuple[str, int]],
-                what: str) -> npt.NDArray[np.void]:
+                what: str) -> npt.NDArray[Any]:
         """``count`` structures of ``stride`` bytes (the stride stored in the file, for forward
         compatibility) viewed as a numpy record array with the named ``(type, offset)`` fields."""
         need = max((o + np.dtype(t).itemsize for t, o in fields.values()), default=0)

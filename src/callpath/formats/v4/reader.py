@@ -10,6 +10,8 @@ decoded for a whole level at once and the preorder is computed arithmetically.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +57,8 @@ def read_v4(directory: str | Path) -> Experiment:
     meta = _read_meta(BinFile(d / "meta.db", b"meta"))
     prof = BinFile(d / "profile.db", b"prof")
     profiles, loader = _read_profiles(prof)
-    n_slots = int(meta["cct"].ctx_id.max()) + 1
-    context_values = None
+    n_slots = int(meta.cct.ctx_id.max()) + 1
+    context_values: BlockStore[ContextBlock] | None = None
     if (d / "cct.db").exists():
         cfile = BinFile(d / "cct.db", b"ctxt")
         n_ctx, cloader = _read_contexts(cfile, len(profiles))
@@ -71,10 +73,10 @@ def read_v4(directory: str | Path) -> Experiment:
         except (OSError, UnicodeDecodeError) as e:
             raise FormatError(yaml_path, f"unreadable metric taxonomy: {e}") from None
     return Experiment(
-        cct=meta["cct"], metrics=meta["metrics"], scopes=meta["scopes"], profiles=profiles,
+        cct=meta.cct, metrics=meta.metrics, scopes=meta.scopes, profiles=profiles,
         values=BlockStore(len(profiles), loader), n_ctx_slots=n_slots,
-        modules=meta["modules"], files=meta["files"], functions=meta["functions"],
-        id_names=meta["id_names"], title=meta["title"], description=meta["description"],
+        modules=meta.modules, files=meta.files, functions=meta.functions,
+        id_names=meta.id_names, title=meta.title, description=meta.description,
         context_values=context_values, traces=traces, metrics_yaml=metrics_yaml, path=d,
         format="hpctoolkit-v4",
     )
@@ -83,30 +85,37 @@ def read_v4(directory: str | Path) -> Experiment:
 # ---- meta.db ---------------------------------------------------------------------------
 
 
-def _read_meta(f: BinFile) -> dict[str, object]:  # noqa: PLR0915 - one pass over sections
-    out: dict[str, object] = {}
-    # General properties
+@dataclass
+class _Meta:
+    title: str
+    description: str
+    id_names: list[str]
+    scopes: list[PropagationScope]
+    metrics: list[Metric]
+    modules: list[LoadModule]
+    files: list[SourceFile]
+    functions: list[Function]
+    cct: CCT
+
+
+def _read_meta(f: BinFile) -> _Meta:
     gsz, gp = f.section(0)
-    out["title"] = f.cstr(f.u64(gp, "pTitle"), gp, gp + gsz, "title")
-    out["description"] = f.cstr(f.u64(gp + 8, "pDescription"), gp, gp + gsz, "description")
-    # Identifier names
+    title = f.cstr(f.u64(gp, "pTitle"), gp, gp + gsz, "title")
+    description = f.cstr(f.u64(gp + 8, "pDescription"), gp, gp + gsz, "description")
     isz, ip = f.section(1)
     pp_names = f.u64(ip, "ppNames")
     n_kinds = f.u8(ip + 8, "nKinds")
     ptrs = f.array(pp_names, "<u8", n_kinds, "identifier name pointers")
-    out["id_names"] = [f.cstr(int(p), ip, ip + isz, "identifier name") for p in ptrs]
-    # Strings section bounds for module/file/function strings
-    ssz, sp = f.section(4)
-    out["scopes"], out["metrics"] = _read_metrics(f)
+    id_names = [f.cstr(int(p), ip, ip + isz, "identifier name") for p in ptrs]
+    ssz, sp = f.section(4)  # the common string table
+    scopes, metrics = _read_metrics(f)
     modules, mod_base, mod_stride = _read_modules(f, sp, ssz)
     files, file_base, file_stride = _read_files(f, sp, ssz)
-    out["modules"], out["files"] = modules, files
-    out["functions"], fn_base, fn_stride = _read_functions(
-        f, sp, ssz, (mod_base, mod_stride, len(modules)), (file_base, file_stride, len(files)))
-    out["cct"] = _read_tree(f, sp, ssz, (fn_base, fn_stride, len(out["functions"])),  # type: ignore[arg-type]
-                            (file_base, file_stride, len(files)),
-                            (mod_base, mod_stride, len(modules)))
-    return out
+    mods = (mod_base, mod_stride, len(modules))
+    fils = (file_base, file_stride, len(files))
+    functions, fn_base, fn_stride = _read_functions(f, sp, ssz, mods, fils)
+    cct = _read_tree(f, sp, ssz, (fn_base, fn_stride, len(functions)), fils, mods)
+    return _Meta(title, description, id_names, scopes, metrics, modules, files, functions, cct)
 
 
 def _read_metrics(f: BinFile) -> tuple[list[PropagationScope], list[Metric]]:
@@ -220,7 +229,7 @@ def _read_tree(f: BinFile, slo: int, ssz: int, fns: tuple[int, int, int],
     sizes = ent["sz"].astype(np.int64)
     ptrs = ent["p"].astype(np.int64)
     first_global = 1  # global (BFS) index of the first node of the current level
-    total = 1 + n_entries
+    total: int = 1 + n_entries
     ctx_words: list[npt.NDArray[np.uint64]] = []  # per level >= 2: the 4-word headers
     level_offsets_ctx: list[I64] = []
     while True:
@@ -271,13 +280,13 @@ def _read_tree(f: BinFile, slo: int, ssz: int, fns: tuple[int, int, int],
     pos = np.zeros(n, dtype=np.int64)
     for lv in range(1, len(level_sizes)):
         a, b = bounds[lv], bounds[lv + 1]
-        par = parent_bfs[a:b]
+        lv_par = parent_bfs[a:b]
         sz = size[a:b]
         csum = np.cumsum(sz) - sz  # exclusive prefix over the level
         # siblings are contiguous (grouped by parent); subtract the group's first prefix
-        first = np.r_[True, par[1:] != par[:-1]]
-        grp_start = np.maximum.accumulate(np.where(first, np.arange(len(par)), 0))
-        pos[a:b] = pos[par] + 1 + csum - csum[grp_start]
+        first = np.r_[True, lv_par[1:] != lv_par[:-1]]
+        grp_start = np.maximum.accumulate(np.where(first, np.arange(len(lv_par)), 0))
+        pos[a:b] = pos[lv_par] + 1 + csum - csum[grp_start]
     order = np.empty(n, dtype=np.int64)
     order[pos] = np.arange(n, dtype=np.int64)  # order[preorder index] = bfs index
 
@@ -370,7 +379,7 @@ def _gather_words(f: BinFile, offsets: I64, count: int) -> npt.NDArray[np.uint64
 # ---- profile.db ------------------------------------------------------------------------
 
 
-def _read_profiles(f: BinFile) -> tuple[list[ExecutionContext], object]:
+def _read_profiles(f: BinFile) -> tuple[list[ExecutionContext], Callable[[int], ProfileBlock]]:
     _, pi = f.section(0)
     _, _ = f.section(1)
     base, n = f.u64(pi, "pProfiles"), f.u32(pi + 8, "nProfiles")
@@ -426,7 +435,7 @@ def _check_csr(f: BinFile, starts: npt.NDArray[np.uint64], n_values: int, where:
 # ---- cct.db ----------------------------------------------------------------------------
 
 
-def _read_contexts(f: BinFile, n_profiles: int) -> tuple[int, object]:
+def _read_contexts(f: BinFile, n_profiles: int) -> tuple[int, Callable[[int], ContextBlock]]:
     _, cp = f.section(0)
     base, n = f.u64(cp, "pCtxs"), f.u32(cp + 8, "nCtxs")
     stride = f.u8(cp + 0xC, "szCtx")

@@ -1,0 +1,5 @@
+import sys
+
+from callpath.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Command line: one thin module per subcommand over library functions."""

@@ -1,0 +1,73 @@
+"""The ``callpath`` command: parses arguments and turns user errors into one line, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from callpath import __version__
+from callpath.cli import report
+from callpath.errors import CallpathError
+
+# Steps of the pipeline that later issues implement; listed so that --help shows the whole tool.
+PLANNED = {
+    "run": "measure a program by sampling (like hpcrun)",
+    "struct": "recover program structure from binaries (like hpcstruct)",
+    "prof": "attribute measurements to structure and write a database (like hpcprof)",
+    "profile": "run + struct + prof in one command",
+    "view": "open a database in the browser viewer (like hpcviewer)",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """Usage errors: one line and exit status 2, like every other user error."""
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="callpath", description="Call path performance analysis: measure, "
+                     "recover structure, attribute, and view.")
+    parser.add_argument("--version", action="version", version=f"callpath {__version__}")
+    sub: argparse._SubParsersAction[argparse.ArgumentParser] = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=_Parser)
+    report.add_parser(sub)
+    for name, text in PLANNED.items():
+        p = sub.add_parser(name, help=f"{text} (not yet available)", add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_planned(name))
+    return parser
+
+
+def _planned(name: str):  # type: ignore[no-untyped-def]
+    def run(args: argparse.Namespace) -> int:
+        raise CallpathError(f"'callpath {name}' is not yet available in this version")
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except CallpathError as e:
+        sys.stderr.write(f"callpath: error: {e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("callpath: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # The reader of our output went away (e.g. `| head`): not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

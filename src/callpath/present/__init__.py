@@ -1,0 +1,1 @@
+"""Renderers: text report, JSON, CSV (and later the web viewer)."""
