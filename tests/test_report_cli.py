@@ -1,0 +1,131 @@
+"""``callpath report`` run as a real command on the real databases."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import callpath
+
+from conftest import V4_DATABASES, run_cli, shared_path
+
+
+@pytest.mark.parametrize("db", [*V4_DATABASES, "cpi"])
+def test_report_succeeds_on_every_shared_database(db: str) -> None:
+    path = (shared_path("hatchet", "hpctoolkit-cpi-database") if db == "cpi"
+            else shared_path("hpctoolkit", "dbase", db))
+    proc = run_cli("report", str(path))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    exp = callpath.open(path)
+    assert len(lines) == 1 + len(exp.cct)  # header + one line per node (threshold 0)
+    assert "<program root>" in lines[1] and "100.0%" in lines[1]
+
+
+def test_text_labels_follow_hpcviewer() -> None:
+    out = run_cli("report", str(shared_path("hpctoolkit", "dbase", "small.d")), check=True).stdout
+    labels = [line.split("  ")[-1].strip() for line in out.splitlines()[1:]]
+    assert labels == [
+        "<program root>", "main thread", "» main", "small.c:11", "[11] » caller", "small.c:7",
+        "[7] » spinsleep", "small.c:1", "loop at small.c:3", "small.c:3", "[11] » spinsleep",
+        "small.c:1", "loop at small.c:3", "small.c:3"]
+    # indentation is two spaces per level of depth
+    caller = next(line for line in out.splitlines() if line.endswith("[11] » caller"))
+    assert caller.endswith("        [11] » caller")
+
+
+@pytest.mark.parametrize("db", V4_DATABASES)
+def test_json_is_preorder_with_all_metric_values(db: str) -> None:
+    path = shared_path("hpctoolkit", "dbase", db)
+    recs = json.loads(run_cli("report", str(path), "--format", "json", check=True).stdout)
+    exp = callpath.open(path)
+    cct = exp.cct
+    assert [r["id"] for r in recs] == cct.ctx_id.tolist()
+    seen: dict[int, int] = {}
+    for k, r in enumerate(recs):
+        assert set(r) >= {"id", "parent", "depth", "type", "name", "module", "file", "line",
+                          "metrics"}
+        assert r["type"] in {"function", "loop", "line", "instruction", "entry"}
+        if k == 0:
+            assert r["parent"] is None and r["depth"] == 0
+        else:
+            assert r["parent"] in seen  # parents come before children
+            assert r["depth"] == recs[seen[r["parent"]]]["depth"] + 1
+        seen[r["id"]] = k
+        for m in exp.metrics:
+            assert r["metrics"][f"{m.name} (I)"] == float(exp.inclusive(m)[k])
+            assert r["metrics"][f"{m.name} (E)"] == float(exp.exclusive(m)[k])
+
+
+def test_json_fields_of_a_loop_and_a_function() -> None:
+    path = shared_path("hpctoolkit", "dbase", "small.d")
+    recs = {r["id"]: r for r in json.loads(run_cli("report", str(path), "-f", "json").stdout)}
+    loop = recs[16]
+    assert (loop["type"], loop["line"], loop["file"].endswith("small.c")) == ("loop", 3, True)
+    assert loop["module"].endswith("testmeas-small")
+    fn = recs[22]
+    assert (fn["type"], fn["name"], fn["line"]) == ("function", "caller", 6)
+    assert fn["metrics"]["CPUTIME (sec) (I)"] == pytest.approx(0.605316)
+
+
+def test_depth_and_threshold_hide_nodes_and_their_subtrees() -> None:
+    path = str(shared_path("hpctoolkit", "dbase", "small.d"))
+    recs = json.loads(run_cli("report", path, "-f", "json", "--depth", "3").stdout)
+    assert max(r["depth"] for r in recs) == 3 and len(recs) == 4
+    # 0.604943 s of 1.210259 s is 49.98%: below a 50% threshold, and so is all below it.
+    recs = json.loads(run_cli("report", path, "-f", "json", "--threshold", "50").stdout)
+    assert 10 not in {r["id"] for r in recs}  # [11] » spinsleep hidden
+    assert 9 not in {r["id"] for r in recs}  # ... with its subtree
+    total = recs[0]["metrics"]["CPUTIME (sec) (I)"]
+    assert all(r["metrics"]["CPUTIME (sec) (I)"] >= 0.5 * total for r in recs)
+    assert {19, 16, 2} <= {r["id"] for r in recs}
+
+
+def test_metric_choice_by_name_prefix_and_index() -> None:
+    path = str(shared_path("hpctoolkit", "dbase", "small.d"))
+    a = run_cli("report", path, "--metric", "CPUTIME (sec)", check=True).stdout
+    b = run_cli("report", path, "--metric", "cputime", check=True).stdout
+    c = run_cli("report", path, "--metric", "0", check=True).stdout
+    assert a == b == c
+
+
+def test_contexts_listing() -> None:
+    out = run_cli("report", str(shared_path("hpctoolkit", "dbase", "loops-cputime-t.d")),
+                  "--contexts", check=True).stdout
+    rows = out.splitlines()
+    assert "summary" in rows[1]
+    threads = sorted(r.split()[-1] for r in rows if "THREAD" in r)
+    assert threads == ["0", "1", "2", "3"]
+    assert rows[-1] == "4 execution contexts"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["report", "/nonexistent/db"], "/nonexistent/db: no such file"),
+    (["report", "{tmp}"], "not a performance database"),
+    (["report", "{small}", "--metric", "cycles"], "unknown metric 'cycles'"),
+    (["report", "{small}", "--depth", "-1"], "non-negative integer"),
+    (["report", "{small}", "--threshold", "150"], "percentage"),
+    (["run", "ls"], "not yet available"),
+])
+def test_user_errors_are_one_line_and_exit_2(args: list[str], needle: str,
+                                              tmp_path: object) -> None:
+    small = str(shared_path("hpctoolkit", "dbase", "small.d"))
+    argv = [a.format(tmp=tmp_path, small=small) for a in args]
+    proc = run_cli(*argv)
+    assert proc.returncode == 2
+    assert needle in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_inclusive_is_consistent_with_children() -> None:
+    """Inclusive cost of a node is at least the sum over its children (equal when the node
+    itself has no cost of its own)."""
+    exp = callpath.open(shared_path("hpctoolkit", "dbase", "loops-cputime-t.d"))
+    inc = exp.inclusive(0)
+    offsets, children = exp.cct.child_csr()
+    sums = np.add.reduceat(np.append(inc[children], 0), offsets[:-1])
+    has = np.diff(offsets) > 0
+    assert np.all(inc[has] >= sums[has] - 1e-9)
