@@ -30,7 +30,7 @@ _Loader.add_multi_constructor("!", _any_tag)
 
 def load_dump(path: Path) -> dict[str, Any]:
     with open(path, encoding="utf-8") as fh:
-        data = yaml.load(fh, Loader=_Loader)  # noqa: S506 - our own restricted loader
+        data = yaml.load(fh, Loader=_Loader)
     assert isinstance(data, dict)
     return data
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import callpath
-
 from conftest import V4_DATABASES, run_cli, shared_path
 
 

@@ -12,12 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hpcyaml import load_dump, walk_contexts
 
 import callpath
 from callpath.model import Experiment, NodeKind
-
 from conftest import shared_path
+from hpcyaml import load_dump, walk_contexts
 
 SCOPE_TYPES = {"custom": 0, "point": 1, "execution": 2, "transitive": 3}
 RELATIONS = {"lexical": 0, "call": 1, "inlined_call": 2}

@@ -119,7 +119,8 @@ class BinFile:
             raise FormatError(self.path, f"{what}: structure size {stride} is smaller than the "
                               f"{need} bytes of version 4.0", off)
         dt = np.dtype({"names": list(fields), "formats": [t for t, _ in fields.values()],
-                       "offsets": [o for _, o in fields.values()], "itemsize": max(stride, 1)})
+                       "offsets": [o for _, o in fields.values()],
+                       "itemsize": max(stride, need, 1)})
         if count < 0 or count * max(stride, 1) > self.size:
             raise FormatError(self.path, f"{what}: implausible count {count}", off)
         self.check(off, count * stride, what)

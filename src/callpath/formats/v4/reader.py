@@ -226,8 +226,8 @@ def _read_tree(f: BinFile, slo: int, ssz: int, fns: tuple[int, int, int],
     lvl_offsets: list[I64] = [np.zeros(1, np.int64)]
     lvl_parent.append(np.zeros(n_entries, np.int64))
     lvl_offsets.append(p_entries + np.arange(n_entries, dtype=np.int64) * sz_entry)
-    sizes = ent["sz"].astype(np.int64)
-    ptrs = ent["p"].astype(np.int64)
+    sizes = ent["sz"].astype(np.uint64)
+    ptrs = ent["p"].astype(np.uint64)
     first_global = 1  # global (BFS) index of the first node of the current level
     total: int = 1 + n_entries
     ctx_words: list[npt.NDArray[np.uint64]] = []  # per level >= 2: the 4-word headers
@@ -265,8 +265,8 @@ def _read_tree(f: BinFile, slo: int, ssz: int, fns: tuple[int, int, int],
         lvl_offsets.append(o)
         first_global = total
         total += len(o)
-        sizes = words[:, 0].astype(np.int64)
-        ptrs = words[:, 1].astype(np.int64)
+        sizes = words[:, 0].astype(np.uint64)
+        ptrs = words[:, 1].astype(np.uint64)
 
     n = total
     parent_bfs = np.concatenate(lvl_parent)

@@ -1,0 +1,155 @@
+"""Corrupt, truncated and lying databases: one clear error, or a valid read. Never a crash.
+
+Targeted cases check the message names the file and what was wrong, through the real command
+(exit status 2, one line, no traceback). A property-based test mutates real databases at random
+and asserts that everything callpath reads from them either works or raises CallpathError.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import callpath
+from callpath.errors import CallpathError
+from callpath.present.report import json_records, visible_nodes
+from conftest import V4_DATABASES, run_cli, shared_path
+
+
+def _copy(name: str, tmp: Path) -> Path:
+    src = shared_path("hpctoolkit", "dbase", name)
+    dst = tmp / name
+    shutil.copytree(src, dst)
+    for f in dst.rglob("*"):
+        f.chmod(0o644 if f.is_file() else 0o755)
+    return dst
+
+
+def _patch(path: Path, offset: int, data: bytes) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset:offset + len(data)] = data
+    path.write_bytes(bytes(raw))
+
+
+def _u64(path: Path, offset: int) -> int:
+    return int(struct.unpack_from("<Q", path.read_bytes(), offset)[0])
+
+
+CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str, str]] = {
+    "missing profile.db": (lambda d: (d / "profile.db").unlink(), "profile.db",
+                           "missing"),
+    "wrong magic": (lambda d: _patch(d / "meta.db", 0, b"HPCTOOLKIX"), "meta.db", "bad magic"),
+    "wrong format": (lambda d: _patch(d / "cct.db", 10, b"prof"), "cct.db", "format"),
+    "unsupported major version": (lambda d: _patch(d / "trace.db", 14, b"\x05"), "trace.db",
+                                  "major version 5"),
+    "truncated file": (lambda d: (d / "profile.db").write_bytes(
+        (d / "profile.db").read_bytes()[:700]), "profile.db", "truncated"),
+    "section past the end": (lambda d: _patch(d / "meta.db", 0x40, struct.pack("<Q", 1 << 20)),
+                             "meta.db", "past the end"),
+    "pointer past the end": (lambda d: _patch(d / "meta.db", 0x48, struct.pack("<Q", 1 << 40)),
+                             "meta.db", "past the end"),
+    "size field that lies (profile count)": (
+        lambda d: _patch(d / "profile.db", _u64(d / "profile.db", 0x18) + 8,
+                         struct.pack("<I", 0x7FFFFFFF)), "profile.db", "implausible count"),
+    "size field that lies (children)": (
+        lambda d: _patch(d / "meta.db", _u64(d / "meta.db", 0x48),
+                         struct.pack("<Q", _u64(d / "meta.db", _u64(d / "meta.db", 0x48)) + 8)),
+        "meta.db", "context"),
+    "empty file": (lambda d: (d / "meta.db").write_bytes(b""), "meta.db", "too short"),
+}
+
+
+@pytest.mark.parametrize("case", list(CORRUPTIONS))
+def test_corruption_gives_one_clear_line(case: str, tmp_path: Path) -> None:
+    db = _copy("small.d", tmp_path)
+    corrupt, file_name, needle = CORRUPTIONS[case]
+    corrupt(db)
+    proc = run_cli("report", str(db))
+    assert proc.returncode == 2, proc.stdout
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert file_name in err and needle in err, err
+
+
+def test_malformed_xml_gives_one_clear_line(tmp_path: Path) -> None:
+    src = shared_path("hatchet", "hpctoolkit-cpi-database")
+    db = tmp_path / "cpi"
+    shutil.copytree(src, db)
+    xml = db / "experiment.xml"
+    xml.chmod(0o644)
+    text = xml.read_text()
+    xml.write_text(text[: len(text) // 2])
+    proc = run_cli("report", str(db))
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and "experiment.xml" in err and "Traceback" not in err
+
+
+def _read_everything(path: Path) -> None:
+    """Everything a user can ask of a database: tree, report, every block, traces."""
+    exp = callpath.open(path)
+    for m in exp.metrics:
+        inc = exp.inclusive(m)
+        exp.exclusive(m)
+        nodes = visible_nodes(exp, inc, None, 1.0)
+        for _ in json_records(exp, nodes):
+            pass
+    for p in range(len(exp.values)):
+        blk = exp.values[p]
+        blk.dense(0, exp.n_ctx_slots)
+    store = exp.context_store()
+    for c in range(min(len(store), 4096)):
+        store[c].metric_of_values()
+    if exp.traces:
+        for line in exp.traces.lines:
+            np.asarray(line.ctx_ids).sum()
+
+
+@pytest.mark.parametrize("name", V4_DATABASES)
+def test_pristine_databases_read_completely(name: str) -> None:
+    _read_everything(shared_path("hpctoolkit", "dbase", name))
+
+
+MUTATION = st.tuples(
+    st.sampled_from(V4_DATABASES),
+    st.sampled_from(["meta.db", "profile.db", "cct.db", "trace.db"]),
+    st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), min_size=1,
+             max_size=8),
+    st.one_of(st.none(), st.floats(0, 1, exclude_max=True)),
+)
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(MUTATION)
+def test_random_mutations_read_or_fail_cleanly(tmp_path_factory: pytest.TempPathFactory,
+                                               mutation: tuple[str, str,
+                                                               list[tuple[float, int]],
+                                                               float | None]) -> None:
+    name, file_name, edits, cut = mutation
+    src = shared_path("hpctoolkit", "dbase", name)
+    tmp = tmp_path_factory.mktemp("fuzz")
+    db = tmp / name
+    shutil.copytree(src, db)
+    target = db / file_name
+    target.chmod(0o644)
+    raw = bytearray(target.read_bytes())
+    for where, value in edits:
+        raw[int(where * len(raw))] = value
+    if cut is not None:
+        raw = raw[: int(cut * len(raw))]
+    target.write_bytes(bytes(raw))
+    try:
+        _read_everything(db)
+    except CallpathError as e:
+        msg = str(e)
+        assert "\n" not in msg and msg
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
