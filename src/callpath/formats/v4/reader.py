@@ -57,13 +57,22 @@ def read_v4(directory: str | Path) -> Experiment:
     meta = _read_meta(BinFile(d / "meta.db", b"meta"))
     prof = BinFile(d / "profile.db", b"prof")
     profiles, loader = _read_profiles(prof)
-    n_slots = int(meta.cct.ctx_id.max()) + 1
+    max_ctx = int(meta.cct.ctx_id.max())
+    n_slots = max_ctx + 1
     context_values: BlockStore[ContextBlock] | None = None
     if (d / "cct.db").exists():
         cfile = BinFile(d / "cct.db", b"ctxt")
         n_ctx, cloader = _read_contexts(cfile, len(profiles))
-        n_slots = max(n_slots, n_ctx)
+        if max_ctx >= n_ctx:
+            raise FormatError(d / "meta.db", f"context identifier {max_ctx} has no entry in "
+                              f"cct.db, which lists {n_ctx} contexts")
+        n_slots = n_ctx
         context_values = BlockStore(n_ctx, cloader)
+    elif n_slots > 16 * len(meta.cct) + 65536:
+        # Without cct.db the identifier range is only bounded by the tree; identifiers are
+        # dense in practice, so a huge one is corruption and would cost gigabytes of memory.
+        raise FormatError(d / "meta.db", f"context identifier {max_ctx} is implausibly large "
+                          f"for a tree of {len(meta.cct)} contexts")
     traces = _read_traces(BinFile(d / "trace.db", b"trce")) if (d / "trace.db").exists() else None
     yaml_path = d / "metrics" / "default.yaml"
     metrics_yaml = None
