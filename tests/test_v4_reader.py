@@ -177,3 +177,13 @@ def test_open_accepts_a_file_inside_the_database(tmp_path: Path) -> None:
     db = shared_path("hpctoolkit", "dbase", "small.d")
     exp = callpath.open(db / "meta.db")
     assert exp.path == db and len(exp.cct) == 14
+
+
+def test_tree_shape_arrays_from_reader_match_recomputation(v4_db: Path) -> None:
+    """The reader hands the tree its depths and subtree ends; they must equal what the model
+    computes from the parent array alone."""
+    from callpath.model.cct import _depths, _subtree_ends
+
+    cct = callpath.open(v4_db).cct
+    np.testing.assert_array_equal(cct.depth, _depths(cct.parent))
+    np.testing.assert_array_equal(cct.subtree_end, _subtree_ends(cct.parent, cct.depth))

@@ -89,8 +89,9 @@ class CCT:
     propagation: npt.NDArray[np.uint16]
     entry_point: npt.NDArray[np.uint16]
     entry_names: dict[int, str] = field(default_factory=dict)  # node index -> pretty name
-    depth: IntArray = field(init=False)
-    subtree_end: IntArray = field(init=False)
+    # Derived from ``parent``; a reader that already knows them may pass them in.
+    depth: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    subtree_end: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __post_init__(self) -> None:
         n = len(self.ctx_id)
@@ -102,8 +103,10 @@ class CCT:
             raise CallpathError("calling context tree must start with its root node")
         if n > 1 and np.any(self.parent[1:] >= np.arange(1, n)):
             raise CallpathError("calling context tree is not in preorder (parent after child)")
-        self.depth = _depths(self.parent)
-        self.subtree_end = _subtree_ends(self.parent, self.depth)
+        if len(self.depth) != n:
+            self.depth = _depths(self.parent)
+        if len(self.subtree_end) != n:
+            self.subtree_end = _subtree_ends(self.parent, self.depth)
 
     def __len__(self) -> int:
         return len(self.ctx_id)

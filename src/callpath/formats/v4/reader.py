@@ -370,6 +370,8 @@ def _read_tree(f: BinFile, slo: int, ssz: int, fns: tuple[int, int, int],
         file=file[order], line=line[order], module=mod[order], offset=offset[order],
         propagation=propagation[order], entry_point=entry_point[order],
         entry_names=entry_names,
+        depth=np.repeat(np.arange(len(level_sizes), dtype=np.int64), level_sizes)[order],
+        subtree_end=(pos + size)[order],
     )
 
 
