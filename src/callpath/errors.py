@@ -14,7 +14,7 @@ class CallpathError(Exception):
 
 
 class FormatError(CallpathError):
-    """A file on disk is not what its format promises (bad magic, truncated, out-of-range offset)."""
+    """A file on disk is not what its format promises (bad magic, truncation, bad offset)."""
 
     def __init__(self, path: object, message: str, offset: int | None = None) -> None:
         where = f"{path}" if offset is None else f"{path} at offset {offset:#x}"
