@@ -123,7 +123,8 @@ def small_experiment(source_dir: Path | None = None) -> Experiment:
                            entry_point=[0, 1] + [0] * 8 + [2, 0, 0],
                            entry_names={1: "main thread", 10: "application thread"})
     scopes = standard_scopes()
-    metrics = [standard_metric("CPUTIME (sec)", 0, scopes), standard_metric("CYCLES", 3, scopes)]
+    metrics = [standard_metric("CPUTIME (sec)", 0, scopes),
+               standard_metric("INSTRUCTIONS", 3, scopes)]
     blocks, contexts, lines = [], [], []
     node_ctx = np.asarray(ctx_id, dtype=np.int64)
     for t in range(2):
