@@ -210,8 +210,13 @@ def summarize(metrics: list[Metric], scopes: list[PropagationScope],
 
 
 def build_experiment(cct: CCT, metrics: list[Metric], scopes: list[PropagationScope],
-                     contexts: list[ExecutionContext], blocks: list[ProfileBlock],
-                     **kw: object) -> Experiment:
+                     contexts: list[ExecutionContext], blocks: list[ProfileBlock], *,
+                     modules: list[LoadModule] | None = None,
+                     files: list[SourceFile] | None = None,
+                     functions: list[Function] | None = None,
+                     id_names: list[str] | None = None, title: str = "",
+                     description: str = "", traces: Traces | None = None,
+                     path: Path | None = None, format: str = "memory") -> Experiment:
     """An in-memory experiment from per-context profiles; prepends the summary profile."""
     summary = summarize(metrics, scopes, blocks)
     profs = [ExecutionContext(0, (), True, 1)]
@@ -222,7 +227,10 @@ def build_experiment(cct: CCT, metrics: list[Metric], scopes: list[PropagationSc
             n_slots = max(n_slots, int(b.ctx_ids.max()) + 1)
     return Experiment(cct=cct, metrics=metrics, scopes=scopes, profiles=profs,
                       values=BlockStore.of([summary, *blocks]), n_ctx_slots=n_slots,
-                      **kw)  # type: ignore[arg-type]
+                      modules=modules or [], files=files or [], functions=functions or [],
+                      id_names=list(id_names) if id_names else list(DEFAULT_ID_NAMES),
+                      title=title, description=description, traces=traces, path=path,
+                      format=format)
 
 
 def propagate(cct: CCT, metrics: list[Metric], scopes: list[PropagationScope],
