@@ -279,6 +279,25 @@ def test_unsorted_blocks_are_sorted(tmp_path: Path) -> None:
     assert_same_experiment(small_experiment(), b)
 
 
+def test_metrics_out_of_order_inside_a_context_are_sorted(tmp_path: Path) -> None:
+    a = small_experiment()
+    blk = a.values[1]
+    c = int(np.argmax(np.diff(np.append(blk.starts.astype(np.int64), len(blk.values)))))
+    lo = int(blk.starts[c])
+    hi = int(blk.starts[c + 1]) if c + 1 < len(blk.starts) else len(blk.values)
+    assert hi - lo > 1
+    met, val = blk.metric_ids.copy(), blk.values.copy()
+    met[lo:hi], val[lo:hi] = met[lo:hi][::-1].copy(), val[lo:hi][::-1].copy()
+    a.values = BlockStore.of([a.values[0], ProfileBlock(blk.ctx_ids, blk.starts, met, val),
+                              a.values[2]])
+    b = read_v4(write_v4(a, tmp_path / "db.d"))
+    assert_same_experiment(small_experiment(), b)
+    # two values for one (context, metric) pair cannot be written
+    met[lo + 1] = met[lo]
+    with pytest.raises(CallpathError, match="two values"):
+        write_v4(a, tmp_path / "bad.d")
+
+
 def test_contexts_below_the_root_get_an_entry_point(tmp_path: Path) -> None:
     """A tree with a function directly below the global context (as experiment.xml has) is
     written below a synthetic "unknown entry" entry point with a fresh context id."""

@@ -211,13 +211,14 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
 
     try:
         files = _prepare_sources(exp, out, copy_sources)
-        cm = _context_major(exp)
-        n_slots = _slot_count(exp, cm)
+        blocks = [_sorted_block(exp.values[i], i) for i in range(len(exp.profiles))]
+        cm = _context_major(exp, blocks)
+        n_slots = _slot_count(exp, cm, blocks[0])
         tree = _TreeLayout.build(exp, n_slots)
         with open(temp("meta.db"), "wb") as f:
             f.write(_meta_db(exp, files, tree))
         with open(temp("profile.db"), "wb") as f:
-            _write_profile_db(f, exp)
+            _write_profile_db(f, exp, blocks)
         with open(temp("cct.db"), "wb") as f:
             _write_cct_db(f, cm, tree.n_slots)
         if exp.traces is not None:
@@ -265,7 +266,11 @@ def _check_experiment(exp: Experiment) -> None:
     if len(cct) > 1:
         if np.any(cct.ctx_id[1:] == 0):
             raise CallpathError("context identifier 0 is reserved for the global context")
-        if len(np.unique(cct.ctx_id)) != len(cct):
+        ids = cct.ctx_id
+        top = int(ids.max())
+        counts = (np.bincount(ids, minlength=top + 1) if top < 8 * len(ids)
+                  else np.unique(ids, return_counts=True)[1])
+        if int(counts.max()) > 1:
             raise CallpathError("context identifiers in the tree are not unique")
         kind = cct.kind[1:]
         par = cct.parent[1:]
@@ -701,11 +706,15 @@ def _sorted_block(blk: ProfileBlock, index: int) -> ProfileBlock:
                             f"0..{nv}")
     if nv == 0:
         return ProfileBlock(ctx, starts, met, val)
-    cov = blk.ctx_of_values().astype(np.uint64)
-    key = (cov << np.uint64(16)) | met.astype(np.uint64)
-    ok_ctx = len(ctx) < 2 or bool(np.all(ctx[1:] > ctx[:-1]))
-    if ok_ctx and bool(np.all(key[1:] > key[:-1])):
+    ok = len(ctx) < 2 or bool(np.all(ctx[1:] > ctx[:-1]))
+    if ok:  # metrics ascending inside each context (a context boundary may go down)
+        up = met[1:] > met[:-1]
+        cut = st[1:]
+        up[cut[(cut > 0) & (cut < nv)] - 1] = True
+        ok = bool(up.all())
+    if ok:
         return ProfileBlock(ctx, starts, met, val)
+    key = (blk.ctx_of_values().astype(np.uint64) << np.uint64(16)) | met.astype(np.uint64)
     order = np.argsort(key, kind="stable")
     key = key[order]
     if np.any(key[1:] == key[:-1]):
@@ -715,7 +724,7 @@ def _sorted_block(blk: ProfileBlock, index: int) -> ProfileBlock:
     return ProfileBlock(uc, first.astype(np.uint64), met[order], val[order])
 
 
-def _write_profile_db(f: BinaryIO, exp: Experiment) -> None:
+def _write_profile_db(f: BinaryIO, exp: Experiment, blocks: list[ProfileBlock]) -> None:
     profiles = exp.profiles
     n = len(profiles)
     header_size = 0x10 + 16 * 2
@@ -743,7 +752,7 @@ def _write_profile_db(f: BinaryIO, exp: Experiment) -> None:
     pos = _align(tuples.pos)
     f.seek(pos)
     for i in range(n):
-        blk = _sorted_block(exp.values[i], i)
+        blk = blocks[i]
         pad = _align(pos) - pos
         f.write(bytes(pad))
         pos += pad
@@ -792,37 +801,41 @@ class _ContextMajor:
     values: npt.NDArray[np.float64]
 
 
-def _context_major(exp: Experiment) -> _ContextMajor:
+def _context_major(exp: Experiment, blocks: list[ProfileBlock]) -> _ContextMajor:
     """Transpose the profile blocks. Every block is sorted by (context, metric) and blocks are
     taken in profile order, so one stable sort of the (context, metric) key is a merge of
     sorted runs and leaves the profiles of equal keys in ascending order."""
-    ctx_parts = [np.zeros(0, np.uint32)]
-    met_parts = [np.zeros(0, np.uint16)]
+    key_parts = [np.zeros(0, np.uint64)]
     prof_parts = [np.zeros(0, np.uint32)]
     val_parts = [np.zeros(0, np.float64)]
     for i, p in enumerate(exp.profiles):
         if p.is_summary:
             continue
-        blk = _sorted_block(exp.values[i], i)
-        ctx_parts.append(blk.ctx_of_values())
-        met_parts.append(np.asarray(blk.metric_ids, dtype=np.uint16))
+        blk = blocks[i]
+        key = blk.ctx_of_values().astype(np.uint64) << np.uint64(16)
+        key |= np.asarray(blk.metric_ids, dtype=np.uint64)
+        key_parts.append(key)
         prof_parts.append(np.full(len(blk.values), i, dtype=np.uint32))
         val_parts.append(np.asarray(blk.values, dtype=np.float64))
-    ctx = np.concatenate(ctx_parts)
-    met = np.concatenate(met_parts)
-    key = (ctx.astype(np.uint64) << np.uint64(16)) | met.astype(np.uint64)
+    key = np.concatenate(key_parts)
+    del key_parts
     order = np.argsort(key, kind="stable")
-    return _ContextMajor(ctx[order], met[order], np.concatenate(prof_parts)[order],
-                         np.concatenate(val_parts)[order])
+    key = key[order]
+    prof = np.concatenate(prof_parts)[order]
+    del prof_parts
+    values = np.concatenate(val_parts)[order]
+    del val_parts, order
+    ctx = (key >> np.uint64(16)).astype(np.uint32)
+    met = (key & np.uint64(0xFFFF)).astype(np.uint16)
+    return _ContextMajor(ctx, met, prof, values)
 
 
-def _slot_count(exp: Experiment, cm: _ContextMajor) -> int:
+def _slot_count(exp: Experiment, cm: _ContextMajor, summary: ProfileBlock) -> int:
     n = max(exp.n_ctx_slots, int(exp.cct.ctx_id.max()) + 1)
     if len(cm.ctx):
         n = max(n, int(cm.ctx[-1]) + 1)
-    summary_ids = exp.values[0].ctx_ids
-    if len(summary_ids):
-        n = max(n, int(np.max(summary_ids)) + 1)
+    if len(summary.ctx_ids):
+        n = max(n, int(summary.ctx_ids[-1]) + 1)
     if n > 0xFFFFFFFF:
         raise CallpathError(f"{n} contexts; v4 allows at most 2^32-1")
     return n
@@ -884,35 +897,40 @@ def _write_cct_db(f: BinaryIO, cm: _ContextMajor, n_slots: int) -> None:
 def _write_cct_chunk(f: BinaryIO, cm: _ContextMajor, c0: int, c1: int, ctx_bounds: I64,
                      group_bounds: I64, group_first: I64, block_start: I64) -> None:
     """Contexts ``c0 .. c1-1``: their blocks are contiguous in the file, so assemble them in a
-    buffer (as 2-byte units) by scattering whole records, and write it once."""
+    buffer by scattering whole records (values as 3 u32 words, metric indices as 5 u16 units;
+    every block starts 4-byte aligned) and write it once."""
     base = int(block_start[c0])
     size = int(block_start[c1]) - base
     if size == 0:
         return
-    buf = np.zeros(size // 2, dtype=np.uint16)
+    buf32 = np.zeros(size // 4, dtype=np.uint32)
+    buf16 = buf32.view(np.uint16)
     v0, v1 = int(ctx_bounds[c0]), int(ctx_bounds[c1])
     g0, g1 = int(group_bounds[c0]), int(group_bounds[c1])
     if v1 > v0:
+        starts = block_start[c0:c1] - base
+        n_values = np.diff(ctx_bounds[c0:c1 + 1])
+        n_groups = np.diff(group_bounds[c0:c1 + 1])
         vals = np.empty(v1 - v0, CONTEXT_VALUE)
         vals["profIndex"] = cm.prof[v0:v1]
         vals["value"] = cm.values[v0:v1]
-        units = vals.view(np.uint16).reshape(-1, 6)
-        ctx = cm.ctx[v0:v1].astype(np.int64)
-        # destination (in u16 units) = block start + 6 * rank within the context
-        dest = (block_start[ctx] - base) // 2 + 6 * (np.arange(v0, v1) - ctx_bounds[ctx])
-        for j in range(6):
-            buf[dest + j] = units[:, j]
+        words = vals.view(np.uint32).reshape(-1, 3)
+        # destination word = block start / 4 + 3 * (rank of the value within its context)
+        dest = np.repeat(starts // 4 - 3 * (ctx_bounds[c0:c1] - v0), n_values)
+        dest += 3 * np.arange(v1 - v0, dtype=np.int64)
+        for j in range(3):
+            buf32[dest + j] = words[:, j]
         gf = group_first[g0:g1]
         idx = np.empty(g1 - g0, CONTEXT_INDEX)
-        gctx = cm.ctx[gf].astype(np.int64)
         idx["metricId"] = cm.metric[gf]
-        idx["startIndex"] = gf - ctx_bounds[gctx]
+        idx["startIndex"] = gf - np.repeat(ctx_bounds[c0:c1], n_groups)
         units = idx.view(np.uint16).reshape(-1, 5)
-        p_idx = block_start[gctx] + 12 * (ctx_bounds[gctx + 1] - ctx_bounds[gctx])
-        dest = (p_idx - base) // 2 + 5 * (np.arange(g0, g1) - group_bounds[gctx])
+        p_idx = starts + 12 * n_values
+        dest = np.repeat(p_idx // 2 - 5 * (group_bounds[c0:c1] - g0), n_groups)
+        dest += 5 * np.arange(g1 - g0, dtype=np.int64)
         for j in range(5):
-            buf[dest + j] = units[:, j]
-    _write(f, buf)
+            buf16[dest + j] = units[:, j]
+    _write(f, buf32)
 
 
 # ==== trace.db ==========================================================================
