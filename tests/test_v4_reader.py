@@ -187,3 +187,20 @@ def test_tree_shape_arrays_from_reader_match_recomputation(v4_db: Path) -> None:
     cct = callpath.open(v4_db).cct
     np.testing.assert_array_equal(cct.depth, _depths(cct.parent))
     np.testing.assert_array_equal(cct.subtree_end, _subtree_ends(cct.parent, cct.depth))
+
+
+def test_transposed_profiles_equal_cct_db(v4_db: Path) -> None:
+    """Deriving context-major values from profile.db (what an in-memory experiment does) gives
+    exactly what hpcprof stored in cct.db."""
+    from callpath.model.values import transpose
+
+    exp = callpath.open(v4_db)
+    assert exp.context_values is not None
+    summaries = {p.index for p in exp.profiles if p.is_summary}
+    derived = transpose(exp.values, exp.n_ctx_slots, summaries).store()
+    for c in range(exp.n_ctx_slots):
+        a, b = derived[c], exp.context_values[c]
+        np.testing.assert_array_equal(a.metric_ids, b.metric_ids)
+        np.testing.assert_array_equal(a.starts, b.starts)
+        np.testing.assert_array_equal(a.prof_indices, b.prof_indices)
+        np.testing.assert_array_equal(a.values, b.values)

@@ -158,7 +158,7 @@ class ContextMajor:
 def transpose(profiles: ProfileStore, n_ctx_slots: int, summary_profiles: set[int]
               ) -> ContextMajor:
     """Context-major order (``cct.db``) from profile-major blocks, skipping summary profiles:
-    one lexsort over all (context, metric, profile) triples, no per-context Python loop."""
+    one stable sort over all values, no per-context Python loop."""
     ctx_parts = [np.zeros(0, np.uint32)]
     met_parts = [np.zeros(0, np.uint16)]
     prof_parts = [np.zeros(0, np.uint32)]
@@ -175,7 +175,10 @@ def transpose(profiles: ProfileStore, n_ctx_slots: int, summary_profiles: set[in
     met = np.concatenate(met_parts)
     prof = np.concatenate(prof_parts)
     val = np.concatenate(val_parts)
-    order = np.lexsort((prof, met, ctx))
+    # Blocks are in profile order and each is sorted by (context, metric), so one stable sort
+    # on the combined (context, metric) key yields (context, metric, profile) order.
+    key = (ctx.astype(np.uint64) << np.uint64(16)) | met.astype(np.uint64)
+    order = np.argsort(key, kind="stable")
     return ContextMajor(ctx[order], met[order], prof[order], val[order], n_ctx_slots)
 
 
