@@ -10,7 +10,7 @@ blocks lazily: opening a database with 64 execution contexts touches none of the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -30,6 +30,8 @@ class ProfileBlock:
     starts: npt.NDArray[np.uint64]
     metric_ids: npt.NDArray[np.uint16]
     values: F64
+    _ctx_of_values: npt.NDArray[np.uint32] | None = field(default=None, repr=False,
+                                                          compare=False)
 
     @classmethod
     def empty(cls) -> ProfileBlock:
@@ -59,9 +61,12 @@ class ProfileBlock:
         return len(self.values)
 
     def ctx_of_values(self) -> npt.NDArray[np.uint32]:
-        """The context identifier of every value (expands the CSR index)."""
-        counts = np.diff(np.append(self.starts.astype(np.int64), len(self.values)))
-        return np.repeat(self.ctx_ids, counts)
+        """The context identifier of every value (expands the CSR index once, then cached:
+        every ``dense`` call of a summary profile needs it)."""
+        if self._ctx_of_values is None:
+            counts = np.diff(np.append(self.starts.astype(np.int64), len(self.values)))
+            self._ctx_of_values = np.repeat(self.ctx_ids, counts)
+        return self._ctx_of_values
 
     def dense(self, metric_id: int, n_slots: int) -> F64:
         """Values of one metric for every context identifier ``0..n_slots-1`` (0 if absent)."""

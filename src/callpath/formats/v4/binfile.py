@@ -42,6 +42,8 @@ class BinFile:
             os.close(fd)
         self.size = size
         self.buf = np.frombuffer(self.mm, dtype=np.uint8)
+        # The whole file as little-endian u64 words: 8-byte aligned records are gathered from it.
+        self.words = np.frombuffer(self.mm, dtype="<u8", count=size // 8)
         if bytes(self.mm[:10]) != MAGIC:
             raise FormatError(path, f"bad magic {bytes(self.mm[:10])!r}, expected {MAGIC!r}", 0)
         got = bytes(self.mm[10:14])
@@ -125,11 +127,6 @@ class BinFile:
             raise FormatError(self.path, f"{what}: implausible count {count}", off)
         self.check(off, count * stride, what)
         return np.ndarray((count,), dtype=dt, buffer=self.mm, offset=off)
-
-    def close(self) -> None:
-        # The numpy views keep the map alive; closing early would invalidate them. Dropping
-        # references is enough: the map is released when the last view goes.
-        pass
 
 
 def index_of(pointers: npt.NDArray[np.uint64], base: int, stride: int, count: int,

@@ -341,7 +341,7 @@ def _read_tree(f: BinFile, slo: int, ssz: int, fns: tuple[int, int, int],
             raise FormatError(f.path, "context flags need more flex words than the record has",
                               bad)
         base_word = o // 8 + 4
-        words_all = f.array(0, "<u8", f.size // 8, "file words")
+        words_all = f.words
 
         def flex(present: I64, word: I64) -> npt.NDArray[np.uint64]:
             return np.where(present == 1, words_all[np.where(present == 1, word, 0)], 0
@@ -379,7 +379,7 @@ def _gather_words(f: BinFile, offsets: I64, count: int) -> npt.NDArray[np.uint64
     """The first ``count`` u64 words of each record (records are 8-byte aligned)."""
     if len(offsets) == 0:
         return np.zeros((0, count), np.uint64)
-    words = f.array(0, "<u8", f.size // 8, "file words")
+    words = f.words
     idx = (offsets // 8)[:, None] + np.arange(count)[None, :]
     if int(idx.max()) >= len(words):
         raise FormatError(f.path, "context record lies past the end of the file",
