@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 
 from callpath import __version__
-from callpath.cli import report
 from callpath.errors import CallpathError
 
-# Steps of the pipeline that later issues implement; listed so that --help shows the whole tool.
-PLANNED = {
+# One module per subcommand, each with ``add_parser(sub)`` that registers its parser and sets
+# ``func``. Modules must import their heavy dependencies inside functions, so that building the
+# parser (every invocation) stays cheap. A subcommand whose module does not exist yet is listed
+# with its one-line purpose, so that --help shows the whole tool.
+COMMANDS = {
     "run": "measure a program by sampling (like hpcrun)",
     "struct": "recover program structure from binaries (like hpcstruct)",
     "prof": "attribute measurements to structure and write a database (like hpcprof)",
     "profile": "run + struct + prof in one command",
+    "report": "print a view of a database in the terminal",
     "view": "open a database in the browser viewer (like hpcviewer)",
 }
 
@@ -34,11 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"callpath {__version__}")
     sub: argparse._SubParsersAction[argparse.ArgumentParser] = parser.add_subparsers(
         dest="command", metavar="COMMAND", parser_class=_Parser)
-    report.add_parser(sub)
-    for name, text in PLANNED.items():
-        p = sub.add_parser(name, help=f"{text} (not yet available)", add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=_planned(name))
+    for name, text in COMMANDS.items():
+        try:
+            module = importlib.import_module(f"callpath.cli.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"callpath.cli.{name}":
+                raise
+            p = sub.add_parser(name, help=f"{text} (not yet available)", add_help=False)
+            p.add_argument("rest", nargs=argparse.REMAINDER)
+            p.set_defaults(func=_planned(name))
+        else:
+            module.add_parser(sub)
     return parser
 
 
