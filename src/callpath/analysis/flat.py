@@ -1,0 +1,204 @@
+"""The Flat view: static structure, load module → file → procedure → loops / inlined code →
+statements, with call sites shown as procedure activations.
+
+Every source-tree node is mapped to the static scope it belongs to, wherever it occurred:
+a procedure frame to its procedure, any other node to (its enclosing flat scope, kind, what it
+is). Scopes are numbered one *lexical depth* at a time (distance from the enclosing procedure
+frame), because two nodes with the same flat scope always have the same lexical depth; each
+level is one lexsort. A scope's exclusive value is the sum over its instances; its inclusive
+value sums only the outermost instances on each path (the recursion rule).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from callpath.analysis.nodes import NodeTable, ViewKind
+from callpath.analysis.source import TreeSource
+from callpath.analysis.treeops import csr, group_rows, group_sum, nearest_marked, outermost
+from callpath.analysis.view import View
+from callpath.model import NodeKind, Relation
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+
+def procedure_keys(function: I64, module: I64) -> I64:
+    """One key per procedure: the function id, or for nameless code ``-2 - module`` (one
+    "unknown procedure" per load module)."""
+    return np.where(function >= 0, function, -2 - np.maximum(module, -1))
+
+
+class FlatView(View):
+    name = "flat"
+
+    def __init__(self, source: TreeSource) -> None:
+        super().__init__(source)
+        exp = source.exp
+        cct = source.cct
+        occt = exp.cct
+        orig = source.orig
+        n = len(cct)
+        kind = occt.kind[orig]
+        rel = occt.relation[orig]
+        function = occt.function[orig]
+        module = occt.module[orig]
+        file = occt.file[orig]
+        line = occt.line[orig].astype(np.int64)
+        offset = occt.offset[orig]
+        parent = cct.parent
+
+        is_fn = kind == NodeKind.FUNCTION
+        is_proc = is_fn & (rel != Relation.INLINED_CALL)
+        is_top = (kind == NodeKind.ROOT) | (kind == NodeKind.ENTRY)
+        anchor = nearest_marked(parent, is_proc | is_top)
+        lexdepth = cct.depth - cct.depth[np.maximum(anchor, 0)]
+
+        # function-table attributes of each procedure frame (module/file of the procedure);
+        # a sentinel last row stands for "no function"
+        fmod = np.array([f.module for f in exp.functions] + [-1], dtype=np.int64)
+        ffile = np.array([f.file for f in exp.functions] + [-1], dtype=np.int64)
+        fline = np.array([f.line for f in exp.functions] + [0], dtype=np.int64)
+        fi = np.where(function >= 0, function, len(exp.functions))
+        pmod = np.where(fmod[fi] >= 0, fmod[fi], module)
+        pfile = np.where(ffile[fi] >= 0, ffile[fi], file)
+        pline = np.where(ffile[fi] >= 0, fline[fi], line)
+
+        cols: dict[str, list[npt.NDArray[np.int64]]] = {
+            k: [] for k in ("kind", "function", "module", "file", "line", "offset", "call_line",
+                            "parent")}
+        count = 0
+
+        def add(kind_: npt.ArrayLike, function_: npt.ArrayLike, module_: npt.ArrayLike,
+                file_: npt.ArrayLike, line_: npt.ArrayLike, offset_: npt.ArrayLike,
+                call_line_: npt.ArrayLike, parent_: npt.ArrayLike, size: int) -> int:
+            nonlocal count
+            for key, v in (("kind", kind_), ("function", function_), ("module", module_),
+                           ("file", file_), ("line", line_), ("offset", offset_),
+                           ("call_line", call_line_), ("parent", parent_)):
+                arr = np.asarray(v)
+                cols[key].append(np.broadcast_to(arr, (size,)).astype(np.int64, copy=False)
+                                 if key != "offset" else
+                                 np.broadcast_to(arr, (size,)).astype(np.uint64))
+            first = count
+            count += size
+            return first
+
+        add(ViewKind.ROOT, -1, -1, -1, 0, 0, -1, -1, 1)
+        mem_group: list[I64] = [np.zeros(1, np.int64)]
+        mem_node: list[I64] = [np.zeros(1, np.int64)]
+
+        # ---- load modules, files, procedures -------------------------------------------
+        procs = np.nonzero(is_proc)[0]
+        pkey = procedure_keys(function[procs], module[procs])
+        proc_id_of_key, proc_first = group_rows(pkey)
+        p_rep = procs[proc_first]  # one frame per procedure
+        rep_mod = pmod[p_rep]
+        rep_file = pfile[p_rep]
+        mod_id, mod_first = group_rows(rep_mod)
+        m0 = add(ViewKind.MODULE, -1, rep_mod[mod_first], -1, 0, 0, -1, 0, len(mod_first))
+        file_id, file_first = group_rows(rep_mod, rep_file)
+        f0 = add(ViewKind.FILE, -1, rep_mod[file_first], rep_file[file_first], 0, 0, -1,
+                 m0 + mod_id[file_first], len(file_first))
+        p0 = add(ViewKind.PROCEDURE, function[p_rep], rep_mod, rep_file, pline[p_rep],
+                 offset[p_rep], -1, f0 + file_id, len(p_rep))
+        proc_flat = p0 + proc_id_of_key  # flat node of each procedure frame
+        mem_group += [proc_flat, m0 + mod_id[proc_id_of_key], f0 + file_id[proc_id_of_key]]
+        mem_node += [procs, procs, procs]
+
+        # ---- lexical scopes and call sites, one lexical depth at a time ------------------
+        lex = np.zeros(n, dtype=np.int64)  # the flat scope a node's children nest in
+        lex[procs] = proc_flat
+        safe_par = np.maximum(parent, 0)
+        par_top = is_top[safe_par]
+        # a call site: the caller's statement (or loop) it was called from
+        site_line = np.where(((kind[safe_par] == NodeKind.LINE) | (kind[safe_par] ==
+                              NodeKind.LOOP)) & (file[safe_par] >= 0), line[safe_par], -1)
+        proc_key_all = procedure_keys(function, module)
+        max_lex = int(lexdepth.max()) if n else 0
+        by_level_order = np.argsort(lexdepth, kind="stable")
+        bounds = np.searchsorted(lexdepth[by_level_order], np.arange(max_lex + 2))
+        calls = procs[(parent[procs] >= 0) & ~par_top[procs]]
+        call_level = lexdepth[parent[calls]] + 1
+        for level in range(1, max_lex + 2):
+            lv = by_level_order[bounds[level]:bounds[level + 1]] if level <= max_lex \
+                else np.zeros(0, np.int64)
+            lv = lv[~is_proc[lv] & ~is_top[lv]]
+            cs = calls[call_level == level]
+            if not len(lv) and not len(cs):
+                continue
+            k = kind[lv]
+            tag = np.full(len(lv), ViewKind.LINE, dtype=np.int64)
+            tag[k == NodeKind.LOOP] = ViewKind.LOOP
+            tag[k == NodeKind.INSTRUCTION] = ViewKind.INSTRUCTION
+            tag[k == NodeKind.FUNCTION] = ViewKind.INLINED
+            inl = k == NodeKind.FUNCTION
+            ins = k == NodeKind.INSTRUCTION
+            a = np.where(inl, procedure_keys(function[lv], module[lv]),
+                         np.where(ins, module[lv], file[lv]))
+            b = np.where(inl, np.where(site_line[lv] >= 0, site_line[lv], -1),
+                         np.where(ins, offset[lv].astype(np.int64), line[lv]))
+            rows_par = np.concatenate([lex[parent[lv]], lex[parent[cs]]])
+            rows_tag = np.concatenate([tag, np.full(len(cs), ViewKind.ACTIVATION, np.int64)])
+            rows_a = np.concatenate([a, proc_key_all[cs]])
+            rows_b = np.concatenate([b, site_line[cs]])
+            rid, first = group_rows(rows_par, rows_tag, rows_a, rows_b)
+            members = np.concatenate([lv, cs])
+            rep = members[first]
+            rk = rows_tag[first]
+            is_site = (rk == ViewKind.ACTIVATION) | (rk == ViewKind.INLINED)
+            base = add(rk, function[rep], np.where(is_site, pmod[rep], module[rep]),
+                       np.where(is_site, pfile[rep], file[rep]),
+                       np.where(is_site, pline[rep], line[rep]), offset[rep],
+                       np.where(is_site, site_line[rep], -1), rows_par[first], len(first))
+            lex[lv] = base + rid[:len(lv)]
+            mem_group.append(base + rid)
+            mem_node.append(members)
+
+        self._nodes = NodeTable(
+            kind=np.concatenate(cols["kind"]).astype(np.uint8),
+            function=np.concatenate(cols["function"]),
+            module=np.concatenate(cols["module"]),
+            file=np.concatenate(cols["file"]),
+            line=np.concatenate(cols["line"]),
+            offset=np.concatenate(cols["offset"]).astype(np.uint64),
+            call_line=np.concatenate(cols["call_line"]),
+        )
+        self._parent = np.concatenate(cols["parent"])
+        self._group = np.concatenate(mem_group)
+        self._member = np.concatenate(mem_node)
+        self._outer = outermost(self._group, self._member, cct.subtree_end)
+        self._csr = csr(self._parent, len(self._parent))
+
+    @property
+    def nodes(self) -> NodeTable:
+        return self._nodes
+
+    @property
+    def parent(self) -> I64:
+        return self._parent
+
+    def children(self, node: int) -> I64:
+        off, ch = self._csr
+        return ch[off[node]:off[node + 1]]
+
+    def aggregate(self, incl: F64, excl: F64) -> tuple[F64, F64]:
+        n = len(self._parent)
+        o = self._outer
+        vi = group_sum(self._group[o], incl[self._member[o]], n)
+        ve = group_sum(self._group, excl[self._member], n)
+        return vi, ve
+
+    def members(self, node: int) -> I64:
+        """The source-tree nodes a flat scope stands for (all instances, in preorder)."""
+        return np.sort(self._member[self._group == node])
+
+    def flatten(self, top: list[int]) -> list[int]:
+        """hpcviewer's flatten: every top-level scope is replaced by its children; a leaf
+        stays."""
+        out: list[int] = []
+        for t in top:
+            ch = self.children(t)
+            out.extend(ch.tolist() if len(ch) else [t])
+        return out
