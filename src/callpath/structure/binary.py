@@ -1,0 +1,375 @@
+"""Structure of an ELF load module: procedures, inlined code, loops and lines combined.
+
+Per procedure, the address range is cut into elementary segments at every line-table row,
+inlined-range bound and basic-block bound. Each segment gets its line, its innermost inlined
+scope and its innermost loop (both by painting ranges outer-to-inner with numpy), and from the
+pair a scope path: the inlined frames and loops interleaved so that a loop sits inside the
+inlined frames that contain its header, and inlined code inside the loops that contain it.
+Segments with equal path and line become one statement with a range set; equal path prefixes
+become one scope. Loops carry the line of their back-edge branch: gcc rotates loops, so the
+header's own line is often the loop's exit test or the first body statement instead.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from callpath.errors import FormatError
+from callpath.structure.cfg import CALL, INDIRECT, Graph, build_cfg, decode
+from callpath.structure.dwarf_info import DebugInfo, DwarfReader, Inlined
+from callpath.structure.dwarf_lines import LineTable, decode_line_tables
+from callpath.structure.elf import ElfModule, find_debug_file, open_elf
+from callpath.structure.havlak import Loop, find_loops
+from callpath.structure.jump_tables import resolve_tables
+from callpath.structure.model import Kind, Structure, StructureBuilder
+from callpath.structure.noreturn import is_no_return
+from callpath.structure.symbols import Procedure, procedures
+
+
+@dataclass
+class Debug:
+    lines: LineTable
+    info: DebugInfo
+    source: str  # the file the DWARF came from
+
+
+def _empty_lines() -> LineTable:
+    return LineTable(np.zeros(0, np.uint64), np.zeros(0, np.int32), np.zeros(0, np.int32), [],
+                     {})
+
+
+def read_debug(mod: ElfModule) -> Debug | None:
+    """DWARF lines and inlining of ``mod``, from itself or its separate debug file."""
+    src: ElfModule | None = mod if mod.has_dwarf() else None
+    opened: list[ElfModule] = []
+    try:
+        if src is None:
+            dbg = find_debug_file(mod)
+            if dbg is None:
+                return None
+            src = open_elf(dbg, require_code=False)
+            opened.append(src)
+            if not src.has_dwarf():
+                return None
+        alt = _alt_file(src)
+        if alt is not None:
+            opened.append(alt)
+        get = src.section_bytes
+        reader = DwarfReader(src.path, get, alt.section_bytes if alt is not None else None)
+        units = reader.units()
+        lines = decode_line_tables(get(".debug_line") or b"", units, path=src.path,
+                                   debug_str=get(".debug_str"),
+                                   debug_line_str=get(".debug_line_str"))
+        info = reader.read(lines.file_of)
+        return Debug(lines, info, src.path)
+    finally:
+        for m in opened:
+            if m is not mod:
+                m.close()
+
+
+def _alt_file(src: ElfModule) -> ElfModule | None:
+    raw = src.section_bytes(".gnu_debugaltlink")
+    if not raw:
+        return None
+    name = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+    p = name if name.startswith("/") else os.path.join(os.path.dirname(src.path), name)
+    if not os.path.isfile(p):
+        return None
+    return open_elf(p, require_code=False)
+
+
+def analyze_binary(path: str | os.PathLike[str]) -> Structure:
+    """Recover the structure of the ELF file at ``path`` (see the module docstring)."""
+    mod = open_elf(path)
+    try:
+        return _analyze(mod)
+    finally:
+        mod.close()
+
+
+def _analyze(mod: ElfModule) -> Structure:
+    dbg = read_debug(mod)
+    extra_elves = []
+    dbg_mod = None
+    if dbg is not None and dbg.source != mod.path:
+        dbg_mod = open_elf(dbg.source, require_code=False)
+        extra_elves.append(dbg_mod.elf)
+    try:
+        dwarf_entries = []
+        if dbg is not None:
+            for s in dbg.info.subprograms:
+                lo = min(a for a, _ in s.ranges)
+                hi = max(b for _, b in s.ranges)
+                dwarf_entries.append((lo, hi, s.name, s.link_name or s.name))
+        procs = procedures(mod, extra_elves, dwarf_entries)
+    finally:
+        if dbg_mod is not None:
+            dbg_mod.close()
+    lines = dbg.lines if dbg is not None else _empty_lines()
+    noret_extra = dbg.info.noreturn_names if dbg is not None else set()
+    entries = [p.entry for p in procs]
+    noret_addrs = {p.entry for p in procs if is_no_return(p.link_name, noret_extra)}
+    base = os.path.basename(mod.path)
+    b = StructureBuilder(mod.path, mod.build_id)
+
+    # Inlined records per procedure (by the procedure containing each record's first range).
+    inl_by_proc: dict[int, list[int]] = defaultdict(list)
+    inlined = dbg.info.inlined if dbg is not None else []
+    for k, rec in enumerate(inlined):
+        lo = min(a for a, _ in rec.ranges)
+        pi = bisect.bisect_right(entries, lo) - 1
+        if pi >= 0 and lo < procs[pi].end:
+            inl_by_proc[pi].append(k)
+    sub_names: dict[int, str] = {}
+    if dbg is not None:
+        for s in dbg.info.subprograms:
+            for lo, _hi in s.ranges:
+                sub_names.setdefault(lo, s.name)
+
+    # Decide each procedure's file (the source file of its entry line) to group them by F.
+    pfile, pline = _lines_at(lines, np.array(entries, dtype=np.uint64))
+    reader = _SectionReader(mod)
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i in range(len(procs)):
+        fname = lines.files[pfile[i]] if pfile[i] >= 0 else f"[{base}]"
+        groups[fname].append(i)
+    order = sorted(groups, key=lambda f: (f.startswith("["), groups[f][0]))
+    for fname in order:
+        fscope = b.add(Kind.FILE, 0, name=fname)
+        for i in groups[fname]:
+            p = procs[i]
+            display = sub_names.get(p.entry, p.name) if p.origin != "plt" else p.name
+            _build_proc(b, fscope, p, display, int(pline[i]), fname, lines, inlined,
+                        inl_by_proc.get(i, []), reader, noret_addrs, base)
+    return b.build()
+
+
+class _SectionReader:
+    """Bytes at load addresses, from any allocated section (jump tables live in .rodata)."""
+
+    def __init__(self, mod: ElfModule) -> None:
+        self.secs: list[tuple[int, int, object]] = []
+        self.mod = mod
+        for sec in mod.elf.iter_sections():
+            if sec["sh_type"] == "SHT_PROGBITS" and int(sec["sh_flags"]) & 0x2 and sec["sh_addr"]:
+                self.secs.append((int(sec["sh_addr"]), int(sec["sh_size"]), sec))
+        self.cache: dict[int, bytes] = {}
+        self.text = {s.addr: s for s in mod.text_sections}
+
+    def read(self, addr: int, n: int) -> bytes | None:
+        for lo, size, sec in self.secs:
+            if lo <= addr < lo + size:
+                data = self.cache.get(lo)
+                if data is None:
+                    data = self.cache[lo] = bytes(sec.data())  # type: ignore[attr-defined]
+                off = addr - lo
+                return data[off:min(off + n, size)]
+        return None
+
+
+def _lines_at(lines: LineTable, addrs: npt.NDArray[np.uint64]) -> tuple[
+        npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    if len(lines.address) == 0:
+        return (np.full(len(addrs), -1, np.int32), np.zeros(len(addrs), np.int32))
+    return lines.lookup(addrs)
+
+
+def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pline: int,
+                fname: str, lines: LineTable, inlined: list[Inlined], inl_ids: list[int],
+                reader: _SectionReader, noret: set[int], base: str) -> None:
+    lo, hi = p.entry, p.end
+    sec = next(s for s in reader.mod.text_sections if s.addr <= lo < s.addr + s.size)
+    code = decode(sec.data, sec.addr, lo, hi)
+    if any(k == INDIRECT for k in code.kind):
+        code.tables = resolve_tables(sec.data, sec.addr, lo, hi, code.ip, code.kind,
+                                     reader.read, INDIRECT)
+    graph = build_cfg(code, lo, hi, lambda t: t in noret)
+    loops, innermost = find_loops(graph.succ) if graph.start else ([], [])
+
+    # Elementary segments.
+    bounds: list[int] = [lo, hi]
+    la = lines.address
+    if len(la):
+        i0 = int(np.searchsorted(la, lo, side="left"))
+        i1 = int(np.searchsorted(la, hi, side="left"))
+        bounds.extend(int(x) for x in la[i0:i1])
+    # Inlined records of this procedure, clipped, outer before inner.
+    local = {k: n for n, k in enumerate(inl_ids)}
+    depth: list[int] = []
+    for k in inl_ids:
+        d, q = 0, inlined[k].parent
+        while q >= 0 and q in local:
+            d += 1
+            q = inlined[q].parent
+        depth.append(d)
+    inl_order = sorted(range(len(inl_ids)), key=lambda n: depth[n])
+    clipped: list[list[tuple[int, int]]] = []
+    for k in inl_ids:
+        rs = [(max(a, lo), min(c, hi)) for a, c in inlined[k].ranges]
+        rs = [(a, c) for a, c in rs if c > a]
+        clipped.append(rs)
+        for a, c in rs:
+            bounds.extend((a, c))
+    bounds.extend(graph.start)
+    bounds.extend(graph.end)
+    bnd = np.unique(np.array([x for x in bounds if lo <= x <= hi], dtype=np.uint64))
+    seg_lo = bnd[:-1]
+    seg_hi = bnd[1:]
+    nseg = len(seg_lo)
+    seg_file, seg_line = _lines_at(lines, seg_lo)
+    seg_inl = np.full(nseg, -1, np.int32)
+    for n in inl_order:
+        for a, c in clipped[n]:
+            s0 = int(np.searchsorted(bnd, a))
+            s1 = int(np.searchsorted(bnd, c))
+            seg_inl[s0:s1] = n
+    seg_loop = np.full(nseg, -1, np.int32)
+    if loops:
+        for blk in range(len(graph.start)):
+            lp = innermost[blk]
+            if lp >= 0:
+                s0 = int(np.searchsorted(bnd, graph.start[blk]))
+                s1 = int(np.searchsorted(bnd, graph.end[blk]))
+                seg_loop[s0:s1] = lp
+
+    # Local inline parent (within this procedure) and chains.
+    inl_parent = [local.get(inlined[k].parent, -1) for k in inl_ids]
+
+    def inl_chain(n: int) -> list[int]:
+        out = []
+        while n >= 0:
+            out.append(n)
+            n = inl_parent[n]
+        return out[::-1]
+
+    loop_parent = [lp.parent for lp in loops]
+
+    def loop_chain(n: int) -> list[int]:
+        out = []
+        while n >= 0:
+            out.append(n)
+            n = loop_parent[n]
+        return out[::-1]
+
+    # A loop sits inside the inlined frames that contain all of its code (a rotated loop's
+    # header may be the first instruction of inlined code while its latch is not).
+    loop_ctx: list[list[int] | None] = [None] * len(loops)
+    if loops:
+        pairs = np.unique(np.stack([seg_inl, seg_loop]), axis=1)
+        for inl, lp in pairs.T.tolist():
+            if lp < 0:
+                continue
+            ic = inl_chain(inl)
+            for lpi in loop_chain(lp):
+                cur = loop_ctx[lpi]
+                if cur is None:
+                    loop_ctx[lpi] = list(ic)
+                else:
+                    d = 0
+                    while d < len(cur) and d < len(ic) and cur[d] == ic[d]:
+                        d += 1
+                    del cur[d:]
+    header_inl = [c or [] for c in loop_ctx]
+
+    path_cache: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
+
+    def path_of(inl: int, loop: int) -> tuple[tuple[int, int], ...]:
+        key = (inl, loop)
+        got = path_cache.get(key)
+        if got is not None:
+            return got
+        ic = inl_chain(inl)
+        items: list[tuple[int, int, int, int]] = [(2 * (j + 1), 0, 0, x) for j, x in
+                                                  enumerate(ic)]
+        prev = 0
+        for order_i, lpi in enumerate(loop_chain(loop)):
+            hc = header_inl[lpi]
+            d = 0
+            while d < len(ic) and d < len(hc) and ic[d] == hc[d]:
+                d += 1
+            d = max(d, prev)
+            prev = d
+            items.append((2 * d + 1, order_i, 1, lpi))
+        items.sort()
+        path = tuple((kind, x) for _, _, kind, x in items)
+        path_cache[key] = path
+        return path
+
+    # Loop lines: the branch at the end of the latest back-edge source block.
+    loop_line: list[tuple[int, int]] = []
+    for lp in loops:
+        srcs = [s for s in lp.back_sources] or [lp.header]
+        latch = max(srcs, key=lambda s: graph.start[s])
+        addr = code.ip[graph.last[latch]]
+        f, ln = _lines_at(lines, np.array([addr], np.uint64))
+        if ln[0] <= 0:
+            f, ln = _lines_at(lines, np.array([graph.start[lp.header]], np.uint64))
+        loop_line.append((int(f[0]), int(ln[0])))
+
+    # Build the local scope trie: node -> (kind, ref), children, statements.
+    proc_ranges = [(lo, lo + 1)]
+    pscope = b.add(Kind.PROC, fscope, name=display, link=p.link_name,
+                   file=None if fname.startswith("[") else fname, line=pline,
+                   ranges=proc_ranges)
+    node_key: dict[tuple[tuple[int, int], ...], int] = {(): 0}
+    node_info: list[tuple[int, int]] = [(-1, -1)]
+    node_children: list[list[int]] = [[]]
+    node_stmts: list[dict[tuple[int, int], list[tuple[int, int]]]] = [defaultdict(list)]
+    node_first: list[int] = [lo]
+    for s in range(nseg):
+        path = path_of(int(seg_inl[s]), int(seg_loop[s]))
+        node = node_key.get(path)
+        if node is None:
+            parent = 0
+            for depth_i in range(1, len(path) + 1):
+                pre = path[:depth_i]
+                nd = node_key.get(pre)
+                if nd is None:
+                    nd = len(node_info)
+                    node_key[pre] = nd
+                    node_info.append(pre[-1])
+                    node_children.append([])
+                    node_stmts.append(defaultdict(list))
+                    node_first.append(int(seg_lo[s]))
+                    node_children[parent].append(nd)
+                parent = nd
+            node = parent
+        rs = node_stmts[node][(int(seg_file[s]), int(seg_line[s]))]
+        a, c = int(seg_lo[s]), int(seg_hi[s])
+        if rs and rs[-1][1] == a:
+            rs[-1] = (rs[-1][0], c)
+        else:
+            rs.append((a, c))
+
+    def emit(node: int, scope: int) -> None:
+        for (f, ln), rs in sorted(node_stmts[node].items(), key=lambda kv: kv[1][0][0]):
+            st = b.add(Kind.STMT, scope, file=lines.files[f] if f >= 0 else None, line=ln,
+                       ranges=rs)
+            for a, c in rs:
+                b.map_range(a, c, st)
+        for ch in sorted(node_children[node], key=lambda x: node_first[x]):
+            kind, ref = node_info[ch]
+            if kind == 1:  # loop
+                f, ln = loop_line[ref]
+                h = graph.start[loops[ref].header]
+                sc = b.add(Kind.LOOP, scope, file=lines.files[f] if f >= 0 else None,
+                           line=ln, ranges=[(h, h + 1)])
+            else:
+                rec = inlined[inl_ids[ref]]
+                first = min(a for a, _ in clipped[ref]) if clipped[ref] else node_first[ch]
+                ff, fl = _lines_at(lines, np.array([first], np.uint64))
+                sc = b.add(Kind.ALIEN, scope, name=rec.name,
+                           file=lines.files[ff[0]] if ff[0] >= 0 else None, line=int(fl[0]),
+                           call_file=lines.files[rec.call_file] if rec.call_file >= 0 else None,
+                           call_line=rec.call_line, ranges=clipped[ref])
+            emit(ch, sc)
+
+    emit(0, pscope)
+    _ = (Loop, Graph, CALL, FormatError)

@@ -1,0 +1,139 @@
+"""Instruction decoding (iced-x86), basic blocks and the control flow graph of one procedure.
+
+Decoding keeps four numbers per instruction (address, end, flow kind, direct target) in flat
+lists; blocks start at the entry, at branch targets inside the procedure and after every
+control transfer. Calls fall through unless the callee is known not to return; indirect jumps
+get their successors from a jump table when :mod:`~callpath.structure.jump_tables` recognises
+one, else they end the procedure's flow there.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+# Flow kinds (a compact recoding of iced-x86's FlowControl).
+NEXT, JUMP, COND, INDIRECT, RETURN, CALL, ICALL, STOP = range(8)
+_FLOW = {0: NEXT, 1: JUMP, 2: INDIRECT, 3: COND, 4: RETURN, 5: CALL, 6: ICALL, 7: NEXT,
+         8: NEXT, 9: STOP}
+
+
+@dataclass
+class Code:
+    """Decoded instructions of one procedure, in address order."""
+
+    ip: list[int] = field(default_factory=list)
+    end: list[int] = field(default_factory=list)
+    kind: list[int] = field(default_factory=list)
+    target: list[int] = field(default_factory=list)  # direct branch/call target, 0 if none
+    #: For indirect jumps: index of the instruction -> resolved jump-table targets.
+    tables: dict[int, list[int]] = field(default_factory=dict)
+
+
+def decode(data: bytes, base: int, lo: int, hi: int) -> Code:
+    """Decode ``[lo, hi)`` of a section whose bytes ``data`` start at address ``base``."""
+    import iced_x86
+
+    code = Code()
+    if hi <= lo:
+        return code
+    dec = iced_x86.Decoder(64, data[lo - base:hi - base], ip=lo)
+    ins = iced_x86.Instruction()
+    ips, ends, kinds, targets = code.ip, code.end, code.kind, code.target
+    flow = _FLOW
+    hlt = iced_x86.Mnemonic.HLT
+    while dec.can_decode:
+        dec.decode_out(ins)
+        fc = ins.flow_control
+        k = flow[fc]
+        ips.append(ins.ip)
+        ends.append(ins.next_ip)
+        if k == NEXT:
+            if fc == 0 and ins.mnemonic == hlt:
+                k = STOP
+            targets.append(0)
+        elif k in (JUMP, COND) or (k == CALL and ins.op0_kind in (
+                iced_x86.OpKind.NEAR_BRANCH64, iced_x86.OpKind.NEAR_BRANCH32)):
+            targets.append(ins.near_branch_target)
+        else:
+            targets.append(0)
+        kinds.append(k)
+    return code
+
+
+@dataclass
+class Graph:
+    """Basic blocks (``start``/``end`` addresses, first/last instruction) and successors."""
+
+    start: list[int]
+    end: list[int]
+    first: list[int]
+    last: list[int]
+    succ: list[list[int]]
+
+
+def build_cfg(code: Code, lo: int, hi: int,
+              no_return: Callable[[int], bool] | None = None) -> Graph:
+    """Basic blocks and edges of the procedure ``[lo, hi)`` from its decoded ``code``."""
+    ips, kinds, targets, ends = code.ip, code.kind, code.target, code.end
+    n = len(ips)
+    if n == 0:
+        return Graph([], [], [], [], [])
+    leaders = {ips[0]}
+    stops = [False] * n
+    for i in range(n):
+        k = kinds[i]
+        if k == NEXT:
+            continue
+        if k in (JUMP, COND):
+            t = targets[i]
+            if lo <= t < hi:
+                leaders.add(t)
+        elif k == INDIRECT:
+            for t in code.tables.get(i, ()):
+                leaders.add(t)
+        elif k == CALL:
+            t = targets[i]
+            if no_return is not None and t and no_return(t):
+                stops[i] = True
+            else:
+                continue
+        elif k == ICALL:
+            continue
+        if i + 1 < n:
+            leaders.add(ips[i + 1])
+    # Keep only leaders that are instruction boundaries (a target into the middle of an
+    # instruction, from overlapping code or data, is ignored).
+    ipset = set(ips)
+    starts = sorted(a for a in leaders if a in ipset)
+    first = [bisect.bisect_left(ips, a) for a in starts]
+    nb = len(starts)
+    last = [(first[b + 1] if b + 1 < nb else n) - 1 for b in range(nb)]
+    block_at = dict(zip(starts, range(nb), strict=True))
+    succ: list[list[int]] = []
+    for b in range(nb):
+        i = last[b]
+        k = kinds[i]
+        s: list[int] = []
+        fall = b + 1 if b + 1 < nb and ends[i] == starts[b + 1] else -1
+        if k in (NEXT, CALL, ICALL):
+            if not stops[i] and fall >= 0:
+                s.append(fall)
+        elif k == COND:
+            if fall >= 0:
+                s.append(fall)
+            t = block_at.get(targets[i])
+            if t is not None and t not in s:
+                s.append(t)
+        elif k == JUMP:
+            t = block_at.get(targets[i])
+            if t is not None:
+                s.append(t)
+        elif k == INDIRECT:
+            for a in code.tables.get(i, ()):
+                t = block_at.get(a)
+                if t is not None and t not in s:
+                    s.append(t)
+        succ.append(s)
+    return Graph(starts, [ends[x] for x in last], first, last, succ)

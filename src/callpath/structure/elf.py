@@ -1,0 +1,168 @@
+"""Reading an ELF load module: sections, build-id, and where its debug information lives.
+
+pyelftools parses the ELF container (headers, section table, compressed sections); everything
+hot (line programs, instruction bytes) is then read from plain ``bytes`` by our own code.
+Every way a file can fail to be an analysable ELF ends in a :class:`FormatError` naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from callpath.errors import FormatError
+
+#: Machines whose instructions we can decode (``e_machine`` names as pyelftools spells them).
+SUPPORTED_MACHINES = {"EM_X86_64"}
+
+#: Where distributions install separate debug files, by build-id and by debuglink name.
+DEBUG_ROOTS = ("/usr/lib/debug",)
+
+
+@dataclass
+class Section:
+    """One allocated section: its name, load address, file bytes (lazily) and flags."""
+
+    name: str
+    addr: int
+    size: int
+    executable: bool
+    data: bytes = b""
+
+
+@dataclass
+class ElfModule:
+    """An opened ELF file and the facts the analysis needs, read once."""
+
+    path: str
+    elf: Any  # elftools.elf.elffile.ELFFile (untyped library)
+    stream: Any
+    machine: str
+    is_shared: bool
+    build_id: str | None
+    debuglink: str | None
+    text_sections: list[Section] = field(default_factory=list)
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def section_bytes(self, name: str) -> bytes | None:
+        """Decompressed contents of a section, or None when absent."""
+        sec = self.elf.get_section_by_name(name)
+        if sec is None or sec["sh_type"] == "SHT_NOBITS":
+            return None
+        try:
+            return bytes(sec.data())
+        except Exception as e:  # pyelftools raises many types on corrupt data
+            raise FormatError(self.path, f"section {name} cannot be read: {e}") from None
+
+    def has_dwarf(self) -> bool:
+        sec = self.elf.get_section_by_name(".debug_info")
+        return sec is not None and sec["sh_type"] != "SHT_NOBITS" and sec["sh_size"] > 0
+
+
+def open_elf(path: str | os.PathLike[str], *, require_code: bool = True) -> ElfModule:
+    """Open ``path`` as an ELF load module, checking magic, class and machine.
+
+    ``require_code`` is False for separate debug files, whose code sections are NOBITS.
+    """
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    p = str(path)
+    try:
+        stream = open(p, "rb")  # noqa: SIM115 - kept open for pyelftools' lazy reads
+    except OSError as e:
+        raise FormatError(p, f"cannot open: {e.strerror or e}") from None
+    try:
+        magic = stream.read(4)
+        if magic != b"\x7fELF":
+            raise FormatError(p, "not an ELF file (expected the magic bytes 7f 45 4c 46)", 0)
+        stream.seek(0)
+        try:
+            elf = ELFFile(stream)
+            machine = str(elf["e_machine"])
+            etype = str(elf["e_type"])
+            nsec = elf.num_sections()
+        except (ELFError, Exception) as e:  # truncated headers surface as struct errors
+            raise FormatError(p, f"truncated or corrupt ELF header: {e}") from None
+        if require_code and machine not in SUPPORTED_MACHINES:
+            raise FormatError(p, f"unsupported architecture {machine} (expected x86-64)")
+        if nsec == 0:
+            raise FormatError(p, "the ELF file has no section table")
+        mod = ElfModule(path=p, elf=elf, stream=stream, machine=machine,
+                        is_shared=etype == "ET_DYN", build_id=None, debuglink=None)
+        _read_notes(mod)
+        if require_code:
+            _read_text_sections(mod)
+        return mod
+    except BaseException:
+        stream.close()
+        raise
+
+
+def _read_notes(mod: ElfModule) -> None:
+    try:
+        for sec in mod.elf.iter_sections():
+            if sec["sh_type"] == "SHT_NOTE":
+                for note in sec.iter_notes():
+                    if note["n_type"] == "NT_GNU_BUILD_ID":
+                        mod.build_id = str(note["n_desc"])
+            elif sec.name == ".gnu_debuglink":
+                raw = bytes(sec.data())
+                mod.debuglink = raw.split(b"\0", 1)[0].decode("utf-8", "replace") or None
+    except FormatError:
+        raise
+    except Exception as e:
+        raise FormatError(mod.path, f"corrupt section table or notes: {e}") from None
+
+
+def _read_text_sections(mod: ElfModule) -> None:
+    try:
+        for sec in mod.elf.iter_sections():
+            flags = int(sec["sh_flags"])
+            if sec["sh_type"] != "SHT_PROGBITS" or not flags & 0x4:  # SHF_EXECINSTR
+                continue
+            data = bytes(sec.data())
+            if len(data) != sec["sh_size"]:
+                raise FormatError(mod.path, f"section {sec.name} is truncated "
+                                  f"({len(data)} of {sec['sh_size']} bytes)")
+            mod.text_sections.append(Section(sec.name, int(sec["sh_addr"]), int(sec["sh_size"]),
+                                             True, data))
+    except FormatError:
+        raise
+    except Exception as e:
+        raise FormatError(mod.path, f"corrupt executable section: {e}") from None
+    mod.text_sections.sort(key=lambda s: s.addr)
+
+
+def find_debug_file(mod: ElfModule) -> str | None:
+    """The separate debug file of ``mod``: by build-id first, then by ``.gnu_debuglink``.
+
+    Looks where gdb looks: ``/usr/lib/debug/.build-id/xx/rest.debug``, then the debuglink name
+    beside the binary, in its ``.debug/`` folder, and under ``/usr/lib/debug/<dir>/``.
+    """
+    roots = [r for r in os.environ.get("CALLPATH_DEBUG_ROOT", "").split(os.pathsep) if r]
+    roots += list(DEBUG_ROOTS)
+    cands: list[Path] = []
+    if mod.build_id and len(mod.build_id) > 2:
+        for r in roots:
+            cands.append(Path(r) / ".build-id" / mod.build_id[:2] / (mod.build_id[2:] + ".debug"))
+    if mod.debuglink:
+        d = Path(mod.path).resolve().parent
+        cands += [d / mod.debuglink, d / ".debug" / mod.debuglink]
+        for r in roots:
+            cands.append(Path(r) / str(d).lstrip("/") / mod.debuglink)
+    for c in cands:
+        if c.is_file() and str(c.resolve()) != str(Path(mod.path).resolve()):
+            return str(c)
+    return None
+
+
+def section_containing(mod: ElfModule, addr: int) -> Section | None:
+    for s in mod.text_sections:
+        if s.addr <= addr < s.addr + s.size:
+            return s
+    return None

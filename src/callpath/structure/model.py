@@ -1,0 +1,180 @@
+"""The structure model: a load module's scopes as preorder numpy arrays, and address lookup.
+
+A :class:`Structure` is one load module (an ELF file, or a Python source file as a pseudo
+module). Its scopes form a tree stored in preorder: FILE → PROC → (ALIEN | LOOP | STMT)*, where
+ALIEN is code inlined from ``name`` called at ``call_file:call_line``, LOOP carries the line of
+its back-edge branch and its header address, and STMT is a source line with address ranges.
+Every scope has a set of address ranges (``range_lo``/``range_hi`` rows ``range_ptr[i] ..
+range_ptr[i+1]``): for PROC its entry ``[entry, entry+1)``, for LOOP its header, for STMT the
+code of that line in that scope — the same ``v=`` sets as HPCToolkit's structure XML.
+
+:meth:`Structure.lookup` answers, for a numpy array of module offsets, the innermost scope of
+each (vectorised: one ``searchsorted``); :meth:`Structure.chain` gives the enclosing scopes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+import numpy.typing as npt
+
+
+class Kind(IntEnum):
+    ROOT = 0
+    FILE = 1
+    PROC = 2
+    ALIEN = 3
+    LOOP = 4
+    STMT = 5
+    CALL = 6
+
+
+@dataclass
+class Structure:
+    """One load module's recovered structure (see the module docstring)."""
+
+    path: str
+    build_id: str | None
+    strings: list[str]
+    kind: npt.NDArray[np.uint8]
+    parent: npt.NDArray[np.int32]
+    name: npt.NDArray[np.int32]  # string id: FILE path, PROC/ALIEN display name, else -1
+    link_name: npt.NDArray[np.int32]  # PROC link name, -1 if same as name
+    file: npt.NDArray[np.int32]  # string id of the source file, -1 unknown
+    line: npt.NDArray[np.int32]
+    call_file: npt.NDArray[np.int32]  # ALIEN: string id of the caller's file
+    call_line: npt.NDArray[np.int32]  # ALIEN: line of the call; CALL: target address low bits
+    target: npt.NDArray[np.uint64]  # CALL: target address (0 unknown)
+    range_ptr: npt.NDArray[np.int64]
+    range_lo: npt.NDArray[np.uint64]
+    range_hi: npt.NDArray[np.uint64]
+    #: Address map: disjoint sorted intervals -> innermost scope (STMT, or PROC without lines).
+    map_lo: npt.NDArray[np.uint64] = field(default_factory=lambda: np.zeros(0, np.uint64))
+    map_hi: npt.NDArray[np.uint64] = field(default_factory=lambda: np.zeros(0, np.uint64))
+    map_scope: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
+    has_calls: bool = False
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def ranges(self, i: int) -> list[tuple[int, int]]:
+        a, b = int(self.range_ptr[i]), int(self.range_ptr[i + 1])
+        return [(int(x), int(y)) for x, y in zip(self.range_lo[a:b], self.range_hi[a:b],
+                                                 strict=True)]
+
+    def text(self, sid: int) -> str:
+        return self.strings[sid] if sid >= 0 else ""
+
+    def lookup(self, offsets: npt.ArrayLike) -> npt.NDArray[np.int32]:
+        """Innermost scope of each module offset (-1 where the module has no code there)."""
+        off = np.asarray(offsets, dtype=np.uint64)
+        if len(self.map_lo) == 0:
+            return np.full(off.shape, -1, dtype=np.int32)
+        i = np.searchsorted(self.map_lo, off, side="right").astype(np.int64) - 1
+        ok = i >= 0
+        ic = np.where(ok, i, 0)
+        ok &= off < self.map_hi[ic]
+        return np.where(ok, self.map_scope[ic], -1).astype(np.int32)
+
+    def chain(self, scope: int) -> list[int]:
+        """``scope`` and its enclosing scopes, innermost first, up to (excluding) the root."""
+        out = []
+        while scope > 0:
+            out.append(scope)
+            scope = int(self.parent[scope])
+        return out
+
+    def enclosing(self, scopes: npt.NDArray[np.int32], kind: Kind) -> npt.NDArray[np.int32]:
+        """For each scope, the nearest enclosing scope (itself included) of ``kind``; -1 if none.
+
+        Vectorised by pointer jumping over the parent array (depth-many numpy passes at most).
+        """
+        cur = np.asarray(scopes, dtype=np.int32).copy()
+        out = np.full(cur.shape, -1, dtype=np.int32)
+        active = cur >= 0
+        while active.any():
+            hit = active & (self.kind[np.where(active, cur, 0)] == kind)
+            out[hit] = cur[hit]
+            active &= ~hit
+            nxt = np.where(active, self.parent[np.where(active, cur, 0)], -1)
+            cur = nxt.astype(np.int32)
+            active &= cur > 0
+        return out
+
+    def children(self) -> list[list[int]]:
+        kids: list[list[int]] = [[] for _ in range(len(self))]
+        for i in range(1, len(self)):
+            kids[int(self.parent[i])].append(i)
+        return kids
+
+
+class StructureBuilder:
+    """Appends scopes in preorder and freezes them into a :class:`Structure`."""
+
+    def __init__(self, path: str, build_id: str | None) -> None:
+        self.path = path
+        self.build_id = build_id
+        self.strings: list[str] = []
+        self._sid: dict[str, int] = {}
+        self.kind: list[int] = [int(Kind.ROOT)]
+        self.parent: list[int] = [-1]
+        self.name: list[int] = [self.sid(path)]
+        self.link: list[int] = [-1]
+        self.file: list[int] = [-1]
+        self.line: list[int] = [0]
+        self.cfile: list[int] = [-1]
+        self.cline: list[int] = [0]
+        self.target: list[int] = [0]
+        self.rptr: list[int] = [0, 0]
+        self.rlo: list[int] = []
+        self.rhi: list[int] = []
+        self.map: list[tuple[int, int, int]] = []
+        self.has_calls = False
+
+    def sid(self, s: str | None) -> int:
+        if s is None:
+            return -1
+        i = self._sid.get(s)
+        if i is None:
+            i = self._sid[s] = len(self.strings)
+            self.strings.append(s)
+        return i
+
+    def add(self, kind: Kind, parent: int, *, name: str | None = None,
+            link: str | None = None, file: str | None = None, line: int = 0,
+            call_file: str | None = None, call_line: int = 0, target: int = 0,
+            ranges: list[tuple[int, int]] | None = None) -> int:
+        i = len(self.kind)
+        self.kind.append(int(kind))
+        self.parent.append(parent)
+        self.name.append(self.sid(name))
+        self.link.append(self.sid(link) if link is not None and link != name else -1)
+        self.file.append(self.sid(file))
+        self.line.append(line)
+        self.cfile.append(self.sid(call_file))
+        self.cline.append(call_line)
+        self.target.append(target)
+        for lo, hi in ranges or ():
+            self.rlo.append(lo)
+            self.rhi.append(hi)
+        self.rptr.append(len(self.rlo))
+        return i
+
+    def map_range(self, lo: int, hi: int, scope: int) -> None:
+        self.map.append((lo, hi, scope))
+
+    def build(self) -> Structure:
+        m = sorted(self.map)
+        return Structure(
+            path=self.path, build_id=self.build_id, strings=self.strings,
+            kind=np.array(self.kind, np.uint8), parent=np.array(self.parent, np.int32),
+            name=np.array(self.name, np.int32), link_name=np.array(self.link, np.int32),
+            file=np.array(self.file, np.int32), line=np.array(self.line, np.int32),
+            call_file=np.array(self.cfile, np.int32), call_line=np.array(self.cline, np.int32),
+            target=np.array(self.target, np.uint64), range_ptr=np.array(self.rptr, np.int64),
+            range_lo=np.array(self.rlo, np.uint64), range_hi=np.array(self.rhi, np.uint64),
+            map_lo=np.array([x[0] for x in m], np.uint64),
+            map_hi=np.array([x[1] for x in m], np.uint64),
+            map_scope=np.array([x[2] for x in m], np.int32), has_calls=self.has_calls)

@@ -1,0 +1,166 @@
+"""Procedures of a load module from its symbol tables, PLT stubs and ``.eh_frame`` FDEs.
+
+Each procedure is an entry address, an end (first address past it), a link name and a display
+name. Sources, strongest first: function symbols (``.symtab``, then ``.dynsym``, also read from a
+separate debug file, where Debian keeps the ``.symtab`` of stripped libraries), PLT stubs named
+``callee@plt`` from their ``R_X86_64_JUMP_SLOT`` relocation (``targ<addr>@plt`` when there is
+none, as hpcstruct names them), and FDE ranges for code no symbol covers (named
+``targ<addr>``), so that even a fully stripped binary has procedures and loops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from callpath.errors import FormatError
+from callpath.structure.elf import ElfModule
+
+_BIND_RANK = {"STB_GLOBAL": 0, "STB_WEAK": 1, "STB_LOCAL": 2}
+
+
+@dataclass
+class Procedure:
+    entry: int
+    end: int
+    link_name: str
+    name: str
+    origin: str  # "symbol", "plt", "fde", "dwarf"
+
+
+@dataclass
+class _Cand:
+    entry: int
+    size: int
+    name: str
+    rank: tuple[int, int, int, int]
+    origin: str
+
+
+def function_symbols(elf: Any, path: str) -> list[_Cand]:
+    """Defined function symbols of ``.symtab`` and ``.dynsym`` (ifuncs included)."""
+    out: list[_Cand] = []
+    try:
+        for tab_rank, secname in enumerate((".symtab", ".dynsym")):
+            sec = elf.get_section_by_name(secname)
+            if sec is None or not hasattr(sec, "iter_symbols"):
+                continue
+            for sym in sec.iter_symbols():
+                st = sym["st_info"]
+                if st["type"] not in ("STT_FUNC", "STT_GNU_IFUNC"):
+                    continue
+                if sym["st_shndx"] in ("SHN_UNDEF", "SHN_ABS") or not sym.name:
+                    continue
+                value = int(sym["st_value"])
+                if value == 0:
+                    continue
+                name = sym.name.split("@", 1)[0] if secname == ".dynsym" else sym.name
+                size = int(sym["st_size"])
+                rank = (tab_rank, 0 if size else 1, _BIND_RANK.get(st["bind"], 3),
+                        int(name.startswith("_")))
+                out.append(_Cand(value, size, name, rank, "symbol"))
+    except Exception as e:
+        raise FormatError(path, f"corrupt symbol table: {e}") from None
+    return out
+
+
+def plt_stubs(mod: ElfModule) -> list[_Cand]:
+    """PLT entries as procedures named after the function their GOT slot is relocated to."""
+    import iced_x86
+
+    elf = mod.elf
+    slot_names: dict[int, str] = {}
+    try:
+        for secname in (".rela.plt", ".rel.plt"):
+            rel = elf.get_section_by_name(secname)
+            if rel is None or not hasattr(rel, "iter_relocations"):
+                continue
+            symtab = elf.get_section(rel["sh_link"])
+            for r in rel.iter_relocations():
+                idx = r["r_info_sym"]
+                if idx and symtab is not None and hasattr(symtab, "get_symbol"):
+                    slot_names[int(r["r_offset"])] = symtab.get_symbol(idx).name.split("@", 1)[0]
+    except Exception as e:
+        raise FormatError(mod.path, f"corrupt PLT relocations: {e}") from None
+    out: list[_Cand] = []
+    for sec in mod.text_sections:
+        if sec.name not in (".plt", ".plt.sec", ".plt.got"):
+            continue
+        step = 8 if sec.name == ".plt.got" and sec.size % 16 else 16
+        first = 1 if sec.name == ".plt" else 0
+        for off in range(first * step, sec.size - step + 1, step):
+            dec = iced_x86.Decoder(64, sec.data[off:off + step], ip=sec.addr + off)
+            slot = None
+            for ins in dec:
+                if ins.is_jmp_near_indirect and ins.is_ip_rel_memory_operand:
+                    slot = int(ins.ip_rel_memory_address)
+                    break
+            if slot is None:  # not a stub (e.g. lazy-binding trampoline in .plt of IBT)
+                if sec.name == ".plt":
+                    continue
+            addr = sec.addr + off
+            name = slot_names.get(slot, f"targ{addr:x}") if slot is not None else f"targ{addr:x}"
+            out.append(_Cand(addr, step, f"{name}@plt", (0, 0, 0, 0), "plt"))
+    return out
+
+
+def fde_ranges(mod: ElfModule) -> list[tuple[int, int]]:
+    """``[start, end)`` of every FDE in ``.eh_frame``: code ranges even of stripped binaries."""
+    try:
+        dw = mod.elf.get_dwarf_info(relocate_dwarf_sections=False)
+        if not dw.has_EH_CFI():
+            return []
+        out = []
+        for e in dw.EH_CFI_entries():
+            h = e.header
+            if "initial_location" in h:
+                out.append((int(h["initial_location"]),
+                            int(h["initial_location"]) + int(h["address_range"])))
+        return out
+    except Exception as e:
+        raise FormatError(mod.path, f"corrupt .eh_frame: {e}") from None
+
+
+def procedures(mod: ElfModule, extra_symbol_elves: list[Any] | None = None,
+               dwarf_entries: list[tuple[int, int, str, str]] | None = None) -> list[Procedure]:
+    """All procedures of ``mod``, sorted by entry, each ending where the next one starts at the
+    latest. ``dwarf_entries`` are ``(low_pc, high_pc, name, link name)`` of DWARF subprograms,
+    used for code that no symbol names."""
+    cands = function_symbols(mod.elf, mod.path)
+    for e in extra_symbol_elves or []:
+        cands += function_symbols(e, mod.path)
+    cands += plt_stubs(mod)
+    secs = mod.text_sections
+
+    def in_text(a: int) -> bool:
+        return any(s.addr <= a < s.addr + s.size for s in secs)
+
+    best: dict[int, _Cand] = {}
+    for c in cands:
+        if not in_text(c.entry):
+            continue
+        old = best.get(c.entry)
+        if old is None or (c.rank, len(c.name), c.name) < (old.rank, len(old.name), old.name):
+            best[c.entry] = c
+    for lo, hi, name, link in dwarf_entries or []:
+        if lo not in best and in_text(lo):
+            best[lo] = _Cand(lo, hi - lo, link or name, (5, 0, 0, 0), "dwarf")
+    if not any(c.origin == "symbol" for c in best.values()):
+        for lo, hi in fde_ranges(mod):
+            if lo not in best and in_text(lo):
+                best[lo] = _Cand(lo, hi - lo, f"targ{lo:x}", (6, 0, 0, 0), "fde")
+    # The section starts of .init/.fini are procedures even without symbols.
+    for s in secs:
+        if s.name in (".init", ".fini") and s.addr not in best:
+            best[s.addr] = _Cand(s.addr, s.size, s.name.lstrip("._"), (7, 0, 0, 0), "section")
+    entries = sorted(best)
+    out: list[Procedure] = []
+    for i, a in enumerate(entries):
+        c = best[a]
+        sec = next(s for s in secs if s.addr <= a < s.addr + s.size)
+        limit = sec.addr + sec.size
+        if i + 1 < len(entries) and entries[i + 1] < limit:
+            limit = entries[i + 1]
+        end = min(a + c.size, limit) if c.size else limit
+        out.append(Procedure(a, max(end, a + 1), c.name, c.name, c.origin))
+    return out
