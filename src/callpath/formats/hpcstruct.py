@@ -1,0 +1,292 @@
+"""HPCToolkit's structure XML (``hpc-structure.dtd``, version 4.9): writer and reader.
+
+The writer emits what ``hpcstruct`` emits, so HPCToolkit's ``hpcprof`` can use our files: procedure
+names carry the module in brackets (``n="f [libfoo.so]"``, ``ln`` the link name), procedures
+without source live in a pseudo file ``[module]``, and an inlined scope is written as
+HPCToolkit's pair of aliens — an outer ``A`` with the call site (``f``/``l``, empty ``n``) around
+an inner ``A`` with the callee's name and its own file and line. The reader accepts files from
+``hpcstruct`` and from us and folds those pairs back into one ALIEN scope of the model; an outer
+alien named ``<inline>`` (hpcstruct's guess for lines outside the procedure) stays as is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import IO
+from xml.etree import ElementTree as ET
+from xml.sax.saxutils import quoteattr
+
+import numpy as np
+
+from callpath.errors import FormatError
+from callpath.structure.model import Kind, Structure, StructureBuilder
+
+DTD_PATH_NOTE = "hpc-structure.dtd version 4.9"
+_HEADER = """<?xml version="1.0"?>
+<!DOCTYPE HPCToolkitStructure [
+<!ELEMENT HPCToolkitStructure (LM)*>
+<!ATTLIST HPCToolkitStructure
+        version CDATA #REQUIRED
+        i       CDATA #REQUIRED
+        n       CDATA #IMPLIED>
+  <!ELEMENT LM (F|P)*>
+  <!ATTLIST LM
+        i CDATA #REQUIRED
+        n CDATA #REQUIRED
+        has-calls CDATA #REQUIRED
+        v CDATA #IMPLIED>
+  <!ELEMENT F (P|L|S)*>
+  <!ATTLIST F
+        i CDATA #REQUIRED
+        n CDATA #REQUIRED>
+  <!ELEMENT P (P|A|L|S|C)*>
+  <!ATTLIST P
+        i  CDATA #REQUIRED
+        n  CDATA #REQUIRED
+        ln CDATA #IMPLIED
+        l  CDATA #IMPLIED
+        s  CDATA #IMPLIED
+        v  CDATA #IMPLIED>
+  <!ELEMENT A (A|L|S|C)*>
+  <!ATTLIST A
+        i CDATA #REQUIRED
+        f CDATA #IMPLIED
+        n CDATA #IMPLIED
+        ln CDATA #IMPLIED
+        l CDATA #IMPLIED
+        v CDATA #IMPLIED>
+  <!ELEMENT L (A|L|S|C)*>
+  <!ATTLIST L
+        i CDATA #REQUIRED
+        l CDATA #REQUIRED
+        f CDATA #IMPLIED
+        v CDATA #IMPLIED>
+  <!ELEMENT S EMPTY>
+  <!ATTLIST S
+        i CDATA #REQUIRED
+        l CDATA #REQUIRED
+        v CDATA #IMPLIED>
+  <!ELEMENT C (C)*>
+  <!ATTLIST C
+        i CDATA #REQUIRED
+        l CDATA #REQUIRED
+        v CDATA #IMPLIED
+        t CDATA #IMPLIED
+        d CDATA #IMPLIED>
+]>
+"""
+
+
+def _vset(ranges: list[tuple[int, int]]) -> str:
+    return "{" + " ".join(f"[{a:#x}-{b:#x})" for a, b in ranges) + "}"
+
+
+def write_hpcstruct(structs: list[Structure], out: IO[str]) -> None:
+    """Write one ``HPCToolkitStructure`` document holding every load module of ``structs``."""
+    out.write(_HEADER)
+    out.write('<HPCToolkitStructure i="0" version="4.9" n="">\n')
+    ident = [2]
+    for s in structs:
+        _write_lm(s, out, ident)
+    out.write("</HPCToolkitStructure>\n")
+
+
+def write_hpcstruct_file(structs: list[Structure], path: str | os.PathLike[str]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        write_hpcstruct(structs, f)
+    os.replace(tmp, path)
+
+
+def _write_lm(s: Structure, out: IO[str], ident: list[int]) -> None:
+    base = os.path.basename(s.path)
+    suffix = f" [{base}]"
+    kids = s.children()
+    w = out.write
+    q = quoteattr
+
+    def nid() -> int:
+        ident[0] += 1
+        return ident[0] - 1
+
+    w(f'<LM i="{nid()}" n={q(s.path)} has-calls="{int(s.has_calls)}" v="{{}}">\n')
+
+    def emit(i: int) -> None:
+        k = s.kind[i]
+        rs = _vset(s.ranges(i))
+        if k == Kind.FILE:
+            w(f'<F i="{nid()}" n={q(s.text(int(s.name[i])))}>\n')
+            for c in kids[i]:
+                emit(c)
+            w("</F>\n")
+        elif k == Kind.PROC:
+            name = s.text(int(s.name[i]))
+            link = s.text(int(s.link_name[i])) if s.link_name[i] >= 0 else name
+            w(f'<P i="{nid()}" n={q(name + suffix)} ln={q(link)} l="{s.line[i]}" v="{rs}">\n')
+            for c in kids[i]:
+                emit(c)
+            w("</P>\n")
+        elif k == Kind.ALIEN:
+            cf = s.text(int(s.call_file[i])) or "<unknown>"
+            f = s.text(int(s.file[i])) or "<unknown>"
+            w(f'<A i="{nid()}" l="{s.call_line[i]}" f={q(cf)} n="" v="{{}}">\n')
+            w(f'<A i="{nid()}" l="{s.line[i]}" f={q(f)} n={q(s.text(int(s.name[i])))} '
+              f'v="{rs}">\n')
+            for c in kids[i]:
+                emit(c)
+            w("</A>\n</A>\n")
+        elif k == Kind.LOOP:
+            f = s.text(int(s.file[i])) or f"[{base}]"
+            w(f'<L i="{nid()}" l="{s.line[i]}" f={q(f)} v="{rs}">\n')
+            for c in kids[i]:
+                emit(c)
+            w("</L>\n")
+        elif k == Kind.STMT:
+            w(f'<S i="{nid()}" l="{s.line[i]}" v="{rs}"/>\n')
+        elif k == Kind.CALL:
+            t = int(s.target[i])
+            ts = f' t="{t:#x}"' if t else ""
+            w(f'<C i="{nid()}" l="{s.line[i]}" v="{rs}"{ts}/>\n')
+
+    for c in kids[0]:
+        emit(c)
+    w("</LM>\n")
+
+
+# -- reader ------------------------------------------------------------------------------------
+
+_RANGE = re.compile(r"\[\s*(0x[0-9a-fA-F]+|\d+)\s*-\s*(0x[0-9a-fA-F]+|\d+)\s*\)")
+
+
+def _parse_vset(text: str | None, path: str) -> list[tuple[int, int]]:
+    if not text:
+        return []
+    t = text.strip()
+    if not (t.startswith("{") and t.endswith("}")):
+        raise FormatError(path, f"bad address range set {text!r} (expected {{[lo-hi) ...}})")
+    out = []
+    for m in _RANGE.finditer(t):
+        a, b = int(m.group(1), 0), int(m.group(2), 0)
+        if b < a:
+            raise FormatError(path, f"bad address range [{a:#x}-{b:#x}) in {text!r}")
+        out.append((a, b))
+    if not out and t[1:-1].strip():
+        raise FormatError(path, f"bad address range set {text!r}")
+    return out
+
+
+def _int_attr(e: ET.Element, name: str, path: str, default: int = 0) -> int:
+    v = e.get(name)
+    if v is None:
+        return default
+    try:
+        return int(v, 0)
+    except ValueError:
+        raise FormatError(path, f"<{e.tag}> attribute {name}={v!r} is not an integer") from None
+
+
+def read_hpcstruct(path: str | os.PathLike[str]) -> list[Structure]:
+    """Load modules of a structure file (by ``hpcstruct`` or by us) as :class:`Structure`s."""
+    p = str(path)
+    try:
+        root = ET.parse(p).getroot()
+    except OSError as e:
+        raise FormatError(p, f"cannot open: {e.strerror or e}") from None
+    except ET.ParseError as e:
+        raise FormatError(p, f"malformed XML: {e}") from None
+    if root.tag != "HPCToolkitStructure":
+        raise FormatError(p, f"root element is <{root.tag}>, expected <HPCToolkitStructure>")
+    out = []
+    for lm in root:
+        if lm.tag != "LM":
+            raise FormatError(p, f"<{lm.tag}> inside <HPCToolkitStructure>, expected <LM>")
+        out.append(_read_lm(lm, p))
+    return out
+
+
+_ALLOWED = {"LM": {"F", "P"}, "F": {"P", "L", "S"}, "P": {"P", "A", "L", "S", "C"},
+            "A": {"A", "L", "S", "C"}, "L": {"A", "L", "S", "C"}, "S": set(), "C": {"C"}}
+
+
+def _read_lm(lm: ET.Element, path: str) -> Structure:
+    name = lm.get("n")
+    if name is None:
+        raise FormatError(path, "<LM> without the required n= attribute")
+    base = os.path.basename(name)
+    suffix = f" [{base}]"
+    b = StructureBuilder(name, None)
+    b.has_calls = lm.get("has-calls", "0") not in ("0", "")
+
+    def need_l(e: ET.Element) -> int:
+        if e.get("l") is None:
+            raise FormatError(path, f"<{e.tag} i={e.get('i')!r}> without the required l= "
+                              "attribute")
+        return _int_attr(e, "l", path)
+
+    def walk(e: ET.Element, parent: int, file: str | None) -> None:
+        for c in e:
+            tag = c.tag
+            if tag not in _ALLOWED.get(e.tag, set()):
+                raise FormatError(path, f"<{tag}> inside <{e.tag}> is not allowed by "
+                                  "hpc-structure.dtd")
+            rs = _parse_vset(c.get("v"), path)
+            if tag == "F":
+                fn = c.get("n", "")
+                sc = b.add(Kind.FILE, parent, name=fn)
+                walk(c, sc, None if fn.startswith("[") else fn)
+            elif tag == "P":
+                n = c.get("n", "")
+                if n.endswith(suffix):
+                    n = n[: -len(suffix)]
+                sc = b.add(Kind.PROC, parent, name=n, link=c.get("ln") or n, file=file,
+                           line=_int_attr(c, "l", path), ranges=rs)
+                walk(c, sc, file)
+            elif tag == "A":
+                kids = list(c)
+                inner = kids[0] if len(kids) == 1 and kids[0].tag == "A" else None
+                if not c.get("n") and inner is not None:
+                    # hpcstruct's pair: call site outside, callee inside.
+                    cf = c.get("f")
+                    f = inner.get("f")
+                    sc = b.add(Kind.ALIEN, parent, name=inner.get("n", ""),
+                               file=None if f in (None, "<unknown>") else f,
+                               line=_int_attr(inner, "l", path),
+                               call_file=None if cf in (None, "<unknown>") else cf,
+                               call_line=_int_attr(c, "l", path),
+                               ranges=_parse_vset(inner.get("v"), path))
+                    walk(inner, sc, f)
+                else:
+                    f = c.get("f")
+                    sc = b.add(Kind.ALIEN, parent, name=c.get("n", ""),
+                               file=None if f in (None, "<unknown>") else f,
+                               line=_int_attr(c, "l", path), call_file=file,
+                               call_line=_int_attr(c, "l", path), ranges=rs)
+                    walk(c, sc, f)
+            elif tag == "L":
+                f = c.get("f")
+                sc = b.add(Kind.LOOP, parent, file=None if f is None or f.startswith("[")
+                           else f, line=need_l(c), ranges=rs)
+                walk(c, sc, file)
+            elif tag == "S":
+                sc = b.add(Kind.STMT, parent, file=file, line=need_l(c), ranges=rs)
+                for a, z in rs:
+                    b.map_range(a, z, sc)
+            elif tag == "C":
+                t = c.get("t")
+                sc = b.add(Kind.CALL, parent, file=file, line=need_l(c),
+                           target=int(t, 0) if t else 0, ranges=rs)
+                for a, z in rs:
+                    b.map_range(a, z, sc)
+                walk(c, sc, file)
+
+    if any(c.tag not in ("F", "P") for c in lm):
+        bad = next(c.tag for c in lm if c.tag not in ("F", "P"))
+        raise FormatError(path, f"<{bad}> inside <LM> is not allowed by hpc-structure.dtd")
+    walk(lm, 0, None)
+    s = b.build()
+    # Overlapping statement ranges (C inside S) resolve to the later (deeper) scope.
+    if len(s.map_lo) > 1:
+        order = np.lexsort((np.arange(len(s.map_lo)), s.map_lo))
+        s.map_lo, s.map_hi, s.map_scope = s.map_lo[order], s.map_hi[order], s.map_scope[order]
+    return s
