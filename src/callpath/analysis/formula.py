@@ -24,6 +24,7 @@ empty cell. Numpy floating-point warnings never escape.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 
@@ -133,35 +134,35 @@ def tokenize(text: str) -> list[Token]:
 # ---- syntax tree -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Node:
     pos: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Num(Node):
     value: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Ref(Node):
     kind: str  # '$' = value at the node, '@' = aggregate (root) value
     index: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Neg(Node):
     operand: Node
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BinOp(Node):
     op: str
     left: Node
     right: Node
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Call(Node):
     name: str  # lower case
     args: tuple[Node, ...]
@@ -287,7 +288,7 @@ class _Parser:
 # ---- the formula -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class Formula:
     """A parsed formula; evaluate it over whole columns with :meth:`evaluate`."""
 
@@ -368,6 +369,15 @@ class Formula:
     def __str__(self) -> str:
         return self.text
 
+    def __repr__(self) -> str:
+        return f"parse({self.text!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Formula) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
 
 def parse(text: str) -> Formula:
     """Parse a formula; raises :class:`FormulaError` naming the column and the expectation."""
@@ -376,29 +386,62 @@ def parse(text: str) -> Formula:
     return Formula(text, _Parser(text).parse())
 
 
-def _eval(node: Node, fetch: Callable[[Ref], Value], size: int) -> Value:
-    if isinstance(node, Num):
-        return node.value
-    if isinstance(node, Ref):
-        return fetch(node)
-    if isinstance(node, Neg):
-        return -_eval(node.operand, fetch, size)
-    if isinstance(node, BinOp):
-        a = _eval(node.left, fetch, size)
-        b = _eval(node.right, fetch, size)
-        if node.op == "+":
-            return a + b
-        if node.op == "-":
-            return a - b
-        if node.op == "*":
-            return a * b
-        if node.op == "/":
-            return _divide(a, b)
-        return np.power(np.asarray(a, dtype=np.float64), b)
-    if isinstance(node, Call):
-        args = [_eval(a, fetch, size) for a in node.args]
-        return FUNCTIONS[node.name].apply(args, size)
-    raise TypeError(f"unknown formula node {node!r}")  # pragma: no cover
+def _postfix(root: Node) -> list[Node]:
+    """The tree in postfix order, built without recursion (long formulas are left-deep)."""
+    out: list[Node] = []
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded or isinstance(node, Num | Ref):
+            out.append(node)
+            continue
+        stack.append((node, True))
+        if isinstance(node, Neg):
+            stack.append((node.operand, False))
+        elif isinstance(node, BinOp):
+            stack.append((node.right, False))
+            stack.append((node.left, False))
+        elif isinstance(node, Call):
+            stack.extend((a, False) for a in reversed(node.args))
+    return out
+
+
+def _finite(v: Value) -> Value:
+    """Infinities (overflow, poles) become NaN at once, so that no later ``min``/``max`` or
+    ``1/x`` turns an undefined intermediate into a plausible-looking number."""
+    if isinstance(v, np.ndarray):
+        return np.where(np.isinf(v), np.nan, v)
+    return float("nan") if math.isinf(v) else float(v)
+
+
+def _eval(root: Node, fetch: Callable[[Ref], Value], size: int) -> Value:
+    values: list[Value] = []
+    for node in _postfix(root):
+        if isinstance(node, Num):
+            values.append(node.value)
+        elif isinstance(node, Ref):
+            values.append(fetch(node))
+        elif isinstance(node, Neg):
+            values.append(-values.pop())
+        elif isinstance(node, BinOp):
+            b = values.pop()
+            a = values.pop()
+            if node.op == "+":
+                values.append(_finite(a + b))
+            elif node.op == "-":
+                values.append(_finite(a - b))
+            elif node.op == "*":
+                values.append(_finite(a * b))
+            elif node.op == "/":
+                values.append(_finite(_divide(a, b)))
+            else:
+                values.append(_finite(np.power(np.asarray(a, dtype=np.float64), b)))
+        elif isinstance(node, Call):
+            k = len(node.args)
+            args = values[len(values) - k:] if k else []
+            del values[len(values) - k:]
+            values.append(_finite(FUNCTIONS[node.name].apply(args, size)))
+    return values[0]
 
 
 def _divide(a: Value, b: Value) -> Value:
