@@ -20,12 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from callpath.errors import FormatError
-from callpath.structure.cfg import CALL, INDIRECT, Graph, build_cfg, decode
+from callpath.structure.cfg import INDIRECT, build_cfg, decode
 from callpath.structure.dwarf_info import DebugInfo, DwarfReader, Inlined
 from callpath.structure.dwarf_lines import LineTable, decode_line_tables
 from callpath.structure.elf import ElfModule, find_debug_file, open_elf
-from callpath.structure.havlak import Loop, find_loops
+from callpath.structure.havlak import find_loops
 from callpath.structure.jump_tables import resolve_tables
 from callpath.structure.model import Kind, Structure, StructureBuilder
 from callpath.structure.noreturn import is_no_return
@@ -304,13 +303,13 @@ def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pl
 
     # Loop lines: the branch at the end of the latest back-edge source block.
     loop_line: list[tuple[int, int]] = []
-    for lp in loops:
-        srcs = [s for s in lp.back_sources] or [lp.header]
-        latch = max(srcs, key=lambda s: graph.start[s])
+    for lpo in loops:
+        srcs = list(lpo.back_sources) or [lpo.header]
+        latch = max(srcs, key=lambda x: graph.start[x])
         addr = code.ip[graph.last[latch]]
         f, ln = _lines_at(lines, np.array([addr], np.uint64))
         if ln[0] <= 0:
-            f, ln = _lines_at(lines, np.array([graph.start[lp.header]], np.uint64))
+            f, ln = _lines_at(lines, np.array([graph.start[lpo.header]], np.uint64))
         loop_line.append((int(f[0]), int(ln[0])))
 
     # Build the local scope trie: node -> (kind, ref), children, statements.
@@ -372,4 +371,3 @@ def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pl
             emit(ch, sc)
 
     emit(0, pscope)
-    _ = (Loop, Graph, CALL, FormatError)

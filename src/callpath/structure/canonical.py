@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from callpath.structure.model import Kind, Structure
 
@@ -86,7 +87,7 @@ class Match:
         return 100.0 if denom == 0 else 100.0 * self.matched / denom
 
 
-def _match(cat: str, a: Counter[object], b: Counter[object]) -> Match:
+def _match(cat: str, a: Counter[Any], b: Counter[Any]) -> Match:
     common = a & b
     m = sum(common.values())
     return Match(cat, sum(a.values()), sum(b.values()), m, sorted((a - b).elements(), key=str),
@@ -97,22 +98,22 @@ def compare(ours: Structure, theirs: Structure) -> dict[str, Match]:
     """Per-category agreement of ``ours`` with ``theirs`` (typically hpcstruct's)."""
     a, b = canonical(ours), canonical(theirs)
     out = {
-        "procedures": _match("procedures", Counter(a.procedures), Counter(b.procedures)),
-        "loops": _match("loops", Counter(a.loops), Counter(b.loops)),
-        "statements": _match("statements", Counter(a.statements), Counter(b.statements)),
+        "procedures": _match("procedures", a.procedures, b.procedures),
+        "loops": _match("loops", a.loops, b.loops),
+        "statements": _match("statements", a.statements, b.statements),
     }
     # Inlined sites: exact first, then hpcstruct's lost call lines (0) by procedure and callee.
-    ia: Counter[object] = Counter(a.inlined)
-    ib: Counter[object] = Counter(b.inlined)
+    ia: Counter[tuple[str, str, int]] = Counter(a.inlined)
+    ib: Counter[tuple[str, str, int]] = Counter(b.inlined)
     exact = ia & ib
     ra, rb = ia - exact, ib - exact
     extra = 0
     for key, n in list(rb.items()):
-        proc, callee, line = key  # type: ignore[misc]
+        proc, callee, line = key
         if line != 0:
             continue
         for k2 in list(ra):
-            if k2[:2] == (proc, callee) and n > 0:  # type: ignore[index]
+            if k2[:2] == (proc, callee) and n > 0:
                 take = min(n, ra[k2])
                 ra[k2] -= take
                 rb[key] -= take

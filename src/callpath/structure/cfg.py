@@ -123,17 +123,17 @@ def build_cfg(code: Code, lo: int, hi: int,
         elif k == COND:
             if fall >= 0:
                 s.append(fall)
-            t = block_at.get(targets[i])
-            if t is not None and t not in s:
-                s.append(t)
+            tb = block_at.get(targets[i])
+            if tb is not None and tb not in s:
+                s.append(tb)
         elif k == JUMP:
-            t = block_at.get(targets[i])
-            if t is not None:
-                s.append(t)
+            tb = block_at.get(targets[i])
+            if tb is not None:
+                s.append(tb)
         elif k == INDIRECT:
             for a in code.tables.get(i, ()):
-                t = block_at.get(a)
-                if t is not None and t not in s:
-                    s.append(t)
+                tb = block_at.get(a)
+                if tb is not None and tb not in s:
+                    s.append(tb)
         succ.append(s)
     return Graph(starts, [ends[x] for x in last], first, last, succ)

@@ -331,7 +331,7 @@ class DwarfReader:
             if a is None or i + u.addr_size > len(a):
                 raise FormatError(u.sec.path, f"address index {val} outside .debug_addr")
             return int.from_bytes(a[i:i + u.addr_size], "little")
-        return int(val)  # type: ignore[call-overload]
+        return int(val)  # type: ignore[call-overload, no-any-return]
 
     def _ranges(self, u: _Unit, attrs: dict[int, tuple[int, object]]) -> list[tuple[int, int]]:
         if AT_low_pc in attrs:

@@ -136,8 +136,9 @@ def decode_line_tables(debug_line: bytes, offsets: list[tuple[int, str]], *, pat
             continue
         if not 0 <= off < len(debug_line):
             raise FormatError(path, f"DW_AT_stmt_list {off:#x} outside .debug_line")
-        unit_files[off] = _decode_one(debug_line, off, comp_dir, path, debug_str, debug_line_str, address_size,
-                    files, file_ids, out_a, out_f, out_l)
+        unit_files[off] = _decode_one(debug_line, off, comp_dir, path, debug_str,
+                                      debug_line_str, address_size, files, file_ids,
+                                      out_a, out_f, out_l)
     a = np.array(out_a, dtype=np.uint64)
     f = np.array(out_f, dtype=np.int32)
     ln = np.array(out_l, dtype=np.int32)
@@ -171,7 +172,7 @@ def _decode_one(data: bytes, off: int, comp_dir: str, path: str, debug_str: byte
     if not 2 <= version <= 5:
         raise FormatError(path, f"unsupported .debug_line version {version} (expected 2..5)", off)
     if version >= 5:
-        address_size = r.u(1)
+        r.u(1)  # address size (set_address carries its own length)
         r.u(1)  # segment selector size
     header_length = r.u(offsz)
     prog_start = r.pos + header_length

@@ -11,6 +11,7 @@ never invents one.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 MAX_ENTRIES = 4096
 
@@ -40,32 +41,33 @@ def resolve_tables(data: bytes, base: int, lo: int, hi: int, ips: list[int], kin
     return out
 
 
-def _bound(window: list[object]) -> int | None:
+def _bound(window: list[Any]) -> int | None:
     import iced_x86
 
     for ins in reversed(window[:-1]):
-        if ins.mnemonic == iced_x86.Mnemonic.CMP and ins.op1_kind in (  # type: ignore[attr-defined]
+        if ins.mnemonic == iced_x86.Mnemonic.CMP and ins.op1_kind in (
                 iced_x86.OpKind.IMMEDIATE8TO32, iced_x86.OpKind.IMMEDIATE8TO64,
                 iced_x86.OpKind.IMMEDIATE32, iced_x86.OpKind.IMMEDIATE32TO64,
                 iced_x86.OpKind.IMMEDIATE8):
-            v = int(ins.immediate(1))  # type: ignore[attr-defined]
+            v = int(ins.immediate(1))
             if 0 <= v < MAX_ENTRIES:
                 return v + 1
     return None
 
 
-def _match(window: list[object], lo: int, hi: int,
+def _match(window: list[Any], lo: int, hi: int,
            read: Callable[[int, int], bytes | None]) -> list[int]:
     import iced_x86
 
     jmp = window[-1]
     bound = _bound(window)
     n = bound if bound is not None else MAX_ENTRIES
-    if jmp.op0_kind == iced_x86.OpKind.MEMORY:  # type: ignore[attr-defined]
+    if jmp.op0_kind == iced_x86.OpKind.MEMORY:
         # jmp [T + rI*8]: absolute 64-bit entries.
-        if jmp.memory_index_scale != 8 or jmp.memory_base != iced_x86.Register.NONE:  # type: ignore[attr-defined]
+        if jmp.memory_index_scale != 8 or jmp.memory_base != iced_x86.Register.NONE:
             return []
-        table = int(jmp.memory_displacement)  # type: ignore[attr-defined]
+        table: int | None = int(jmp.memory_displacement)
+        assert table is not None
         raw = read(table, 8 * n)
         if raw is None:
             return []
@@ -81,15 +83,15 @@ def _match(window: list[object], lo: int, hi: int,
     # jmp rX: look for the lea of a rip-relative table feeding it.
     table = None
     for ins in reversed(window[:-1]):
-        if ins.mnemonic == iced_x86.Mnemonic.LEA and ins.is_ip_rel_memory_operand:  # type: ignore[attr-defined]
-            table = int(ins.ip_rel_memory_address)  # type: ignore[attr-defined]
+        if ins.mnemonic == iced_x86.Mnemonic.LEA and ins.is_ip_rel_memory_operand:
+            table = int(ins.ip_rel_memory_address)
             break
     if table is None:
         return []
     raw = read(table, 4 * n)
     if raw is None:
         return []
-    out = []
+    out4: list[int] = []
     for j in range(len(raw) // 4):
         off = int.from_bytes(raw[4 * j:4 * j + 4], "little", signed=True)
         t = table + off
@@ -97,5 +99,5 @@ def _match(window: list[object], lo: int, hi: int,
             if bound is None:
                 break
             return []
-        out.append(t)
-    return out
+        out4.append(t)
+    return out4

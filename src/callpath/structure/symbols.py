@@ -95,9 +95,8 @@ def plt_stubs(mod: ElfModule) -> list[_Cand]:
                 if ins.is_jmp_near_indirect and ins.is_ip_rel_memory_operand:
                     slot = int(ins.ip_rel_memory_address)
                     break
-            if slot is None:  # not a stub (e.g. lazy-binding trampoline in .plt of IBT)
-                if sec.name == ".plt":
-                    continue
+            if slot is None and sec.name == ".plt":  # not a stub (lazy-binding trampoline)
+                continue
             addr = sec.addr + off
             name = slot_names.get(slot, f"targ{addr:x}") if slot is not None else f"targ{addr:x}"
             out.append(_Cand(addr, step, f"{name}@plt", (0, 0, 0, 0), "plt"))
