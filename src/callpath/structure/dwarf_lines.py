@@ -191,12 +191,12 @@ def _decode_one(data: bytes, off: int, comp_dir: str, path: str, debug_str: byte
     local_files: list[str] = []
     if version >= 5:
         dirs = _v5_entries(r, path, debug_str, debug_line_str, offsz)
-        dir_names = [d.get(_DW_LNCT_path, "") for d in dirs]
+        dir_names: list[str] = [str(d.get(_DW_LNCT_path, "")) for d in dirs]
         for fe in _v5_entries(r, path, debug_str, debug_line_str, offsz):
             di = fe.get(_DW_LNCT_directory_index, 0)
-            d = dir_names[di] if isinstance(di, int) and di < len(dir_names) else ""
-            d = _join(comp_dir, str(d))
-            local_files.append(_join(d, str(fe.get(_DW_LNCT_path, ""))))
+            dn = dir_names[di] if isinstance(di, int) and di < len(dir_names) else ""
+            dn = _join(comp_dir, dn)
+            local_files.append(_join(dn, str(fe.get(_DW_LNCT_path, ""))))
     else:
         dir_names = [comp_dir]
         while True:
