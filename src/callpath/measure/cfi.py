@@ -1,0 +1,145 @@
+"""Call-frame information compiled to flat rows the vectorised unwinder can apply.
+
+A *row* says, for one pc, how to find the canonical frame address (CFA = register + offset)
+and where the return address and the callee-saved registers rbx, rbp, r12–r15 were saved
+(CFA + offset), or that they keep their value, or are undefined. Rows are deduplicated in a
+``RowTable`` (numpy arrays) and memoised per (module, pc), so the DWARF interpreter of
+pyelftools runs once per function, not once per sample.
+
+Two kinds of frame are not described by plain rows and get a kind of their own: signal
+trampolines (FDEs with the ``S`` augmentation: registers come from the kernel's ``ucontext``)
+and PLT stubs (their CFI is a DWARF expression of the pc; the two shapes ld emits are known).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from callpath.measure.elfinfo import ElfInfo
+
+# DWARF x86-64 register numbers
+RBX, RBP, RSP, R12, R13, R14, R15, RA = 3, 6, 7, 12, 13, 14, 15, 16
+TRACKED = (RBX, RBP, R12, R13, R14, R15, RA)  # column order of RowTable.rule/off
+SAVED = TRACKED[:-1]
+RULE_SAME, RULE_OFFSET, RULE_UNDEF, RULE_UNKNOWN = 0, 1, 2, 3
+KIND_NONE, KIND_CFA, KIND_SIGNAL = 0, 1, 2
+# struct ucontext on x86-64: uc_flags, uc_link, uc_stack (24), then mcontext gregs[23]:
+# R8 R9 R10 R11 R12 R13 R14 R15 RDI RSI RBP RBX RDX RAX RCX RSP RIP ...
+UC_GREGS = 40
+GREG = {RBX: 11, RBP: 10, R12: 4, R13: 5, R14: 6, R15: 7, RSP: 15, RA: 16}
+
+
+class RowTable:
+    """Deduplicated compiled rows; row 0 means 'no unwind information'."""
+
+    def __init__(self) -> None:
+        self._index: dict[tuple[int, ...], int] = {}
+        self._rows: list[tuple[int, ...]] = []
+        self.add(KIND_NONE, -1, 0, (RULE_UNKNOWN,) * len(TRACKED), (0,) * len(TRACKED))
+        self._arrays: tuple[npt.NDArray[Any], ...] | None = None
+
+    def add(self, kind: int, cfa_reg: int, cfa_off: int, rules: tuple[int, ...],
+            offs: tuple[int, ...]) -> int:
+        key = (kind, cfa_reg, cfa_off, *rules, *offs)
+        i = self._index.get(key)
+        if i is None:
+            i = len(self._rows)
+            self._index[key] = i
+            self._rows.append(key)
+            self._arrays = None
+        return i
+
+    def arrays(self) -> tuple[npt.NDArray[Any], ...]:
+        """(kind, cfa_reg, cfa_off, rule[n,7], off[n,7]) as numpy arrays."""
+        if self._arrays is None:
+            t = np.array(self._rows, dtype=np.int64)
+            k = len(TRACKED)
+            self._arrays = (t[:, 0], t[:, 1], t[:, 2], t[:, 3:3 + k], t[:, 3 + k:3 + 2 * k])
+        return self._arrays
+
+
+class Compiler:
+    """pc → row id, memoised per (module file, link-time address)."""
+
+    def __init__(self, table: RowTable) -> None:
+        self.table = table
+        self._memo: dict[tuple[str, int], int] = {}
+        self._decoded: dict[int, tuple[list[int], list[Any], bool]] = {}
+        self.signal_row = table.add(KIND_SIGNAL, RSP, 0, (RULE_UNKNOWN,) * len(TRACKED),
+                                    (0,) * len(TRACKED))
+
+    def row(self, elf: ElfInfo, vaddr: int) -> int:
+        key = (elf.path, vaddr)
+        r = self._memo.get(key)
+        if r is None:
+            try:
+                r = self._compile(elf, vaddr)
+            except Exception:  # malformed CFI in some module: no info for this pc
+                r = 0
+            self._memo[key] = r
+        return r
+
+    def _compile(self, elf: ElfInfo, vaddr: int) -> int:
+        plt = elf.plt_section(vaddr)
+        if (plt is not None and plt != ".plt") or (plt == ".plt" and elf.fde_for(vaddr) is None):
+            return self._plt_row(elf, vaddr, plt)
+        fde = elf.fde_for(vaddr)
+        if fde is None:
+            return 0
+        fid = id(fde)
+        dec = self._decoded.get(fid)
+        if dec is None:
+            table = fde.get_decoded().table
+            aug = fde.cie.header["augmentation"]
+            is_signal = b"S" in aug if isinstance(aug, bytes) else "S" in str(aug)
+            dec = ([int(r["pc"]) for r in table], table, is_signal)
+            self._decoded[fid] = dec
+        pcs, table, is_signal = dec
+        if is_signal:
+            return self.signal_row
+        if plt == ".plt":
+            return self._plt_row(elf, vaddr, plt)
+        i = bisect.bisect_right(pcs, vaddr) - 1
+        if i < 0:
+            return 0
+        row = table[i]
+        cfa = row["cfa"]
+        if cfa.expr is not None or cfa.reg is None:
+            return 0
+        rules: list[int] = []
+        offs: list[int] = []
+        for reg in TRACKED:
+            rr = row.get(reg)
+            if rr is None:
+                rules.append(RULE_SAME)
+                offs.append(0)
+            elif rr.type == "OFFSET":
+                rules.append(RULE_OFFSET)
+                offs.append(int(rr.arg))
+            elif rr.type == "UNDEFINED":
+                rules.append(RULE_UNDEF)
+                offs.append(0)
+            elif rr.type == "SAME_VALUE":
+                rules.append(RULE_SAME)
+                offs.append(0)
+            else:
+                rules.append(RULE_UNKNOWN)
+                offs.append(0)
+        return self.table.add(KIND_CFA, int(cfa.reg), int(cfa.offset), tuple(rules),
+                              tuple(offs))
+
+    def _plt_row(self, elf: ElfInfo, vaddr: int, name: str | None) -> int:
+        """PLT stubs: CFA = rsp + 8 except after the push of a lazy-binding stub."""
+        off = 8
+        if name == ".plt":
+            lo = next(s for s, _e, n in elf.plt if n == ".plt")
+            rel = vaddr - lo
+            # PLT0: push GOT[1] (6 bytes), jmp *GOT[2]; PLTn: jmp *GOT(n), push n, jmp PLT0
+            plt0 = 16 if rel >= 6 else 8
+            off = plt0 if rel < 16 else (16 if (vaddr & 15) >= 11 else 8)
+        rules = (RULE_SAME,) * len(SAVED) + (RULE_OFFSET,)
+        return self.table.add(KIND_CFA, RSP, off, rules, (0,) * len(SAVED) + (-8,))

@@ -1,0 +1,324 @@
+"""Start a program under perf_event sampling and stream its ring buffers to disk.
+
+The program is forked, waits on a pipe while the events are opened on it (one per CPU,
+inherited, enabled on exec), then execs: nothing of the launcher is measured, and every thread
+and child of the program is. The launcher then only drains the rings into ``raw.perf`` (bulk
+copies; records are decoded post-mortem), notes each new process's environment (MPI rank) and
+executable while it is alive, forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT that were not sent to the
+program's terminal group anyway, and reaps every descendant (it is their subreaper) so no zombie
+is left. The raw file is appended and flushed as it comes, so what was sampled survives the
+program crashing, being killed, or the launcher itself being killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import shutil
+import signal
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from callpath.errors import CallpathError
+from callpath.formats import measdir
+from callpath.measure import perf
+from callpath.measure.events import unit_of
+from callpath.measure.perf import EventSpec
+
+RAW_FILE = "raw.perf"
+PROCS_FILE = "raw-procs.jsonl"
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+SI_KERNEL = 0x80  # si_code of signals the terminal driver sends
+PR_SET_CHILD_SUBREAPER = 36
+REC_COMM, REC_FORK, REC_EXIT = 3, 7, 4
+MISC_COMM_EXEC = 0x2000
+_HDR = struct.Struct("<IHH")
+_TRAILER = struct.Struct("<IIQIIQ")  # pid, tid, time, cpu, res, identifier (sample_id_all)
+
+
+@dataclass
+class RunOptions:
+    events: list[EventSpec]
+    out: Path
+    trace: bool = False
+    stack_size: int = 16384
+    ring_pages: int = 1024  # data pages per CPU ring (4 MiB)
+    linger: float = 2.0     # seconds to keep measuring descendants after the program exits
+
+
+@dataclass
+class OpenedEvent:
+    spec: EventSpec
+    metric: int
+    ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RunResult:
+    exit_status: int  # as os.waitstatus_to_exitcode: negative for a fatal signal
+    events: list[OpenedEvent]
+    failed: list[tuple[EventSpec, str]]
+    raw_bytes: int
+    wall_s: float
+
+
+def resolve_program(cmd: list[str]) -> str:
+    """The executable to run, or a one-line error naming it."""
+    if not cmd:
+        raise CallpathError("no program to run: expected 'callpath run [options] -- CMD ARGS'")
+    prog = cmd[0]
+    if "/" in prog:
+        path = prog
+        if not os.path.exists(path):
+            raise CallpathError(f"{prog}: no such file")
+    else:
+        found = shutil.which(prog)
+        if found is None:
+            raise CallpathError(f"{prog}: command not found in PATH")
+        path = found
+    if os.path.isdir(path):
+        raise CallpathError(f"{prog}: is a directory, expected an executable program")
+    if not os.access(path, os.X_OK):
+        raise CallpathError(f"{prog}: not executable (permission denied)")
+    return path
+
+
+def probe_events(specs: list[EventSpec]) -> list[tuple[EventSpec, str | None]]:
+    """Try to open each event (sampling this process, briefly): None, or the reason it fails."""
+    out: list[tuple[EventSpec, str | None]] = []
+    for spec in specs:
+        attr = perf.make_attr(spec, inherit=False, stack_size=0)
+        attr.flags &= ~perf.F_ENABLE_ON_EXEC
+        try:
+            fd = perf.perf_event_open(attr, 0, -1)
+        except OSError as e:
+            out.append((spec, perf.explain(e.errno or 0, spec)))
+        else:
+            os.close(fd)
+            out.append((spec, None))
+    return out
+
+
+def _save_vdso(directory: Path) -> str:
+    """Copy this process's vdso image (the same kernel maps the same vdso into the program)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if line.rstrip().endswith("[vdso]"):
+                    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                    with open("/proc/self/mem", "rb") as mem:
+                        mem.seek(lo)
+                        image = mem.read(hi - lo)
+                    (directory / "vdso.so").write_bytes(image)
+                    return "vdso.so"
+    except OSError:
+        pass
+    return ""
+
+
+def _proc_facts(pid: int) -> dict[str, Any]:
+    facts: dict[str, Any] = {"pid": pid}
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+        env = dict(kv.split("=", 1) for kv in raw.decode("utf-8", "replace").split("\0")
+                   if "=" in kv)
+        facts["rank"] = measdir.rank_from_environ(env)
+    except OSError:
+        facts["rank"] = None
+    try:
+        facts["exe"] = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        facts["exe"] = ""
+    return facts
+
+
+class _Gate:
+    """Fork a child that waits for 'go' before exec'ing the program."""
+
+    def __init__(self, path: str, argv: list[str], old_mask: set[Any]) -> None:
+        gate_r, self.gate_w = os.pipe()
+        self.err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:  # child
+            try:
+                os.close(self.gate_w)
+                os.close(self.err_r)
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+                go = os.read(gate_r, 2)
+                if go != b"go":
+                    os._exit(127)
+                os.close(gate_r)
+                os.execv(path, argv)
+            except OSError as e:
+                os.write(err_w, str(e.errno or 1).encode())
+            finally:
+                os._exit(127)
+        os.close(gate_r)
+        os.close(err_w)
+        self.pid = pid
+
+    def release(self) -> int | None:
+        """Let the child exec; returns the errno of a failed exec, or None."""
+        os.write(self.gate_w, b"go")
+        os.close(self.gate_w)
+        data = os.read(self.err_r, 32)
+        os.close(self.err_r)
+        return int(data) if data else None
+
+    def abort(self) -> None:
+        os.close(self.gate_w)
+        os.close(self.err_r)
+        os.waitpid(self.pid, 0)
+
+
+def run(cmd: list[str], opts: RunOptions) -> RunResult:
+    """Measure ``cmd``; the raw data end up in ``opts.out/raw.perf`` (decoded by postmortem)."""
+    path = resolve_program(cmd)
+    out = opts.out
+    if (out / measdir.HEADER_FILE).exists():
+        raise CallpathError(f"{out}: already holds a measurement; choose another -o directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CallpathError(f"{out}: cannot create the measurement directory "
+                            f"({e.strerror})") from None
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    gate = _Gate(path, cmd, old_mask)
+    fds: list[int] = []
+    rings: list[perf.RingBuffer] = []
+    opened: list[OpenedEvent] = []
+    failed: list[tuple[EventSpec, str]] = []
+    try:
+        leaders: dict[int, int] = {}
+        for spec in opts.events:
+            ev = OpenedEvent(spec, len(opened))
+            try:
+                for cpu in perf.online_cpus():
+                    attr = perf.make_attr(spec, stack_size=opts.stack_size,
+                                          sideband=not opened)
+                    attr.flags |= 1 << 14  # watermark: wake the poll when a quarter is full
+                    attr.wakeup_events = opts.ring_pages * 4096 // 4
+                    fd = perf.perf_event_open(attr, gate.pid, cpu)
+                    fds.append(fd)
+                    ev.ids.append(perf.event_id(fd))
+                    if cpu in leaders:
+                        perf.ioctl(fd, perf.PERF_EVENT_IOC_SET_OUTPUT, leaders[cpu])
+                    else:
+                        leaders[cpu] = fd
+                        rings.append(perf.RingBuffer(fd, opts.ring_pages))
+            except OSError as e:
+                failed.append((spec, perf.explain(e.errno or 0, spec)))
+                continue
+            opened.append(ev)
+        if not opened:
+            gate.abort()
+            reasons = "; ".join(f"{s.name}: {r}" for s, r in failed)
+            raise CallpathError(f"no event could be opened ({reasons})")
+        vdso = _save_vdso(out)
+        metrics = [measdir.MetricInfo(e.spec.name, unit_of(e.spec), e.spec.period,
+                                      e.spec.frequency, event=e.spec.name) for e in opened]
+        raw_info = {"sample_type": perf.make_attr(opened[0].spec).sample_type,
+                    "regs": perf.REGS_ORDER, "stack_size": opts.stack_size,
+                    "ids": {str(i): e.metric for e in opened for i in e.ids},
+                    "trace": opts.trace, "vdso": vdso}
+        start = time.time()
+        measdir.write_header(out, metrics, command=cmd, program=path, status="running",
+                             start_time=start, raw=raw_info,
+                             failed_events=[{"event": s.name, "reason": r} for s, r in failed])
+        err = gate.release()
+        if err is not None:
+            os.waitpid(gate.pid, 0)
+            raise CallpathError(f"{cmd[0]}: cannot execute ({os.strerror(err)})")
+        status, nbytes = _drain_loop(gate.pid, rings, out, opts.linger)
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                perf.ioctl(fd, perf.PERF_EVENT_IOC_DISABLE)
+        return RunResult(status, opened, failed, nbytes, time.time() - start)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        for r in rings:
+            r.close()
+        for fd in fds:
+            os.close(fd)
+
+
+def _drain_loop(child: int, rings: list[perf.RingBuffer], out: Path,
+                linger: float) -> tuple[int, int]:
+    raw: IO[bytes] = open(out / RAW_FILE, "ab")  # noqa: SIM115
+    procs: IO[str] = open(out / PROCS_FILE, "a")  # noqa: SIM115
+    seen: set[tuple[int, int]] = set()
+    poller = select.poll()
+    for r in rings:
+        poller.register(r.fd, select.POLLIN)
+    status: int | None = None
+    deadline: float | None = None
+    nbytes = 0
+    try:
+        while True:
+            poller.poll(50)
+            for r in rings:
+                data = r.drain()
+                if data:
+                    raw.write(data)
+                    nbytes += len(data)
+                    _note_processes(data, seen, procs)
+            raw.flush()
+            procs.flush()
+            sig = signal.sigtimedwait(FORWARDED, 0)
+            while sig is not None:
+                if sig.si_code != SI_KERNEL and status is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child, sig.si_signo)
+                sig = signal.sigtimedwait(FORWARDED, 0)
+            alive = True
+            while True:
+                try:
+                    pid, wstatus = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    alive = False
+                    break
+                if pid == 0:
+                    break
+                if pid == child:
+                    status = os.waitstatus_to_exitcode(wstatus)
+                    deadline = time.monotonic() + linger
+            if status is not None and (not alive or time.monotonic() > (deadline or 0)):
+                break
+        for r in rings:
+            data = r.drain()
+            raw.write(data)
+            nbytes += len(data)
+    finally:
+        raw.close()
+        procs.close()
+    return status if status is not None else 0, nbytes
+
+
+def _note_processes(data: bytes, seen: set[tuple[int, int]], procs: IO[str]) -> None:
+    """Read rank and executable of processes born or exec'd in this batch, while they live."""
+    pos, n = 0, len(data)
+    while pos + 8 <= n:
+        typ, misc, size = _HDR.unpack_from(data, pos)
+        if size < 8:
+            break
+        if typ == REC_FORK or (typ == REC_COMM and misc & MISC_COMM_EXEC):
+            pid, ppid = struct.unpack_from("<II", data, pos + 8)
+            is_new = typ == REC_COMM or pid != ppid
+            if is_new and pos + size - _TRAILER.size >= 0:
+                t = _TRAILER.unpack_from(data, pos + size - _TRAILER.size)[2]
+                key = (pid, t)
+                if key not in seen:
+                    seen.add(key)
+                    facts = _proc_facts(pid)
+                    facts["time"] = t
+                    procs.write(json.dumps(facts) + "\n")
+        pos += size

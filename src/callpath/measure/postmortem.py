@@ -1,0 +1,382 @@
+"""Turn ``raw.perf`` into the measurement directory's process files (post-mortem).
+
+Why post-mortem: the launcher must keep up with the rings while the program runs, so it only
+copies bytes; decoding, unwinding and tree building run once at the end, vectorised, over all
+samples (``unwind``), and can be redone from the raw file (``callpath run --finish DIR``) if the
+launcher was killed before finishing.
+
+Address spaces (*images*) are followed through the sideband records in time order: ``exec``
+starts a new image of the pid (generation + 1) with an empty load map, ``fork`` of a new process
+starts one whose load map is a copy of its parent's, and executable ``mmap``s add modules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from callpath.errors import CallpathError, FormatError
+from callpath.formats import measdir
+from callpath.measure import cfi, records, unwind
+from callpath.measure.elfinfo import ElfInfo
+from callpath.measure.launch import PROCS_FILE, RAW_FILE
+
+PROT_EXEC = 4
+
+
+@dataclass
+class Mapping:
+    time: int
+    start: int
+    end: int
+    pgoff: int
+    path: str
+    build_id: str
+
+
+@dataclass
+class Image:
+    pid: int
+    generation: int
+    start_time: int
+    ppid: int = 0
+    forked_from: int | None = None
+    mappings: list[Mapping] = field(default_factory=list)
+    thread_birth: dict[int, int] = field(default_factory=dict)  # tid -> fork time
+    comm: str = ""
+
+
+@dataclass
+class ThreadSummary:
+    pid: int
+    tid: int
+    index: int
+    rank: int | None
+    samples: int
+    partial: int
+
+
+@dataclass
+class Result:
+    threads: list[ThreadSummary]
+    samples: int
+    partial: int
+    lost: int
+    throttled: int
+    bad: int
+    flat: list[tuple[str, str, int]]  # (procedure, module, samples) of metric 0
+    partial_reasons: dict[str, int]
+
+
+def _images(side: list[records.Sideband]) -> tuple[list[Image], dict[int, list[tuple[int, int]]]]:
+    images: list[Image] = []
+    current: dict[int, int] = {}
+    gen: dict[int, int] = {}
+    history: dict[int, list[tuple[int, int]]] = {}
+
+    def new(img: Image) -> None:
+        images.append(img)
+        current[img.pid] = len(images) - 1
+        history.setdefault(img.pid, []).append((img.start_time, len(images) - 1))
+
+    for sb in side:
+        if sb.kind == "exec":
+            g = gen.get(sb.pid, -1) + 1
+            gen[sb.pid] = g
+            old = current.get(sb.pid)
+            ppid = images[old].ppid if old is not None else 0
+            new(Image(sb.pid, g, sb.time, ppid, comm=sb.fields["comm"]))
+        elif sb.kind == "fork":
+            ppid = int(sb.fields["ppid"])
+            if sb.pid != ppid:
+                gen[sb.pid] = 0
+                parent = current.get(ppid)
+                maps = list(images[parent].mappings) if parent is not None else []
+                img = Image(sb.pid, 0, sb.time, ppid,
+                            forked_from=ppid if parent is not None else None, mappings=maps,
+                            comm=images[parent].comm if parent is not None else "")
+                new(img)
+            elif sb.pid in current:
+                images[current[sb.pid]].thread_birth.setdefault(sb.tid, sb.time)
+        elif sb.kind == "mmap" and sb.fields["prot"] & PROT_EXEC:
+            if sb.pid not in current:
+                new(Image(sb.pid, gen.setdefault(sb.pid, 0), sb.time))
+            f = sb.fields
+            images[current[sb.pid]].mappings.append(
+                Mapping(sb.time, f["addr"], f["addr"] + f["len"], f["pgoff"], f["path"],
+                        f["build_id"]))
+    return images, history
+
+
+def _module_map(img: Image, out: Path, vdso: str) -> tuple[unwind.ModuleMap, list[measdir.Module],
+                                                           list[str]]:
+    """Sorted, non-overlapping executable mappings (a later mapping hides older overlaps)."""
+    kept: list[Mapping] = []
+    for m in sorted(img.mappings, key=lambda m: m.time):
+        kept = [k for k in kept if k.end <= m.start or k.start >= m.end]
+        kept.append(m)
+    kept.sort(key=lambda m: m.start)
+    elves: list[ElfInfo | None] = []
+    mods: list[measdir.Module] = []
+    names: list[str] = []
+    bias = []
+    file_ids = []
+    for i, m in enumerate(kept):
+        saved = ""
+        path = m.path
+        if m.path == "[vdso]" and vdso:
+            saved = vdso
+            path = str(out / vdso)
+        elf: ElfInfo | None = None
+        if path.startswith("/") and os.path.exists(path):
+            elf = ElfInfo.get(path)
+            if not elf.ok or (m.build_id and elf.build_id and m.build_id != elf.build_id):
+                elf = None  # not ELF, or the file changed since the run
+        vaddr = m.pgoff
+        if elf is not None:
+            la = elf.link_address(m.pgoff)
+            vaddr = la if la is not None else m.pgoff
+        build_id = m.build_id or (elf.build_id if elf else "")
+        mods.append(measdir.Module(i, m.path, m.start, m.end, m.pgoff, vaddr, build_id, saved))
+        elves.append(elf)
+        names.append(m.path)
+        bias.append(vaddr - m.start)
+        file_ids.append(hash(path) & 0x7FFFFFFF)
+    mm = unwind.ModuleMap(np.array([m.start for m in kept], dtype=np.uint64),
+                          np.array([m.end for m in kept], dtype=np.uint64),
+                          np.array(bias, dtype=np.int64), elves,
+                          np.array(file_ids, dtype=np.int64))
+    return mm, mods, names
+
+
+def _build_tree(fr: unwind.Frames, n: int, thread_of: npt.NDArray[np.int64],
+                n_threads: int) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64],
+                                         npt.NDArray[np.int64]]:
+    """Level-by-level tree building for all threads at once.
+
+    Returns the global node array (thread roots first), the thread of each node and the leaf
+    node of each sample. Each level is one ``np.unique`` over (parent, frame) keys, so a parent
+    always gets a smaller id than its children.
+    """
+    partial = ~fr.complete
+    level = fr.nframes[fr.sample] - 1 - fr.depth + partial[fr.sample].astype(np.int64)
+    fkind = np.where(fr.module >= 0, measdir.NodeKind.NATIVE, measdir.NodeKind.UNKNOWN)
+    frame_rec = np.zeros(len(fr.sample), dtype=[("k", "u1"), ("x", "u1"), ("m", "<i8"),
+                                                ("a", "<u8")])
+    frame_rec["k"] = fkind
+    frame_rec["x"] = fr.exact
+    frame_rec["m"] = fr.module
+    frame_rec["a"] = fr.address
+    uframes, fid = np.unique(frame_rec, return_inverse=True)
+    fid = fid.reshape(-1).astype(np.int64)
+    # pseudo-frame for PARTIAL markers
+    partial_fid = len(uframes)
+    nf = len(uframes) + 1
+    nodes_parent = [np.full(n_threads, -1, dtype=np.int64)]
+    nodes_frame = [np.full(n_threads, -1, dtype=np.int64)]
+    nodes_thread = [np.arange(n_threads, dtype=np.int64)]
+    cur = thread_of.astype(np.int64).copy()  # thread roots are nodes 0..n_threads-1
+    next_id = n_threads
+    order = np.lexsort((fr.depth, level))
+    lv_sorted = level[order]
+    maxlevel = int(lv_sorted[-1]) if len(lv_sorted) else -1
+    bounds = np.searchsorted(lv_sorted, np.arange(maxlevel + 2))
+    for lv in range(maxlevel + 1):
+        idx = order[bounds[lv]:bounds[lv + 1]]
+        s = fr.sample[idx]
+        f = fid[idx]
+        if lv == 0:
+            ps = np.nonzero(partial)[0]
+            s = np.concatenate([s, ps])
+            f = np.concatenate([f, np.full(len(ps), partial_fid, dtype=np.int64)])
+        if not len(s):
+            continue
+        key = cur[s] * nf + f
+        uk, inv = np.unique(key, return_inverse=True)
+        inv = inv.reshape(-1)
+        nodes_parent.append(uk // nf)
+        nodes_frame.append(uk % nf)
+        nodes_thread.append(thread_of[s][np.unique(inv, return_index=True)[1]])
+        cur[s] = next_id + inv
+        next_id += len(uk)
+    parent = np.concatenate(nodes_parent)
+    frame = np.concatenate(nodes_frame)
+    nthread = np.concatenate(nodes_thread)
+    nodes = np.zeros(len(parent), dtype=measdir.NODE_DTYPE)
+    nodes["parent"] = parent
+    nodes["module"] = -1
+    is_frame = (frame >= 0) & (frame < len(uframes))
+    uf = uframes[np.where(is_frame, frame, 0)]
+    nodes["kind"] = np.where(frame < 0, measdir.NodeKind.ROOT,
+                             np.where(frame == partial_fid, measdir.NodeKind.PARTIAL, uf["k"]))
+    nodes["flags"] = np.where(is_frame & (uf["x"] == 1), measdir.NodeFlag.EXACT_PC, 0)
+    nodes["module"] = np.where(is_frame, uf["m"], -1)
+    nodes["address"] = np.where(is_frame, uf["a"], 0)
+    return nodes, nthread, cur
+
+
+def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
+    """Decode, unwind and write the process files of a measurement directory; drop raw.perf."""
+    header_path = out / measdir.HEADER_FILE
+    try:
+        header = json.loads(header_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise FormatError(header_path, f"cannot read the measurement header ({e})") from None
+    raw_info = records.check_raw_info(header_path, header.get("raw"))
+    if not (out / RAW_FILE).exists():
+        raise CallpathError(f"{out}: no {RAW_FILE} to process (already finished?)")
+    metrics = [measdir.MetricInfo.from_json(m) for m in header["metrics"]]
+    nmet = len(metrics)
+    raw = records.decode(out / RAW_FILE, raw_info)
+    images, history = _images(raw.sideband)
+    facts = _read_facts(out / PROCS_FILE)
+    sm = raw.samples
+    # image of each sample: the last image of its pid that started before it
+    img_of = np.full(len(sm), -1, dtype=np.int64)
+    for pid in np.unique(sm.pid).tolist():
+        sel = np.nonzero(sm.pid == pid)[0]
+        hist = history.get(pid)
+        if not hist:
+            images.append(Image(pid, 0, 0))
+            hist = history.setdefault(pid, [(0, len(images) - 1)])
+        times = np.array([h[0] for h in hist], dtype=np.uint64)
+        k = np.searchsorted(times, sm.time[sel], side="right") - 1
+        img_of[sel] = np.array([h[1] for h in hist])[np.maximum(k, 0)]
+    regs = list(raw_info["regs"])
+    col = {r: regs.index(r) for r in ("ip", "sp", "bx", "bp", "r12", "r13", "r14", "r15")}
+    table = cfi.RowTable()
+    compiler = cfi.Compiler(table)
+    node_id = int(header.get("node_id", 0))
+    trace = bool(raw_info.get("trace"))
+    vdso = str(raw_info.get("vdso", ""))
+    summaries: list[ThreadSummary] = []
+    flat: dict[tuple[str, str], int] = {}
+    reasons: dict[str, int] = {}
+    throttled = sum(1 for s in raw.sideband if s.kind == "throttle")
+    used_names: set[tuple[int, int]] = set()
+    total_partial = 0
+    for ii, img in enumerate(images):
+        sel = np.nonzero(img_of == ii)[0]
+        mm, mods, names = _module_map(img, out, vdso)
+        s = sm.take(sel)
+        if progress:
+            progress(f"unwinding {len(s)} samples of process {img.pid}")
+        fr = unwind.unwind(raw.words, s.regs[:, col["ip"]], s.regs[:, col["sp"]],
+                           s.regs[:, [col[r] for r in ("bx", "bp", "r12", "r13", "r14",
+                                                        "r15")]],
+                           s.stack0, s.stack_words, mm, compiler)
+        if len(s):
+            # samples without user registers (kernel threads) cannot be unwound
+            fr.complete &= s.has_regs
+        # threads: main thread first, then by birth
+        tids = np.unique(s.tid).tolist()
+        births = img.thread_birth
+        order = sorted(set(tids) | set(births),
+                       key=lambda t: (t != img.pid, births.get(t, 1 << 62), t))
+        order = [t for t in order if t in set(tids)]
+        tindex = {t: i for i, t in enumerate(order)}
+        thread_of = np.array([tindex[t] for t in s.tid.tolist()], dtype=np.int64)
+        nodes, nthread, leaf = _build_tree(fr, len(s), thread_of, len(order))
+        gen = img.generation
+        while (img.pid, gen) in used_names:
+            gen += 1
+        used_names.add((img.pid, gen))
+        f = _facts_for(facts, img)
+        rank = f.get("rank")
+        with measdir.ProcessWriter(out, img.pid, gen) as w:
+            w.process(pid=img.pid, ppid=img.ppid, generation=gen, exe=f.get("exe", ""),
+                      comm=img.comm, rank=rank, host=header.get("host", ""), node_id=node_id,
+                      forked_from=img.forked_from)
+            w.metrics(metrics)
+            w.modules(mods)
+            new_id = np.full(len(nodes), -1, dtype=np.int64)
+            for t, tid in enumerate(order):
+                mine = np.nonzero(nthread == t)[0]  # ascending: parents before children
+                new_id[mine] = np.arange(len(mine))
+                tn = nodes[mine].copy()
+                tn["parent"] = np.where(tn["parent"] >= 0,
+                                        new_id[np.maximum(tn["parent"], 0)], -1)
+                ts = np.nonzero(thread_of == t)[0]
+                w.thread(t, tid=tid, ids=measdir.context_ids(node_id, rank, t), index=t)
+                w.nodes(t, tn)
+                lk = new_id[leaf[ts]] * nmet + s.metric[ts]
+                uk, inv = np.unique(lk, return_inverse=True)
+                cnt = np.zeros(len(uk), dtype=measdir.COUNT_DTYPE)
+                cnt["node"] = uk // nmet
+                cnt["metric"] = uk % nmet
+                cnt["samples"] = np.bincount(inv.reshape(-1), minlength=len(uk))
+                cnt["value"] = np.bincount(inv.reshape(-1), weights=s.period[ts].astype(
+                    np.float64), minlength=len(uk))
+                w.counts(t, cnt)
+                if trace:
+                    tr = np.zeros(len(ts), dtype=measdir.TRACE_DTYPE)
+                    tr["time"] = s.time[ts]
+                    tr["node"] = new_id[leaf[ts]]
+                    tr["metric"] = s.metric[ts]
+                    w.trace(t, tr[np.argsort(tr["time"], kind="stable")])
+                npart = int(np.count_nonzero(~fr.complete[ts]))
+                total_partial += npart
+                w.stats(t, samples=len(ts), partial=npart)
+                summaries.append(ThreadSummary(img.pid, tid, t, rank, len(ts), npart))
+        for code, cnt_ in zip(*np.unique(fr.reason[~fr.complete], return_counts=True),
+                              strict=True):
+            name = unwind.REASONS.get(int(code), "no user registers")
+            reasons[name] = reasons.get(name, 0) + int(cnt_)
+        _flat(flat, fr, s, mm, names)
+    (out / RAW_FILE).unlink()
+    (out / PROCS_FILE).unlink(missing_ok=True)
+    ranked = sorted(((k[0], k[1], v) for k, v in flat.items()), key=lambda x: -x[2])
+    return Result(summaries, len(sm), total_partial, raw.lost, throttled, raw.bad_samples,
+                  ranked, reasons)
+
+
+def _flat(acc: dict[tuple[str, str], int], fr: unwind.Frames, s: records.Samples,
+          mm: unwind.ModuleMap, names: list[str]) -> None:
+    """Leaf samples of the first metric per procedure (symbol tables of the modules)."""
+    leaf = (fr.depth == 0) & (s.metric[fr.sample] == 0) if len(s) else fr.depth == 0
+    mods, addrs = fr.module[leaf], fr.address[leaf]
+    if not len(mods):
+        return
+    pairs = np.stack([mods, addrs.astype(np.int64)], axis=1)
+    up, counts = np.unique(pairs, axis=0, return_counts=True)
+    for (m, a), c in zip(up.tolist(), counts.tolist(), strict=True):
+        if m < 0:
+            key = ("[unknown]", "")
+        else:
+            elf = mm.elves[m]
+            sym = elf.symbolize(a) if elf is not None else None
+            key = (sym or f"{os.path.basename(names[m])}+{a:#x}", os.path.basename(names[m]))
+        acc[key] = acc.get(key, 0) + c
+
+
+def _read_facts(path: Path) -> list[dict[str, Any]]:
+    out = []
+    try:
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn last line
+    except OSError:
+        pass
+    return out
+
+
+def _facts_for(facts: list[dict[str, Any]], img: Image) -> dict[str, Any]:
+    """The /proc facts noted when this image started (same pid, nearest time after)."""
+    best: dict[str, Any] = {}
+    for f in facts:
+        if (f.get("pid") == img.pid and int(f.get("time", 0)) >= img.start_time
+                and (not best or int(f["time"]) < int(best["time"]))):
+            best = f
+    if not best:
+        same = [f for f in facts if f.get("pid") == img.pid]
+        best = same[-1] if same else {}
+    return best
