@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from callpath.analysis.flat import procedure_keys
+from callpath.analysis.flat import canonical_functions, procedure_keys
 from callpath.analysis.nodes import NodeTable, ViewKind
 from callpath.analysis.source import TreeSource
 from callpath.analysis.treeops import group_rows, group_sum, nearest_marked, outermost
@@ -53,7 +53,7 @@ class BottomUpView(View):
         self._site_line = np.where((parent >= 0) & ((pk == NodeKind.LINE) | (pk ==
                                    NodeKind.LOOP)) & (self._file[safe_par] >= 0),
                                    self._line[safe_par], -1)
-        self._pkey = procedure_keys(self._function, self._module)
+        self._pkey = procedure_keys(self._function, self._module, canonical_functions(exp))
         fmod = np.array([f.module for f in exp.functions] + [-1], dtype=np.int64)
         ffile = np.array([f.file for f in exp.functions] + [-1], dtype=np.int64)
         fline = np.array([f.line for f in exp.functions] + [0], dtype=np.int64)

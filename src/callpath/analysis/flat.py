@@ -18,16 +18,29 @@ from callpath.analysis.nodes import NodeTable, ViewKind
 from callpath.analysis.source import TreeSource
 from callpath.analysis.treeops import csr, group_rows, group_sum, nearest_marked, outermost
 from callpath.analysis.view import View
-from callpath.model import NodeKind, Relation
+from callpath.model import Experiment, NodeKind, Relation
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 
-def procedure_keys(function: I64, module: I64) -> I64:
-    """One key per procedure: the function id, or for nameless code ``-2 - module`` (one
-    "unknown procedure" per load module)."""
-    return np.where(function >= 0, function, -2 - np.maximum(module, -1))
+def procedure_keys(function: I64, module: I64, canon: I64) -> I64:
+    """One key per procedure: the canonical function id, or for nameless code
+    ``-2 - module`` (one "unknown procedure" per load module)."""
+    return np.where(function >= 0, canon[np.maximum(function, 0)] if len(canon) else -1,
+                    -2 - np.maximum(module, -1))
+
+
+def canonical_functions(exp: Experiment) -> I64:
+    """Map each function id to the first id with the same name, module, file and line.
+
+    hpcprof writes one function entry per inlined copy (loops-cputime-t.d has two identical
+    ``test_separated_loops_helper`` entries); a view shows a procedure once."""
+    first: dict[tuple[str, int, int, int, bool], int] = {}
+    out = np.empty(len(exp.functions), dtype=np.int64)
+    for i, f in enumerate(exp.functions):
+        out[i] = first.setdefault((f.name, f.module, f.file, f.line, f.has_name), i)
+    return out
 
 
 class FlatView(View):
@@ -91,7 +104,8 @@ class FlatView(View):
 
         # ---- load modules, files, procedures -------------------------------------------
         procs = np.nonzero(is_proc)[0]
-        pkey = procedure_keys(function[procs], module[procs])
+        canon = canonical_functions(exp)
+        pkey = procedure_keys(function[procs], module[procs], canon)
         proc_id_of_key, proc_first = group_rows(pkey)
         p_rep = procs[proc_first]  # one frame per procedure
         rep_mod = pmod[p_rep]
@@ -115,7 +129,7 @@ class FlatView(View):
         # a call site: the caller's statement (or loop) it was called from
         site_line = np.where(((kind[safe_par] == NodeKind.LINE) | (kind[safe_par] ==
                               NodeKind.LOOP)) & (file[safe_par] >= 0), line[safe_par], -1)
-        proc_key_all = procedure_keys(function, module)
+        proc_key_all = procedure_keys(function, module, canon)
         max_lex = int(lexdepth.max()) if n else 0
         by_level_order = np.argsort(lexdepth, kind="stable")
         bounds = np.searchsorted(lexdepth[by_level_order], np.arange(max_lex + 2))
@@ -135,7 +149,7 @@ class FlatView(View):
             tag[k == NodeKind.FUNCTION] = ViewKind.INLINED
             inl = k == NodeKind.FUNCTION
             ins = k == NodeKind.INSTRUCTION
-            a = np.where(inl, procedure_keys(function[lv], module[lv]),
+            a = np.where(inl, procedure_keys(function[lv], module[lv], canon),
                          np.where(ins, module[lv], file[lv]))
             b = np.where(inl, np.where(site_line[lv] >= 0, site_line[lv], -1),
                          np.where(ins, offset[lv].astype(np.int64), line[lv]))

@@ -92,7 +92,7 @@ def find(view: View, options: FindOptions, within: I64 | None = None) -> I64:
 
 def expand(view: View, start: int, values_of: Callable[[], F64] | None, *,
            depth: int | None = None, threshold: float = 0.0, descending: bool = True,
-           total: float | None = None) -> list[tuple[int, int]]:
+           total: float | None = None, sort: bool = True) -> list[tuple[int, int]]:
     """The rows a report shows: ``(node, indent)`` in display order, expanding from ``start``
     down to ``depth`` levels, hiding nodes below ``threshold`` percent of ``total`` (default:
     the start node's value), children sorted by the values.
@@ -114,7 +114,7 @@ def expand(view: View, start: int, values_of: Callable[[], F64] | None, *,
         for v, kids in kids_of:
             if not len(kids):
                 continue
-            order = sorted_children(view, v, vals, descending=descending)
+            order = sorted_children(view, v, vals if sort else None, descending=descending)
             if threshold > 0 and vals is not None:
                 order = order[np.abs(vals[order]) >= limit]
             shown[v] = order

@@ -110,11 +110,11 @@ class NodeTable:
         name = self.name(exp, i)
         cl = int(self.call_line[i])
         if kind in (ViewKind.ACTIVATION, ViewKind.INLINED):
-            prefix = f"[{cl}] »" if cl >= 0 else "»"
+            prefix = f"[{cl}] »" if cl > 0 else "»"
             suffix = " [inlined]" if kind == ViewKind.INLINED else ""
             return f"{prefix} {name}{suffix}"
         if kind == ViewKind.CALLER:
-            prefix = f"[{cl}] «" if cl >= 0 else "«"
+            prefix = f"[{cl}] «" if cl > 0 else "«"
             return f"{prefix} {name}"
         return name
 

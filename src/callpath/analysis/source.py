@@ -101,12 +101,16 @@ class TreeSource:
                               parent_source=base, moved_to=self.moved_to)
         return tree_source(self.exp, profiles)
 
+    def _is_plain(self) -> bool:
+        return self.parent_source is None and self.profiles is None and self.cct is self.exp.cct
+
     def inclusive(self, metric: str | int | Metric) -> F64:
         """Top-down inclusive values: the cost of each subtree."""
         k = self.metric_index(metric)
         arr = self._derived.get((k, "i"))
         if arr is None:
-            arr = self.cct.inclusive(self.points(k))
+            # the unfiltered summary: the database's own values, exactly as written
+            arr = self.exp.inclusive(k) if self._is_plain() else self.cct.inclusive(self.points(k))
             self._derived[(k, "i")] = arr
         return arr
 
@@ -115,7 +119,7 @@ class TreeSource:
         k = self.metric_index(metric)
         arr = self._derived.get((k, "e"))
         if arr is None:
-            arr = self.cct.exclusive(self.points(k))
+            arr = self.exp.exclusive(k) if self._is_plain() else self.cct.exclusive(self.points(k))
             self._derived[(k, "e")] = arr
         return arr
 

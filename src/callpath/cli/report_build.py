@@ -1,0 +1,214 @@
+"""The work behind ``callpath report``: assemble source, columns and view from the options,
+then print rows, a hot path, Find results, per-context statistics or a plot."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TextIO
+
+from callpath.analysis.columns import ColumnDef, ColumnSet
+from callpath.analysis.derived import DerivedMetric, load_derived, save_derived
+from callpath.analysis.filters import Filter, apply_filters, load_filters
+from callpath.analysis.navigate import FindOptions, expand, find, hot_path
+from callpath.analysis.source import select_contexts, tree_source
+from callpath.analysis.view import View
+from callpath.analysis.viewconfig import (
+    ColumnSpec,
+    expand_columns,
+    load_predefined,
+    load_view_configs,
+    offered,
+)
+from callpath.analysis.views import make_view
+from callpath.errors import CallpathError
+from callpath.model import Experiment
+from callpath.present import viewreport
+
+
+def print_view_configs(exp: Experiment, out: TextIO) -> None:
+    names = [m.name for m in exp.metrics]
+    for v in load_predefined():
+        ok, why = offered(v, names)
+        out.write(f"{v.name}: {'offered' if ok else 'not offered'}"
+                  f"{'' if ok else ' -- ' + why}\n")
+
+
+def _config_specs(exp: Experiment, items: list[str]) -> list[ColumnSpec]:
+    specs: list[ColumnSpec] = []
+    names = [m.name for m in exp.metrics]
+    predefined = None
+    for item in items:
+        if Path(item).exists() or item.endswith(".xml"):
+            views = load_view_configs(item)
+        else:
+            predefined = predefined if predefined is not None else load_predefined()
+            views = [v for v in predefined if v.name.lower() == item.lower()]
+            if not views:
+                known = ", ".join(repr(v.name) for v in predefined)
+                raise CallpathError(f"view configuration {item!r}: no such file and no "
+                                    f"predefined view of that name (predefined: {known})")
+        for v in views:
+            specs.extend(expand_columns(v, exp.contexts, names, exp.id_names))
+    return specs
+
+
+def _derived(args: argparse.Namespace) -> list[DerivedMetric]:
+    formats = {}
+    for item in args.derived_format:
+        name, sep, fmt = item.partition("=")
+        if not sep:
+            raise CallpathError(f"--derived-format {item!r}: expected NAME=FORMAT")
+        formats[name.strip()] = fmt
+    percent = {n.strip() for n in args.derived_percent}
+    out = []
+    for text in args.derived:
+        name = text.partition("=")[0].strip()
+        out.append(DerivedMetric.from_assignment(text, formats.get(name, "scientific"),
+                                                 name in percent))
+    unknown = (set(formats) | percent) - {d.name for d in out}
+    if unknown:
+        raise CallpathError(f"--derived-format/--derived-percent name {sorted(unknown)[0]!r}: "
+                            "expected the name of a --derived metric")
+    return out
+
+
+def _selected_columns(columns: ColumnSet, args: argparse.Namespace, new: list[DerivedMetric]
+                      ) -> list[ColumnDef]:
+    if args.columns:
+        return [columns.resolve(k.strip()) for k in args.columns.split(",") if k.strip()]
+    cols: list[ColumnDef] = []
+    for key in args.metric or []:
+        key = int(key) if key.isdigit() and not any(m.name == key for m in columns.source.metrics) \
+            else key
+        cols.extend(columns.for_metric(key))
+    if not cols:
+        # JSON and CSV carry every measured metric; the text report the first one
+        every = args.format in ("json", "csv")
+        cols = [c for c in columns.columns if c.metric is not None] if every \
+            else list(columns.columns[:2])
+    for c in columns.columns:
+        if c.spec is not None and c.spec.visible and c not in cols:
+            cols.append(c)
+        if c.derived is not None and c.derived in new and c not in cols:
+            cols.append(c)
+    return cols
+
+
+def build_report(exp: Experiment, args: argparse.Namespace, out: TextIO) -> int:
+    profiles = None
+    if args.threads is not None:
+        profiles = select_contexts(exp, args.threads, regex=args.threads_regex)
+        if not profiles:
+            labels = ", ".join(c.label(exp.id_names) for c in exp.contexts[:8])
+            raise CallpathError(f"--threads {args.threads!r} selects no execution context "
+                                f"(they are: {labels}{', ...' if len(exp.contexts) > 8 else ''})")
+    source = tree_source(exp, profiles)
+    filters = [] if args.no_saved_filters else load_filters()
+    filters += [Filter.parse(s) for s in args.filter]
+    source = apply_filters(source, filters)
+
+    db = Path(args.database)
+    saved = [] if args.no_saved_derived else load_derived(db)
+    if args.remove_derived:
+        names = {n.strip() for n in args.remove_derived}
+        missing = names - {d.name for d in saved}
+        if missing:
+            raise CallpathError(f"--remove-derived {sorted(missing)[0]!r}: no derived metric "
+                                "of that name is saved with the database")
+        saved = [d for d in saved if d.name not in names]
+        save_derived(db, saved)
+    new = _derived(args)
+    clash = {d.name for d in new} & {d.name for d in saved}
+    saved = [d for d in saved if d.name not in clash]  # a new definition replaces a saved one
+    columns = ColumnSet(source, [*saved, *new], _config_specs(exp, args.view_config))
+    if args.save_derived:
+        path = save_derived(db, [*saved, *new])
+        out.write(f"saved {len(saved) + len(new)} derived metric(s) in {path}\n")
+
+    if args.list_metrics:
+        for c in columns.columns:
+            extra = f" = {c.derived.formula}" if c.derived is not None else ""
+            out.write(f"{c.ref:>5}  {c.title}{extra}\n")
+        return 0
+
+    view = make_view(args.view, source)
+    cols = _selected_columns(columns, args, new)
+    sort_col = columns.resolve(args.sort) if args.sort else cols[0]
+    start = view.find_stable(args.zoom) if args.zoom is not None else 0
+
+    def values() -> viewreport.F64:
+        return columns.values(view, sort_col)
+
+    if args.stats is not None or args.plot is not None:
+        return _per_context(columns, view, cols, args, out)
+
+    marks: dict[int, str] = {}
+    if args.find:
+        opts = FindOptions(args.find, args.find_case, args.find_word, args.find_regex)
+        if args.view == "bottom-up":
+            view_expand_all(view, args.depth)
+        hits = find(view, opts)
+        rows = [(int(n), 0) for n in hits]
+        if not rows:
+            out.write(f"no node of the {view.name} view matches {args.find!r}\n")
+            return 1
+    elif args.hot_path is not None:
+        top = start if args.hot_path < 0 else view.find_stable(args.hot_path)
+        hot = hot_path(view, top, values, args.hot_threshold)
+        rows = [(n, i) for i, n in enumerate(hot)]
+    elif args.flatten and args.view == "flat":
+        top = view.children(start).tolist()
+        for _ in range(args.flatten):
+            top = view.flatten(top)  # type: ignore[attr-defined]
+        vals = values()
+        top.sort(key=lambda n: -float(vals[n]) if not args.ascending else float(vals[n]))
+        rows = [(start, 0)]
+        sub_depth = None if args.depth is None else max(args.depth - 1, 0)
+        for t in top:
+            rows.extend((n, d + 1) for n, d in expand(
+                view, t, values, depth=sub_depth, threshold=args.threshold,
+                descending=not args.ascending, total=float(vals[start])))
+    else:
+        rows = expand(view, start, values, depth=args.depth, threshold=args.threshold,
+                      descending=not args.ascending, sort=not args.unsorted)
+    if args.format == "json":
+        viewreport.render_json(columns, view, cols, rows, out)
+    elif args.format == "csv":
+        viewreport.render_csv(columns, view, cols, rows, out)
+    else:
+        viewreport.render_text(columns, view, cols, rows, out, marks=marks)
+    return 0
+
+
+def view_expand_all(view: View, depth: int | None) -> None:
+    """Find in Bottom-up looks at materialized nodes: open the view to ``depth`` (default 3)."""
+    from callpath.analysis.bottomup import BottomUpView
+
+    if isinstance(view, BottomUpView):
+        view.expand_all(3 if depth is None else depth)
+
+
+def _per_context(columns: ColumnSet, view: View, cols: list[ColumnDef],
+                 args: argparse.Namespace, out: TextIO) -> int:
+    from callpath.analysis.percontext import context_values
+
+    node = view.find_stable(args.stats if args.stats is not None else args.plot)
+    col = cols[0]
+    data = context_values(columns, view, node, col)
+    if args.plot is not None:
+        if not args.output:
+            raise CallpathError("--plot needs -o FILE.png for the image")
+        from callpath.present.plots import save_plot
+        path = save_plot(data, args.kind, args.output, title=f"{view.label(node)} — {col.title}",
+                         metric=col.title)
+        out.write(f"wrote {path}\n")
+        return 0
+    st = data.statistics()
+    out.write(f"{col.title} at {view.label(node)} ({view.name} node {args.stats})\n")
+    width = max(len(lab) for lab in data.labels)
+    for lab, v in zip(data.labels, data.values.tolist(), strict=True):
+        out.write(f"  {lab:<{width}}  {v:.6g}\n")
+    for k, v in st.as_dict().items():
+        out.write(f"{k:>8}: {v:.6g}\n")
+    return 0
