@@ -1,0 +1,132 @@
+"""``callpath run [-e EVENT]... [-t] [-o MEASDIR] -- CMD ARGS``: measure a native program."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from callpath.errors import CallpathError
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run", help="measure a program by sampling (like hpcrun)",
+        description="Run CMD under perf_event sampling (every thread and child process), unwind "
+        "the call stacks post-mortem, and write a measurement directory. Default event: "
+        "cpu-clock every 1 ms of CPU time (1 kHz).",
+        epilog="EVENT is a software event (cpu-clock, task-clock, page-faults, "
+        "context-switches, ...), a hardware event (cycles, instructions, cache-misses, "
+        "branch-misses, ...) or a raw code rHEX, optionally with @PERIOD or @fFREQUENCY "
+        "(e.g. cpu-clock@500000, cycles@f2000). See docs/run.md.")
+    p.add_argument("-e", "--event", action="append", default=[], metavar="EVENT",
+                   help="event to sample; repeat for several metrics")
+    p.add_argument("-t", "--trace", action="store_true",
+                   help="also record a trace: (time, calling context) of every sample")
+    p.add_argument("-o", "--output", metavar="MEASDIR", default=None,
+                   help="measurement directory (default: callpath-CMD-measurements[-N])")
+    p.add_argument("--list-events", action="store_true",
+                   help="list the events and whether this machine can open them")
+    p.add_argument("--stack-size", type=_stack_size, default=16384, metavar="BYTES",
+                   help="bytes of user stack copied per sample for unwinding (default 16384)")
+    p.add_argument("--top", type=int, default=10, metavar="N",
+                   help="procedures in the closing flat summary (0: none)")
+    p.add_argument("--finish", metavar="MEASDIR", default=None,
+                   help="only post-process MEASDIR (a run whose launcher was killed)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS")
+    p.set_defaults(func=run)
+
+
+def _stack_size(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes, got {s!r}") from None
+    if not 0 <= v <= 60000 or v % 8:
+        raise argparse.ArgumentTypeError(f"expected a multiple of 8 in 0..60000, got {s!r}")
+    return v
+
+
+def _default_output(cmd: list[str]) -> Path:
+    base = f"callpath-{os.path.basename(cmd[0]) or 'program'}-measurements"
+    p = Path(base)
+    n = 2
+    while p.exists():
+        p = Path(f"{base}-{n}")
+        n += 1
+    return p
+
+
+def _progress(msg: str) -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\rcallpath: {msg}\x1b[K")
+        sys.stderr.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    from callpath.measure import events, launch, postmortem, summary
+
+    if args.list_events:
+        for spec, reason in launch.probe_events(events.all_events()):
+            kind = {events.TYPE_SOFTWARE: "software", events.TYPE_HARDWARE: "hardware"}.get(
+                spec.type, "raw")
+            state = "available" if reason is None else f"unavailable: {reason}"
+            print(f"{spec.name:26} {kind:9} {state}")
+        print("raw codes: rHEX (e.g. r01c2), with @PERIOD or @fFREQUENCY")
+        return 0
+    if args.finish:
+        out = Path(args.finish)
+        res = postmortem.finish(out, _progress)
+        _mark_complete(out, res, None)
+        summary.print_summary(out, res, None, args.top, sys.stderr)
+        return 0
+    cmd = list(args.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise CallpathError("no program to run: expected 'callpath run [options] -- CMD ARGS'")
+    specs = [events.parse_event(e) for e in (args.event or [events.DEFAULT_EVENT])]
+    out = Path(args.output) if args.output else _default_output(cmd)
+    opts = launch.RunOptions(specs, out, trace=args.trace, stack_size=args.stack_size)
+    result = launch.run(cmd, opts)
+    for spec, reason in result.failed:
+        sys.stderr.write(f"callpath: event {spec.name} not measured: {reason}\n")
+    _progress("unwinding call stacks ...")
+    res = postmortem.finish(out, _progress)
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[K")
+    _mark_complete(out, res, result.exit_status)
+    summary.print_summary(out, res, result, args.top, sys.stderr)
+    return _shell_status(result.exit_status)
+
+
+def _shell_status(status: int) -> int:
+    """The program's status as a shell reports it: 128+N when killed by signal N."""
+    if status < 0:
+        return 128 + (-status)
+    return status
+
+
+def _mark_complete(out: Path, res: Any, exit_status: int | None) -> None:
+    import json
+
+    from callpath.formats import measdir
+    header = json.loads((out / measdir.HEADER_FILE).read_text())
+    metrics = [measdir.MetricInfo.from_json(m) for m in header.pop("metrics")]
+    for k in ("format", "version"):
+        header.pop(k, None)
+    header["status"] = "complete"
+    if exit_status is not None:
+        header["exit_status"] = exit_status
+        if exit_status < 0:
+            header["signal"] = signal.Signals(-exit_status).name
+    header["summary"] = {
+        "samples": res.samples, "partial": res.partial, "lost": res.lost,
+        "throttled": res.throttled, "undecodable": res.bad,
+        "partial_reasons": res.partial_reasons,
+        "contexts": [{"pid": t.pid, "tid": t.tid, "thread": t.index, "rank": t.rank,
+                      "samples": t.samples, "partial": t.partial} for t in res.threads]}
+    measdir.write_header(out, metrics, **header)

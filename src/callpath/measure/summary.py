@@ -1,0 +1,61 @@
+"""The closing words of ``callpath run``: one paragraph about the measurement, per-context
+counts, and a quick flat profile (top procedures by samples, from the ELF symbol tables) so a
+measurement can be checked by eye before ``callpath prof`` exists."""
+
+from __future__ import annotations
+
+import signal
+import textwrap
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from callpath.measure.launch import RunResult
+    from callpath.measure.postmortem import Result
+
+MAX_CONTEXT_LINES = 16
+
+
+def describe_status(status: int) -> str:
+    if status < 0:
+        try:
+            return f"was killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"was killed by signal {-status}"
+    return f"exited with status {status}"
+
+
+def print_summary(out: Path, res: Result, run: RunResult | None, top: int,
+                  stream: TextIO) -> None:
+    procs = len({t.pid for t in res.threads})
+    parts = []
+    if run is not None:
+        ev = ", ".join(e.spec.name for e in run.events)
+        parts.append(f"The program {describe_status(run.exit_status)} after "
+                     f"{run.wall_s:.2f} s, sampled on {ev}.")
+    pct = 100.0 * res.partial / res.samples if res.samples else 0.0
+    why = ""
+    if res.partial_reasons:
+        why = " (" + ", ".join(f"{k}: {v}" for k, v in
+                               sorted(res.partial_reasons.items(), key=lambda x: -x[1])) + ")"
+    parts.append(f"{res.samples} samples in {len(res.threads)} execution contexts "
+                 f"({procs} processes); {res.lost} samples lost in the ring buffers; "
+                 f"throttled {res.throttled} times; {res.partial} partial call paths "
+                 f"({pct:.1f}%){why}.")
+    if res.bad:
+        parts.append(f"{res.bad} records could not be decoded.")
+    parts.append(f"Measurement directory: {out}")
+    stream.write(textwrap.fill("callpath: " + " ".join(parts), width=100) + "\n")
+    rows = sorted(res.threads, key=lambda t: -t.samples)
+    for t in rows[:MAX_CONTEXT_LINES]:
+        rank = f"rank {t.rank} " if t.rank is not None else ""
+        stream.write(f"  {rank}pid {t.pid} thread {t.index} (tid {t.tid}): {t.samples} samples"
+                     f", {t.partial} partial\n")
+    if len(rows) > MAX_CONTEXT_LINES:
+        stream.write(f"  ... and {len(rows) - MAX_CONTEXT_LINES} more contexts\n")
+    if top and res.flat:
+        total = sum(c for _, _, c in res.flat)
+        stream.write(f"Top procedures by samples (first metric, {total} samples):\n")
+        for name, module, count in res.flat[:top]:
+            stream.write(f"  {100.0 * count / total:6.2f}%  {count:8d}  {name}  [{module}]\n")
+    stream.flush()
