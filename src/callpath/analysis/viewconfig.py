@@ -271,13 +271,14 @@ class _Checker:
             if child.tag in parts:
                 raise self.err(child, f"<view> {name!r} has a second <{child.tag}> (the first "
                                       f"is at line {parts[child.tag].line})")
-            if child.tag == "output" and "data" not in parts:
-                raise self.err(child, "<output> comes before <data>: <data> must appear first, "
-                                      "since <output> uses the event ids it defines")
             parts[child.tag] = child
         for tag in ("data", "output", "tool_tip", "description"):
             if tag not in parts:
                 raise self.err(el, f"<view> {name!r} lacks its <{tag}> element")
+        if el.children.index(parts["output"]) < el.children.index(parts["data"]):
+            raise self.err(parts["output"], "<output> comes before <data>: <data> must appear "
+                                            "first, since <output> uses the event ids it "
+                                            "defines")
         events = self.data(parts["data"])
         columns = self.output(parts["output"], {e.id: e for e in events})
         return View(name, tuple(events), tuple(columns), self.text_element(parts["tool_tip"]),
@@ -471,11 +472,13 @@ def context_groups(view: View, contexts: Sequence[ExecutionContext],
     thread 0 of rank 1 is not thread 0 of rank 0). Contexts lacking the separating kind form
     a group of their own ("no THREAD")."""
     kinds: set[int] = set()
+    primaries: set[int] = set()
     for flag, (primary, qualifiers) in _SEPARATION.items():
         if not getattr(view, flag):
             continue
         if not any(i.kind == primary for c in contexts for i in c.ids):
             continue  # nothing to separate by: aggregate over this dimension
+        primaries.add(primary)
         kinds.add(primary)
         kinds.update(qualifiers)
     if not kinds:
@@ -487,7 +490,7 @@ def context_groups(view: View, contexts: Sequence[ExecutionContext],
         keys.append(tuple(ids.get(k) for k in order))
     distinct = sorted(set(keys), key=lambda k: tuple((v is None, v or 0) for v in k))
     varying = [j for j in range(len(order)) if len({k[j] for k in distinct}) > 1]
-    shown = varying or [j for j in range(len(order)) if any(k[j] is not None for k in distinct)]
+    shown = varying or [j for j in range(len(order)) if order[j] in primaries]
     groups: list[tuple[str, npt.NDArray[np.int64] | None]] = []
     for key in distinct:
         idx = np.array([i for i, k in enumerate(keys) if k == key], dtype=np.int64)
