@@ -1,0 +1,219 @@
+"""Start a Python program under the sampler: the library entry point behind ``callpath run``.
+
+The program runs as a child process with ``shim/`` first on ``PYTHONPATH`` and the measurement
+settings in ``CALLPATH_PY_*`` variables, so the interpreter's own ``site`` start-up loads the
+sampler before the first line of user code, with no change to the program and with the
+program's own ``sys.argv``, ``__main__`` and exit path. Every Python process it starts inherits
+the environment and is measured too; forks without exec are followed by the sampler itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import TextIO
+
+from callpath.errors import CallpathError
+from callpath.formats import measdir
+from callpath.measure.python import sampler as S
+
+SHIM_DIR = Path(__file__).resolve().parent / "shim"
+MAX_FREQUENCY = 10_000.0
+_INTERPRETER = re.compile(r"^python(\d+(\.\d+)*)?([dmu]*)?(\.exe)?$")
+# Interpreter options that keep site from running our bootstrap: -S skips site, -I and -E
+# ignore PYTHONPATH.
+_BLOCKING_FLAGS = {"S": "-S skips the site module", "I": "-I ignores PYTHONPATH",
+                   "E": "-E ignores PYTHONPATH"}
+
+
+def _shebang(path: str) -> str:
+    """The first line of a file if it is a ``#!`` line, else ''."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return ""
+    if not head.startswith(b"#!"):
+        return ""
+    return head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+
+
+def _is_interpreter(word: str) -> bool:
+    if _INTERPRETER.match(os.path.basename(word)):
+        return True
+    try:
+        return os.path.realpath(word) == os.path.realpath(sys.executable) and os.path.isfile(word)
+    except OSError:
+        return False
+
+
+def is_python_target(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` runs Python: an interpreter (``python``, ``python3.11``, a path to one),
+    a ``*.py`` script, or a script whose ``#!`` line names a Python interpreter."""
+    if not argv:
+        return False
+    first = argv[0]
+    if _is_interpreter(first) or first.endswith(".py"):
+        return True
+    path = first if os.sep in first else (shutil.which(first) or "")
+    line = _shebang(path) if path else ""
+    if not line:
+        return False
+    words = line.split()
+    if os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]
+    return bool(words) and _is_interpreter(words[0])
+
+
+def _interpreter_flags(argv: Sequence[str]) -> list[str]:
+    """Single-letter options given to the interpreter before the script, ``-c`` or ``-m``."""
+    flags: list[str] = []
+    for word in argv[1:]:
+        if not word.startswith("-") or word in ("-", "--"):
+            break
+        if word.startswith("--"):
+            continue
+        for ch in word[1:]:
+            if ch in "cm":
+                return flags
+            if ch in "WX":  # these take an argument (joined or next word)
+                break
+            flags.append(ch)
+    return flags
+
+
+def command_line(argv: Sequence[str], *, module: bool) -> list[str]:
+    """The command that runs the target: interpreters as given, scripts through an interpreter."""
+    if not argv:
+        raise CallpathError("no program to measure: give a Python script, -m MODULE, or a "
+                            "python command line")
+    if module:
+        return [sys.executable, "-m", *argv]
+    first = argv[0]
+    if _is_interpreter(first):
+        if os.sep not in first and shutil.which(first) is None:
+            raise CallpathError(f"{first}: command not found (expected a Python interpreter "
+                                "on PATH)")
+        for flag in _interpreter_flags(argv):
+            if flag in _BLOCKING_FLAGS:
+                raise CallpathError(f"cannot measure '{' '.join(argv[:3])}': "
+                                    f"{_BLOCKING_FLAGS[flag]}, which the sampler's bootstrap "
+                                    "needs")
+        return list(argv)
+    path = first if (os.sep in first or os.path.exists(first)) else shutil.which(first)
+    if path is None or not os.path.isfile(path):
+        raise CallpathError(f"{first}: no such Python script (expected a file or a command on "
+                            "PATH)")
+    if _shebang(path) and os.access(path, os.X_OK) and is_python_target([path]):
+        return [path, *argv[1:]]
+    return [sys.executable, path, *argv[1:]]
+
+
+def measurement_env(out_dir: Path, frequency: float, trace: bool,
+                    base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that makes every Python process below the launcher measure itself."""
+    env = dict(os.environ if base is None else base)
+    env[S.ENV_OUT] = str(Path(out_dir).resolve())
+    env[S.ENV_FREQ] = repr(float(frequency))
+    env[S.ENV_TRACE] = "1" if trace else "0"
+    old = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(SHIM_DIR) + (os.pathsep + old if old else "")
+    return env
+
+
+def _check(out_dir: Path, frequency: float) -> None:
+    if not (0 < frequency <= MAX_FREQUENCY):
+        raise CallpathError(f"sampling frequency {frequency:g} Hz is out of range (expected "
+                            f"more than 0 and at most {MAX_FREQUENCY:g} Hz)")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CallpathError(f"{out_dir}: exists and is not a directory (expected a measurement "
+                            "directory to create)")
+    if out_dir.is_dir() and ((out_dir / measdir.HEADER_FILE).exists()
+                             or any(out_dir.glob(measdir.PROCESS_GLOB))):
+        raise CallpathError(f"{out_dir}: already holds a measurement (expected a new or empty "
+                            "directory; remove it or choose another -o)")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CallpathError(f"{out_dir}: cannot create the measurement directory: "
+                            f"{e.strerror}") from None
+
+
+def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: float = 1000.0,
+               trace: bool = False, summary: bool = True, env: dict[str, str] | None = None,
+               summary_file: TextIO | None = None) -> int:
+    """Run a Python program measured into ``out_dir``; return the program's exit status.
+
+    ``argv`` is a command line (``["python3", "app.py", "x"]``), a script and its arguments
+    (``["app.py", "x"]``), or with ``module=True`` a module name and its arguments. A program
+    killed by a signal returns ``128 + signal``, as a shell reports it. With ``summary`` the
+    quick summary goes to ``summary_file`` (standard error by default).
+    """
+    out_dir = Path(out_dir)
+    cmd = command_line(argv, module=module)
+    _check(out_dir, frequency)
+    child_env = measurement_env(out_dir, frequency, trace, env)
+    metrics = [measdir.MetricInfo.from_json(d) for d in S.metric_descriptors(frequency)]
+    fields = {"command": list(cmd), "producer": "python", "frequency": frequency,
+              "trace": trace, "start_time": time.time()}
+    measdir.write_header(out_dir, metrics, status="running", **fields)
+    try:
+        proc = subprocess.Popen(cmd, env=child_env)
+    except OSError as e:
+        raise CallpathError(f"{cmd[0]}: cannot start the program: {e.strerror}") from None
+    status = _wait(proc)
+    exit_status = status - 128 if status > 128 and proc.returncode < 0 else status
+    measdir.write_header(out_dir, metrics, status="complete", exit_status=exit_status,
+                         end_time=time.time(), summary=_header_summary(out_dir), **fields)
+    if summary:
+        from callpath.measure.python.summary import print_summary
+        print_summary(out_dir, status, file=summary_file or sys.stderr)
+    return status
+
+
+def _header_summary(out_dir: Path) -> dict[str, object]:
+    """Per-context sample counts for measurement.json (the format's ``summary`` key)."""
+    contexts = []
+    samples = 0
+    for proc in measdir.read(out_dir).processes:
+        for t in proc.threads:
+            n = int(t.stats.get("samples", 0))
+            samples += n
+            contexts.append({"pid": proc.pid, "thread": t.slot, "samples": n,
+                             "idle_samples": int(t.stats.get("idle_samples", 0)),
+                             "complete": proc.complete})
+    return {"samples": samples, "processes": len({c["pid"] for c in contexts}),
+            "contexts": contexts}
+
+
+def _wait(proc: subprocess.Popen[bytes]) -> int:
+    """Wait for the program, passing on termination signals; Ctrl-C reaches it through the
+    terminal's process group, so the launcher only outlives it to collect the data."""
+    forwarded = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(OSError):
+            proc.send_signal(signum)
+
+    old = {}
+    try:
+        old[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for s in forwarded:
+            old[s] = signal.signal(s, forward)
+    except ValueError:  # not the main thread: leave signals alone
+        pass
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 128 - rc if rc < 0 else rc
