@@ -1,0 +1,101 @@
+"""Benchmark ``callpath struct`` on the largest debug-info library at hand (libpython3.11).
+
+Installs Debian's ``libpython3.11-dbg`` (separate debug file under /usr/lib/debug/.build-id)
+when run as root and it is missing, then reports, in one run: seconds and peak RSS of the whole
+analysis (in a child process, so the RSS is the analysis's own), seconds per MiB of ``.text``,
+and the time of ``readelf --debug-dump=decodedline,info`` on the same debug file as the floor a
+C tool sets. Targets: under 20 s and under 400 MB.
+
+    python bench/struct.py [LIBRARY]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# This file is named like the standard library's ``struct``: keep its folder off the path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import glob  # noqa: E402
+import resource  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+
+def ensure_dbg(lib: str) -> None:
+    from callpath.structure.elf import find_debug_file, open_elf
+    mod = open_elf(lib)
+    have = mod.has_dwarf() or find_debug_file(mod) is not None
+    mod.close()
+    if have and shutil.which("readelf"):
+        return
+    if os.geteuid() != 0:
+        print("not root: cannot install libpython3.11-dbg; continuing without it")
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    cmd = ["apt-get", "install", "-y", "-q", "libpython3.11-dbg", "binutils"]
+    if subprocess.run(cmd, check=False, env=env, stdout=subprocess.DEVNULL).returncode:
+        subprocess.run(["apt-get", "update", "-q"], check=False, env=env,
+                       stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, check=False, env=env, stdout=subprocess.DEVNULL)
+
+
+def find_library() -> str:
+    for c in sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libpython3.11.so.1*")):
+        return os.path.realpath(c)
+    raise SystemExit("libpython3.11 not found; pass a library path")
+
+
+def child(path: str) -> None:
+    from callpath.structure.binary import analyze_binary
+    from callpath.structure.model import Kind
+
+    t = time.perf_counter()
+    s = analyze_binary(path)
+    dt = time.perf_counter() - t
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    kinds = {k.name: int((s.kind == k).sum()) for k in Kind}
+    print(f"RESULT {dt:.3f} {rss:.1f} {kinds}")
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        child(sys.argv[2])
+        return
+    lib = sys.argv[1] if len(sys.argv) > 1 else find_library()
+    ensure_dbg(lib)
+    from callpath.structure.elf import find_debug_file, open_elf
+    mod = open_elf(lib)
+    text = sum(s.size for s in mod.text_sections) / 2**20
+    dbg = find_debug_file(mod) if not mod.has_dwarf() else lib
+    mod.close()
+    print(f"library      {lib}")
+    print(f"debug file   {dbg or '(none)'}")
+    print(f".text        {text:.2f} MiB")
+    times, rss = [], 0.0
+    for _ in range(3):
+        out = subprocess.run([sys.executable, __file__, "--child", lib], capture_output=True,
+                             text=True, check=True).stdout
+        line = next(x for x in out.splitlines() if x.startswith("RESULT"))
+        _, dt, r, kinds = line.split(" ", 3)
+        times.append(float(dt))
+        rss = max(rss, float(r))
+    med = sorted(times)[1]
+    print(f"scopes       {kinds}")
+    print(f"callpath     {med:.2f} s (median of 3: {', '.join(f'{x:.2f}' for x in times)}), "
+          f"peak RSS {rss:.0f} MB, {med / text:.2f} s/MiB of .text")
+    if dbg and shutil.which("readelf"):
+        t = time.perf_counter()
+        subprocess.run(["readelf", "--debug-dump=decodedline,info", dbg],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        rt = time.perf_counter() - t
+        print(f"readelf      {rt:.2f} s (--debug-dump=decodedline,info; ratio {med / rt:.1f}x)")
+    print(f"targets      < 20 s: {'yes' if med < 20 else 'NO'}; < 400 MB: "
+          f"{'yes' if rss < 400 else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()

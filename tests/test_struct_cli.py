@@ -1,0 +1,156 @@
+"""``callpath struct`` through the real command line: outputs, bad input, Python sources."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from conftest import run_cli, shared_path
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from callpath.errors import CallpathError
+from callpath.formats.hpcstruct import read_hpcstruct
+from callpath.structure.dwarf_lines import decode_line_tables
+from callpath.structure.model import Kind
+from callpath.structure.python_ast import structure_of_python
+
+DR = "inlines+loops-x86_64-gcc12-dr"
+
+
+def _env_cli(tmp: Path, *args: str) -> tuple[int, str, str]:
+    os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")
+    try:
+        p = run_cli("struct", *args)
+    finally:
+        del os.environ["XDG_CACHE_HOME"]
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_struct_writes_readable_xml(tmp_path: Path) -> None:
+    binary = shared_path("hpctoolkit", "bin", DR)
+    out = tmp_path / "x.hpcstruct"
+    rc, _, err = _env_cli(tmp_path, str(binary), "-o", str(out))
+    assert rc == 0, err
+    text = out.read_text()
+    assert '<A i="' in text and 'n="f4_inline"' in text and "<L " in text
+    s = read_hpcstruct(out)[0]
+    assert s.path.endswith(DR)
+    assert (s.kind == Kind.LOOP).sum() == 11
+    # The second run comes from the per-user cache and gives the same file.
+    out2 = tmp_path / "y.hpcstruct"
+    rc, _, _ = _env_cli(tmp_path, str(binary), "-o", str(out2))
+    assert rc == 0 and list((tmp_path / "cache").rglob("*.hpcstruct"))
+    assert read_hpcstruct(out2)[0].line.tolist() == s.line.tolist()
+
+
+def test_bad_modules_are_reported_and_the_rest_written(tmp_path: Path) -> None:
+    good = shared_path("hpctoolkit", "bin", "recursion-x86_64-gcc12-0")
+    data = good.read_bytes()
+    (tmp_path / "notelf").write_bytes(b"#!/bin/sh\necho hello\n")
+    (tmp_path / "trunc.so").write_bytes(data[:3000])
+    arm = bytearray(data)
+    arm[18:20] = (183).to_bytes(2, "little")  # e_machine = EM_AARCH64
+    (tmp_path / "arm.so").write_bytes(bytes(arm))
+    out = tmp_path / "all.hpcstruct"
+    rc, _, err = _env_cli(tmp_path, str(good), str(tmp_path / "notelf"),
+                          str(tmp_path / "trunc.so"), str(tmp_path / "arm.so"),
+                          str(tmp_path / "missing"), "-o", str(out), "--no-cache")
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 4 and "Traceback" not in err
+    assert "notelf" in err and "not an ELF file" in err
+    assert "trunc.so" in err and "arm.so" in err and "unsupported architecture" in err
+    assert "missing" in err and "cannot open" in err
+    assert len(read_hpcstruct(out)) == 1
+
+
+def test_corrupt_dwarf_is_one_line(tmp_path: Path) -> None:
+    data = bytearray(shared_path("hpctoolkit", "bin", DR).read_bytes())
+    from elftools.elf.elffile import ELFFile
+    with open(shared_path("hpctoolkit", "bin", DR), "rb") as f:
+        sec = ELFFile(f).get_section_by_name(".debug_line")
+        off, size = sec["sh_offset"], sec["sh_size"]
+    data[off + 4:off + 6] = (77).to_bytes(2, "little")  # line table version 77
+    bad = tmp_path / "badline.so"
+    bad.write_bytes(bytes(data))
+    rc, _, err = _env_cli(tmp_path, str(bad), "-o", str(tmp_path / "o"), "--no-cache")
+    assert rc == 2 and "badline.so" in err and ".debug_line version 77" in err
+    assert size > 0
+
+
+def test_malformed_xml_is_one_line(tmp_path: Path) -> None:
+    p = tmp_path / "bad.hpcstruct"
+    p.write_text("<HPCToolkitStructure><LM n='x' has-calls='0'><S l='1'/></LM>"
+                 "</HPCToolkitStructure>")
+    try:
+        read_hpcstruct(p)
+    except CallpathError as e:
+        assert "bad.hpcstruct" in str(e) and "<S> inside <LM>" in str(e)
+    else:
+        raise AssertionError("accepted an S directly inside an LM")
+    p.write_text("<HPCToolkitStructure><LM")
+    try:
+        read_hpcstruct(p)
+    except CallpathError as e:
+        assert "malformed XML" in str(e)
+    else:
+        raise AssertionError("accepted truncated XML")
+
+
+def test_python_source_structure(tmp_path: Path) -> None:
+    src = tmp_path / "prog.py"
+    src.write_text(
+        "import math\n"                       # 1
+        "def f(n):\n"                         # 2
+        "    t = 0\n"                         # 3
+        "    for i in range(n):\n"            # 4
+        "        t += sum(\n"                 # 5
+        "            j for j in range(i))\n"  # 6
+        "    return t\n"                      # 7
+        "class C:\n"                          # 8
+        "    def m(self):\n"                  # 9
+        "        def g():\n"                  # 10
+        "            while True:\n"           # 11
+        "                break\n"             # 12
+        "        return g\n")                 # 13
+    s = structure_of_python(src)
+    procs = {s.text(int(s.name[i])) for i in range(len(s)) if s.kind[i] == Kind.PROC}
+    assert procs == {"<module>", "f", "C.m", "C.m.<locals>.g"}
+    got = s.lookup([1, 3, 6, 12, 13])
+    assert [int(s.line[i]) for i in got] == [1, 3, 5, 12, 13]
+    assert [Kind(s.kind[s.parent[i]]).name for i in got] == ["PROC", "PROC", "LOOP", "LOOP",
+                                                           "PROC"]
+    loop6 = int(s.parent[got[2]])
+    assert Kind(s.kind[s.parent[loop6]]) == Kind.LOOP  # the generator inside the for loop
+    # And through the command line, into the same XML.
+    rc, out, err = _env_cli(tmp_path, str(src), "-o", "-", "--no-cache")
+    assert rc == 0, err and "C.m.&lt;locals&gt;.g" in out
+    (tmp_path / "bad.py").write_text("def f(:\n")
+    rc, _, err = _env_cli(tmp_path, str(tmp_path / "bad.py"), "-o", "-", "--no-cache")
+    assert rc == 2 and "not valid Python at line 1" in err
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(min_size=0, max_size=200), st.integers(min_value=0, max_value=60))
+def test_line_decoder_fuzz(blob: bytes, cut: int) -> None:
+    """Arbitrary or truncated bytes give a FormatError or a table, never another exception."""
+    real = _real_debug_line()
+    data = real[:cut] + blob if cut else blob
+    try:
+        t = decode_line_tables(data, [(0, "/x")], path="fuzz")
+    except CallpathError:
+        return
+    assert len(t.address) == len(t.line)
+
+
+_CACHE: dict[str, bytes] = {}
+
+
+def _real_debug_line() -> bytes:
+    if "d" not in _CACHE:
+        from callpath.structure.elf import open_elf
+        m = open_elf(shared_path("hpctoolkit", "bin", DR))
+        _CACHE["d"] = m.section_bytes(".debug_line") or b""
+        m.close()
+    return _CACHE["d"]
