@@ -1,6 +1,7 @@
 /* Test program for `callpath run`: nested calls, a recursive function, an inlined function, a
  * loop nest, and two extra pthreads. Every thread spends its time in
  *   <thread entry> -> level1 -> level2 -> recurse x (DEPTH + 1) -> kernel_loop
+ * (no tail calls: each level does work after its call returns)
  * and prints "thread <tid> <cpu ns>" when done, so tests can check both the call chains and
  * the number of samples against each thread's CPU time. Usage: callchain [iterations]. */
 #define _GNU_SOURCE
@@ -28,9 +29,7 @@ NOINLINE double kernel_loop(int n) {
 }
 
 NOINLINE double recurse(int depth, int n) {
-    if (depth == 0)
-        return kernel_loop(n);
-    double r = recurse(depth - 1, n);
+    double r = depth == 0 ? kernel_loop(n) : recurse(depth - 1, n);
     sink = sink + r; /* not a tail call */
     return r + 1.0;
 }

@@ -1,0 +1,53 @@
+/* Misbehaving targets: misbehave MODE [milliseconds]
+ *   segv   burn CPU, then dereference NULL       abort  burn CPU, then abort()
+ *   exit7  burn CPU, then exit(7)                spin   burn CPU until a signal arrives
+ *   threads  start 300 short threads, one after another, each burning a little CPU
+ *   orphan   fork a child that outlives the parent briefly (reaped by callpath run) */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile double sink;
+
+__attribute__((noinline)) static void burn(long ms) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    do {
+        for (int i = 0; i < 20000; i++) sink = sink * 0.5 + i;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    } while ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 < ms);
+}
+
+__attribute__((noinline)) void spin_forever(void) {
+    printf("spinning\n");
+    fflush(stdout);
+    for (;;) burn(10);
+}
+
+static void *short_thread(void *arg) { (void)arg; burn(1); return NULL; }
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "exit7";
+    long ms = argc > 2 ? atol(argv[2]) : 200;
+    if (!strcmp(mode, "spin")) spin_forever();
+    if (!strcmp(mode, "threads")) {
+        for (int i = 0; i < 300; i++) {
+            pthread_t t;
+            if (pthread_create(&t, NULL, short_thread, NULL)) return 1;
+            pthread_join(t, NULL);
+        }
+        return 0;
+    }
+    if (!strcmp(mode, "orphan")) {
+        if (fork() == 0) { burn(ms); _exit(0); }
+        return 0;
+    }
+    burn(ms);
+    if (!strcmp(mode, "segv")) { volatile int *p = NULL; *p = 1; }
+    if (!strcmp(mode, "abort")) abort();
+    return 7;
+}

@@ -1,0 +1,302 @@
+"""``callpath run`` on real C programs compiled here with gcc and really sampled with perf_event.
+
+The call-path checks symbolise every sampled path with the binaries' symbol tables and compare
+the chain of procedures inside the test program with the one its source dictates; the sample
+counts are compared with the CPU time each thread reports for itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from callpath.formats import measdir
+from callpath.measure.elfinfo import ElfInfo
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAMS = ROOT / "tests" / "programs"
+PERIOD_NS = 1_000_000  # the default event: cpu-clock every 1 ms
+
+
+def _perf_reason() -> str | None:
+    from callpath.measure import events, launch
+    try:
+        (_, reason), = launch.probe_events([events.parse_event("cpu-clock")])
+    except Exception as e:  # no perf_event at all, unsupported architecture
+        return str(e)
+    return reason
+
+
+@pytest.fixture(scope="session")
+def perf_ok() -> None:
+    reason = _perf_reason()
+    if reason is not None:
+        pytest.skip(f"perf_event sampling is not available here: {reason}")
+
+
+@pytest.fixture(scope="session")
+def build(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    out = tmp_path_factory.mktemp("programs")
+
+    def compile_(source: str, name: str, *flags: str) -> Path:
+        exe = out / name
+        if not exe.exists():
+            subprocess.run(["gcc", "-O2", "-g", *flags, "-pthread", "-o", str(exe),
+                            str(PROGRAMS / source)], check=True)
+        return exe
+    return compile_
+
+
+def callpath(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "callpath", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, check=False)
+
+
+def symbolised_paths(m: measdir.Measurement, p: measdir.ProcessProfile,
+                     t: measdir.ThreadProfile) -> collections.Counter[tuple[tuple[str, str], ...]]:
+    """Leaf samples per path of (module basename, procedure); PARTIAL paths start with it."""
+    out: collections.Counter[tuple[tuple[str, str], ...]] = collections.Counter()
+    for leaf in range(len(t.nodes)):
+        n = int(t.samples[leaf].sum())
+        if not n:
+            continue
+        path = []
+        for nid in t.path_of(leaf)[1:]:
+            nd = t.nodes[nid]
+            if nd["kind"] == measdir.NodeKind.PARTIAL:
+                path.append(("", "PARTIAL"))
+            elif nd["kind"] == measdir.NodeKind.NATIVE:
+                mod = p.modules[int(nd["module"])]
+                file = str(m.path / mod.saved) if mod.saved else mod.path
+                addr = int(nd["address"]) - (0 if nd["flags"] & measdir.NodeFlag.EXACT_PC
+                                            else 1)
+                path.append((os.path.basename(mod.path),
+                             ElfInfo.get(file).symbolize(addr) or hex(addr)))
+            else:
+                path.append(("", "?"))
+        out[tuple(path)] += n
+    return out
+
+
+def thread_cpu(stdout: str) -> dict[int, int]:
+    return {int(w[1]): int(w[2]) for w in (ln.split() for ln in stdout.splitlines())
+            if len(w) == 3 and w[0] == "thread"}
+
+
+@pytest.mark.parametrize("fp", [False, True], ids=["no-frame-pointer", "frame-pointer"])
+def test_call_paths_threads_and_sample_counts(perf_ok: None, build, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                              fp: bool) -> None:
+    flags = ["-fno-omit-frame-pointer"] if fp else ["-fomit-frame-pointer"]
+    exe = build("callchain.c", "callchain-fp" if fp else "callchain", *flags)
+    out = tmp_path / "m"
+    proc = callpath("run", "-o", str(out), "--", str(exe), "300")
+    assert proc.returncode == 0, proc.stderr
+    cpu = thread_cpu(proc.stdout)
+    assert len(cpu) == 3, proc.stdout
+    m = measdir.read(out)
+    assert m.header["status"] == "complete" and m.header["exit_status"] == 0
+    (p,) = [p for p in m.processes if p.info["exe"] == str(exe)]
+    assert p.complete and not p.truncated
+    by_tid = {t.tid: t for t in p.threads}
+    # every thread is its own execution context, main thread first
+    assert set(by_tid) == set(cpu)
+    assert by_tid[p.pid].info["index"] == 0
+    assert sorted(t.info["index"] for t in p.threads) == [0, 1, 2]
+    assert len({t.ids for t in p.threads}) == 3
+    chain = ["level1", "level2"] + ["recurse"] * 6 + ["kernel_loop"]
+    prog = exe.name
+    total = good = 0
+    for tid, t in by_tid.items():
+        # samples within 10% of the thread's CPU time x frequency
+        n = int(t.samples[:, 0].sum())
+        expected = cpu[tid] / PERIOD_NS
+        assert abs(n - expected) <= 0.10 * expected, (tid, n, expected)
+        for path, count in symbolised_paths(m, p, t).items():
+            total += count
+            if not path or path[0][1] == "PARTIAL":
+                continue
+            own = [proc_ for mod, proc_ in path if mod == prog]
+            # the thread's root: _start in the program, or the clone in libc
+            if tid == p.pid:
+                ok = path[0] == (prog, "_start") and own == ["_start", "main", *chain]
+            else:
+                ok = path[0][0].startswith("libc") and own == ["thread_main", *chain]
+            good += count if ok else 0
+    assert total >= 0.9 * sum(cpu.values()) / PERIOD_NS
+    assert good >= 0.99 * total, (good, total)
+
+
+def test_forked_child_is_measured(perf_ok: None, build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    exe = build("forker.c", "forker")
+    out = tmp_path / "m"
+    proc = callpath("run", "-o", str(out), "--", str(exe), "200")
+    assert proc.returncode == 3, proc.stderr  # the program's own status
+    m = measdir.read(out)
+    procs = [p for p in m.processes if p.threads]
+    assert len(procs) == 2
+    child = next(p for p in procs if p.info["forked_from"] is not None)
+    parent = next(p for p in procs if p.info["forked_from"] is None)
+    assert child.info["forked_from"] == parent.pid
+    # the child inherited the parent's load map (no exec): its frames resolve in the program
+    for p, fn in ((child, "child_work"), (parent, "parent_work")):
+        (t,) = p.threads
+        paths = symbolised_paths(m, p, t)
+        hits = sum(c for path, c in paths.items()
+                   if ["main", fn, "burn"] == [x[1] for x in path if x[0] == "forker"][1:4])
+        assert hits >= 0.95 * sum(paths.values()), paths
+
+
+def test_crashing_program(perf_ok: None, build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    exe = build("misbehave.c", "misbehave")
+    for mode, status, shell in (("segv", -signal.SIGSEGV, 128 + signal.SIGSEGV),
+                                ("abort", -signal.SIGABRT, 128 + signal.SIGABRT),
+                                ("exit7", 7, 7)):
+        out = tmp_path / mode
+        proc = callpath("run", "-o", str(out), "--", str(exe), mode, "150")
+        assert proc.returncode == shell, proc.stderr
+        m = measdir.read(out)
+        assert m.header["exit_status"] == status
+        (p,) = m.processes
+        (t,) = p.threads
+        paths = symbolised_paths(m, p, t)
+        burn = sum(c for path, c in paths.items() if path[-1][1] == "burn"
+                   and path[0][1] == "_start")
+        assert burn >= 100, paths
+
+
+def test_sigint_is_forwarded_and_measurement_kept(perf_ok: None, build,  # type: ignore[no-untyped-def]
+                                                  tmp_path: Path) -> None:
+    exe = build("misbehave.c", "misbehave")
+    out = tmp_path / "m"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    launcher = subprocess.Popen([sys.executable, "-m", "callpath", "run", "-o", str(out), "--",
+                                 str(exe), "spin"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+    assert launcher.stdout is not None
+    assert launcher.stdout.readline().strip() == "spinning"
+    time.sleep(0.4)
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 128 + signal.SIGINT, err
+    m = measdir.read(out)
+    assert m.header["signal"] == "SIGINT"
+    (t,) = m.processes[0].threads
+    paths = symbolised_paths(m, m.processes[0], t)
+    assert sum(c for path, c in paths.items()
+               if [x[1] for x in path[-2:]] == ["spin_forever", "burn"]) >= 100
+
+
+def test_killed_launcher_can_be_finished(perf_ok: None, build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Kill ``callpath run`` itself: raw.perf survives and ``--finish`` turns it into data."""
+    exe = build("misbehave.c", "misbehave")
+    out = tmp_path / "m"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    launcher = subprocess.Popen([sys.executable, "-m", "callpath", "run", "-o", str(out), "--",
+                                 str(exe), "exit7", "600"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (
+            not (out / "raw.perf").exists() or (out / "raw.perf").stat().st_size < 2_000_000):
+        time.sleep(0.05)
+    launcher.kill()
+    launcher.wait()
+    time.sleep(1.0)  # the orphaned program finishes on its own
+    assert (out / "raw.perf").exists()
+    proc = callpath("run", "--finish", str(out))
+    assert proc.returncode == 0, proc.stderr
+    m = measdir.read(out)
+    (t,) = m.processes[0].threads
+    assert t.samples.sum() >= 50
+    assert not (out / "raw.perf").exists()
+
+
+def _zombies(names: set[str]) -> list[str]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            state = stat[stat.rindex(")") + 2]
+            if state == "Z" and comm in names:
+                found.append(d.name)
+    return found
+
+
+def test_orphans_reaped_and_short_threads(perf_ok: None, build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    exe = build("misbehave.c", "misbehave")
+    proc = callpath("run", "-o", str(tmp_path / "orphan"), "--", str(exe), "orphan", "200")
+    assert proc.returncode == 0, proc.stderr
+    m = measdir.read(tmp_path / "orphan")
+    # the orphaned child was still measured after its parent exited, and reaped
+    assert sum(int(t.samples.sum()) for _, t in m.threads) >= 150
+    assert not _zombies({exe.name[:15]})
+    proc = callpath("run", "-o", str(tmp_path / "threads"), "--", str(exe), "threads")
+    assert proc.returncode == 0, proc.stderr
+    m = measdir.read(tmp_path / "threads")
+    (p,) = m.processes
+    assert len(p.threads) >= 100  # most of the 300 one-millisecond threads got a sample
+    assert len({t.tid for t in p.threads}) == len(p.threads)
+    assert sorted(t.info["index"] for t in p.threads) == list(range(len(p.threads)))
+
+
+def test_trace_and_several_events(perf_ok: None, build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    exe = build("misbehave.c", "misbehave")
+    out = tmp_path / "m"
+    proc = callpath("run", "-t", "-e", "cpu-clock@500000", "-e", "cycles", "-e",
+                    "page-faults@1", "-o", str(out), "--", str(exe), "exit7", "100")
+    assert proc.returncode == 7, proc.stderr
+    m = measdir.read(out)
+    names = [x.name for x in m.metrics]
+    assert names[0] == "cpu-clock" and "page-faults" in names
+    failed = {f["event"] for f in m.header["failed_events"]}
+    assert ("cycles" in names) != ("cycles" in failed)  # opened, or reported with a reason
+    (t,) = m.processes[0].threads
+    assert len(t.trace) == int(t.samples.sum())
+    assert (t.trace["time"][1:] >= t.trace["time"][:-1]).all()
+    assert int(t.samples[:, 0].sum()) >= 150  # 100 ms at 2 kHz
+    assert int(t.samples[:, names.index("page-faults")].sum()) > 0
+
+
+def test_user_errors(tmp_path: Path) -> None:
+    proc = callpath("run", "--", str(tmp_path / "missing"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "no such file" in proc.stderr
+    f = tmp_path / "notexec"
+    f.write_text("#!/bin/sh\n")
+    proc = callpath("run", "--", str(f))
+    assert proc.returncode == 2 and "not executable" in proc.stderr
+    proc = callpath("run", "--", "callpath-no-such-command")
+    assert proc.returncode == 2 and "not found" in proc.stderr
+    proc = callpath("run", "-e", "bogus", "--", "true")
+    assert proc.returncode == 2 and "unknown event 'bogus'" in proc.stderr
+    proc = callpath("run", "-e", "cycles@fx", "--", "true")
+    assert proc.returncode == 2 and "@fFREQUENCY" in proc.stderr
+    proc = callpath("run")
+    assert proc.returncode == 2 and "no program to run" in proc.stderr
+    proc = callpath("run", "--finish", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+
+
+def test_list_events(perf_ok: None) -> None:
+    proc = callpath("run", "--list-events")
+    assert proc.returncode == 0
+    lines = {ln.split()[0]: ln for ln in proc.stdout.splitlines()}
+    assert "available" in lines["cpu-clock"] and "unavailable" not in lines["cpu-clock"]
+    assert "cycles" in lines
