@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,9 +30,18 @@ def v4_db(request: pytest.FixtureRequest) -> Path:
     return shared_path("hpctoolkit", "dbase", request.param)
 
 
-def run_cli(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
-    """Run the real ``callpath`` command in a subprocess, as a user would."""
+_CONFIG_HOME = tempfile.mkdtemp(prefix="callpath-test-config-")
+
+
+def run_cli(*args: str, check: bool = False, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """Run the real ``callpath`` command in a subprocess, as a user would. The user's saved
+    filters would change reports, so the configuration directory is a fresh one unless
+    ``env`` names another."""
+    extra = env or {}
     env = dict(os.environ)
+    env["XDG_CONFIG_HOME"] = _CONFIG_HOME
+    env.update(extra)
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-m", "callpath", *args], capture_output=True,
                           text=True, env=env, timeout=120, check=False)

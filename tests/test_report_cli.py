@@ -108,7 +108,10 @@ def test_contexts_listing() -> None:
     (["report", "{small}", "--metric", "cycles"], "unknown metric 'cycles'"),
     (["report", "{small}", "--depth", "-1"], "non-negative integer"),
     (["report", "{small}", "--threshold", "150"], "percentage"),
-    (["run", "ls"], "not yet available"),
+    (["report", "{small}", "--derived", "bad=$0 +"], "formula '$0 +', column 5"),
+    (["report", "{small}", "--view", "flat", "--zoom", "99999"], "no node 99999"),
+    (["report", "{small}", "--filter", "x:", "--threads", "RANK 9"], "selects no execution"),
+    (["report", "{small}", "--view-config", "nosuch"], "no predefined view"),
 ])
 def test_user_errors_are_one_line_and_exit_2(args: list[str], needle: str,
                                               tmp_path: object) -> None:

@@ -93,6 +93,7 @@ class BottomUpView(View):
         rid, first = group_rows(key_a, key_b)
         order = np.argsort(rid, kind="stable")  # each new node's members contiguous
         rid, inst, cur = rid[order], inst[order], cur[order]
+        key_b = key_b[order]
         first = np.searchsorted(rid, np.arange(len(first)))
         base = len(self._nodes)
         rep = cur[first]

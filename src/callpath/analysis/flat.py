@@ -118,8 +118,21 @@ class FlatView(View):
         p0 = add(ViewKind.PROCEDURE, function[p_rep], rep_mod, rep_file, pline[p_rep],
                  offset[p_rep], -1, f0 + file_id, len(p_rep))
         proc_flat = p0 + proc_id_of_key  # flat node of each procedure frame
-        mem_group += [proc_flat, m0 + mod_id[proc_id_of_key], f0 + file_id[proc_id_of_key]]
+        mod_flat = m0 + mod_id[proc_id_of_key]
+        file_flat = f0 + file_id[proc_id_of_key]
+        mem_group += [proc_flat, mod_flat, file_flat]
         mem_node += [procs, procs, procs]
+        # Inlined code also counts toward its module and file: hpcprof stops the exclusive
+        # ("function") propagation at inlined calls, so without these a module's exclusive
+        # cost would miss the inlined code compiled into it. They never change an
+        # inclusive value: each lies inside a frame of the same module, already a member.
+        inl = np.nonzero(is_fn & ~is_proc)[0]
+        inl = inl[(anchor[inl] >= 0) & is_proc[np.maximum(anchor[inl], 0)]]
+        pos = np.full(n, -1, dtype=np.int64)
+        pos[procs] = np.arange(len(procs))
+        host = pos[anchor[inl]]
+        mem_group += [mod_flat[host], file_flat[host]]
+        mem_node += [inl, inl]
 
         # ---- lexical scopes and call sites, one lexical depth at a time ------------------
         lex = np.zeros(n, dtype=np.int64)  # the flat scope a node's children nest in

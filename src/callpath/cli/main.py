@@ -21,6 +21,7 @@ COMMANDS = {
     "prof": "attribute measurements to structure and write a database (like hpcprof)",
     "profile": "run + struct + prof in one command",
     "report": "print a view of a database in the terminal",
+    "filters": "manage the saved filters that elide tree nodes",
     "view": "open a database in the browser viewer (like hpcviewer)",
 }
 
