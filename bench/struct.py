@@ -44,8 +44,11 @@ def ensure_dbg(lib: str) -> None:
 
 
 def find_library() -> str:
-    for c in sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libpython3.11.so.1*")):
-        return os.path.realpath(c)
+    # Bookworm's libpython3.11-dbg ships the debug build, libpython3.11d, with its DWARF inside
+    # (10+ MB of debug info); prefer it, then the release library (+ /usr/lib/debug if any).
+    for pat in ("libpython3.11d.so.1*", "libpython3.11.so.1*"):
+        for c in sorted(glob.glob(f"/usr/lib/x86_64-linux-gnu/{pat}")):
+            return os.path.realpath(c)
     raise SystemExit("libpython3.11 not found; pass a library path")
 
 
@@ -67,6 +70,8 @@ def main() -> None:
         return
     lib = sys.argv[1] if len(sys.argv) > 1 else find_library()
     ensure_dbg(lib)
+    if len(sys.argv) <= 1:
+        lib = find_library()
     from callpath.structure.elf import find_debug_file, open_elf
     mod = open_elf(lib)
     text = sum(s.size for s in mod.text_sections) / 2**20
