@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from conftest import run_cli, shared_path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +13,7 @@ from callpath.formats.hpcstruct import read_hpcstruct
 from callpath.structure.dwarf_lines import decode_line_tables
 from callpath.structure.model import Kind
 from callpath.structure.python_ast import structure_of_python
+from conftest import run_cli, shared_path
 
 DR = "inlines+loops-x86_64-gcc12-dr"
 

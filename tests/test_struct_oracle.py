@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import shared_path
 
 from callpath.formats.hpcstruct import read_hpcstruct, write_hpcstruct_file
 from callpath.structure.binary import analyze_binary
 from callpath.structure.canonical import CATEGORIES, canonical, compare
 from callpath.structure.model import Kind
+from conftest import shared_path
 
 BINARIES = [f"{p}-x86_64-gcc12-{v}" for p in ("inlines+loops", "recursion")
             for v in ("0", "d", "dr", "r")]
