@@ -43,7 +43,7 @@ def _config_specs(exp: Experiment, items: list[str]) -> list[ColumnSpec]:
             views = load_view_configs(item)
         else:
             predefined = predefined if predefined is not None else load_predefined()
-            views = [v for v in predefined if v.name.lower() == item.lower()]
+            views = [v for v in predefined if _slug(v.name) == _slug(item)]
             if not views:
                 known = ", ".join(repr(v.name) for v in predefined)
                 raise CallpathError(f"view configuration {item!r}: no such file and no "
@@ -51,6 +51,11 @@ def _config_specs(exp: Experiment, items: list[str]) -> list[ColumnSpec]:
         for v in views:
             specs.extend(expand_columns(v, exp.contexts, names, exp.id_names))
     return specs
+
+
+def _slug(name: str) -> str:
+    """'CPU time' and 'cpu-time' name the same predefined view."""
+    return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
 
 
 def _derived(args: argparse.Namespace) -> list[DerivedMetric]:
