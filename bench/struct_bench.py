@@ -6,7 +6,7 @@ analysis (in a child process, so the RSS is the analysis's own), seconds per MiB
 and the time of ``readelf --debug-dump=decodedline,info`` on the same debug file as the floor a
 C tool sets. Targets: under 20 s and under 400 MB.
 
-    python bench/struct.py [LIBRARY]
+    python bench/struct_bench.py [LIBRARY]
 """
 
 from __future__ import annotations
