@@ -28,6 +28,7 @@ from callpath.measure.python import sampler as S
 
 SHIM_DIR = Path(__file__).resolve().parent / "shim"
 MAX_FREQUENCY = 10_000.0
+PR_SET_CHILD_SUBREAPER = 36
 _INTERPRETER = re.compile(r"^python(\d+(\.\d+)*)?([dmu]*)?(\.exe)?$")
 # Interpreter options that keep site from running our bootstrap: -S skips site, -I and -E
 # ignore PYTHONPATH.
@@ -150,13 +151,15 @@ def _check(out_dir: Path, frequency: float) -> None:
 
 def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: float = 1000.0,
                trace: bool = False, summary: bool = True, env: dict[str, str] | None = None,
-               summary_file: TextIO | None = None) -> int:
+               summary_file: TextIO | None = None, linger: float = 5.0) -> int:
     """Run a Python program measured into ``out_dir``; return the program's exit status.
 
     ``argv`` is a command line (``["python3", "app.py", "x"]``), a script and its arguments
     (``["app.py", "x"]``), or with ``module=True`` a module name and its arguments. A program
     killed by a signal returns ``128 + signal``, as a shell reports it. With ``summary`` the
-    quick summary goes to ``summary_file`` (standard error by default).
+    quick summary goes to ``summary_file`` (standard error by default). Descendants that
+    outlive the program (a pool's workers being torn down, multiprocessing's resource tracker)
+    are waited for up to ``linger`` seconds, so that their files are complete when read.
     """
     out_dir = Path(out_dir)
     cmd = command_line(argv, module=module)
@@ -166,17 +169,23 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
     fields = {"command": list(cmd), "producer": "python", "frequency": frequency,
               "trace": trace, "start_time": time.time()}
     measdir.write_header(out_dir, metrics, status="running", **fields)
+    _become_subreaper()
     try:
         proc = subprocess.Popen(cmd, env=child_env)
     except OSError as e:
         raise CallpathError(f"{cmd[0]}: cannot start the program: {e.strerror}") from None
-    status = _wait(proc)
-    exit_status = status - 128 if status > 128 and proc.returncode < 0 else status
-    measdir.write_header(out_dir, metrics, status="complete", exit_status=exit_status,
-                         end_time=time.time(), summary=_header_summary(out_dir), **fields)
-    if summary:
-        from callpath.measure.python.summary import print_summary
-        print_summary(out_dir, status, file=summary_file or sys.stderr)
+    rc = _wait(proc, linger)
+    status = 128 - rc if rc < 0 else rc
+    exit_status = rc  # the format's convention: negative for a fatal signal
+    try:
+        measdir.write_header(out_dir, metrics, status="complete", exit_status=exit_status,
+                             end_time=time.time(), summary=_header_summary(out_dir), **fields)
+        if summary:
+            from callpath.measure.python.summary import print_summary
+            print_summary(out_dir, status, file=summary_file or sys.stderr)
+    except CallpathError as e:
+        # the program ran: its exit status matters more than our summary of its data
+        sys.stderr.write(f"callpath: warning: {e}\n")
     return status
 
 
@@ -195,9 +204,34 @@ def _header_summary(out_dir: Path) -> dict[str, object]:
             "contexts": contexts}
 
 
-def _wait(proc: subprocess.Popen[bytes]) -> int:
+def _become_subreaper() -> None:
+    """Make orphaned descendants our children (Linux prctl), so that we can wait for them."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap_descendants(linger: float) -> None:
+    """Wait (at most ``linger`` s) for every remaining descendant, which as subreaper we
+    inherit when their parents exit."""
+    deadline = time.monotonic() + linger
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+
+
+def _wait(proc: subprocess.Popen[bytes], linger: float) -> int:
     """Wait for the program, passing on termination signals; Ctrl-C reaches it through the
-    terminal's process group, so the launcher only outlives it to collect the data."""
+    terminal's process group, so the launcher only outlives it to collect the data. Returns
+    its return code (negative: the signal that killed it)."""
     forwarded = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -213,7 +247,8 @@ def _wait(proc: subprocess.Popen[bytes]) -> int:
         pass
     try:
         rc = proc.wait()
+        _reap_descendants(linger)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    return 128 - rc if rc < 0 else rc
+    return rc

@@ -150,8 +150,9 @@ class _Timer:
             except AttributeError:
                 self._lib = None
 
-    def start(self, period_ns: int) -> str:
-        """Arm the timer for the calling thread; returns the mechanism used."""
+    def start(self, period_ns: int, handler: Any) -> str:
+        """Arm the timer for the calling thread (whose handler of ``signo`` must already be
+        ``handler``); returns the mechanism used."""
         self.stop()
         if self._lib is not None and self.signo != signal.SIGALRM:
             ct = self._ct
@@ -168,6 +169,7 @@ class _Timer:
                 self._lib.timer_delete(tid)
         self.signo = signal.SIGALRM
         self._id = "itimer"
+        signal.signal(signal.SIGALRM, handler)
         signal.setitimer(signal.ITIMER_REAL, period_ns / 1e9, period_ns / 1e9)
         return "setitimer(ITIMER_REAL)"
 
@@ -233,6 +235,8 @@ class Sampler:
         self.finished = False
         self.errors = 0
         self.forked_from: int | None = None
+        self.pending_signal = 0
+        self.handler: Callable[[int, FrameType | None], None] | None = None
         self._orig_exit: Callable[[int], NoReturn] | None = None
         self._reset()
 
@@ -285,7 +289,6 @@ class Sampler:
                 gen += 1  # an exec() of this pid (or a recycled pid) wrote the earlier ones
         self.path = path
         self.process_info["generation"] = gen
-        self.process_info["mechanism"] = self.mechanism
         self._write(_FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, 0)
                     + _json_chunk(TAG_PROCESS, self.process_info)
                     + _json_chunk(TAG_METRICS, metric_descriptors(self.frequency)))
@@ -362,13 +365,14 @@ class Sampler:
                     flags |= FLAG_NATIVE
                 buf.extend((t, st[0], sid, dc, wall, flags))
                 st[1] = t
-                st[2] = c
                 n = 1
                 if n_others():
                     n += sampler._sample_others(t)
                 sampler.samples += n
                 if len(buf) >= FLUSH_SAMPLES * FIELDS or t - sampler.last_flush >= FLUSH_NS:
                     sampler._flush_locked()
+                # the handler's own CPU time is the profiler's, not the program's
+                st[2] = tcpu()
             except BaseException:
                 # Never let the profiler raise into the user's code; give up after a few.
                 sampler.errors += 1
@@ -573,9 +577,12 @@ class Sampler:
     # ---- life cycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.mechanism = self.timer.start(self.period_ns)
+        # Handler first, file second, timer last: SIGPROF's default action kills the process.
+        self.handler = self.make_handler()
+        signal.signal(signal.SIGPROF, self.handler)
         self._open()
-        signal.signal(self.timer.signo, self.make_handler())
+        self.mechanism = self.timer.start(self.period_ns, self.handler)
+        self.process_info["mechanism"] = self.mechanism
         atexit.register(self.finish, "exit", None)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(before=self._before_fork, after_in_parent=self._after_parent,
@@ -605,6 +612,8 @@ class Sampler:
         except OSError:
             pass
         self.fd = -1
+        if self.pending_signal:
+            self._die(self.pending_signal)
 
     def _os_exit(self, status: int) -> NoReturn:
         """``os._exit`` skips atexit: close the file first (multiprocessing's fork and
@@ -614,7 +623,17 @@ class Sampler:
         self._orig_exit(status)
 
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
+        """SIGTERM with the default action: close the file, then die of the signal. If it
+        interrupts ``finish`` itself (a pool's workers get it while exiting), let that finish
+        first."""
+        if self.finished and self.fd >= 0:
+            self.pending_signal = signum
+            return
         self.finish("signal", -signum)
+        self._die(signum)
+
+    @staticmethod
+    def _die(signum: int) -> None:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
@@ -627,7 +646,7 @@ class Sampler:
 
     def _after_parent(self) -> None:
         if not self.finished:
-            self.timer.start(self.period_ns)
+            self.timer.start(self.period_ns, self.handler)
 
     def _after_child(self) -> None:
         if self.finished:
@@ -638,10 +657,11 @@ class Sampler:
         self.fd = -1
         self.forked_from = self.pid
         self._reset()
-        self.mechanism = self.timer.start(self.period_ns)
-        self._open()
         # the handler's closure holds the parent's tables: bind a new one to the fresh state
-        signal.signal(self.timer.signo, self.make_handler())
+        self.handler = self.make_handler()
+        signal.signal(self.timer.signo, self.handler)
+        self._open()
+        self.mechanism = self.timer.start(self.period_ns, self.handler)
 
 
 _SAMPLER: Sampler | None = None
