@@ -224,18 +224,16 @@ def test_killed_launcher_can_be_finished(perf_ok: None, build, tmp_path: Path) -
     assert not (out / "raw.perf").exists()
 
 
-def _zombies(names: set[str]) -> list[str]:
+def _zombies(pids: set[int]) -> list[int]:
+    """Those of ``pids`` that are zombies now."""
     found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            comm = stat[stat.index("(") + 1:stat.rindex(")")]
-            state = stat[stat.rindex(")") + 2]
-            if state == "Z" and comm in names:
-                found.append(d.name)
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue  # gone: reaped
+        if stat[stat.rindex(")") + 2] == "Z":
+            found.append(pid)
     return found
 
 
@@ -246,7 +244,8 @@ def test_orphans_reaped_and_short_threads(perf_ok: None, build, tmp_path: Path) 
     m = measdir.read(tmp_path / "orphan")
     # the orphaned child was still measured after its parent exited, and reaped
     assert sum(int(t.samples.sum()) for _, t in m.threads) >= 150
-    assert not _zombies({exe.name[:15]})
+    assert len(m.processes) == 2
+    assert not _zombies({p.pid for p in m.processes})
     proc = callpath("run", "-o", str(tmp_path / "threads"), "--", str(exe), "threads")
     assert proc.returncode == 0, proc.stderr
     m = measdir.read(tmp_path / "threads")

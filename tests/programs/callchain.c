@@ -3,7 +3,8 @@
  *   <thread entry> -> level1 -> level2 -> recurse x (DEPTH + 1) -> kernel_loop
  * (no tail calls: each level does work after its call returns)
  * and prints "thread <tid> <cpu ns>" when done, so tests can check both the call chains and
- * the number of samples against each thread's CPU time. Usage: callchain [iterations]. */
+ * the number of samples against each thread's CPU time.
+ * Usage: callchain [iterations [extra threads (default 2, at most 8)]]. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -57,12 +58,15 @@ NOINLINE void *thread_main(void *arg) {
 int main(int argc, char **argv) {
     if (argc > 1)
         iterations = atol(argv[1]);
-    pthread_t t[2];
-    for (int i = 0; i < 2; i++)
+    int nthreads = argc > 2 ? atoi(argv[2]) : 2;
+    if (nthreads < 0 || nthreads > 8)
+        nthreads = 2;
+    pthread_t t[8];
+    for (int i = 0; i < nthreads; i++)
         pthread_create(&t[i], NULL, thread_main, NULL);
     for (long k = 0; k < iterations; k++)
         level1(1000);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < nthreads; i++)
         pthread_join(t[i], NULL);
     report();
     return 0;

@@ -1,6 +1,7 @@
 /* Misbehaving targets: misbehave MODE [milliseconds]
  *   segv   burn CPU, then dereference NULL       abort  burn CPU, then abort()
  *   exit7  burn CPU, then exit(7)                spin   burn CPU until a signal arrives
+ *   ok     burn CPU, then exit(0)
  *   threads  start 300 short threads, one after another, each burning a little CPU
  *   orphan   fork a child that outlives the parent briefly (reaped by callpath run) */
 #include <pthread.h>
@@ -49,5 +50,6 @@ int main(int argc, char **argv) {
     burn(ms);
     if (!strcmp(mode, "segv")) { volatile int *p = NULL; *p = 1; }
     if (!strcmp(mode, "abort")) abort();
+    if (!strcmp(mode, "ok")) return 0;
     return 7;
 }

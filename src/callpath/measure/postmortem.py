@@ -29,6 +29,7 @@ from callpath.measure.elfinfo import ElfInfo
 from callpath.measure.launch import PROCS_FILE, RAW_FILE
 
 PROT_EXEC = 4
+_FILE_IDS: dict[str, int] = {}  # small integer per module file: part of the unwinder's keys
 
 
 @dataclass
@@ -148,7 +149,7 @@ def _module_map(img: Image, out: Path, vdso: str) -> tuple[unwind.ModuleMap, lis
         elves.append(elf)
         names.append(m.path)
         bias.append(vaddr - m.start)
-        file_ids.append(hash(path) & 0x7FFFFFFF)
+        file_ids.append(_FILE_IDS.setdefault(path, len(_FILE_IDS)))
     mm = unwind.ModuleMap(np.array([m.start for m in kept], dtype=np.uint64),
                           np.array([m.end for m in kept], dtype=np.uint64),
                           np.array(bias, dtype=np.int64), elves,
@@ -167,15 +168,17 @@ def _build_tree(fr: unwind.Frames, n: int, thread_of: npt.NDArray[np.int64],
     """
     partial = ~fr.complete
     level = fr.nframes[fr.sample] - 1 - fr.depth + partial[fr.sample].astype(np.int64)
-    fkind = np.where(fr.module >= 0, measdir.NodeKind.NATIVE, measdir.NodeKind.UNKNOWN)
-    frame_rec = np.zeros(len(fr.sample), dtype=[("k", "u1"), ("x", "u1"), ("m", "<i8"),
-                                                ("a", "<u8")])
-    frame_rec["k"] = fkind
-    frame_rec["x"] = fr.exact
-    frame_rec["m"] = fr.module
-    frame_rec["a"] = fr.address
-    uframes, fid = np.unique(frame_rec, return_inverse=True)
+    # one int64 key per frame: (module + 1) << 50 | exact << 49 | 48-bit address (user space)
+    fkey = (((fr.module + 1) << 50) | (fr.exact.astype(np.int64) << 49)
+            | (fr.address.astype(np.int64) & ((1 << 48) - 1)))
+    ukeys, fid = np.unique(fkey, return_inverse=True)
     fid = fid.reshape(-1).astype(np.int64)
+    um = (ukeys >> 50) - 1
+    uframes = np.zeros(len(ukeys), dtype=[("k", "u1"), ("x", "u1"), ("m", "<i8"), ("a", "<u8")])
+    uframes["k"] = np.where(um >= 0, measdir.NodeKind.NATIVE, measdir.NodeKind.UNKNOWN)
+    uframes["x"] = (ukeys >> 49) & 1
+    uframes["m"] = um
+    uframes["a"] = (ukeys & ((1 << 48) - 1)).astype(np.uint64)
     # pseudo-frame for PARTIAL markers
     partial_fid = len(uframes)
     nf = len(uframes) + 1

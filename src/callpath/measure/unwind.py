@@ -109,17 +109,15 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
         # rows for the distinct (module, pc) of this step
         lk = np.where(inmod, (look.astype(np.int64) + bias), -1)
         fid = np.where(inmod, mm.file_ids[np.maximum(m, 0)], -1)
-        key = np.stack([fid, lk], axis=1)
-        uk, inv = np.unique(key, axis=0, return_inverse=True)
+        key = np.where(inmod, (fid << 48) | (lk & ((1 << 48) - 1)), -1)
+        uk, first, inv = np.unique(key, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
         urow = np.zeros(len(uk), dtype=np.int64)
-        firsts = np.zeros(len(uk), dtype=np.int64)
-        firsts[inv] = np.arange(len(inv))
-        for j, (f, v) in enumerate(uk.tolist()):
-            if f < 0:
+        for j, (k, f0) in enumerate(zip(uk.tolist(), first.tolist(), strict=True)):
+            if k < 0:
                 continue
-            elf = mm.elves[int(m[firsts[j]])]
-            urow[j] = compiler.row(elf, int(v)) if elf is not None else 0
+            elf = mm.elves[int(m[f0])]
+            urow[j] = compiler.row(elf, int(lk[f0])) if elf is not None else 0
         row = urow[inv]
         kind, cfa_reg, cfa_off, rule, off = compiler.table.arrays()
         rk = kind[row]
