@@ -49,6 +49,7 @@ class Image:
     start_time: int
     ppid: int = 0
     forked_from: int | None = None
+    parent_image: int | None = None  # for a fork without exec: the image it copies
     mappings: list[Mapping] = field(default_factory=list)
     thread_birth: dict[int, int] = field(default_factory=dict)  # tid -> fork time
     comm: str = ""
@@ -101,7 +102,8 @@ def _images(side: list[records.Sideband]) -> tuple[list[Image], dict[int, list[t
                 parent = current.get(ppid)
                 maps = list(images[parent].mappings) if parent is not None else []
                 img = Image(sb.pid, 0, sb.time, ppid,
-                            forked_from=ppid if parent is not None else None, mappings=maps,
+                            forked_from=ppid if parent is not None else None,
+                            parent_image=parent, mappings=maps,
                             comm=images[parent].comm if parent is not None else "")
                 new(img)
             elif sb.pid in current:
@@ -265,6 +267,14 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
     throttled = sum(1 for s in raw.sideband if s.kind == "throttle")
     used_names: set[tuple[int, int]] = set()
     total_partial = 0
+    image_facts: list[dict[str, Any]] = []
+    for img in images:
+        # a fork without exec has its parent's environment and executable; the facts read
+        # from /proc for it may already be those of a later exec
+        if img.parent_image is not None:
+            image_facts.append(image_facts[img.parent_image])
+        else:
+            image_facts.append(_facts_for(facts, img))
     for ii, img in enumerate(images):
         sel = np.nonzero(img_of == ii)[0]
         mm, mods, names = _module_map(img, out, vdso)
@@ -291,7 +301,7 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
         while (img.pid, gen) in used_names:
             gen += 1
         used_names.add((img.pid, gen))
-        f = _facts_for(facts, img)
+        f = image_facts[ii] if ii < len(image_facts) else {}
         rank = f.get("rank")
         with measdir.ProcessWriter(out, img.pid, gen) as w:
             w.process(pid=img.pid, ppid=img.ppid, generation=gen, exe=f.get("exe", ""),
@@ -374,6 +384,9 @@ def _read_facts(path: Path) -> list[dict[str, Any]]:
 
 def _facts_for(facts: list[dict[str, Any]], img: Image) -> dict[str, Any]:
     """The /proc facts noted when this image started (same pid, nearest time after)."""
+    exact = [f for f in facts if f.get("pid") == img.pid and f.get("time") == img.start_time]
+    if exact:
+        return exact[0]
     best: dict[str, Any] = {}
     for f in facts:
         if (f.get("pid") == img.pid and int(f.get("time", 0)) >= img.start_time
