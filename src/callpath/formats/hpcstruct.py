@@ -78,10 +78,6 @@ _HEADER = """<?xml version="1.0"?>
 """
 
 
-def _vset(ranges: list[tuple[int, int]]) -> str:
-    return "{" + " ".join(f"[{a:#x}-{b:#x})" for a, b in ranges) + "}"
-
-
 def write_hpcstruct(structs: list[Structure], out: IO[str]) -> None:
     """Write one ``HPCToolkitStructure`` document holding every load module of ``structs``."""
     out.write(_HEADER)
@@ -100,57 +96,88 @@ def write_hpcstruct_file(structs: list[Structure], path: str | os.PathLike[str])
 
 
 def _write_lm(s: Structure, out: IO[str], ident: list[int]) -> None:
+    """One ``LM`` element. Plain lists and ints in the loop: enum comparisons and numpy scalar
+    access per scope cost more than the formatting itself on a 10^5-scope library."""
     base = os.path.basename(s.path)
     suffix = f" [{base}]"
+    unknown_file = f"[{base}]"
     kids = s.children()
     w = out.write
     q = quoteattr
+    strings = s.strings
+    kind = s.kind.tolist()
+    name = s.name.tolist()
+    link = s.link_name.tolist()
+    file = s.file.tolist()
+    line = s.line.tolist()
+    cfile = s.call_file.tolist()
+    cline = s.call_line.tolist()
+    target = s.target.tolist()
+    rptr = s.range_ptr.tolist()
+    rlo = s.range_lo.tolist()
+    rhi = s.range_hi.tolist()
+    quoted: dict[int, str] = {}
 
-    def nid() -> int:
-        ident[0] += 1
-        return ident[0] - 1
+    def qs(sid: int, default: str = "") -> str:
+        got = quoted.get(sid)
+        if got is None:
+            got = quoted[sid] = q(strings[sid] if sid >= 0 else default)
+        return got
 
-    w(f'<LM i="{nid()}" n={q(s.path)} has-calls="{int(s.has_calls)}" v="{{}}">\n')
+    def vset(i: int) -> str:
+        a, b = rptr[i], rptr[i + 1]
+        return "{" + " ".join(f"[{rlo[j]:#x}-{rhi[j]:#x})" for j in range(a, b)) + "}"
 
-    def emit(i: int) -> None:
-        k = s.kind[i]
-        rs = _vset(s.ranges(i))
-        if k == Kind.FILE:
-            w(f'<F i="{nid()}" n={q(s.text(int(s.name[i])))}>\n')
-            for c in kids[i]:
-                emit(c)
-            w("</F>\n")
-        elif k == Kind.PROC:
-            name = s.text(int(s.name[i]))
-            link = s.text(int(s.link_name[i])) if s.link_name[i] >= 0 else name
-            w(f'<P i="{nid()}" n={q(name + suffix)} ln={q(link)} l="{s.line[i]}" v="{rs}">\n')
-            for c in kids[i]:
-                emit(c)
-            w("</P>\n")
-        elif k == Kind.ALIEN:
-            cf = s.text(int(s.call_file[i])) or "<unknown>"
-            f = s.text(int(s.file[i])) or "<unknown>"
-            w(f'<A i="{nid()}" l="{s.call_line[i]}" f={q(cf)} n="" v="{{}}">\n')
-            w(f'<A i="{nid()}" l="{s.line[i]}" f={q(f)} n={q(s.text(int(s.name[i])))} '
-              f'v="{rs}">\n')
-            for c in kids[i]:
-                emit(c)
-            w("</A>\n</A>\n")
-        elif k == Kind.LOOP:
-            f = s.text(int(s.file[i])) or f"[{base}]"
-            w(f'<L i="{nid()}" l="{s.line[i]}" f={q(f)} v="{rs}">\n')
-            for c in kids[i]:
-                emit(c)
-            w("</L>\n")
-        elif k == Kind.STMT:
-            w(f'<S i="{nid()}" l="{s.line[i]}" v="{rs}"/>\n')
-        elif k == Kind.CALL:
-            t = int(s.target[i])
+    w(f'<LM i="{ident[0]}" n={q(s.path)} has-calls="{int(s.has_calls)}" v="{{}}">\n')
+    ident[0] += 1
+    FILE, PROC, ALIEN, LOOP, STMT, CALL = (int(Kind.FILE), int(Kind.PROC), int(Kind.ALIEN),
+                                           int(Kind.LOOP), int(Kind.STMT), int(Kind.CALL))
+    # Iterative preorder walk with explicit closing tags (deep alien nests stay off the C stack).
+    stack: list[object] = list(reversed(kids[0]))
+    n = ident[0]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            w(item)
+            continue
+        assert isinstance(item, int)
+        i = item
+        k = kind[i]
+        if k == STMT:
+            w(f'<S i="{n}" l="{line[i]}" v="{vset(i)}"/>\n')
+            n += 1
+            continue
+        if k == CALL:
+            t = target[i]
             ts = f' t="{t:#x}"' if t else ""
-            w(f'<C i="{nid()}" l="{s.line[i]}" v="{rs}"{ts}/>\n')
-
-    for c in kids[0]:
-        emit(c)
+            w(f'<C i="{n}" l="{line[i]}" v="{vset(i)}"{ts}/>\n')
+            n += 1
+            continue
+        if k == FILE:
+            w(f'<F i="{n}" n={qs(name[i])}>\n')
+            n += 1
+            close = "</F>\n"
+        elif k == PROC:
+            nm = strings[name[i]] if name[i] >= 0 else ""
+            ln = qs(link[i]) if link[i] >= 0 else qs(name[i])
+            w(f'<P i="{n}" n={q(nm + suffix)} ln={ln} l="{line[i]}" v="{vset(i)}">\n')
+            n += 1
+            close = "</P>\n"
+        elif k == ALIEN:
+            w(f'<A i="{n}" l="{cline[i]}" f={qs(cfile[i], "<unknown>")} n="" v="{{}}">\n'
+              f'<A i="{n + 1}" l="{line[i]}" f={qs(file[i], "<unknown>")} n={qs(name[i])} '
+              f'v="{vset(i)}">\n')
+            n += 2
+            close = "</A>\n</A>\n"
+        elif k == LOOP:
+            w(f'<L i="{n}" l="{line[i]}" f={qs(file[i], unknown_file)} v="{vset(i)}">\n')
+            n += 1
+            close = "</L>\n"
+        else:
+            continue
+        stack.append(close)
+        stack.extend(reversed(kids[i]))
+    ident[0] = n
     w("</LM>\n")
 
 
