@@ -6,8 +6,11 @@ scope and its innermost loop (both by painting ranges outer-to-inner with numpy)
 pair a scope path: the inlined frames and loops interleaved so that a loop sits inside the
 inlined frames that contain its header, and inlined code inside the loops that contain it.
 Segments with equal path and line become one statement with a range set; equal path prefixes
-become one scope. Loops carry the line of their back-edge branch: gcc rotates loops, so the
-header's own line is often the loop's exit test or the first body statement instead.
+become one scope. Each call instruction is a segment and a CALL scope of its own (hpcstruct's
+``C``), with its line and its direct target address (0 for indirect calls), so that a return
+address maps to the call site and the static call graph can be read off the structure.
+Loops carry the line of their back-edge branch: gcc rotates loops, so the header's own line is
+often the loop's exit test or the first body statement instead.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from callpath.structure.cfg import INDIRECT, build_cfg, decode
+from callpath.structure.cfg import CALL, ICALL, INDIRECT, build_cfg, decode
 from callpath.structure.dwarf_info import DebugInfo, DwarfReader, Inlined
 from callpath.structure.dwarf_lines import LineTable, decode_line_tables
 from callpath.structure.elf import ElfModule, find_debug_file, open_elf
@@ -117,6 +120,7 @@ def _analyze(mod: ElfModule) -> Structure:
     noret_addrs = {p.entry for p in procs if is_no_return(p.link_name, noret_extra)}
     base = os.path.basename(mod.path)
     b = StructureBuilder(mod.path, mod.build_id)
+    b.has_calls = True  # every call instruction becomes a C scope
 
     # Inlined records per procedure (by the procedure containing each record's first range).
     inl_by_proc: dict[int, list[int]] = defaultdict(list)
@@ -218,6 +222,14 @@ def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pl
             bounds.extend((a, c))
     bounds.extend(graph.start)
     bounds.extend(graph.end)
+    # Call instructions are scopes of their own (hpcstruct's C): one segment each.
+    call_at: dict[int, tuple[int, int]] = {}
+    for ci, ck in enumerate(code.kind):
+        if ck in (CALL, ICALL):
+            a_, c_ = code.ip[ci], code.end[ci]
+            call_at[a_] = (c_, code.target[ci])
+            bounds.append(a_)
+            bounds.append(c_)
     bnd = np.unique(np.array([x for x in bounds if lo <= x <= hi], dtype=np.uint64))
     seg_lo = bnd[:-1]
     seg_hi = bnd[1:]
@@ -322,6 +334,7 @@ def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pl
     node_children: list[list[int]] = [[]]
     node_stmts: list[dict[tuple[int, int], list[tuple[int, int]]]] = [defaultdict(list)]
     node_first: list[int] = [lo]
+    node_calls: list[list[tuple[int, int, int, int, int]]] = [[]]
     for s in range(nseg):
         path = path_of(int(seg_inl[s]), int(seg_loop[s]))
         node = node_key.get(path)
@@ -337,11 +350,16 @@ def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pl
                     node_children.append([])
                     node_stmts.append(defaultdict(list))
                     node_first.append(int(seg_lo[s]))
+                    node_calls.append([])
                     node_children[parent].append(nd)
                 parent = nd
             node = parent
-        rs = node_stmts[node][(int(seg_file[s]), int(seg_line[s]))]
         a, c = int(seg_lo[s]), int(seg_hi[s])
+        call = call_at.get(a)
+        if call is not None and call[0] == c:
+            node_calls[node].append((a, c, int(seg_file[s]), int(seg_line[s]), call[1]))
+            continue
+        rs = node_stmts[node][(int(seg_file[s]), int(seg_line[s]))]
         if rs and rs[-1][1] == a:
             rs[-1] = (rs[-1][0], c)
         else:
@@ -353,6 +371,10 @@ def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pl
                        ranges=rs)
             for a, c in rs:
                 b.map_range(a, c, st)
+        for a, c, f, ln, t in node_calls[node]:
+            cs = b.add(Kind.CALL, scope, file=lines.files[f] if f >= 0 else None, line=ln,
+                       target=t, ranges=[(a, c)])
+            b.map_range(a, c, cs)
         for ch in sorted(node_children[node], key=lambda x: node_first[x]):
             kind, ref = node_info[ch]
             if kind == 1:  # loop

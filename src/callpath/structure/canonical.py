@@ -7,7 +7,11 @@ tools; what must agree is captured by four multisets:
 - loops: ``(procedure, nesting path)``, the path being the loops (by line) and inlined callees
   from the procedure down to the loop;
 - inlined sites: ``(procedure, callee, call line)``;
-- statement lines: ``(procedure, line)``, once per pair.
+- statement lines: ``(procedure, line)``, once per pair (call sites count as statements);
+- call sites: ``(procedure, line, callee)``, the callee being the link name of the procedure
+  at the call's target address (its hex address if no procedure starts there, ``""`` for an
+  indirect call). Compared only when the other structure has call sites (``has-calls="1"``):
+  hpcstruct writes them for GPU binaries only.
 
 Two of hpcstruct's habits are normalised, and reported separately by :func:`compare`:
 aliens named ``<inline>`` are not DWARF inlining but hpcstruct's guess for lines outside the
@@ -34,6 +38,7 @@ class Canonical:
     loops: Counter[tuple[str, tuple[str, ...]]]
     inlined: Counter[tuple[str, str, int]]
     statements: Counter[tuple[str, int]]
+    calls: Counter[tuple[str, int, str]]
 
 
 def canonical(s: Structure) -> Canonical:
@@ -42,6 +47,11 @@ def canonical(s: Structure) -> Canonical:
     loops: Counter[tuple[str, tuple[str, ...]]] = Counter()
     inl: Counter[tuple[str, str, int]] = Counter()
     stmts: set[tuple[str, int]] = set()
+    calls: Counter[tuple[str, int, str]] = Counter()
+    targets = s.call_targets()
+
+    def link_of(p: int) -> str:
+        return s.text(int(s.link_name[p])) if s.link_name[p] >= 0 else s.text(int(s.name[p]))
 
     def walk(i: int, proc: str, path: tuple[str, ...]) -> None:
         for c in kids[i]:
@@ -49,8 +59,7 @@ def canonical(s: Structure) -> Canonical:
             if k == Kind.FILE:
                 walk(c, proc, path)
             elif k == Kind.PROC:
-                link = s.text(int(s.link_name[c])) if s.link_name[c] >= 0 else s.text(
-                    int(s.name[c]))
+                link = link_of(c)
                 rs = s.ranges(c)
                 procs[(link, rs[0][0] if rs else -1)] += 1
                 walk(c, link, ())
@@ -65,11 +74,17 @@ def canonical(s: Structure) -> Canonical:
                 p = (*path, f"L:{int(s.line[c])}")
                 loops[(proc, p)] += 1
                 walk(c, proc, p)
-            elif k in (Kind.STMT, Kind.CALL):
+            elif k == Kind.STMT:
                 stmts.add((proc, int(s.line[c])))
+            elif k == Kind.CALL:
+                stmts.add((proc, int(s.line[c])))
+                t = int(s.target[c])
+                callee = link_of(int(targets[c])) if targets[c] >= 0 else (
+                    f"{t:#x}" if t else "")
+                calls[(proc, int(s.line[c]), callee)] += 1
 
     walk(0, "", ())
-    return Canonical(procs, loops, inl, Counter(stmts))
+    return Canonical(procs, loops, inl, Counter(stmts), calls)
 
 
 @dataclass
@@ -95,7 +110,8 @@ def _match(cat: str, a: Counter[Any], b: Counter[Any]) -> Match:
 
 
 def compare(ours: Structure, theirs: Structure) -> dict[str, Match]:
-    """Per-category agreement of ``ours`` with ``theirs`` (typically hpcstruct's)."""
+    """Per-category agreement of ``ours`` with ``theirs`` (typically hpcstruct's); ``calls``
+    only when ``theirs`` has call sites."""
     a, b = canonical(ours), canonical(theirs)
     out = {
         "procedures": _match("procedures", a.procedures, b.procedures),
@@ -123,4 +139,7 @@ def compare(ours: Structure, theirs: Structure) -> dict[str, Match]:
     m = sum(exact.values()) + extra
     out["inlined"] = Match("inlined", sum(ia.values()), sum(ib.values()), m,
                            sorted(ra.elements(), key=str), sorted(rb.elements(), key=str))
-    return {c: out[c] for c in CATEGORIES}
+    res = {c: out[c] for c in CATEGORIES}
+    if theirs.has_calls:
+        res["calls"] = _match("calls", a.calls, b.calls)
+    return res
