@@ -416,3 +416,38 @@ def test_format_constants_agree_with_measdir() -> None:
     assert S.NODE_FLAG_IDLE == measdir.NodeFlag.IDLE
     assert (S.ID_NODE, S.ID_RANK, S.ID_THREAD) == (IdKind.NODE, IdKind.RANK, IdKind.THREAD)
     assert S.mpi_rank({"PMI_RANK": "7"}) == measdir.rank_from_environ({"PMI_RANK": "7"}) == 7
+
+
+# ----------------------------------------------------------------------------------- structure
+
+
+def test_sampled_lines_map_to_python_loops(tmp_path: Path) -> None:
+    """Issue 6's ``ast`` structure over the files the sampler saw: the hot line's samples land
+    in a loop of ``hot``; ``callpath struct MEASDIR`` writes structure for those files."""
+    structure_of_python = pytest.importorskip("callpath.structure.python_ast").structure_of_python
+    from callpath.structure.model import Kind
+
+    run = measure(tmp_path, program("hotline.py"), "0.3")
+    ok(run)
+    m = run.m
+    [proc] = m.processes
+    t = proc.threads[0]
+    files = {c.file for c in proc.pycode}
+    assert program("hotline.py") in files
+    st = structure_of_python(program("hotline.py"))
+    hot_line = marked_line("hotline.py", "HOT")
+    sampled = [int(t.nodes["address"][n]) for n in range(1, len(t.nodes))
+               if proc.pycode[int(t.nodes["module"][n])].file == program("hotline.py")
+               and t.samples[n].sum() > 0]
+    assert hot_line in sampled
+    scopes = st.lookup(sampled)
+    assert (scopes >= 0).all()  # every sampled line is a statement of the file
+    loop = st.enclosing(st.lookup([hot_line]), Kind.LOOP)[0]
+    proc_scope = st.enclosing(st.lookup([hot_line]), Kind.PROC)[0]
+    assert loop >= 0 and st.text(int(st.name[proc_scope])) == "hot"
+    env = _env()
+    p = subprocess.run([sys.executable, "-m", "callpath", "struct", str(run.out)],
+                       capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    written = list((run.out / "structs").glob("*.hpcstruct"))
+    assert any("hotline.py" in f.read_text() for f in written)
