@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from callpath.formats import measdir
 from callpath.model.contexts import IdKind
@@ -434,20 +436,38 @@ def test_sampled_lines_map_to_python_loops(tmp_path: Path) -> None:
     t = proc.threads[0]
     files = {c.file for c in proc.pycode}
     assert program("hotline.py") in files
-    st = structure_of_python(program("hotline.py"))
+    struct_ = structure_of_python(program("hotline.py"))
     hot_line = marked_line("hotline.py", "HOT")
     sampled = [int(t.nodes["address"][n]) for n in range(1, len(t.nodes))
                if proc.pycode[int(t.nodes["module"][n])].file == program("hotline.py")
                and t.samples[n].sum() > 0]
     assert hot_line in sampled
-    scopes = st.lookup(sampled)
+    scopes = struct_.lookup(sampled)
     assert (scopes >= 0).all()  # every sampled line is a statement of the file
-    loop = st.enclosing(st.lookup([hot_line]), Kind.LOOP)[0]
-    proc_scope = st.enclosing(st.lookup([hot_line]), Kind.PROC)[0]
-    assert loop >= 0 and st.text(int(st.name[proc_scope])) == "hot"
+    loop = struct_.enclosing(struct_.lookup([hot_line]), Kind.LOOP)[0]
+    proc_scope = struct_.enclosing(struct_.lookup([hot_line]), Kind.PROC)[0]
+    assert loop >= 0 and struct_.text(int(struct_.name[proc_scope])) == "hot"
     env = _env()
     p = subprocess.run([sys.executable, "-m", "callpath", "struct", str(run.out)],
                        capture_output=True, text=True, env=env, timeout=120, check=False)
     assert p.returncode == 0, p.stderr
     written = list((run.out / "structs").glob("*.hpcstruct"))
     assert any("hotline.py" in f.read_text() for f in written)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["python", "python3", "-m", "-c", "-I", "-S", "-E", "-u", "-X",
+                                 "dev", "x.py", "--", "-", "-W", "error", "app", "/bin/sh",
+                                 "python3.11", "-OO", "-bb", ""]), max_size=6),
+       st.booleans())
+def test_command_line_never_crashes(argv: list[str], module: bool) -> None:
+    """Any command line: a command to run, or one CallpathError line; never a traceback."""
+    from callpath.errors import CallpathError
+    from callpath.measure.python.launch import command_line, is_python_target
+    is_python_target(argv)
+    try:
+        cmd = command_line(argv, module=module)
+    except CallpathError as e:
+        assert "\n" not in str(e)
+    else:
+        assert cmd and all(isinstance(w, str) for w in cmd)

@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m callpath.measure.python",
         description="Measure a Python program (and every Python process it starts) by sampling.")
     p.add_argument("-o", "--output", type=Path, default=None,
-                   help="measurement directory (default: callpath-measurements-<name>)")
+                   help="measurement directory (default: callpath-NAME-measurements[-N])")
     p.add_argument("-F", "--frequency", type=float, default=1000.0,
                    help="samples per second, wall-clock (default 1000)")
     p.add_argument("-t", "--trace", action="store_true", help="also record a trace of samples")
@@ -32,9 +32,13 @@ def main(argv: list[str] | None = None) -> int:
         target = target[1:]
     from callpath.measure.python.launch import run_python
     out = args.output
-    if out is None:
+    if out is None:  # like callpath run: callpath-NAME-measurements[-N]
         name = Path(target[0]).stem if target else "python"
-        out = Path(f"callpath-measurements-{name}")
+        out = Path(f"callpath-{name}-measurements")
+        n = 1
+        while out.exists():
+            n += 1
+            out = Path(f"callpath-{name}-measurements-{n}")
     try:
         return run_python(target, module=bool(args.module), out_dir=out,
                           frequency=args.frequency, trace=args.trace, summary=not args.quiet)

@@ -78,6 +78,7 @@ IDLE_CPU_SHARE = 20  # IDLE when cpu * 20 < wall, i.e. under 5% of one CPU
 FLUSH_NS = 1_000_000_000  # flush at least once a second ...
 FLUSH_SAMPLES = 4096  # ... or when this many thread-samples are buffered
 
+_THIS_FILE = __file__
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 
 
@@ -246,7 +247,8 @@ class Sampler:
         """Fresh tables: each process's file stands alone (also after fork)."""
         self.pid = os.getpid()
         self.main_ident = _thread.get_ident()
-        self.stacks: dict[tuple[int, ...], int] = {}
+        self.stacks: dict[tuple[int, ...], int] = {}  # -1: a stack of the sampler itself
+        self.n_stacks = 0
         self.code_index: dict[int, int] = {}  # id(code) -> index; codes[] keeps them alive
         self.codes: list[CodeType] = []
         self.code_ops: list[bytes] = []
@@ -357,6 +359,8 @@ class Sampler:
                 sid = stacks.get(tuple(key))
                 if sid is None:
                     sid = walk_new(tuple(key), frame)
+                if sid < 0:  # the signal hit the sampler's own code (finishing, forking)
+                    return
                 wall = t - st[1]
                 dc = c - st[2]
                 flags = FLAG_IDLE if dc * IDLE_CPU_SHARE < wall else 0
@@ -417,6 +421,8 @@ class Sampler:
             sid = stacks.get(tuple(key))
             if sid is None:
                 sid = self._new_stack(tuple(key), top)
+            if sid < 0:
+                continue
             wall = t - st[1]
             dc = c - st[2]
             flags = FLAG_IDLE if dc * IDLE_CPU_SHARE < wall else 0
@@ -434,7 +440,11 @@ class Sampler:
 
     def _new_stack(self, key: tuple[int, ...], frame: FrameType) -> int:
         """Slow path, once per distinct stack: intern its code objects, queue it for the file."""
-        sid = len(self.stacks)
+        if frame.f_code.co_filename == _THIS_FILE:
+            self.stacks[key] = -1
+            return -1
+        sid = self.n_stacks
+        self.n_stacks += 1
         self.stacks[key] = sid
         pairs: list[int] = []
         f: FrameType | None = frame
