@@ -32,6 +32,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="parallel workers (default: the number of cores)")
     p.add_argument("--no-cache", action="store_true",
                    help="do not read or write the per-user structure cache")
+    p.add_argument("--debug-root", action="append", default=[], metavar="DIR",
+                   help="also look for separate debug files under DIR (as under /usr/lib/debug: "
+                   "DIR/.build-id/xx/rest.debug, DIR/<binary's dir>/<debuglink>); repeatable; "
+                   "also set by CALLPATH_DEBUG_ROOT (':'-separated)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="one line per module: analysed, from the cache, or failed")
     p.set_defaults(func=run)
 
 
@@ -39,13 +45,23 @@ def run(args: argparse.Namespace) -> int:
     from callpath.structure.driver import (
         Job,
         ProgressBar,
-        build_id_of,
         cache_key,
+        module_identity,
         run_jobs,
         user_cache_dir,
     )
 
+    if args.jobs is not None and args.jobs < 1:
+        raise CallpathError(f"-j {args.jobs}: expected a positive number of workers")
     workers = args.jobs or os.cpu_count() or 1
+    if args.debug_root:
+        for r in args.debug_root:
+            if not os.path.isdir(r):
+                raise CallpathError(f"--debug-root {r}: not a directory")
+        old = os.environ.get("CALLPATH_DEBUG_ROOT", "")
+        # Through the environment, so that the worker processes see it too.
+        os.environ["CALLPATH_DEBUG_ROOT"] = os.pathsep.join(
+            [os.path.abspath(r) for r in args.debug_root] + ([old] if old else []))
     if len(args.inputs) == 1 and os.path.isdir(args.inputs[0]):
         return _run_measdir(Path(args.inputs[0]), args, workers)
     for x in args.inputs:
@@ -53,14 +69,15 @@ def run(args: argparse.Namespace) -> int:
             raise CallpathError(f"{x}: a measurement directory must be the only input")
     jobs = []
     for x in args.inputs:
-        cache = [] if args.no_cache else [
-            user_cache_dir() / (cache_key(x, build_id_of(x)) + ".hpcstruct")]
+        cache = [] if args.no_cache or x.endswith(".py") else [
+            user_cache_dir() / (cache_key(x, *module_identity(x)) + ".hpcstruct")]
         jobs.append(Job(x, os.path.abspath(x), cache))
     results = run_jobs(jobs, workers, ProgressBar())
-    return _write(results, args.output, per_input_dir=Path.cwd())
+    return _write(results, args.output, per_input_dir=Path.cwd(), verbose=args.verbose)
 
 
-def _write(results: Sequence[object], output: str | None, per_input_dir: Path | None) -> int:
+def _write(results: Sequence[object], output: str | None, per_input_dir: Path | None,
+           verbose: bool = False) -> int:
     from callpath.formats.hpcstruct import write_hpcstruct, write_hpcstruct_file
     from callpath.structure.driver import Result
 
@@ -71,8 +88,12 @@ def _write(results: Sequence[object], output: str | None, per_input_dir: Path | 
         if r.error is not None:
             sys.stderr.write(f"callpath struct: {r.error}\n")
             status = 2
-        elif r.structure is not None:
-            good.append(r)
+        else:
+            if r.structure is not None:
+                good.append(r)
+            if verbose:
+                how = "from the cache" if r.cached else "analysed"
+                sys.stderr.write(f"callpath struct: {r.job.name}: {how}\n")
     if output == "-":
         write_hpcstruct([r.structure for r in good if r.structure is not None], sys.stdout)
     elif output is not None:
@@ -88,35 +109,16 @@ def _write(results: Sequence[object], output: str | None, per_input_dir: Path | 
 
 
 def _run_measdir(d: Path, args: argparse.Namespace, workers: int) -> int:
-    from callpath.formats import measdir
-    from callpath.structure.driver import Job, ProgressBar, build_id_of, cache_key, run_jobs
-    from callpath.structure.driver import user_cache_dir as ucd
+    from callpath.structure.driver import ProgressBar, measurement_jobs, run_jobs
 
-    m = measdir.read(d)
-    seen: dict[str, Job] = {}
-    for proc in m.processes:
-        for mod in proc.modules:
-            path = str(d / mod.saved) if mod.saved else mod.path
-            if path in seen or not path or path.startswith("["):
-                continue
-            if not os.path.isfile(path):
-                sys.stderr.write(f"callpath struct: {path}: load module not found, skipped\n")
-                continue
-            key = cache_key(mod.path, mod.build_id or build_id_of(path))
-            cache = [d / "structs" / f"{key}.hpcstruct"]
-            if not args.no_cache:
-                cache.append(ucd() / f"{key}.hpcstruct")
-            seen[path] = Job(path, mod.path, cache)
-        for code in proc.pycode:
-            f = code.file
-            if f in seen or not f.endswith(".py") or not os.path.isfile(f):
-                continue
-            key = cache_key(f, None)
-            cache = [d / "structs" / f"{key}.hpcstruct"]
-            seen[f] = Job(f, f, cache)
-    results = run_jobs(list(seen.values()), workers, ProgressBar())
-    status = _write(results, args.output, per_input_dir=None)
+    jobs = measurement_jobs(d, user_cache=not args.no_cache)
+    if args.output is None:  # only MEASDIR/structs/ is wanted: cache hits need no parsing
+        for j in jobs:
+            j.need_structure = False
+    results = run_jobs(jobs, workers, ProgressBar())
+    status = _write(results, args.output, per_input_dir=None, verbose=args.verbose)
     ok = sum(1 for r in results if r.error is None)
-    if sys.stderr.isatty():
-        sys.stderr.write(f"{ok} of {len(results)} modules in {d / 'structs'}\n")
+    if sys.stderr.isatty() or args.verbose:
+        sys.stderr.write(f"callpath struct: {ok} of {len(results)} modules in "
+                         f"{d / 'structs'}\n")
     return status

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shutil
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -26,6 +28,10 @@ class Job:
     path: str  # the file to analyse
     name: str  # the load module's name as the run saw it (written as LM n=)
     cache: list[Path]  # candidate cache files, first = preferred place to write
+    error: str | None = None  # known before any analysis (missing file, changed build-id)
+    #: False when only the cache file matters (``struct MEASDIR`` without ``-o``): a cache hit
+    #: is then checked for completeness but not parsed.
+    need_structure: bool = True
 
 
 @dataclass
@@ -50,30 +56,53 @@ def user_cache_dir() -> Path:
     return Path(base) / "callpath" / "structs"
 
 
-def cache_key(path: str, build_id: str | None) -> str:
-    """``<name>-<build id>`` or, without one, ``<name>-<hash of path, size, mtime>``."""
-    name = os.path.basename(path) or "module"
-    if build_id:
-        return f"{name}-{build_id}"
+def _file_ident(path: str) -> str:
     try:
         st = os.stat(path)
-        ident = f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
+        return f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
     except OSError:
-        ident = path
-    return f"{name}-{hashlib.sha1(ident.encode()).hexdigest()[:16]}"
+        return path
+
+
+def cache_key(path: str, build_id: str | None, debug: str | None = None) -> str:
+    """``<name>-<build id>`` or, without one, ``<name>-<hash of path, size, mtime>``.
+
+    ``debug`` names where the DWARF comes from when it is in a separate file (see
+    :func:`debug_tag`): installing a debug package later changes the key, so the better
+    structure is recomputed instead of the cached one without lines being reused.
+    """
+    name = re.sub(r"[^A-Za-z0-9._+-]", "", os.path.basename(path)) or "module"
+    ident = build_id or hashlib.sha1(_file_ident(path).encode()).hexdigest()[:16]
+    if debug:
+        ident += "-" + hashlib.sha1(debug.encode()).hexdigest()[:8]
+    return f"{name}-{ident}"
 
 
 def build_id_of(path: str) -> str | None:
     """The GNU build-id of an ELF file, cheaply (None for other files or on any error)."""
+    return module_identity(path)[0]
+
+
+def module_identity(path: str) -> tuple[str | None, str | None]:
+    """``(build id, debug tag)`` of an ELF file; ``(None, None)`` for other files or errors.
+
+    The debug tag is None when the file carries its own DWARF, else the identity (path, size,
+    mtime) of the separate debug file found for it, or ``"none"``.
+    """
     if path.endswith(".py"):
-        return None
+        return None, None
+    from callpath.structure.elf import find_debug_file, open_elf
     try:
-        from callpath.structure.elf import open_elf
         m = open_elf(path, require_code=False)
     except CallpathError:
-        return None
+        return None, None
     try:
-        return m.build_id
+        if m.has_dwarf():
+            return m.build_id, None
+        dbg = find_debug_file(m)
+        return m.build_id, _file_ident(dbg) if dbg else "none"
+    except CallpathError:
+        return m.build_id, None
     finally:
         m.close()
 
@@ -81,14 +110,29 @@ def build_id_of(path: str) -> str | None:
 def run_job(job: Job) -> Result:
     """Analyse one module, through the cache; never raises a user error."""
     from callpath.formats.hpcstruct import read_hpcstruct, write_hpcstruct_file
-    for c in job.cache:
-        if c.is_file():
+    if job.error is not None:
+        return Result(job, None, job.error)
+    for n, c in enumerate(job.cache):
+        if not c.is_file():
+            continue
+        got: list[Structure] = []
+        if job.need_structure or not _complete(c):
             try:
                 got = read_hpcstruct(c)
             except CallpathError:
                 continue  # a damaged cache entry is recomputed
-            if got:
-                return Result(job, got[0], None, cached=True)
+            if not got:
+                continue
+        for earlier in job.cache[:n]:  # e.g. the user's cache -> MEASDIR/structs
+            try:
+                earlier.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(c, earlier)
+            except OSError:
+                pass
+        if not got:
+            return Result(job, None, None, cached=True)
+        got[0].path = job.name
+        return Result(job, got[0], None, cached=True)
     try:
         s = analyze_path(job.path)
     except CallpathError as e:
@@ -105,9 +149,25 @@ def run_job(job: Job) -> Result:
     return Result(job, s, None)
 
 
+def _complete(path: Path) -> bool:
+    """Whether a structure file ends with its closing tag (writes are atomic renames, so this
+    only fails for files damaged by something else)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64))
+            return f.read().rstrip().endswith(b"</HPCToolkitStructure>")
+    except OSError:
+        return False
+
+
 def run_jobs(jobs: list[Job], workers: int,
              progress: Callable[[int, int, Result], None] | None = None) -> list[Result]:
-    """Run ``jobs`` over ``workers`` processes (in-process for one worker or one job)."""
+    """Run ``jobs`` over ``workers`` processes (in-process for one worker or one job).
+
+    The biggest files are started first (one large library would otherwise finish alone at the
+    end); results come back in the order of ``jobs``.
+    """
     results: list[Result] = []
     it: Iterable[Result]
     if workers <= 1 or len(jobs) <= 1:
@@ -118,13 +178,23 @@ def run_jobs(jobs: list[Job], workers: int,
                 progress(len(results), len(jobs), r)
         return results
     import multiprocessing as mp
+
+    def size(j: Job) -> int:
+        try:
+            return os.path.getsize(j.path)
+        except OSError:
+            return 0
+
+    order = sorted(range(len(jobs)), key=lambda k: -size(jobs[k]))
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     with ctx.Pool(min(workers, len(jobs))) as pool:
-        for r in pool.imap(run_job, jobs):
+        for r in pool.imap_unordered(run_job, [jobs[k] for k in order]):
             results.append(r)
             if progress:
                 progress(len(results), len(jobs), r)
-    return results
+    # Results come back pickled (new Job objects): match them by path and name.
+    index = {(r.job.path, r.job.name): r for r in results}
+    return [index[(j.path, j.name)] for j in jobs]
 
 
 class ProgressBar:
@@ -146,3 +216,68 @@ class ProgressBar:
         if done == total:
             self.stream.write("\n")
         self.stream.flush()
+
+
+def measurement_jobs(directory: str | os.PathLike[str], *, user_cache: bool = True) -> list[Job]:
+    """One job per distinct load module (and Python source) of a measurement directory.
+
+    Modules are identified by build-id (the same library mapped by many processes, or under two
+    paths, is analysed once); images the run saved (the vdso) are taken from the directory.
+    Results are cached in ``MEASDIR/structs/`` (where ``callpath prof`` looks) and, unless
+    ``user_cache`` is False, in the per-user cache. A module whose file is gone, or whose
+    build-id differs from the one recorded at run time (rebuilt since), gets a job that only
+    reports that.
+    """
+    from callpath.formats import measdir
+
+    d = Path(directory)
+    m = measdir.read(d)
+    jobs: dict[str, Job] = {}
+    for proc in m.processes:
+        for mod in proc.modules:
+            path = str(d / mod.saved) if mod.saved else mod.path
+            if not path or path.startswith("["):
+                continue  # a pseudo module without an image ([vdso] not saved, [heap], ...)
+            if not os.path.isfile(path):
+                key = f"missing:{path}"
+                if key not in jobs:
+                    jobs[key] = Job(path, mod.path, [], error=f"{path}: load module not found "
+                                    "(deleted or moved since the measurement)")
+                continue
+            bid, dbg = module_identity(path)
+            if mod.build_id and bid and bid != mod.build_id:
+                key = f"changed:{path}"
+                if key not in jobs:
+                    jobs[key] = Job(path, mod.path, [], error=(
+                        f"{path}: build-id {bid} differs from {mod.build_id} recorded by the "
+                        "measurement (the file was rebuilt since); skipped"))
+                continue
+            key = cache_key(mod.path, bid or mod.build_id or None, dbg)
+            if key in jobs:
+                continue
+            cache = [d / "structs" / f"{key}.hpcstruct"]
+            if user_cache:
+                cache.append(user_cache_dir() / f"{key}.hpcstruct")
+            jobs[key] = Job(path, mod.path, cache)
+        for code in proc.pycode:
+            f = code.file
+            if not f.endswith(".py") or not os.path.isfile(f):
+                continue  # <frozen ...>, <string>, a file removed since
+            key = cache_key(f, None)
+            if key not in jobs:
+                jobs[key] = Job(f, f, [d / "structs" / f"{key}.hpcstruct"])
+    return list(jobs.values())
+
+
+def analyze_measurement(directory: str | os.PathLike[str], *, workers: int | None = None,
+                        user_cache: bool = True,
+                        progress: Callable[[int, int, Result], None] | None = None
+                        ) -> list[Result]:
+    """Structure of every module a measurement used, cached in ``MEASDIR/structs/``.
+
+    The library form of ``callpath struct MEASDIR``: never raises for one bad module (its
+    :class:`Result` carries the message); raises :class:`CallpathError` only when the
+    directory itself cannot be read.
+    """
+    jobs = measurement_jobs(directory, user_cache=user_cache)
+    return run_jobs(jobs, workers or os.cpu_count() or 1, progress)
