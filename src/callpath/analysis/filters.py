@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from callpath.analysis.nodes import ViewKind
 from callpath.analysis.source import TreeSource
 from callpath.analysis.treeops import nearest_marked
 from callpath.errors import CallpathError
@@ -93,15 +94,26 @@ def match_nodes(source: TreeSource, filters: Iterable[Filter]
     if not active:
         return masks
     td = TopDownView(source)
-    keys, reps = td.nodes.name_keys()
-    names = [td.node_name(int(r)) for r in reps]
+    # Procedure names always; statement and loop names (`file.c:12`, `loop at file.c:12`)
+    # only for a pattern with a ':', instruction names (`libc.so.6+0x1f00`) only for one with
+    # a '+'. Naming every statement of a 10^6-node tree would cost seconds, and a procedure
+    # glob such as `MPI_*` cannot match those names anyway.
+    kinds = td.nodes.kind
+    wanted = np.isin(kinds, (ViewKind.ACTIVATION, ViewKind.INLINED, ViewKind.ENTRY))
+    if any(":" in f.pattern for f in active):
+        wanted |= np.isin(kinds, (ViewKind.LINE, ViewKind.LOOP))
+    if any("+" in f.pattern for f in active):
+        wanted |= kinds == ViewKind.INSTRUCTION
+    sel = np.nonzero(wanted)[0]
+    keys, reps = td.nodes.name_keys(sel)
+    names = td.nodes.names(source.exp, reps)
     for t in FilterType:
         rxs = [f.regex() for f in active if f.type == t]
         if not rxs:
             continue
         hit = np.fromiter((any(rx.match(nm) for rx in rxs) for nm in names), dtype=bool,
                           count=len(names))
-        masks[t] = hit[keys]
+        masks[t][sel] = hit[keys]
         masks[t][0] = False  # the root is never elided
     return masks
 
@@ -127,6 +139,15 @@ def apply_filters(source: TreeSource, filters: Iterable[Filter]) -> TreeSource:
     to_old = nearest_marked(cct.parent, kept)  # every old node -> nearest kept ancestor-or-self
     moved_to = new_index[to_old]
     keep_idx = np.nonzero(kept)[0]
+    # depth and subtree ranges of the new tree without walking it: a kept node loses one
+    # level per removed ancestor, and its new subtree is the kept part of its old one
+    cover = np.zeros(n + 1, dtype=np.int64)
+    rem = np.nonzero(removed)[0]
+    np.add.at(cover, rem, 1)
+    np.add.at(cover, ends[rem], -1)
+    removed_above = np.cumsum(cover[:-1])
+    kept_before = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(kept, out=kept_before[1:])
     old_par = cct.parent[keep_idx]
     new_par = np.where(old_par >= 0, new_index[to_old[np.maximum(old_par, 0)]], -1)
     sub = CCT(
@@ -137,6 +158,8 @@ def apply_filters(source: TreeSource, filters: Iterable[Filter]) -> TreeSource:
         propagation=cct.propagation[keep_idx], entry_point=cct.entry_point[keep_idx],
         entry_names={int(new_index[k]): v for k, v in cct.entry_names.items()
                      if k < n and kept[k]},
+        depth=cct.depth[keep_idx] - removed_above[keep_idx],
+        subtree_end=kept_before[ends[keep_idx]],
     )
     return TreeSource(source.exp, sub, source.orig[keep_idx], source.profiles,
                       parent_source=source, moved_to=moved_to.astype(np.int64))

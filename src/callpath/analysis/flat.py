@@ -101,6 +101,10 @@ class FlatView(View):
         add(ViewKind.ROOT, -1, -1, -1, 0, 0, -1, -1, 1)
         mem_group: list[I64] = [np.zeros(1, np.int64)]
         mem_node: list[I64] = [np.zeros(1, np.int64)]
+        # which members count toward inclusive values (the recursion rule); None: decide
+        # below, once we know whether any procedure is recursive
+        mem_outer: list[npt.NDArray[np.bool_] | None] = [np.ones(1, bool)]
+        ends = cct.subtree_end
 
         # ---- load modules, files, procedures -------------------------------------------
         procs = np.nonzero(is_proc)[0]
@@ -122,6 +126,11 @@ class FlatView(View):
         file_flat = f0 + file_id[proc_id_of_key]
         mem_group += [proc_flat, mod_flat, file_flat]
         mem_node += [procs, procs, procs]
+        proc_outer = outermost(proc_flat, procs, ends)
+        recursive = not bool(proc_outer.all())
+        # a module's procedures call each other: nesting there is the rule, not recursion
+        mem_outer += [proc_outer, outermost(mod_flat, procs, ends),
+                      outermost(file_flat, procs, ends)]
         # Inlined code also counts toward its module and file: hpcprof stops the exclusive
         # ("function") propagation at inlined calls, so without these a module's exclusive
         # cost would miss the inlined code compiled into it. They never change an
@@ -133,6 +142,7 @@ class FlatView(View):
         host = pos[anchor[inl]]
         mem_group += [mod_flat[host], file_flat[host]]
         mem_node += [inl, inl]
+        mem_outer += [np.zeros(len(inl), bool), np.zeros(len(inl), bool)]
 
         # ---- lexical scopes and call sites, one lexical depth at a time ------------------
         lex = np.zeros(n, dtype=np.int64)  # the flat scope a node's children nest in
@@ -182,6 +192,10 @@ class FlatView(View):
             lex[lv] = base + rid[:len(lv)]
             mem_group.append(base + rid)
             mem_node.append(members)
+            # Two instances of one scope nest only through recursion (a scope inside a
+            # procedure frame has a fixed lexical depth), so without recursion all count.
+            mem_outer.append(outermost(base + rid, members, ends) if recursive
+                             else np.ones(len(members), bool))
 
         self._nodes = NodeTable(
             kind=np.concatenate(cols["kind"]).astype(np.uint8),
@@ -195,7 +209,7 @@ class FlatView(View):
         self._parent = np.concatenate(cols["parent"])
         self._group = np.concatenate(mem_group)
         self._member = np.concatenate(mem_node)
-        self._outer = outermost(self._group, self._member, cct.subtree_end)
+        self._outer = np.concatenate([m for m in mem_outer if m is not None])
         self._csr = csr(self._parent, len(self._parent))
 
     @property

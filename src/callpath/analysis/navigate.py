@@ -83,8 +83,8 @@ def find(view: View, options: FindOptions, within: I64 | None = None) -> I64:
     distinct (kind, procedure, file, line) key, not once per node."""
     rx = options.compile()
     keys, reps = view.nodes.name_keys(within)
-    hit = np.fromiter((bool(rx.search(view.node_name(int(r)))) for r in reps), dtype=bool,
-                      count=len(reps))
+    names = view.nodes.names(view.exp, reps)
+    hit = np.fromiter((bool(rx.search(nm)) for nm in names), dtype=bool, count=len(names))
     sel = np.arange(len(view), dtype=np.int64) if within is None else within
     out: I64 = sel[hit[keys]]
     return out

@@ -140,11 +140,47 @@ class NodeTable:
         """Group nodes whose names are certainly equal: ``(key_of_node, representative)``.
 
         ``representative[k]`` is one node of key ``k``; naming the representatives names all.
-        Entry nodes are kept apart (their names live in a dictionary)."""
+        Procedures are keyed by function alone (an activation and its procedure share a
+        name); statements and loops by (file, line); entries by node."""
+        from callpath.analysis.treeops import group_rows
+
         sel = np.arange(len(self), dtype=np.int64) if ids is None else ids
         kind = self.kind[sel].astype(np.int64)
-        entry = np.where(kind == ViewKind.ENTRY, sel, -1)
-        cols = np.stack([kind, self.function[sel], self.module[sel], self.file[sel],
-                         self.line[sel], self.offset[sel].astype(np.int64), entry], axis=1)
-        _, first, inverse = np.unique(cols, axis=0, return_index=True, return_inverse=True)
-        return inverse.reshape(-1).astype(np.int64), sel[first]
+        fn = self.function[sel]
+        is_fn = np.isin(kind, (ViewKind.PROCEDURE, ViewKind.ACTIVATION, ViewKind.INLINED,
+                               ViewKind.CALLER))
+        named_fn = is_fn & (fn >= 0)
+        tag = np.where(named_fn, ViewKind.PROCEDURE, kind)
+        a = np.where(named_fn, fn, np.where(kind == ViewKind.FILE, self.file[sel],
+                                            np.where(np.isin(kind, (ViewKind.LOOP,
+                                                                    ViewKind.LINE)),
+                                                     self.file[sel], self.module[sel])))
+        b = np.where(named_fn | (kind == ViewKind.MODULE) | (kind == ViewKind.FILE), 0,
+                     np.where(np.isin(kind, (ViewKind.LOOP, ViewKind.LINE)), self.line[sel],
+                              self.offset[sel].astype(np.int64)))
+        b = np.where(kind == ViewKind.ENTRY, sel, b)
+        key, first = group_rows(tag, a, b)
+        return key, sel[first]
+
+    def names(self, exp: Experiment, ids: I64) -> list[str]:
+        """Names of many nodes at once: per-table strings computed once, then one pass."""
+        files = [_base(f.path) for f in exp.files]
+        mods = [_base(m.path) for m in exp.modules]
+        out: list[str] = []
+        kinds = self.kind[ids].tolist()
+        fns = self.function[ids].tolist()
+        fis = self.file[ids].tolist()
+        lns = self.line[ids].tolist()
+        for i, k, f, fi, ln in zip(ids.tolist(), kinds, fns, fis, lns, strict=True):
+            if k in (ViewKind.LINE, ViewKind.LOOP):
+                loc = f"{files[fi] if fi >= 0 else '<unknown file>'}:{ln}"
+                out.append(loc if k == ViewKind.LINE else f"loop at {loc}")
+            elif k == ViewKind.MODULE:
+                m = int(self.module[i])
+                out.append(mods[m] if m >= 0 else "<unknown module>")
+            elif f >= 0 and exp.functions[f].has_name and exp.functions[f].name and k in (
+                    ViewKind.PROCEDURE, ViewKind.ACTIVATION, ViewKind.INLINED, ViewKind.CALLER):
+                out.append(exp.functions[f].name)
+            else:
+                out.append(self.name(exp, i))
+        return out

@@ -92,6 +92,10 @@ class CCT:
     # Derived from ``parent``; a reader that already knows them may pass them in.
     depth: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
     subtree_end: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # per propagation bit: (order, pos, end_pos) of CCT.exclusive, which depend on the tree
+    # only; cached so that each further metric costs one cumulative sum
+    _exclusive_plans: dict[int, tuple[IntArray, IntArray, IntArray]] = field(
+        default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.ctx_id)
@@ -226,6 +230,18 @@ class CCT:
         Vectorised: owners by pointer jumping, then per-owner prefix sums over preorder ranges.
         """
         n = len(self)
+        plan = self._exclusive_plans.get(bit)
+        if plan is None:
+            plan = self._exclusive_plan(bit)
+            self._exclusive_plans[bit] = plan
+        order, pos, end_pos = plan
+        csum = np.zeros(n + 1, dtype=np.float64)
+        np.cumsum(point[order], out=csum[1:])
+        out: npt.NDArray[np.float64] = csum[end_pos] - csum[pos]
+        return out
+
+    def _exclusive_plan(self, bit: int) -> tuple[IntArray, IntArray, IntArray]:
+        n = len(self)
         idx = np.arange(n, dtype=np.int64)
         passes = (self.propagation >> bit) & 1 == 1
         passes[0] = False
@@ -237,8 +253,6 @@ class CCT:
             owner = nxt
         order = np.lexsort((idx, owner))  # grouped by owner, preorder within a group
         grp = owner[order]
-        csum = np.zeros(n + 1, dtype=np.float64)
-        np.cumsum(point[order], out=csum[1:])
         # position of node v within the sorted order, and of the end of its subtree range
         pos = np.empty(n, dtype=np.int64)
         pos[order] = np.arange(n, dtype=np.int64)
@@ -246,7 +260,7 @@ class CCT:
         key = grp * (n + 1) + order  # strictly increasing key for searchsorted
         end_key = owner * (n + 1) + self.subtree_end
         end_pos = np.searchsorted(key, end_key, side="left")
-        return csum[end_pos] - csum[pos]
+        return order.astype(np.int64), pos, end_pos.astype(np.int64)
 
 
 def _depths(parent: IntArray) -> IntArray:
