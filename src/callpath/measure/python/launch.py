@@ -170,6 +170,7 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
               "trace": trace, "start_time": time.time()}
     measdir.write_header(out_dir, metrics, status="running", **fields)
     _become_subreaper()
+    started = time.monotonic()
     try:
         proc = subprocess.Popen(cmd, env=child_env)
     except OSError as e:
@@ -182,7 +183,8 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
                              end_time=time.time(), summary=_header_summary(out_dir), **fields)
         if summary:
             from callpath.measure.python.summary import print_summary
-            print_summary(out_dir, status, file=summary_file or sys.stderr)
+            print_summary(out_dir, status, file=summary_file or sys.stderr,
+                          wall_s=time.monotonic() - started)
     except CallpathError as e:
         # the program ran: its exit status matters more than our summary of its data
         sys.stderr.write(f"callpath: warning: {e}\n")

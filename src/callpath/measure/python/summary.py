@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -103,37 +104,71 @@ def _short(path: str) -> str:
     return rel if not rel.startswith("..") else path
 
 
-def print_summary(out_dir: Path, status: int, file: TextIO | None = None, top: int = 10) -> None:
-    """Print the quick summary of a finished measurement directory."""
+def function_costs(lines: list[LineCost]) -> list[tuple[str, str, float, int]]:
+    """Self CPU time per (file, function), from the per-line costs; most first."""
+    acc: dict[tuple[str, str], list[float]] = {}
+    for c in lines:
+        a = acc.setdefault((c.file, c.function), [0.0, 0.0])
+        a[0] += c.cpu_ns
+        a[1] += c.samples
+    out = [(f, fn, v[0], int(v[1])) for (f, fn), v in acc.items()]
+    out.sort(key=lambda x: (-x[2], x[0], x[1]))
+    return out
+
+
+def print_summary(out_dir: Path, status: int, file: TextIO | None = None, top: int = 10,
+                  wall_s: float | None = None) -> None:
+    """Print the quick summary of a finished measurement directory, in the style of
+    ``callpath run``'s closing words: a paragraph, one line per execution context, then the
+    functions and lines with the most CPU time."""
+    from callpath.measure.summary import MAX_CONTEXT_LINES, describe_status
+
     f = file or sys.stderr
     m = measdir.read(out_dir)
     tot = totals(m)
-    freq = m.header.get("frequency", "?")
-    f.write(f"callpath: measured {' '.join(m.header.get('command', []))} into {out_dir} "
-            f"(exit status {status})\n")
-    f.write(f"  {tot.processes} Python process(es), {tot.threads} thread(s), {tot.samples} "
-            f"samples at {freq} Hz; CPU {tot.cpu_ns / 1e9:.3f} s, wall {tot.wall_ns / 1e9:.3f} s"
-            f" over all threads, {100 * tot.idle_wall_ns / max(tot.wall_ns, 1):.1f}% of it "
-            f"idle\n")
+    cpu_i, wall_i = _metric_columns(m)
+    freq = m.header.get("frequency", 0)
+    after = f" after {wall_s:.2f} s" if wall_s is not None else ""
+    parts = [f"The program {describe_status(status if status < 128 else 128 - status)}{after},"
+             f" sampled at {float(freq):g} Hz of wall-clock time in every Python thread.",
+             f"{tot.samples} samples in {tot.threads} execution contexts ({tot.processes} Python "
+             f"processes); CPU time {tot.cpu_ns / 1e9:.3f} s, wall-clock time "
+             f"{tot.wall_ns / 1e9:.3f} s summed over threads, "
+             f"{100 * tot.idle_wall_ns / max(tot.wall_ns, 1):.1f}% of it idle."]
     if tot.incomplete:
-        f.write(f"  {tot.incomplete} process(es) ended without closing their file (killed): "
-                "their data up to the last flush are kept\n")
-    procs = python_processes(m)
-    if len(procs) > 1:
-        cpu_i, _ = _metric_columns(m)
-        f.write("      pid  rank  threads   CPU s  how      command\n")
-        for p in procs:
-            cpu = sum(float(t.values[:, cpu_i].sum()) for t in p.threads if len(t.nodes))
-            rank = p.info.get("rank")
-            how = "fork" if p.info.get("forked_from") else "exec"
-            argv = " ".join(str(a) for a in p.info.get("argv", []))
-            f.write(f"  {p.pid:7d}  {'-' if rank is None else rank:>4}  {len(p.threads):7d}  "
-                    f"{cpu / 1e9:6.3f}  {how:7s}  {argv[:60]}\n")
+        parts.append(f"{tot.incomplete} processes ended without closing their files (killed): "
+                     "their data up to the last flush are kept.")
+    parts.append(f"Measurement directory: {out_dir}")
+    f.write(textwrap.fill("callpath: " + " ".join(parts), width=100) + "\n")
+    rows = []
+    for p in python_processes(m):
+        for t in p.threads:
+            if len(t.nodes):
+                rows.append((p, t, float(t.values[:, cpu_i].sum()),
+                             float(t.values[:, wall_i].sum())))
+    rows.sort(key=lambda r: -r[2])
+    for p, t, cpu, wall in rows[:MAX_CONTEXT_LINES]:
+        rank = p.info.get("rank")
+        rank_s = f"rank {rank} " if rank is not None else ""
+        how = " forked" if p.info.get("forked_from") else ""
+        f.write(f"  {rank_s}pid {p.pid}{how} thread {t.slot} (tid {t.tid}, "
+                f"{t.info.get('name', '')}): {int(t.stats.get('samples', 0))} samples, "
+                f"{int(t.stats.get('idle_samples', 0))} idle, CPU {cpu / 1e9:.3f} s, "
+                f"wall {wall / 1e9:.3f} s\n")
+    if len(rows) > MAX_CONTEXT_LINES:
+        f.write(f"  ... and {len(rows) - MAX_CONTEXT_LINES} more contexts\n")
     lines = line_costs(m)
-    if lines and tot.cpu_ns > 0:
-        f.write("  hottest lines by CPU time (innermost Python frame):\n")
+    if top and lines and tot.cpu_ns > 0:
+        f.write("Top Python functions by CPU time (self):\n")
+        for file_, fn, cpu, n in function_costs(lines)[:top]:
+            if cpu <= 0:
+                break
+            f.write(f"  {100 * cpu / tot.cpu_ns:6.2f}%  {cpu / 1e9:8.3f} s  {n:7d}  {fn}  "
+                    f"[{_short(file_)}]\n")
+        f.write("Top lines by CPU time:\n")
         for c in lines[:top]:
             if c.cpu_ns <= 0:
                 break
-            f.write(f"    {100 * c.cpu_ns / tot.cpu_ns:5.1f}%  {c.cpu_ns / 1e9:8.3f} s  "
-                    f"{_short(c.file)}:{c.line}  {c.function}\n")
+            f.write(f"  {100 * c.cpu_ns / tot.cpu_ns:6.2f}%  {c.cpu_ns / 1e9:8.3f} s  "
+                    f"{c.samples:7d}  {_short(c.file)}:{c.line}  {c.function}\n")
+    f.flush()
