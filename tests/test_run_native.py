@@ -299,3 +299,26 @@ def test_list_events(perf_ok: None) -> None:
     lines = {ln.split()[0]: ln for ln in proc.stdout.splitlines()}
     assert "available" in lines["cpu-clock"] and "unavailable" not in lines["cpu-clock"]
     assert "cycles" in lines
+
+
+def test_unwinding_through_signal_frames(perf_ok: None, build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Samples in a signal handler unwind through the kernel's signal frame to the interrupted
+    code and on to _start (the interrupted pc is exact: EXACT_PC, no pc-1)."""
+    exe = build("misbehave.c", "misbehave")
+    out = tmp_path / "m"
+    proc = callpath("run", "-o", str(out), "--", str(exe), "signal", "300")
+    assert proc.returncode == 0, proc.stderr
+    m = measdir.read(out)
+    (p,) = m.processes
+    (t,) = p.threads
+    paths = symbolised_paths(m, p, t)
+    total = sum(paths.values())
+    in_handler = {path: c for path, c in paths.items() if path[-1][1] == "in_handler"}
+    assert sum(in_handler.values()) >= 10, paths
+    for path in in_handler:
+        own = [f for mod, f in path if mod == exe.name]
+        assert path[0] == (exe.name, "_start")
+        assert own[:3] == ["_start", "main", "signal_work"] and own[-1] == "in_handler"
+        assert path[-2][0].startswith("libc")  # the sigreturn trampoline
+    complete = sum(c for path, c in paths.items() if path and path[0][1] == "_start")
+    assert complete >= 0.98 * total

@@ -2,6 +2,7 @@
  *   segv   burn CPU, then dereference NULL       abort  burn CPU, then abort()
  *   exit7  burn CPU, then exit(7)                spin   burn CPU until a signal arrives
  *   ok     burn CPU, then exit(0)
+ *   signal burn CPU in main while a SIGPROF handler also burns CPU (signal frames)
  *   threads  start 300 short threads, one after another, each burning a little CPU
  *   orphan   fork a child that outlives the parent briefly (reaped by callpath run) */
 #include <pthread.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 static volatile double sink;
@@ -31,6 +33,24 @@ __attribute__((noinline)) void spin_forever(void) {
 
 static void *short_thread(void *arg) { (void)arg; burn(1); return NULL; }
 
+__attribute__((noinline)) static void in_handler(int sig) {
+    (void)sig;
+    for (int i = 0; i < 200000; i++) sink = sink * 0.5 + i;
+}
+
+__attribute__((noinline)) void signal_work(long ms) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = in_handler;
+    sigaction(SIGPROF, &sa, NULL);
+    struct itimerval it = {{0, 5000}, {0, 5000}};
+    setitimer(ITIMER_PROF, &it, NULL);
+    burn(ms);
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_PROF, &off, NULL);
+    sink += 1;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "exit7";
     long ms = argc > 2 ? atol(argv[2]) : 200;
@@ -47,6 +67,7 @@ int main(int argc, char **argv) {
         if (fork() == 0) { burn(ms); _exit(0); }
         return 0;
     }
+    if (!strcmp(mode, "signal")) { signal_work(ms); return 0; }
     burn(ms);
     if (!strcmp(mode, "segv")) { volatile int *p = NULL; *p = 1; }
     if (!strcmp(mode, "abort")) abort();

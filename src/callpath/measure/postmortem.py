@@ -281,7 +281,7 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
         s = sm.take(sel)
         if progress:
             progress(f"unwinding {len(s)} samples of process {img.pid}")
-        fr = unwind.unwind(raw.words, s.regs[:, col["ip"]], s.regs[:, col["sp"]],
+        fr = unwind.unwind_parallel(raw.words, s.regs[:, col["ip"]], s.regs[:, col["sp"]],
                            s.regs[:, [col[r] for r in ("bx", "bp", "r12", "r13", "r14",
                                                         "r15")]],
                            s.stack0, s.stack_words, mm, compiler)

@@ -15,6 +15,7 @@ guessed: a partial path holds exactly the frames that were recovered.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,12 +83,20 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
     nw = len(words)
     sp_start = sp0.astype(np.uint64)
 
-    def load(idx: I64, addr: U64) -> tuple[U64, npt.NDArray[np.bool_]]:
-        k = addr.astype(np.int64) - sp_start[idx].astype(np.int64)
-        ok = (k >= 0) & ((k & 7) == 0) & ((k >> 3) < nwords[idx])
-        w = np.where(ok, stack0[idx] + (k >> 3), 0)
-        w = np.clip(w, 0, max(nw - 1, 0))
-        return (words[w] if nw else np.zeros(len(idx), dtype=np.uint64)), ok
+    sp_start_i = sp_start.astype(np.int64)
+
+    def load(idx: I64, addr: Any) -> tuple[Any, Any]:
+        """Words at ``addr`` (shape (n,) or (n, k)) from the stack copies, and validity."""
+        a = addr.astype(np.int64)
+        base, lim, first = sp_start_i[idx], nwords[idx], stack0[idx]
+        if a.ndim == 2:
+            base, lim, first = base[:, None], lim[:, None], first[:, None]
+        k = a - base
+        ok = (k >= 0) & ((k & 7) == 0) & ((k >> 3) < lim)
+        w = np.where(ok, first + (k >> 3), 0)
+        if not nw:
+            return np.zeros(a.shape, dtype=np.uint64), ok & False
+        return words[w], ok
 
     depth = 0
     while len(active):
@@ -154,17 +163,16 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
                           PARTIAL_STACK, st)
             st = np.where((st == 0) & ~root & (cfa <= sp[ai]), PARTIAL_LOOP, st)
             root |= (st == 0) & (ra == 0)
-            for col in range(len(cfi.SAVED)):
-                addr = (cfa.astype(np.int64) + ro[:, col]).astype(np.uint64)
-                v, ok = load(ai, addr)
-                is_off = ru[:, col] == cfi.RULE_OFFSET
-                # a save slot below the stack pointer (epilogue rows) is stale: keep the value
-                stale = is_off & (addr < sp[ai])
-                take = is_off & ~stale
-                new_saved[c, col] = np.where(take, v, saved[ai, col])
-                new_valid[c, col] = np.where(
-                    take, ok, np.where((ru[:, col] == cfi.RULE_SAME) | stale, valid[ai, col],
-                                       False))
+            ns = len(cfi.SAVED)
+            addr2 = cfa.astype(np.int64)[:, None] + ro[:, :ns]
+            v2, ok2 = load(ai, addr2)
+            is_off = ru[:, :ns] == cfi.RULE_OFFSET
+            # a save slot below the stack pointer (epilogue rows) is stale: keep the value
+            stale = is_off & (addr2 < sp[ai].astype(np.int64)[:, None])
+            take = is_off & ~stale
+            old_s, old_v = saved[ai], valid[ai]
+            new_saved[c] = np.where(take, v2, old_s)
+            new_valid[c] = np.where(take, ok2, ((ru[:, :ns] == cfi.RULE_SAME) | stale) & old_v)
             new_pc[c] = ra
             new_sp[c] = cfa
             stop[c] = st
@@ -210,3 +218,42 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
         z = np.zeros(0, dtype=np.int64)
         fr = Frames(z, z, z, z.astype(np.uint64), z.astype(bool), complete, nframes, reason)
     return fr
+
+
+_SHARED: dict[str, Any] = {}
+PARALLEL_MIN = 65536  # below this, forking a worker cost more than it saved (measured)
+
+
+def _unwind_part(lo: int, hi: int) -> Frames:
+    a = _SHARED
+    return unwind(a["words"], a["pc0"][lo:hi], a["sp0"][lo:hi], a["saved0"][lo:hi],
+                  a["stack0"][lo:hi], a["nwords"][lo:hi], a["mm"], a["compiler"])
+
+
+def unwind_parallel(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64,
+                    mm: ModuleMap, compiler: cfi.Compiler, workers: int = 2) -> Frames:
+    """``unwind`` with the samples split between this process and forked workers (which see
+    the memory-mapped raw data and the compiled rows without copying them)."""
+    n = len(pc0)
+    workers = min(workers, os.cpu_count() or 1)
+    if workers < 2 or n < PARALLEL_MIN:
+        return unwind(words, pc0, sp0, saved0, stack0, nwords, mm, compiler)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    _SHARED.update(words=words, pc0=pc0, sp0=sp0, saved0=saved0, stack0=stack0,
+                   nwords=nwords, mm=mm, compiler=compiler)
+    bounds = [n * i // workers for i in range(workers + 1)]
+    try:
+        with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("fork")) \
+                as pool:
+            futures = [pool.submit(_unwind_part, bounds[i], bounds[i + 1])
+                       for i in range(1, workers)]
+            parts = [_unwind_part(bounds[0], bounds[1])] + [f.result() for f in futures]
+    finally:
+        _SHARED.clear()
+    cat: Any = np.concatenate
+    return Frames(cat([p.sample + bounds[i] for i, p in enumerate(parts)]),
+                  cat([p.depth for p in parts]), cat([p.module for p in parts]),
+                  cat([p.address for p in parts]), cat([p.exact for p in parts]),
+                  cat([p.complete for p in parts]), cat([p.nframes for p in parts]),
+                  cat([p.reason for p in parts]))

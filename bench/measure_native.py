@@ -1,0 +1,115 @@
+"""Benchmark of ``callpath run`` on a CPU-bound C program, against running it plain and under
+``perf record -g`` (when installed), at 1 kHz and 4 kHz; then post-mortem unwinding throughput
+against ``perf script`` on DWARF-mode data of the same program.
+
+Run-time overhead is the program's own elapsed time (it prints it), median of 5 runs with the
+configurations interleaved, as a ratio to the plain median measured in the same run. The total
+command time (start-up, post-processing) is shown beside it.
+
+    .venv/bin/python bench/measure_native.py [--runs 5] [--iterations N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from callpath.measure import events, launch, postmortem  # noqa: E402
+
+SOURCE = ROOT / "tests" / "programs" / "callchain.c"
+
+
+def elapsed_of(stdout: str) -> float:
+    for line in stdout.splitlines():
+        if line.startswith("elapsed "):
+            return int(line.split()[1]) / 1e9
+    raise RuntimeError(f"the benchmark printed no elapsed time:\n{stdout}")
+
+
+def run_once(cmd: list[str], tmp: Path) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=tmp)
+    total = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    return elapsed_of(proc.stdout), total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--iterations", type=int, default=2500,
+                    help="outer iterations of the benchmark (2500 ≈ 1.5 s on the dev VM)")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="run-bench-"))
+    exe = tmp / "callchain"
+    subprocess.run(["gcc", "-O2", "-g", "-pthread", "-o", str(exe), str(SOURCE)], check=True)
+    prog = [str(exe), str(args.iterations), "0"]  # single-threaded: no extra threads
+    cp = [sys.executable, "-m", "callpath", "run", "--top", "0"]
+    perf = shutil.which("perf")
+    configs: dict[str, list[str] | None] = {"plain": prog}
+    for hz, period in ((1000, 1_000_000), (4000, 250_000)):
+        configs[f"callpath run {hz} Hz"] = [*cp, "-e", f"cpu-clock@{period}", "-o",
+                                            f"m-{hz}-{{i}}", "--", *prog]
+        configs[f"perf record -g {hz} Hz"] = (
+            [perf, "record", "-q", "-g", "-e", "cpu-clock", "-c", str(period), "-o",
+             f"perf-{hz}-{{i}}.data", "--", *prog] if perf else None)
+    env_path = str(ROOT / "src")
+    os.environ["PYTHONPATH"] = env_path + os.pathsep + os.environ.get("PYTHONPATH", "")
+    times: dict[str, list[float]] = {k: [] for k, v in configs.items() if v}
+    totals: dict[str, list[float]] = {k: [] for k in times}
+    for i in range(args.runs):
+        for name, cmd in configs.items():
+            if cmd is None:
+                continue
+            e, t = run_once([c.replace("{i}", str(i)) for c in cmd], tmp)
+            times[name].append(e)
+            totals[name].append(t)
+    base = statistics.median(times["plain"])
+    print(f"CPU-bound benchmark: {exe.name} {args.iterations} (single thread), "
+          f"medians of {args.runs}")
+    print(f"{'configuration':26} {'program s':>10} {'ratio':>7} {'command s':>10}")
+    for name in times:
+        med = statistics.median(times[name])
+        print(f"{name:26} {med:10.3f} {med / base:7.3f} {statistics.median(totals[name]):10.3f}")
+    for name in configs:
+        if configs[name] is None:
+            print(f"{name:26} (perf is not installed)")
+
+    # post-mortem unwinding throughput on the same program at 4 kHz, 16 KiB stack copies
+    out = tmp / "unwind"
+    launch.run(prog, launch.RunOptions([events.parse_event("cpu-clock@250000")], out))
+    t0 = time.perf_counter()
+    res = postmortem.finish(out)
+    dt = time.perf_counter() - t0
+    print(f"\nunwinding: callpath {res.samples} samples in {dt:.3f} s = "
+          f"{res.samples / dt:,.0f} samples/s ({res.partial} partial)")
+    if perf:
+        data = tmp / "dwarf.data"
+        subprocess.run([perf, "record", "-q", "--call-graph", "dwarf,16384", "-e", "cpu-clock",
+                        "-c", "250000", "-o", str(data), "--", *prog], capture_output=True,
+                       check=True)
+        t0 = time.perf_counter()
+        script = subprocess.run([perf, "script", "-i", str(data)], capture_output=True,
+                                check=True)
+        pdt = time.perf_counter() - t0
+        n = sum(1 for ln in script.stdout.splitlines() if ln and not ln[:1].isspace())
+        print(f"unwinding: perf script {n} samples in {pdt:.3f} s = {n / pdt:,.0f} samples/s")
+        print(f"ratio (callpath / perf script throughput): "
+              f"{(res.samples / dt) / (n / pdt):.2f}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
