@@ -49,8 +49,17 @@ class ElfModule:
         self.stream.close()
 
     def section_bytes(self, name: str) -> bytes | None:
-        """Decompressed contents of a section, or None when absent."""
+        """Decompressed contents of a section, or None when absent.
+
+        ``SHF_COMPRESSED`` sections (``gcc -gz``) are decompressed by pyelftools; the older
+        GNU form (``-gz=zlib-gnu``: ``.zdebug_*`` sections starting with ``ZLIB`` and the
+        big-endian size) is handled here, so callers always ask for ``.debug_*``.
+        """
         sec = self.elf.get_section_by_name(name)
+        if sec is None and name.startswith(".debug_"):
+            zsec = self.elf.get_section_by_name(".z" + name[1:])
+            if zsec is not None and zsec["sh_type"] != "SHT_NOBITS":
+                return self._gnu_zlib(".z" + name[1:], zsec)
         if sec is None or sec["sh_type"] == "SHT_NOBITS":
             return None
         try:
@@ -58,9 +67,30 @@ class ElfModule:
         except Exception as e:  # pyelftools raises many types on corrupt data
             raise FormatError(self.path, f"section {name} cannot be read: {e}") from None
 
+    def _gnu_zlib(self, name: str, sec: Any) -> bytes:
+        import zlib
+        try:
+            raw = bytes(sec.data())
+        except Exception as e:
+            raise FormatError(self.path, f"section {name} cannot be read: {e}") from None
+        if raw[:4] != b"ZLIB" or len(raw) < 12:
+            return raw  # not compressed after all (the GNU form allows that)
+        size = int.from_bytes(raw[4:12], "big")
+        try:
+            out = zlib.decompress(raw[12:])
+        except zlib.error as e:
+            raise FormatError(self.path, f"section {name}: corrupt zlib data ({e})") from None
+        if len(out) != size:
+            raise FormatError(self.path, f"section {name}: decompressed to {len(out)} bytes, "
+                              f"its header says {size}")
+        return out
+
     def has_dwarf(self) -> bool:
-        sec = self.elf.get_section_by_name(".debug_info")
-        return sec is not None and sec["sh_type"] != "SHT_NOBITS" and sec["sh_size"] > 0
+        for name in (".debug_info", ".zdebug_info"):
+            sec = self.elf.get_section_by_name(name)
+            if sec is not None and sec["sh_type"] != "SHT_NOBITS" and sec["sh_size"] > 0:
+                return True
+        return False
 
 
 def open_elf(path: str | os.PathLike[str], *, require_code: bool = True) -> ElfModule:
