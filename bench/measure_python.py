@@ -2,14 +2,19 @@
 
 One workload (recursion, loops, method calls, string and dict work; a few seconds) is run plain
 and under each tool, ``--repeat`` times each (default 5), interleaved so that drifting load on a
-shared machine hits every configuration alike. Two times are taken per run:
+shared machine hits every configuration alike. Four times are taken per run:
 
 - *work*: the workload's own ``perf_counter`` around its computation (printed by the workload):
   the slowdown of the program itself, free of each tool's start-up and post-processing;
+- *work CPU*: the workload process's CPU time over the same span: all that an in-process
+  profiler costs, and much less disturbed than wall-clock time when other jobs share the CPUs
+  (but blind to an external sampler's cost: py-spy's reading and pausing happen elsewhere);
 - *total*: the wall-clock time of the whole command (interpreter and tool start-up, writing the
-  profile), as a user waits for it.
+  profile), as a user waits for it;
+- *tree CPU*: the CPU time of every process of the command (``RUSAGE_CHILDREN``): the tool's own
+  processes included, start-up and post-processing too.
 
-Medians, and ratios to the plain run's median, are printed as one table. py-spy and pyinstrument
+Medians, and ratios to the plain run's medians, are printed as one table. py-spy and pyinstrument
 are installed on first use into ``bench/.env-pyprof`` (a virtualenv of their own: peers to
 measure against, never dependencies of callpath); a tool that cannot be installed or run (py-spy
 needs ptrace) is reported as such and skipped.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -28,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -68,10 +75,10 @@ def loops(n):
     return s
 
 def main(scale):
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(int(scale)):
         fib(22); vectors(60_000); words(60_000); loops(150_000)
-    print(f"WORK {time.perf_counter() - t0:.6f}")
+    print(f"WORK {time.perf_counter() - t0:.6f} CPU {time.process_time() - c0:.6f}")
 
 main(float(sys.argv[1]))
 '''
@@ -94,8 +101,8 @@ def peer_python() -> Path | None:
 
 def calibrate(py: str, script: Path, seconds: float) -> float:
     """The workload scale that takes about ``seconds`` here."""
-    out = subprocess.run([py, str(script), "1"], capture_output=True, text=True, check=True)
-    one = float(out.stdout.split("WORK")[1].split()[0])
+    out = subprocess.run([py, str(script), "3"], capture_output=True, text=True, check=True)
+    one = float(out.stdout.split("WORK")[1].split()[0]) / 3
     return max(1.0, round(seconds / one))
 
 
@@ -124,13 +131,24 @@ def configurations(script: Path, scale: float, tmp: Path,
     return cfg
 
 
-def run_once(cmd: list[str]) -> tuple[float, float] | str:
+class Sample(NamedTuple):
+    work: float  # the workload's own wall-clock time for its computation
+    work_cpu: float  # ... and its process's CPU time meanwhile (in-process profiling costs)
+    total: float  # wall-clock time of the whole command
+    tree_cpu: float  # CPU time of the whole command tree (the tool's own processes included)
+
+
+def run_once(cmd: list[str]) -> Sample | str:
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, check=False)
     total = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0 or "WORK" not in p.stdout:
         return (p.stderr.strip().splitlines() or ["failed"])[-1][:100]
-    return float(p.stdout.split("WORK")[1].split()[0]), total
+    words = p.stdout.split("WORK")[1].split()
+    tree = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return Sample(float(words[0]), float(words[2]), total, tree)
 
 
 def main() -> int:
@@ -151,7 +169,7 @@ def main() -> int:
         if args.only:
             cfg = {k: v for k, v in cfg.items()
                    if k == "plain" or any(k.startswith(o) for o in args.only)}
-        results: dict[str, list[tuple[float, float]]] = {k: [] for k in cfg}
+        results: dict[str, list[Sample]] = {k: [] for k in cfg}
         failed: dict[str, str] = {}
         for i in range(args.repeat):
             for name, template in cfg.items():
@@ -163,21 +181,23 @@ def main() -> int:
                 else:
                     results[name].append(r)
                 print(f"  run {i + 1}/{args.repeat} {name}: {r}", file=sys.stderr)
-        base_w = statistics.median(x[0] for x in results["plain"])
-        base_t = statistics.median(x[1] for x in results["plain"])
-        print(f"workload: scale {scale:g}, plain {base_w:.3f} s; medians of {args.repeat}; "
-              f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
-        print(f"{'configuration':28s} {'work s':>8s} {'ratio':>7s} {'total s':>8s} {'ratio':>7s}"
-              f"  {'spread of work ratio':>20s}")
+        fields = Sample._fields
+        base = {f: statistics.median(getattr(x, f) for x in results["plain"]) for f in fields}
+        print(f"workload: scale {scale:g}, plain {base['work']:.3f} s; medians of {args.repeat};"
+              f" {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
+        print("ratios to plain of the medians of: work = the workload's own wall-clock time; "
+              "work CPU = its process's CPU time; total = the command's wall-clock time; tree "
+              "CPU = CPU time of every process of the command (the tool's included)")
+        print(f"{'configuration':28s} {'work s':>8s} {'work':>7s} {'work CPU':>9s} "
+              f"{'total':>7s} {'tree CPU':>9s}")
         for name, rs in results.items():
             if name in failed:
                 print(f"{name:28s} not run: {failed[name]}")
                 continue
-            w = statistics.median(x[0] for x in rs)
-            t = statistics.median(x[1] for x in rs)
-            lo, hi = min(x[0] for x in rs) / base_w, max(x[0] for x in rs) / base_w
-            print(f"{name:28s} {w:8.3f} {w / base_w:7.3f} {t:8.3f} {t / base_t:7.3f}"
-                  f"  {lo:9.3f} .. {hi:.3f}")
+            med = {f: statistics.median(getattr(x, f) for x in rs) for f in fields}
+            print(f"{name:28s} {med['work']:8.3f} {med['work'] / base['work']:7.3f} "
+                  f"{med['work_cpu'] / base['work_cpu']:9.3f} {med['total'] / base['total']:7.3f}"
+                  f" {med['tree_cpu'] / base['tree_cpu']:9.3f}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
