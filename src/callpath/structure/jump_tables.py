@@ -2,8 +2,9 @@
 
 Two shapes cover gcc's output: position-independent tables of 32-bit offsets relative to the
 table (``lea rT,[rip+T]; movsxd rX,[rT+rI*4]; add rX,rT; jmp rX``) and absolute tables of
-64-bit addresses (``jmp [T+rI*8]``, non-PIC). The number of entries comes from the bounds check
-(``cmp rI,N; ja default``) just before; without one, entries are read while they land inside
+64-bit addresses (``jmp [T+rI*8]``, non-PIC). The number of entries comes from the bounds
+check (``cmp rI,N; ja default``) or the mask (``and rI,2^k-1``, a switch on ``x & 15`` whose
+every value is a case) just before; without either, entries are read while they land inside
 the procedure. An unresolved indirect jump simply has no successors, which can hide a loop but
 never invents one.
 """
@@ -44,14 +45,18 @@ def resolve_tables(data: bytes, base: int, lo: int, hi: int, ips: list[int], kin
 def _bound(window: list[Any]) -> int | None:
     import iced_x86
 
+    imm = (iced_x86.OpKind.IMMEDIATE8TO32, iced_x86.OpKind.IMMEDIATE8TO64,
+           iced_x86.OpKind.IMMEDIATE32, iced_x86.OpKind.IMMEDIATE32TO64,
+           iced_x86.OpKind.IMMEDIATE8)
     for ins in reversed(window[:-1]):
-        if ins.mnemonic == iced_x86.Mnemonic.CMP and ins.op1_kind in (
-                iced_x86.OpKind.IMMEDIATE8TO32, iced_x86.OpKind.IMMEDIATE8TO64,
-                iced_x86.OpKind.IMMEDIATE32, iced_x86.OpKind.IMMEDIATE32TO64,
-                iced_x86.OpKind.IMMEDIATE8):
-            v = int(ins.immediate(1))
-            if 0 <= v < MAX_ENTRIES:
-                return v + 1
+        if ins.op1_kind not in imm:
+            continue
+        v = int(ins.immediate(1))
+        if ins.mnemonic == iced_x86.Mnemonic.CMP and 0 <= v < MAX_ENTRIES:
+            return v + 1
+        # ``switch (x & 15)`` with every value a case: the mask is the only bound.
+        if ins.mnemonic == iced_x86.Mnemonic.AND and 0 <= v < MAX_ENTRIES and v & (v + 1) == 0:
+            return v + 1
     return None
 
 
