@@ -35,14 +35,12 @@ class BottomUpView(View):
         super().__init__(source)
         exp = source.exp
         cct = source.cct
-        occt = exp.cct
-        orig = source.orig
-        self._kind = occt.kind[orig]
-        self._function = occt.function[orig]
-        self._module = occt.module[orig]
-        self._file = occt.file[orig]
-        self._line = occt.line[orig].astype(np.int64)
-        self._offset = occt.offset[orig]
+        self._kind = source.column("kind")
+        self._function = source.column("function")
+        self._module = source.column("module")
+        self._file = source.column("file")
+        self._line = source.column("line").astype(np.int64)
+        self._offset = source.column("offset")
         parent = cct.parent
         is_fn = self._kind == NodeKind.FUNCTION
         frame = nearest_marked(parent, is_fn)

@@ -50,16 +50,14 @@ class FlatView(View):
         super().__init__(source)
         exp = source.exp
         cct = source.cct
-        occt = exp.cct
-        orig = source.orig
         n = len(cct)
-        kind = occt.kind[orig]
-        rel = occt.relation[orig]
-        function = occt.function[orig]
-        module = occt.module[orig]
-        file = occt.file[orig]
-        line = occt.line[orig].astype(np.int64)
-        offset = occt.offset[orig]
+        kind = source.column("kind")
+        rel = source.column("relation")
+        function = source.column("function")
+        module = source.column("module")
+        file = source.column("file")
+        line = source.column("line").astype(np.int64)
+        offset = source.column("offset")
         parent = cct.parent
 
         is_fn = kind == NodeKind.FUNCTION
@@ -154,7 +152,9 @@ class FlatView(View):
                               NodeKind.LOOP)) & (file[safe_par] >= 0), line[safe_par], -1)
         proc_key_all = procedure_keys(function, module, canon)
         max_lex = int(lexdepth.max()) if n else 0
-        by_level_order = np.argsort(lexdepth, kind="stable")
+        # a 16-bit key makes numpy's stable sort a radix sort
+        by_level_order = np.argsort(lexdepth.astype(np.int16) if max_lex < 32000 else lexdepth,
+                                    kind="stable")
         bounds = np.searchsorted(lexdepth[by_level_order], np.arange(max_lex + 2))
         calls = procs[(parent[procs] >= 0) & ~par_top[procs]]
         call_level = lexdepth[parent[calls]] + 1

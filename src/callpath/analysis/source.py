@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -92,6 +93,12 @@ class TreeSource:
                 arr = context_points(self.exp, self.exp.metrics[k], self.profiles)
             self._points[k] = arr
         return arr
+
+    def column(self, name: str) -> npt.NDArray[Any]:
+        """A column of the experiment's tree (``kind``, ``function``, ...) for this source's
+        nodes: the array itself when the source is the whole tree, else a gathered copy."""
+        arr: npt.NDArray[Any] = getattr(self.exp.cct, name)
+        return arr if self.cct is self.exp.cct else arr[self.orig]
 
     def with_profiles(self, profiles: Sequence[int] | None) -> TreeSource:
         """The same tree (same filters) with values summed over another context selection."""

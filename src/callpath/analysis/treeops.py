@@ -42,7 +42,7 @@ def outermost(group: I64, node: I64, subtree_end: I64) -> Bool:
         return out
     big = np.int64(len(subtree_end) + 1)
     # one int64 key (group, node) and one sort: faster than a two-key lexsort
-    order = np.argsort(group.astype(np.int64) * big + node, kind="stable")
+    order = np.argsort(group.astype(np.int64) * big + node)  # keys are distinct
     g = group[order].astype(np.int64)
     v = node[order].astype(np.int64)
     run = np.maximum.accumulate(g * big + subtree_end[v])
@@ -63,7 +63,7 @@ def group_rows(*cols: npt.NDArray[np.int64]) -> tuple[I64, I64]:
     change = np.zeros(m, dtype=bool)
     change[0] = True
     if packed is not None:  # the rows fit one int64 key: one sort instead of a lexsort
-        order = np.argsort(packed, kind="stable")
+        order = np.argsort(packed)  # any row of a group may represent it: no stability needed
         s = packed[order]
         change[1:] = s[1:] != s[:-1]
     else:
