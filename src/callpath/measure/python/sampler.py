@@ -76,6 +76,7 @@ ENV_TRACE = "CALLPATH_PY_TRACE"
 
 IDLE_CPU_SHARE = 20  # IDLE when cpu * 20 < wall, i.e. under 5% of one CPU
 OTHERS_BUDGET = 50  # sample other threads at most every 50 x the CPU time it took last time
+STACK_CACHE = 50_000  # entries of the offset-keyed stack cache before it is cleared
 FLUSH_NS = 1_000_000_000  # flush at least once a second ...
 FLUSH_SAMPLES = 4096  # ... or when this many thread-samples are buffered
 
@@ -248,14 +249,17 @@ class Sampler:
         """Fresh tables: each process's file stands alone (also after fork)."""
         self.pid = os.getpid()
         self.main_ident = _thread.get_ident()
-        self.stacks: dict[tuple[int, ...], int] = {}  # -1: a stack of the sampler itself
+        # (id(code), f_lasti) per frame -> stack id; -1: a stack of the sampler itself
+        self.stacks: dict[tuple[int, ...], int] = {}
+        self.line_stacks: dict[tuple[int, ...], int] = {}  # (code index, line) per frame -> id
+        self.line_memo: dict[tuple[int, int], int] = {}  # (code index, f_lasti) -> line
         self.n_stacks = 0
         self.code_index: dict[int, int] = {}  # id(code) -> index; codes[] keeps them alive
         self.codes: list[CodeType] = []
         self.code_ops: list[bytes] = []
         self.line_tables: list[tuple[list[int], list[int]] | None] = []
         self.codes_written = 0
-        self.pending_stacks: list[tuple[int, list[int]]] = []  # (stack id, [code idx, lasti]...)
+        self.pending_stacks: list[tuple[int, list[int]]] = []  # (stack id, [code idx, line]...)
         self.stack_paths: list[list[tuple[int, int]]] = []  # stack id -> root-first (code, line)
         self.threads: dict[int, list[int]] = {}  # ident -> [index, prev t, prev cpu]
         self.tdata: list[_ThreadData] = []
@@ -448,28 +452,48 @@ class Sampler:
         return n
 
     def _new_stack(self, key: tuple[int, ...], frame: FrameType) -> int:
-        """Slow path, once per distinct stack: intern its code objects, queue it for the file."""
+        """Slow path, on a miss of the offset-keyed cache: name the stack by its lines.
+
+        Stacks are identified by (code, line) per frame. The handler's cache is keyed by byte
+        offsets (cheaper to read than lines), and recursion multiplies offset-distinct stacks
+        (``fib(n-1) + fib(n-2)``: two offsets per level, one line), so that cache is bounded
+        and cleared when full, while the line-keyed table only grows with new call paths.
+        """
         if frame.f_code.co_filename == _THIS_FILE:
             self.stacks[key] = -1
             return -1
-        sid = self.n_stacks
-        self.n_stacks += 1
-        self.stacks[key] = sid
         pairs: list[int] = []
         f: FrameType | None = frame
+        code_index = self.code_index
+        line_memo = self.line_memo
         while f is not None:
             co = f.f_code
-            ci = self.code_index.get(id(co))
+            ci = code_index.get(id(co))
             if ci is None:
                 ci = len(self.codes)
-                self.code_index[id(co)] = ci
+                code_index[id(co)] = ci
                 self.codes.append(co)
                 self.code_ops.append(co.co_code)
                 self.line_tables.append(None)
+            lasti = f.f_lasti
+            line = line_memo.get((ci, lasti))
+            if line is None:
+                line = line_memo[(ci, lasti)] = self._line_of(ci, lasti)
             pairs.append(ci)
-            pairs.append(f.f_lasti)
+            pairs.append(line)
             f = f.f_back
-        self.pending_stacks.append((sid, pairs))
+        lkey = tuple(pairs)
+        sid = self.line_stacks.get(lkey)
+        if sid is None:
+            sid = self.n_stacks
+            self.n_stacks += 1
+            self.line_stacks[lkey] = sid
+            self.pending_stacks.append((sid, pairs))
+        if len(self.stacks) >= STACK_CACHE:
+            self.stacks.clear()  # in place: the handler holds this very dict
+        if len(line_memo) >= STACK_CACHE:
+            line_memo.clear()
+        self.stacks[key] = sid
         return sid
 
     # ---- writing ------------------------------------------------------------------------------
@@ -518,7 +542,7 @@ class Sampler:
         for sid, pairs in self.pending_stacks:
             while len(self.stack_paths) <= sid:
                 self.stack_paths.append([])
-            self.stack_paths[sid] = [(pairs[i], self._line_of(pairs[i], pairs[i + 1]))
+            self.stack_paths[sid] = [(pairs[i], pairs[i + 1])
                                      for i in range(len(pairs) - 2, -1, -2)]
         self.pending_stacks = []
         buf = self.buf
