@@ -52,3 +52,27 @@ def test_nests_without_debug_info(tmp_path: Path) -> None:
     assert not c.inlined
     assert {ln for _, ln in c.statements} == {0}
     assert any(proc == "main" for proc, _ in c.procedures)
+
+
+def test_fully_stripped_binary(tmp_path: Path) -> None:
+    """No symbols and no DWARF: procedures come from .eh_frame FDEs (named ``targ<addr>``, as
+    hpcstruct names them), loops from the machine code, no lines."""
+    if shutil.which("strip") is None:
+        pytest.skip("strip is not installed")
+    exe = _build(tmp_path, ["-O2", "-g"])
+    ref = canonical(analyze_binary(exe))
+    subprocess.run(["strip", "--strip-all", str(exe)], check=True)
+    c = canonical(analyze_binary(exe))
+    names = [p for p, _ in c.procedures]
+    assert any(n.startswith("targ") and not n.endswith("@plt") for n in names)
+    # The same entries as with symbols for the program's own functions (crt's helpers such as
+    # deregister_tm_clones have no FDE) ...
+    ref_entries = {a for n, a in ref.procedures if n in ("nest3", "single", "classify", "main")}
+    assert len(ref_entries) == 4
+    assert ref_entries <= {a for _, a in c.procedures}
+    # ... and the same loop nests, without lines.
+    depth = sorted(len(p) for _, p in c.loops.elements())
+    assert depth == sorted(len([x for x in p if x.startswith("L:")])
+                           for _, p in ref.loops.elements())
+    assert depth == [1, 1, 1, 1, 2, 3]
+    assert {ln for _, ln in c.statements} == {0}

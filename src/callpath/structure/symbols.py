@@ -168,8 +168,8 @@ def fde_ranges(mod: ElfModule) -> list[tuple[int, int]]:
             return []
         out = []
         for e in dw.EH_CFI_entries():
-            h = e.header
-            if "initial_location" in h:
+            h = getattr(e, "header", None)  # ZERO: a terminator inside .eh_frame
+            if h is not None and "initial_location" in h:
                 out.append((int(h["initial_location"]),
                             int(h["initial_location"]) + int(h["address_range"])))
         return out
