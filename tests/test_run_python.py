@@ -161,13 +161,16 @@ def test_hot_line_share_matches_measured_cpu(tmp_path: Path) -> None:
     hot_line = marked_line("hotline.py", "HOT")
     hot = [x for x in ps if x.frames[-1][1:] == ("hot", hot_line)]
     cpu_share = sum(x.cpu for x in hot) / sum(x.cpu for x in ps)
-    sample_share = sum(x.samples for x in hot) / sum(x.samples for x in ps)
+    wall_share = sum(x.wall for x in hot) / sum(x.wall for x in ps)
     true_cpu = truth["hot_cpu"] / (truth["hot_cpu"] + truth["cold_cpu"])
     true_wall = truth["hot_wall"] / (truth["hot_wall"] + truth["cold_wall"])
+    # The profile's CPUTIME in the hot line, as a share of the program's, against the share
+    # the program measured with its own CPU clock; REALTIME likewise. (Raw sample counts
+    # follow wall-clock time only on an idle machine: while the program waits for a CPU, timer
+    # expirations coalesce into one signal, whose REALTIME weight keeps the time.)
     assert abs(cpu_share - true_cpu) < 0.05, (cpu_share, true_cpu)
-    # samples come from a wall-clock timer: their share follows the share of wall-clock time
-    assert abs(sample_share - true_wall) < 0.05, (sample_share, true_wall)
-    assert sum(x.samples for x in ps) > 300
+    assert abs(wall_share - true_wall) < 0.05, (wall_share, true_wall)
+    assert sum(x.samples for x in ps) > 100
 
 
 def test_module_target_and_argv(tmp_path: Path) -> None:
