@@ -1,6 +1,7 @@
 """``callpath struct MEASDIR`` on real measurement directories.
 
-A C program is compiled here with gcc and really measured with ``callpath run`` (perf_event);
+A C program is compiled here with gcc and really measured with ``callpath run`` (perf_event),
+started twice by a shell;
 a Python script is really measured with ``python -m callpath.measure.python``. ``callpath
 struct`` must then analyse every load module the run used (the program, libc, the dynamic
 loader, the vdso image the run saved), each once, in parallel, into ``MEASDIR/structs/``, and a
@@ -48,12 +49,15 @@ def _compile(src: Path, out: Path, *flags: str) -> Path:
     return out
 
 
-def _measure(tmp: Path, exe: Path, name: str) -> Path:
+def _measure(tmp: Path, exe: Path, name: str, twice: bool = False) -> Path:
     reason = _perf_reason()
     if reason is not None:
         pytest.skip(f"perf_event sampling is not available here: {reason}")
     d = tmp / name
-    p = run_cli("run", "-o", str(d), "--", str(exe), "3000000")
+    cmd = [str(exe), "3000000"]
+    if twice:  # three processes (the shell, two runs): libc is used by each
+        cmd = ["/bin/sh", "-c", f"{exe} 3000000 && {exe} 3000000"]
+    p = run_cli("run", "-o", str(d), "--", *cmd)
     assert p.returncode == 0, p.stderr
     return d
 
@@ -81,7 +85,7 @@ def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("struct-measdir")
     exe = _compile(PROGRAMS / "calls.c", tmp / "calls")
-    return exe, _measure(tmp, exe, "meas")
+    return exe, _measure(tmp, exe, "meas", twice=True)
 
 
 def test_every_module_once_then_from_the_cache(measured: tuple[Path, Path], tmp_path: Path,
@@ -90,6 +94,8 @@ def test_every_module_once_then_from_the_cache(measured: tuple[Path, Path], tmp_
     m = measdir.read(d)
     used = {mod.path for p in m.processes for mod in p.modules}
     assert str(exe) in used and any("libc.so" in u for u in used), used
+    with_libc = [p for p in m.processes if any("libc.so" in x.path for x in p.modules)]
+    assert len(with_libc) >= 2  # the shell and the program: analysed once all the same
     cache = tmp_path / "cache"
 
     p = _struct(cache, "-v", "-j", "2", str(d))
