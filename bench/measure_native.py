@@ -36,13 +36,18 @@ def elapsed_of(stdout: str) -> float:
     raise RuntimeError(f"the benchmark printed no elapsed time:\n{stdout}")
 
 
-def run_once(cmd: list[str], tmp: Path) -> tuple[float, float]:
+def cpu_of(stdout: str) -> float:
+    return sum(int(w[2]) for w in (ln.split() for ln in stdout.splitlines())
+               if len(w) == 3 and w[0] == "thread") / 1e9
+
+
+def run_once(cmd: list[str], tmp: Path) -> tuple[float, float, float]:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=tmp)
     total = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-    return elapsed_of(proc.stdout), total
+    return elapsed_of(proc.stdout), cpu_of(proc.stdout), total
 
 
 def main() -> int:
@@ -68,27 +73,40 @@ def main() -> int:
     os.environ["PYTHONPATH"] = env_path + os.pathsep + os.environ.get("PYTHONPATH", "")
     times: dict[str, list[float]] = {k: [] for k, v in configs.items() if v}
     totals: dict[str, list[float]] = {k: [] for k in times}
+    cpus: dict[str, list[float]] = {k: [] for k in times}
     for i in range(args.runs):
         for name, cmd in configs.items():
             if cmd is None:
                 continue
-            e, t = run_once([c.replace("{i}", str(i)) for c in cmd], tmp)
+            e, c, t = run_once([c.replace("{i}", str(i)) for c in cmd], tmp)
             times[name].append(e)
+            cpus[name].append(c)
             totals[name].append(t)
     base = statistics.median(times["plain"])
+    cbase = statistics.median(cpus["plain"])
     print(f"CPU-bound benchmark: {exe.name} {args.iterations} (single thread), "
-          f"medians of {args.runs}")
-    print(f"{'configuration':26} {'program s':>10} {'ratio':>7} {'command s':>10}")
+          f"medians of {args.runs}; program = its own elapsed time, cpu = its own CPU time")
+    print(f"{'configuration':26} {'program s':>10} {'ratio':>7} {'cpu s':>8} {'ratio':>7} "
+          f"{'command s':>10}")
     for name in times:
         med = statistics.median(times[name])
-        print(f"{name:26} {med:10.3f} {med / base:7.3f} {statistics.median(totals[name]):10.3f}")
+        cmed = statistics.median(cpus[name])
+        print(f"{name:26} {med:10.3f} {med / base:7.3f} {cmed:8.3f} {cmed / cbase:7.3f} "
+              f"{statistics.median(totals[name]):10.3f}")
     for name in configs:
         if configs[name] is None:
             print(f"{name:26} (perf is not installed)")
 
     # post-mortem unwinding throughput on the same program at 4 kHz, 16 KiB stack copies
     out = tmp / "unwind"
-    launch.run(prog, launch.RunOptions([events.parse_event("cpu-clock@250000")], out))
+    with open(os.devnull, "w") as devnull:  # the program's own output
+        saved = os.dup(1)
+        os.dup2(devnull.fileno(), 1)
+        try:
+            launch.run(prog, launch.RunOptions([events.parse_event("cpu-clock@250000")], out))
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
     t0 = time.perf_counter()
     res = postmortem.finish(out)
     dt = time.perf_counter() - t0

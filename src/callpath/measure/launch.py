@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
+import mmap
 import os
 import select
 import shutil
@@ -48,7 +50,7 @@ class RunOptions:
     out: Path
     trace: bool = False
     stack_size: int = 16384
-    ring_pages: int = 1024  # data pages per CPU ring (4 MiB)
+    ring_pages: int = 0  # data pages per CPU ring; 0: 8 MiB, less beyond 8 CPUs (64 MiB in all)
     linger: float = 2.0     # seconds to keep measuring descendants after the program exits
 
 
@@ -139,6 +141,28 @@ def _proc_facts(pid: int) -> dict[str, Any]:
     return facts
 
 
+def ring_pages_for(ncpus: int) -> int:
+    """Data pages per CPU ring: 8 MiB (about 500 samples of 16 KiB, 0.5 s at 1 kHz), less
+    beyond 8 CPUs so that all rings together stay at 64 MiB; a power of two, at least 1 MiB."""
+    budget = (64 << 20) // max(ncpus, 1)
+    size = 1 << 20
+    while size * 2 <= min(budget, 8 << 20):
+        size *= 2
+    return size // mmap.PAGESIZE
+
+
+def _open_user_or_all(attr: perf.PerfEventAttr, pid: int, cpu: int) -> int:
+    """Open counting kernel time too (a sample in a system call is charged to the user
+    context that made it); an unprivileged user may only count user time: retry so."""
+    try:
+        return perf.perf_event_open(attr, pid, cpu)
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM):
+            raise
+        attr.flags |= perf.F_EXCLUDE_KERNEL
+        return perf.perf_event_open(attr, pid, cpu)
+
+
 class _Gate:
     """Fork a child that waits for 'go' before exec'ing the program."""
 
@@ -199,22 +223,24 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
     failed: list[tuple[EventSpec, str]] = []
     try:
         leaders: dict[int, int] = {}
+        cpus = perf.online_cpus()
+        pages = opts.ring_pages or ring_pages_for(len(cpus))
         for spec in opts.events:
             ev = OpenedEvent(spec, len(opened))
             try:
-                for cpu in perf.online_cpus():
+                for cpu in cpus:
                     attr = perf.make_attr(spec, stack_size=opts.stack_size,
                                           sideband=not opened)
                     attr.flags |= 1 << 14  # watermark: wake the poll when a quarter is full
-                    attr.wakeup_events = opts.ring_pages * 4096 // 4
-                    fd = perf.perf_event_open(attr, gate.pid, cpu)
+                    attr.wakeup_events = pages * mmap.PAGESIZE // 4
+                    fd = _open_user_or_all(attr, gate.pid, cpu)
                     fds.append(fd)
                     ev.ids.append(perf.event_id(fd))
                     if cpu in leaders:
                         perf.ioctl(fd, perf.PERF_EVENT_IOC_SET_OUTPUT, leaders[cpu])
                     else:
                         leaders[cpu] = fd
-                        rings.append(perf.RingBuffer(fd, opts.ring_pages))
+                        rings.append(perf.RingBuffer(fd, pages))
             except OSError as e:
                 failed.append((spec, perf.explain(e.errno or 0, spec)))
                 continue
@@ -266,11 +292,15 @@ def _drain_loop(child: int, rings: list[perf.RingBuffer], out: Path,
         while True:
             poller.poll(50)
             for r in rings:
-                data = r.drain()
-                if data:
-                    raw.write(data)
-                    nbytes += len(data)
+                head, views = r.pending()
+                if views:
+                    # a record may wrap around the ring's end: parse a joined copy then
+                    data = views[0] if len(views) == 1 else b"".join(bytes(v) for v in views)
+                    for v in views:
+                        raw.write(v)
+                        nbytes += len(v)
                     _note_processes(data, seen, procs)
+                    r.consume(head)
             raw.flush()
             procs.flush()
             sig = signal.sigtimedwait(FORWARDED, 0)
@@ -294,16 +324,18 @@ def _drain_loop(child: int, rings: list[perf.RingBuffer], out: Path,
             if status is not None and (not alive or time.monotonic() > (deadline or 0)):
                 break
         for r in rings:
-            data = r.drain()
-            raw.write(data)
-            nbytes += len(data)
+            head, views = r.pending()
+            for v in views:
+                raw.write(v)
+                nbytes += len(v)
+            r.consume(head)
     finally:
         raw.close()
         procs.close()
     return status if status is not None else 0, nbytes
 
 
-def _note_processes(data: bytes, seen: set[tuple[int, int]], procs: IO[str]) -> None:
+def _note_processes(data: bytes | memoryview, seen: set[tuple[int, int]], procs: IO[str]) -> None:
     """Read rank and executable of processes born or exec'd in this batch, while they live."""
     pos, n = 0, len(data)
     while pos + 8 <= n:

@@ -223,21 +223,29 @@ class RingBuffer:
         self.base = page
         self.mv = memoryview(self.map)
 
-    def drain(self) -> bytes:
-        """Everything between tail and head (whole records), and advance the tail."""
+    def pending(self) -> tuple[int, list[memoryview]]:
+        """The unread data (whole records) as one or two views into the ring, and the head
+        to pass to ``consume`` once they have been used (no copy is made)."""
         head = _HEAD.unpack_from(self.map, 1024)[0]
         tail = _HEAD.unpack_from(self.map, 1032)[0]
-        if head == tail:
-            return b""
         n = head - tail
+        if n <= 0:
+            return head, []
         start = tail % self.size
         if start + n <= self.size:
-            out = bytes(self.mv[self.base + start:self.base + start + n])
-        else:
-            first = self.size - start
-            out = (bytes(self.mv[self.base + start:self.base + self.size])
-                   + bytes(self.mv[self.base:self.base + n - first]))
+            return head, [self.mv[self.base + start:self.base + start + n]]
+        first = self.size - start
+        return head, [self.mv[self.base + start:self.base + self.size],
+                      self.mv[self.base:self.base + n - first]]
+
+    def consume(self, head: int) -> None:
         _HEAD.pack_into(self.map, 1032, head)
+
+    def drain(self) -> bytes:
+        """Everything between tail and head (whole records), copied; advance the tail."""
+        head, views = self.pending()
+        out = b"".join(bytes(v) for v in views)
+        self.consume(head)
         return out
 
     def close(self) -> None:
