@@ -322,3 +322,47 @@ def test_unwinding_through_signal_frames(perf_ok: None, build, tmp_path: Path) -
         assert path[-2][0].startswith("libc")  # the sigreturn trampoline
     complete = sum(c for path, c in paths.items() if path and path[0][1] == "_start")
     assert complete >= 0.98 * total
+
+
+def test_fuzz_raw_records(perf_ok: None, build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Corrupted or cut raw data (a launcher killed mid-write, a bad disk) are decoded as far
+    as they make sense: post-processing never fails with anything but a CallpathError."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from callpath.errors import CallpathError
+    from callpath.measure import events, launch, postmortem
+    exe = build("misbehave.c", "misbehave")
+    src = tmp_path / "src"
+    with open(os.devnull, "w") as devnull:
+        saved = os.dup(1)
+        os.dup2(devnull.fileno(), 1)
+        try:
+            launch.run([str(exe), "exit7", "30"],
+                       launch.RunOptions([events.parse_event("cpu-clock@250000")], src))
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    good = (src / "raw.perf").read_bytes()
+    assert len(good) > 100_000
+    counter = iter(range(10**6))
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def check(data: st.DataObject) -> None:
+        d = tmp_path / f"fz{next(counter)}"
+        shutil.copytree(src, d)
+        buf = bytearray(good)
+        region = data.draw(st.sampled_from([len(buf), 4096]))  # 4 KiB: mmap/comm records
+        for _ in range(data.draw(st.integers(1, 40))):
+            i = data.draw(st.integers(0, region - 1))
+            buf[i] = data.draw(st.integers(0, 255))
+        (d / "raw.perf").write_bytes(bytes(buf[:data.draw(st.integers(0, len(buf)))]))
+        try:
+            postmortem.finish(d)
+        except CallpathError:
+            pass
+        else:
+            measdir.read(d)
+        shutil.rmtree(d)
+    check()

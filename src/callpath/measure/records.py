@@ -88,6 +88,7 @@ def decode(path: Path, raw_info: dict[str, Any]) -> RawData:
     sample_offsets: list[int] = []
     side: list[Sideband] = []
     lost = 0
+    bad = 0
     pos = 0
     unpack = _HDR.unpack_from
     while pos + 8 <= size:
@@ -98,18 +99,25 @@ def decode(path: Path, raw_info: dict[str, Any]) -> RawData:
             sample_offsets.append(pos)
         elif typ in (REC_MMAP2, REC_COMM, REC_FORK, REC_EXIT, REC_LOST, REC_THROTTLE,
                      REC_UNTHROTTLE, REC_LOST_SAMPLES):
-            sb = _sideband(buf, pos, typ, misc, rsize)
-            if sb.kind in ("lost", "lost_samples"):
-                lost += int(sb.fields["lost"])
-            side.append(sb)
+            try:
+                sb = _sideband(buf, pos, typ, misc, rsize)
+            except (struct.error, IndexError, ValueError):
+                bad += 1  # a record too short for its type: skip it
+            else:
+                if sb.kind in ("lost", "lost_samples"):
+                    lost += int(sb.fields["lost"])
+                side.append(sb)
         pos += rsize
     side.sort(key=lambda s: s.time)
-    samples, bad = _samples(words, np.asarray(sample_offsets, dtype=np.int64) // 8, nregs, ids)
-    return RawData(words, samples, side, lost, bad)
+    samples, bad_samples = _samples(words, np.asarray(sample_offsets, dtype=np.int64) // 8,
+                                    nregs, ids)
+    return RawData(words, samples, side, lost, bad + bad_samples)
 
 
 def _sideband(buf: Any, pos: int, typ: int, misc: int, rsize: int) -> Sideband:
     end = pos + rsize
+    if rsize < 8 + 8 * TRAILER_WORDS:
+        raise ValueError("record shorter than its sample_id trailer")
     tpid, ttid, ttime = struct.unpack_from("<IIQ", buf, end - 8 * TRAILER_WORDS)
     body = pos + 8
     if typ == REC_MMAP2:
