@@ -29,8 +29,9 @@ from callpath.structure.dwarf_lines import LineTable, decode_line_tables
 from callpath.structure.elf import ElfModule, find_debug_file, open_elf
 from callpath.structure.havlak import find_loops
 from callpath.structure.jump_tables import resolve_tables
-from callpath.structure.model import Kind, Structure, StructureBuilder
+from callpath.structure.model import Kind, Structure, StructureBuilder, concat_structures
 from callpath.structure.noreturn import is_no_return
+from callpath.structure.parallel import fork_map
 from callpath.structure.symbols import Procedure, procedures
 
 
@@ -87,16 +88,24 @@ def _alt_file(src: ElfModule) -> ElfModule | None:
     return open_elf(p, require_code=False)
 
 
-def analyze_binary(path: str | os.PathLike[str]) -> Structure:
-    """Recover the structure of the ELF file at ``path`` (see the module docstring)."""
+def analyze_binary(path: str | os.PathLike[str], *, jobs: int = 1) -> Structure:
+    """Recover the structure of the ELF file at ``path`` (see the module docstring).
+
+    With ``jobs`` > 1 and a large module, the procedures are built in that many processes
+    (forked after the DWARF is read, so they share it copy-on-write); the result is identical.
+    """
     mod = open_elf(path)
     try:
-        return _analyze(mod)
+        return _analyze(mod, jobs)
     finally:
         mod.close()
 
 
-def _analyze(mod: ElfModule) -> Structure:
+#: Below this many procedures a module is built in one process (forking costs more).
+PARALLEL_MIN_PROCS = 1000
+
+
+def _analyze(mod: ElfModule, jobs: int = 1) -> Structure:
     dbg = read_debug(mod)
     extra_elves = []
     dbg_mod = None
@@ -119,8 +128,6 @@ def _analyze(mod: ElfModule) -> Structure:
     entries = [p.entry for p in procs]
     noret_addrs = {p.entry for p in procs if is_no_return(p.link_name, noret_extra)}
     base = os.path.basename(mod.path)
-    b = StructureBuilder(mod.path, mod.build_id)
-    b.has_calls = True  # every call instruction becomes a C scope
 
     # Inlined records per procedure (by the procedure containing each record's first range).
     inl_by_proc: dict[int, list[int]] = defaultdict(list)
@@ -144,14 +151,34 @@ def _analyze(mod: ElfModule) -> Structure:
         fname = lines.files[pfile[i]] if pfile[i] >= 0 else f"[{base}]"
         groups[fname].append(i)
     order = sorted(groups, key=lambda f: (f.startswith("["), groups[f][0]))
-    for fname in order:
-        fscope = b.add(Kind.FILE, 0, name=fname)
-        for i in groups[fname]:
-            p = procs[i]
-            display = sub_names.get(p.entry, p.name) if p.origin != "plt" else p.name
-            _build_proc(b, fscope, p, display, int(pline[i]), fname, lines, inlined,
-                        inl_by_proc.get(i, []), reader, noret_addrs, base)
-    return b.build()
+
+    def build(fnames: list[str]) -> Structure:
+        b = StructureBuilder(mod.path, mod.build_id)
+        b.has_calls = True  # every call instruction becomes a C scope
+        for fname in fnames:
+            fscope = b.add(Kind.FILE, 0, name=fname)
+            for i in groups[fname]:
+                p = procs[i]
+                display = sub_names.get(p.entry, p.name) if p.origin != "plt" else p.name
+                _build_proc(b, fscope, p, display, int(pline[i]), fname, lines, inlined,
+                            inl_by_proc.get(i, []), reader, noret_addrs, base)
+        return b.build()
+
+    if jobs <= 1 or len(procs) < PARALLEL_MIN_PROCS or not hasattr(os, "fork"):
+        return build(order)
+    # Consecutive FILE groups of about equal code size per process: the concatenation is then
+    # exactly the one-process result.
+    weight = [sum(procs[i].end - procs[i].entry for i in groups[f]) for f in order]
+    chunks: list[list[str]] = [[]]
+    total, acc = sum(weight), 0
+    for f, w in zip(order, weight, strict=True):
+        if acc >= total * len(chunks) / jobs and len(chunks) < jobs:
+            chunks.append([])
+        chunks[-1].append(f)
+        acc += w
+    chunks = [c for c in chunks if c]
+    reader.preload()  # children must not share the file offset of pyelftools' stream
+    return concat_structures(fork_map(build, chunks))
 
 
 class _SectionReader:
@@ -165,6 +192,12 @@ class _SectionReader:
                 self.secs.append((int(sec["sh_addr"]), int(sec["sh_size"]), sec))
         self.cache: dict[int, bytes] = {}
         self.text = {s.addr: s for s in mod.text_sections}
+
+    def preload(self) -> None:
+        """Read every section now (before forking: the file offset would be shared)."""
+        for lo, _size, sec in self.secs:
+            if lo not in self.cache:
+                self.cache[lo] = bytes(sec.data())  # type: ignore[attr-defined]
 
     def read(self, addr: int, n: int) -> bytes | None:
         for lo, size, sec in self.secs:

@@ -32,6 +32,8 @@ class Job:
     #: False when only the cache file matters (``struct MEASDIR`` without ``-o``): a cache hit
     #: is then checked for completeness but not parsed.
     need_structure: bool = True
+    #: Processes for this one module (>1 only when it dominates the work, see run_jobs).
+    threads: int = 1
 
 
 @dataclass
@@ -42,13 +44,14 @@ class Result:
     cached: bool = False
 
 
-def analyze_path(path: str) -> Structure:
-    """Structure of one file: a Python source (by suffix) or an ELF load module."""
+def analyze_path(path: str, threads: int = 1) -> Structure:
+    """Structure of one file: a Python source (by suffix) or an ELF load module (built by
+    ``threads`` processes if it is large)."""
     if path.endswith(".py"):
         from callpath.structure.python_ast import structure_of_python
         return structure_of_python(path)
     from callpath.structure.binary import analyze_binary
-    return analyze_binary(path)
+    return analyze_binary(path, jobs=threads)
 
 
 def user_cache_dir() -> Path:
@@ -134,7 +137,7 @@ def run_job(job: Job) -> Result:
         got[0].path = job.name
         return Result(job, got[0], None, cached=True)
     try:
-        s = analyze_path(job.path)
+        s = analyze_path(job.path, job.threads)
     except CallpathError as e:
         return Result(job, None, str(e))
     except (MemoryError, RecursionError) as e:
@@ -170,6 +173,8 @@ def run_jobs(jobs: list[Job], workers: int,
     """
     results: list[Result] = []
     it: Iterable[Result]
+    if len(jobs) == 1:
+        jobs[0].threads = max(workers, 1)
     if workers <= 1 or len(jobs) <= 1:
         it = (run_job(j) for j in jobs)
         for r in it:
@@ -186,6 +191,12 @@ def run_jobs(jobs: list[Job], workers: int,
             return 0
 
     order = sorted(range(len(jobs)), key=lambda k: -size(jobs[k]))
+    # A module bigger than all the others together (libc beside a small program) would finish
+    # alone on one core: let it build its procedures in several processes.
+    sizes = [size(j) for j in jobs]
+    big = order[0]
+    if sizes[big] > sum(sizes) - sizes[big]:
+        jobs[big].threads = workers
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     with ctx.Pool(min(workers, len(jobs))) as pool:
         for r in pool.imap_unordered(run_job, [jobs[k] for k in order]):

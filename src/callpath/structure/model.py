@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -198,3 +199,66 @@ class StructureBuilder:
             map_lo=np.array([x[0] for x in m], np.uint64),
             map_hi=np.array([x[1] for x in m], np.uint64),
             map_scope=np.array([x[2] for x in m], np.int32), has_calls=self.has_calls)
+
+
+def concat_structures(parts: list[Structure]) -> Structure:
+    """One structure from ``parts`` built separately for the same module (each with its own
+    ROOT and string table), their top-level scopes appended in order under one ROOT.
+
+    Used to build the FILE groups of a large module in several processes. Parts hold
+    consecutive FILE groups, so the result is exactly what one builder would have produced —
+    strings included, since each part's strings are in first-use order. Vectorised per part.
+    """
+    if not parts:
+        raise ValueError("concat_structures needs at least one part")
+    first = parts[0]
+    sid: dict[str, int] = {}
+    cols: dict[str, list[npt.NDArray[np.generic]]] = {k: [] for k in (
+        "kind", "parent", "name", "link_name", "file", "line", "call_file", "call_line",
+        "target", "nranges", "range_lo", "range_hi", "map_lo", "map_hi", "map_scope")}
+    off = 1  # scopes so far, the ROOT included
+    for p in parts:
+        ids = [sid.setdefault(x, len(sid)) for x in p.strings]
+        remap = np.array([*ids, -1], dtype=np.int32)  # remap[-1] == -1 for "no string"
+        par = p.parent[1:]
+        cols["kind"].append(p.kind[1:])
+        cols["parent"].append(np.where(par == 0, 0, par - 1 + off).astype(np.int32))
+        for k in ("name", "link_name", "file", "call_file"):
+            cols[k].append(remap[getattr(p, k)[1:]])
+        for k in ("line", "call_line", "target", "range_lo", "range_hi", "map_lo", "map_hi"):
+            cols[k].append(getattr(p, k)[1:] if k in ("line", "call_line", "target")
+                           else getattr(p, k))
+        cols["nranges"].append(np.diff(p.range_ptr)[1:])
+        cols["map_scope"].append((p.map_scope - 1 + off).astype(np.int32))
+        off += len(p) - 1
+    strings = [""] * len(sid)
+    for s, i in sid.items():
+        strings[i] = s
+    root_ranges = int(first.range_ptr[1] - first.range_ptr[0])
+    if root_ranges:
+        raise ValueError("a part's ROOT has address ranges")
+
+    def cat(k: str, dtype: type) -> npt.NDArray[Any]:
+        return np.concatenate(cols[k]).astype(dtype) if cols[k] else np.zeros(0, dtype)
+
+    nr = np.concatenate([[0], cat("nranges", np.int64)])
+    map_lo = cat("map_lo", np.uint64)
+    map_hi = cat("map_hi", np.uint64)
+    map_scope = cat("map_scope", np.int32)
+    order = np.lexsort((map_scope, map_hi, map_lo))  # as the builder sorts its tuples
+    root_name = sid.get(first.path, -1)
+    return Structure(
+        path=first.path, build_id=first.build_id, strings=strings,
+        kind=np.concatenate([[Kind.ROOT], cat("kind", np.uint8)]).astype(np.uint8),
+        parent=np.concatenate([[-1], cat("parent", np.int32)]).astype(np.int32),
+        name=np.concatenate([[root_name], cat("name", np.int32)]).astype(np.int32),
+        link_name=np.concatenate([[-1], cat("link_name", np.int32)]).astype(np.int32),
+        file=np.concatenate([[-1], cat("file", np.int32)]).astype(np.int32),
+        line=np.concatenate([[0], cat("line", np.int32)]).astype(np.int32),
+        call_file=np.concatenate([[-1], cat("call_file", np.int32)]).astype(np.int32),
+        call_line=np.concatenate([[0], cat("call_line", np.int32)]).astype(np.int32),
+        target=np.concatenate([[0], cat("target", np.uint64)]).astype(np.uint64),
+        range_ptr=np.concatenate([[0], np.cumsum(nr)]).astype(np.int64),
+        range_lo=cat("range_lo", np.uint64), range_hi=cat("range_hi", np.uint64),
+        map_lo=map_lo[order], map_hi=map_hi[order], map_scope=map_scope[order],
+        has_calls=all(p.has_calls for p in parts))

@@ -1,0 +1,69 @@
+"""Building one module's procedures in several processes gives exactly the one-process result."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import callpath.structure.binary as binary_mod
+from callpath.errors import CallpathError
+from callpath.structure.binary import analyze_binary
+from callpath.structure.model import Structure
+from callpath.structure.parallel import fork_map
+
+SRC = Path(__file__).parent / "struct_programs" / "calls.c"
+
+
+def _identical(a: Structure, b: Structure) -> None:
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
+        else:
+            assert x == y, f.name
+
+
+def _modules(tmp: Path) -> list[Path]:
+    out = []
+    if shutil.which("gcc"):
+        exe = tmp / "calls"
+        subprocess.run(["gcc", "-O2", "-g", "-o", str(exe), str(SRC)], check=True)
+        out.append(exe)
+    for ld in ("/lib64/ld-linux-x86-64.so.2", "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"):
+        if os.path.isfile(ld):  # ~300 procedures in ~100 files, with DWARF if libc6-dbg is in
+            out.append(Path(ld))
+            break
+    if not out:
+        pytest.skip("neither gcc nor the dynamic loader is available")
+    return out
+
+
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_parallel_build_is_identical(tmp_path: Path, jobs: int,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(binary_mod, "PARALLEL_MIN_PROCS", 0)  # split even small modules
+    for path in _modules(tmp_path):
+        one = analyze_binary(path)
+        _identical(analyze_binary(path, jobs=jobs), one)
+
+
+def _fails_on_two(x: int) -> int:
+    if x == 2:
+        raise CallpathError("two.so: corrupt")
+    if x == 3:
+        raise ZeroDivisionError("boom")
+    return x * 10
+
+
+def test_fork_map_results_and_errors() -> None:
+    assert fork_map(_fails_on_two, [1, 4, 5]) == [10, 40, 50]
+    with pytest.raises(CallpathError, match=r"two\.so: corrupt"):
+        fork_map(_fails_on_two, [2, 1])  # raised in the child, reported by the parent
+    with pytest.raises(RuntimeError, match="ZeroDivisionError: boom"):
+        fork_map(_fails_on_two, [3, 1])
