@@ -366,3 +366,23 @@ def test_fuzz_raw_records(perf_ok: None, build, tmp_path: Path) -> None:  # type
             measdir.read(d)
         shutil.rmtree(d)
     check()
+
+
+def test_deep_recursion_is_partial_not_invented(perf_ok: None, build,  # type: ignore[no-untyped-def]
+                                                tmp_path: Path) -> None:
+    """3000 frames do not fit in the 16 KiB stack copy: the paths end under PARTIAL with only
+    the frames that were really recovered (the recursion and the leaf), none guessed."""
+    exe = build("misbehave.c", "misbehave")
+    out = tmp_path / "m"
+    proc = callpath("run", "-o", str(out), "--", str(exe), "deep", "150")
+    assert proc.returncode == 0, proc.stderr
+    m = measdir.read(out)
+    assert m.header["summary"]["partial_reasons"].get("stack copy too short", 0) >= 100
+    (p,) = m.processes
+    (t,) = p.threads
+    for path, _count in symbolised_paths(m, p, t).items():
+        if path[0][1] != "PARTIAL":
+            continue
+        names = [f for _mod, f in path[1:]]
+        assert set(names) <= {"deep", "burn", "clock_gettime", "__clock_gettime"}, names
+        assert names[0] == "deep" and names.count("deep") >= 100

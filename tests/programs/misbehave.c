@@ -3,6 +3,7 @@
  *   exit7  burn CPU, then exit(7)                spin   burn CPU until a signal arrives
  *   ok     burn CPU, then exit(0)
  *   signal burn CPU in main while a SIGPROF handler also burns CPU (signal frames)
+ *   deep   burn CPU 3000 calls deep in a recursion (deeper than any stack copy)
  *   threads  start 300 short threads, one after another, each burning a little CPU
  *   orphan   fork a child that outlives the parent briefly (reaped by callpath run) */
 #include <pthread.h>
@@ -38,6 +39,13 @@ __attribute__((noinline)) static void in_handler(int sig) {
     for (int i = 0; i < 200000; i++) sink = sink * 0.5 + i;
 }
 
+__attribute__((noinline)) double deep(int n, long ms) {
+    volatile char pad[64];
+    pad[0] = (char)n;
+    if (n == 0) { burn(ms); return pad[0]; }
+    return deep(n - 1, ms) + pad[0];
+}
+
 __attribute__((noinline)) void signal_work(long ms) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -68,6 +76,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(mode, "signal")) { signal_work(ms); return 0; }
+    if (!strcmp(mode, "deep")) { sink += deep(3000, ms); return 0; }
     burn(ms);
     if (!strcmp(mode, "segv")) { volatile int *p = NULL; *p = 1; }
     if (!strcmp(mode, "abort")) abort();
