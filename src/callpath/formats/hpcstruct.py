@@ -195,6 +195,8 @@ def _parse_vset(text: str | None, path: str) -> list[tuple[int, int]]:
     out = []
     for m in _RANGE.finditer(t):
         a, b = int(m.group(1), 0), int(m.group(2), 0)
+        if b >= 2**64:
+            raise FormatError(path, f"address range [{a:#x}-{b:#x}) beyond 64 bits")
         if b < a:
             raise FormatError(path, f"bad address range [{a:#x}-{b:#x}) in {text!r}")
         out.append((a, b))
@@ -208,9 +210,14 @@ def _int_attr(e: ET.Element, name: str, path: str, default: int = 0) -> int:
     if v is None:
         return default
     try:
-        return int(v, 0)
+        x = int(v, 0)
     except ValueError:
         raise FormatError(path, f"<{e.tag}> attribute {name}={v!r} is not an integer") from None
+    lo, hi = (0, 2**64 - 1) if name == "t" else (-(2**31), 2**31 - 1)  # the model's dtypes
+    if not lo <= x <= hi:
+        raise FormatError(path, f"<{e.tag}> attribute {name}={v!r} is out of range "
+                          f"({'an address' if name == 't' else 'a 32-bit line number'})")
+    return x
 
 
 def read_hpcstruct(path: str | os.PathLike[str]) -> list[Structure]:
@@ -300,9 +307,8 @@ def _read_lm(lm: ET.Element, path: str) -> Structure:
                 for a, z in rs:
                     b.map_range(a, z, sc)
             elif tag == "C":
-                t = c.get("t")
                 sc = b.add(Kind.CALL, parent, file=file, line=need_l(c),
-                           target=int(t, 0) if t else 0, ranges=rs)
+                           target=_int_attr(c, "t", path), ranges=rs)
                 for a, z in rs:
                     b.map_range(a, z, sc)
                 walk(c, sc, file)
