@@ -244,13 +244,15 @@ def test_orphans_reaped_and_short_threads(perf_ok: None, build, tmp_path: Path) 
     m = measdir.read(tmp_path / "orphan")
     # the orphaned child was still measured after its parent exited, and reaped
     assert sum(int(t.samples.sum()) for _, t in m.threads) >= 150
-    assert len(m.processes) == 2
-    assert not _zombies({p.pid for p in m.processes})
+    (child,) = m.processes  # the parent exits at once (no sample, no file)
+    assert child.info["forked_from"] is not None
+    assert not _zombies({child.pid, child.info["forked_from"]})
     proc = callpath("run", "-o", str(tmp_path / "threads"), "--", str(exe), "threads")
     assert proc.returncode == 0, proc.stderr
     m = measdir.read(tmp_path / "threads")
     (p,) = m.processes
-    assert len(p.threads) >= 100  # most of the 300 one-millisecond threads got a sample
+    assert len(p.threads) == 301  # every thread is a context, sampled or not
+    assert sum(1 for t in p.threads if t.samples.sum()) >= 100  # most got a sample
     assert len({t.tid for t in p.threads}) == len(p.threads)
     assert sorted(t.info["index"] for t in p.threads) == list(range(len(p.threads)))
 
@@ -347,7 +349,7 @@ def test_fuzz_raw_records(perf_ok: None, build, tmp_path: Path) -> None:  # type
     assert len(good) > 100_000
     counter = iter(range(10**6))
 
-    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=int(os.environ.get("RUN_FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=list(HealthCheck))
     @given(data=st.data())
     def check(data: st.DataObject) -> None:
         d = tmp_path / f"fz{next(counter)}"

@@ -29,6 +29,7 @@ from callpath.measure.elfinfo import ElfInfo
 from callpath.measure.launch import PROCS_FILE, RAW_FILE
 
 PROT_EXEC = 4
+USER_LIMIT = 1 << 56  # user-space addresses are below (x86-64: 2^47, or 2^56 with LA57)
 _FILE_IDS: dict[str, int] = {}  # small integer per module file: part of the unwinder's keys
 
 
@@ -108,7 +109,9 @@ def _images(side: list[records.Sideband]) -> tuple[list[Image], dict[int, list[t
                 new(img)
             elif sb.pid in current:
                 images[current[sb.pid]].thread_birth.setdefault(sb.tid, sb.time)
-        elif sb.kind == "mmap" and sb.fields["prot"] & PROT_EXEC:
+        elif (sb.kind == "mmap" and sb.fields["prot"] & PROT_EXEC and sb.fields["len"] > 0
+              and sb.fields["addr"] + sb.fields["len"] <= USER_LIMIT
+              and sb.fields["pgoff"] < USER_LIMIT):
             if sb.pid not in current:
                 new(Image(sb.pid, gen.setdefault(sb.pid, 0), sb.time))
             f = sb.fields
@@ -291,9 +294,11 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
         # threads: main thread first, then by birth
         tids = np.unique(s.tid).tolist()
         births = img.thread_birth
-        order = sorted(set(tids) | set(births),
-                       key=lambda t: (t != img.pid, births.get(t, 1 << 62), t))
-        order = [t for t in order if t in set(tids)]
+        if not tids:
+            continue  # an image without samples (a fork that exec'd at once): no file
+        # every thread of a sampled image is a context, even one that got no sample
+        known = set(tids) | set(births) | ({img.pid} if img.start_time else set())
+        order = sorted(known, key=lambda t: (t != img.pid, births.get(t, 1 << 62), t))
         tindex = {t: i for i, t in enumerate(order)}
         thread_of = np.array([tindex[t] for t in s.tid.tolist()], dtype=np.int64)
         nodes, nthread, leaf = _build_tree(fr, len(s), thread_of, len(order))
