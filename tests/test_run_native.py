@@ -349,7 +349,8 @@ def test_fuzz_raw_records(perf_ok: None, build, tmp_path: Path) -> None:  # type
     assert len(good) > 100_000
     counter = iter(range(10**6))
 
-    @settings(max_examples=int(os.environ.get("RUN_FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=int(os.environ.get("RUN_FUZZ_EXAMPLES", "60")), deadline=None,
+              suppress_health_check=list(HealthCheck))
     @given(data=st.data())
     def check(data: st.DataObject) -> None:
         d = tmp_path / f"fz{next(counter)}"

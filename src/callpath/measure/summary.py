@@ -39,7 +39,8 @@ def print_summary(out: Path, res: Result, run: RunResult | None, top: int,
         why = " (" + ", ".join(f"{k}: {v}" for k, v in
                                sorted(res.partial_reasons.items(), key=lambda x: -x[1])) + ")"
     parts.append(f"{res.samples} samples in {len(res.threads)} execution contexts "
-                 f"({procs} process{'es' if procs != 1 else ''}); {res.lost} samples lost in the ring buffers; "
+                 f"({procs} process{'es' if procs != 1 else ''}); "
+                 f"{res.lost} samples lost in the ring buffers; "
                  f"throttled {res.throttled} times; {res.partial} partial call paths "
                  f"({pct:.1f}%){why}.")
     if res.bad:
