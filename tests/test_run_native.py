@@ -389,3 +389,30 @@ def test_deep_recursion_is_partial_not_invented(perf_ok: None, build,  # type: i
         names = [f for _mod, f in path[1:]]
         assert set(names) <= {"deep", "burn", "clock_gettime", "__clock_gettime"}, names
         assert names[0] == "deep" and names.count("deep") >= 100
+
+
+def test_lost_records_are_counted(perf_ok: None, build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A ring too small for the sample rate overflows: the kernel's LOST records are counted
+    and reported, and what did arrive is still a usable measurement."""
+    from callpath.measure import events, launch, postmortem, summary
+    exe = build("misbehave.c", "misbehave")
+    out = tmp_path / "m"
+    with open(os.devnull, "w") as devnull:
+        saved = os.dup(1)
+        os.dup2(devnull.fileno(), 1)
+        try:
+            run = launch.run([str(exe), "exit7", "300"],
+                             launch.RunOptions([events.parse_event("cpu-clock@100000")], out,
+                                               ring_pages=8))  # 32 KiB: two samples
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    res = postmortem.finish(out)
+    assert res.lost > 0
+    assert res.samples > 0
+    text = tmp_path / "summary.txt"
+    with open(text, "w") as f:
+        summary.print_summary(out, res, run, 5, f)
+    assert f"{res.lost} samples lost" in " ".join(text.read_text().split())
+    m = measdir.read(out)
+    assert sum(int(t.samples.sum()) for _, t in m.threads) == res.samples
