@@ -20,6 +20,7 @@ import pytest
 
 from callpath.formats import measdir
 from callpath.formats.hpcstruct import read_hpcstruct
+from callpath.structure.driver import measurement_structures
 from callpath.structure.model import Kind, Structure
 from conftest import ROOT, run_cli
 
@@ -120,6 +121,10 @@ def test_every_module_once_then_from_the_cache(measured: tuple[Path, Path], tmp_
     assert _marker(src, "LOOP_RUN") in {int(prog.line[i]) for i in range(len(prog))
                                         if prog.kind[i] == Kind.LOOP}
     libc = next(s for path, s in got.items() if "libc.so" in path)
+    # The index tells a consumer (callpath prof) which file holds which module.
+    indexed = measurement_structures(d)
+    assert set(indexed) == used
+    assert len(indexed[str(exe)]) == len(prog)
     assert (libc.kind == Kind.PROC).sum() > 1000 and (libc.kind == Kind.LOOP).sum() > 100
 
     # Second run: every module comes from the cache, and MEASDIR/structs is left as it was.
@@ -150,6 +155,7 @@ def test_rebuilt_or_missing_module_is_reported(tmp_path: Path, warm_cache: Path)
     assert "calls2" in p.stderr and "differs from" in p.stderr and "rebuilt" in p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert any("libc.so" in s for s in _by_module(d))  # the other modules are still there
+    assert str(exe) not in measurement_structures(d)
     exe.unlink()
     p = _struct(cache, str(d))
     assert p.returncode == 2 and "calls2: load module not found" in p.stderr

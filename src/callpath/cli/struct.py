@@ -109,13 +109,14 @@ def _write(results: Sequence[object], output: str | None, per_input_dir: Path | 
 
 
 def _run_measdir(d: Path, args: argparse.Namespace, workers: int) -> int:
-    from callpath.structure.driver import ProgressBar, measurement_jobs, run_jobs
+    from callpath.structure.driver import ProgressBar, measurement_jobs, run_jobs, write_index
 
     jobs = measurement_jobs(d, user_cache=not args.no_cache)
     if args.output is None:  # only MEASDIR/structs/ is wanted: cache hits need no parsing
         for j in jobs:
             j.need_structure = False
     results = run_jobs(jobs, workers, ProgressBar())
+    write_index(d, results)
     status = _write(results, args.output, per_input_dir=None, verbose=args.verbose)
     ok = sum(1 for r in results if r.error is None)
     if sys.stderr.isatty() or args.verbose:

@@ -291,4 +291,66 @@ def analyze_measurement(directory: str | os.PathLike[str], *, workers: int | Non
     directory itself cannot be read.
     """
     jobs = measurement_jobs(directory, user_cache=user_cache)
-    return run_jobs(jobs, workers or os.cpu_count() or 1, progress)
+    results = run_jobs(jobs, workers or os.cpu_count() or 1, progress)
+    write_index(directory, results)
+    return results
+
+
+INDEX_FILE = "index.json"
+
+
+def write_index(directory: str | os.PathLike[str], results: list[Result]) -> Path:
+    """``MEASDIR/structs/index.json``: which structure file holds which module.
+
+    ``{"version": 1, "modules": {"<module path as the run saw it>": "<file name>"}}`` for every
+    module analysed (or found in the cache); a consumer such as ``callpath prof`` looks a
+    module up by the path in its measurement's module table, without recomputing cache keys.
+    """
+    import json
+
+    d = Path(directory) / "structs"
+    d.mkdir(parents=True, exist_ok=True)
+    index: dict[str, str] = {}
+    p = d / INDEX_FILE
+    before = ""
+    if p.is_file():  # keep what an earlier run recorded (e.g. with other modules)
+        try:
+            before = p.read_text()
+            index.update({str(k): str(v) for k, v in json.loads(before)["modules"].items()})
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+            pass
+    for r in results:
+        if r.error is None and r.job.cache and r.job.cache[0].parent == d:
+            index[r.job.name] = r.job.cache[0].name
+    text = json.dumps({"version": 1, "modules": index}, indent=1, sort_keys=True) + "\n"
+    if text != before:  # a second run with everything cached leaves the directory as it was
+        tmp = d / f".{INDEX_FILE}.{os.getpid()}"
+        tmp.write_text(text)
+        os.replace(tmp, p)
+    return p
+
+
+def measurement_structures(directory: str | os.PathLike[str]) -> dict[str, Structure]:
+    """The structures ``callpath struct MEASDIR`` left in ``MEASDIR/structs``, by module path
+    (as the measurement's module tables and Python code tables name them)."""
+    import json
+
+    from callpath.errors import FormatError
+    from callpath.formats.hpcstruct import read_hpcstruct
+
+    d = Path(directory) / "structs"
+    p = d / INDEX_FILE
+    try:
+        doc = json.loads(p.read_text())
+        modules = {str(k): str(v) for k, v in doc["modules"].items()}
+    except FileNotFoundError:
+        raise CallpathError(f"{p}: missing (run 'callpath struct {directory}' first)") from None
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
+        raise FormatError(p, f"expected {{\"modules\": {{path: file}}}} ({e})") from None
+    out: dict[str, Structure] = {}
+    for path, name in modules.items():
+        got = read_hpcstruct(d / name)
+        if got:
+            got[0].path = path
+            out[path] = got[0]
+    return out
