@@ -154,3 +154,22 @@ def _real_debug_line() -> bytes:
         _CACHE["d"] = m.section_bytes(".debug_line") or b""
         m.close()
     return _CACHE["d"]
+
+
+def test_progress_bar_only_on_a_terminal() -> None:
+    import io
+
+    from callpath.structure.driver import Job, ProgressBar, Result
+
+    r = Result(Job("/lib/libfoo.so", "/lib/libfoo.so", []), None, None)
+    quiet = io.StringIO()
+    bar = ProgressBar(quiet)  # a StringIO is not a terminal
+    bar(1, 2, r)
+    assert quiet.getvalue() == ""
+    shown = io.StringIO()
+    bar = ProgressBar(shown, enabled=True)
+    bar(1, 2, r)
+    bar(2, 2, r)
+    text = shown.getvalue()
+    assert "1/2 libfoo.so" in text and "2/2" in text and text.endswith("\n")
+    assert "[" + "#" * 30 + "]" in text
