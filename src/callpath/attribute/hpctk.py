@@ -1,0 +1,310 @@
+"""Attribution of HPCToolkit measurement directories (``*.hpcrun``, ``*.hpctrace``, ``structs/``).
+
+Every hpcrun CCT node is a frame: a load module and an address (for callers, the call
+instruction: hpcrun already stores return address − 1). Its address is mapped through the
+module's structure to procedure → inlined code → loops → statement, and those contexts are
+created (or found: :class:`TreeBuilder` interns them) under the context of its caller's call
+site. The statement context is then the node's *anchor*: its samples are counted there and its
+callees hang below it. Without structure for the module (or with ``ignore_structs``, like
+``hpcprof --ignore-structs``) a frame is a single instruction context ``module+offset`` reached
+by a call.
+
+hpcprof additionally keeps an invisible instruction context below every statement; values are
+identical at every context that the tree lists, except ``point`` values, which here sit on the
+statement itself (docs/prof.md lists the differences).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from callpath.attribute.metrics import SCOPES, Propagator, make_metric, summary_block
+from callpath.attribute.tree import TreeBuilder
+from callpath.errors import CallpathError
+from callpath.formats import hpcrun as hr
+from callpath.formats.hpcstruct import read_hpcstruct
+from callpath.model import (
+    ExecutionContext,
+    Experiment,
+    Function,
+    Identifier,
+    LoadModule,
+    NodeKind,
+    Relation,
+    SourceFile,
+    TraceLine,
+    Traces,
+    build_experiment,
+)
+from callpath.model.values import BlockStore
+from callpath.structure.model import Kind, Structure
+
+F, LP, LN, INS = (int(NodeKind.FUNCTION), int(NodeKind.LOOP), int(NodeKind.LINE),
+                  int(NodeKind.INSTRUCTION))
+CALL, INL, LEX = int(Relation.CALL), int(Relation.INLINED_CALL), int(Relation.LEXICAL)
+# kind, relation, function, file, line, module, offset
+Step = tuple[int, int, int, int, int, int, int]
+
+ENTRY_MAIN, ENTRY_THREAD, ENTRY_UNKNOWN = 1, 2, 0
+
+
+@dataclass
+class Tables:
+    """The database's module, file and function tables, interned."""
+
+    modules: dict[str, int] = field(default_factory=dict)
+    files: dict[str, int] = field(default_factory=dict)
+    functions: dict[tuple[str, int, int, int, int], int] = field(default_factory=dict)
+
+    def module(self, path: str) -> int:
+        return self.modules.setdefault(path, len(self.modules))
+
+    def file(self, path: str) -> int:
+        return self.files.setdefault(path, len(self.files))
+
+    def function(self, name: str, module: int, offset: int, file: int, line: int) -> int:
+        return self.functions.setdefault((name, module, offset, file, line), len(self.functions))
+
+
+class ModuleMapper:
+    """Maps addresses of one load module to structure steps, memoised per address."""
+
+    def __init__(self, path: str, structure: Structure | None, tables: Tables) -> None:
+        self.path = path
+        self.s = structure
+        self.t = tables
+        self.base = os.path.basename(path)
+        self.cache: dict[int, tuple[Step, ...]] = {}
+
+    def _file(self, sid: int) -> int:
+        assert self.s is not None
+        return self.t.file(self.s.text(sid) if sid >= 0 else f"[{self.base}]")
+
+    def steps(self, ip: int) -> tuple[Step, ...]:
+        got = self.cache.get(ip)
+        if got is not None:
+            return got
+        lm = self.t.module(self.path)
+        scope = int(self.s.lookup(np.array([ip], dtype=np.uint64))[0]) if self.s else -1
+        if scope < 0:
+            out: tuple[Step, ...] = ((INS, CALL, -1, -1, 0, lm, ip),)
+        else:
+            out = self._chain_steps(scope, lm)
+        self.cache[ip] = out
+        return out
+
+    def _chain_steps(self, scope: int, lm: int) -> tuple[Step, ...]:
+        s = self.s
+        assert s is not None
+        chain = [c for c in reversed(s.chain(scope)) if s.kind[c] != Kind.FILE]
+        steps: list[Step] = []
+        cur_file = -1
+        for c in chain:
+            k = int(s.kind[c])
+            line = int(s.line[c])
+            if k == Kind.PROC:
+                f = self._file(int(s.file[c]))
+                name = s.text(int(s.name[c]))
+                if s.file[c] < 0:
+                    name = f"{name} [{self.base}]"
+                lo = int(s.range_lo[s.range_ptr[c]]) if s.range_ptr[c + 1] > s.range_ptr[c] else 0
+                fid = self.t.function(name, lm, lo, f, line)
+                steps.append((F, CALL, fid, -1, 0, -1, 0))
+                cur_file = f
+            elif k == Kind.ALIEN:
+                cf = self._file(int(s.call_file[c])) if s.call_file[c] >= 0 else cur_file
+                steps.append((LN, LEX, -1, cf, int(s.call_line[c]), -1, 0))
+                f = self._file(int(s.file[c]))
+                fid = self.t.function(s.text(int(s.name[c])), lm, 0, f, line)
+                steps.append((F, INL, fid, -1, 0, -1, 0))
+                cur_file = f
+            elif k == Kind.LOOP:
+                f = self._file(int(s.file[c])) if s.file[c] >= 0 else cur_file
+                lo = int(s.range_lo[s.range_ptr[c]]) if s.range_ptr[c + 1] > s.range_ptr[c] else 0
+                steps.append((LP, LEX, -1, f, line, lm, lo))
+            else:  # STMT or CALL: a source line
+                f = self._file(int(s.file[c])) if s.file[c] >= 0 else cur_file
+                steps.append((LN, LEX, -1, f, line, -1, 0))
+        if chain and s.kind[chain[-1]] in (Kind.PROC, Kind.ALIEN):
+            steps.append((LN, LEX, -1, cur_file, int(s.line[chain[-1]]), -1, 0))
+        return tuple(steps)
+
+
+def load_structures(paths: list[Path]) -> dict[str, Structure]:
+    """Structures by load module path (and by base name, for moved files)."""
+    out: dict[str, Structure] = {}
+    for p in paths:
+        for s in read_hpcstruct(p):
+            out.setdefault(s.path, s)
+            out.setdefault("base:" + os.path.basename(s.path), s)
+    return out
+
+
+@dataclass
+class ThreadResult:
+    ids: tuple[Identifier, ...]
+    points: list[npt.NDArray[np.float64]]  # per metric, by builder node (grown at the end)
+    anchors: dict[int, int]
+    trace: hr.HpcTrace | None
+
+
+def _identifiers(tup: list[tuple[int, int, int]]) -> tuple[Identifier, ...]:
+    out = []
+    for word, phys, logical in tup:
+        kind = word & 0x3FFF
+        interp = word >> 14
+        out.append(Identifier(kind, logical, phys, 1 if interp == 1 else 0))
+    return tuple(out)
+
+
+def attribute_profile(prof: hr.HpcrunProfile, tb: TreeBuilder,
+                      mapper: Callable[[int], ModuleMapper | None],
+                      metric_index: dict[str, int]) -> tuple[dict[int, int], list[
+                          tuple[int, int, float]]]:
+    """Anchors of every hpcrun node of one thread, and its (node, metric, value) samples."""
+    anchors: dict[int, int] = {}
+    node = tb.node
+    for nid, par, lm, ip in zip(prof.node_id.tolist(), prof.node_parent.tolist(),
+                                prof.node_lm.tolist(), prof.node_ip.tolist(), strict=True):
+        if lm == hr.PLACEHOLDER_LM:
+            if par == 0 or ip in (hr.PRIMARY_ROOT, hr.NO_ACTIVITY):
+                anchors[nid] = 0
+            elif ip == hr.FENCE_MAIN:
+                anchors[nid] = tb.entry(ENTRY_MAIN, "main thread")
+            elif ip == hr.FENCE_THREAD:
+                anchors[nid] = tb.entry(ENTRY_THREAD, "application thread")
+            elif ip == hr.PARTIAL_ROOT:
+                anchors[nid] = tb.entry(ENTRY_UNKNOWN, "partial call paths")
+            else:
+                anchors[nid] = anchors.get(par, 0)
+            continue
+        p = anchors.get(par)
+        if p is None:
+            raise CallpathError(f"{prof.path}: CCT node {nid} comes before its parent {par}")
+        if p == 0:
+            p = tb.entry(ENTRY_UNKNOWN, "partial call paths")
+        m = mapper(lm)
+        if m is None:
+            raise CallpathError(f"{prof.path}: CCT node {nid} names load module {lm}, which "
+                                "is not in the load map")
+        for st in m.steps(ip):
+            p = node(p, st[0], st[1], st[2], st[3], st[4], st[5], st[6])
+        anchors[nid] = p
+    samples = []
+    local = [metric_index[m.name] for m in prof.metrics]
+    for n, mid, v in zip(prof.value_node.tolist(), prof.value_mid.tolist(),
+                         prof.value.tolist(), strict=True):
+        a = anchors.get(n)
+        if a is None:
+            raise CallpathError(f"{prof.path}: metric values for CCT node {n}, which does not "
+                                "exist")
+        samples.append((a, local[mid], v))
+    return anchors, samples
+
+
+def is_hpctoolkit_measurements(d: Path) -> bool:
+    return d.is_dir() and any(d.glob("*.hpcrun"))
+
+
+def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
+                    ignore_structs: bool = False, title: str | None = None) -> Experiment:
+    """The experiment hpcprof would write for HPCToolkit measurement directories."""
+    files: list[Path] = []
+    structs = list(struct_files)
+    for d in measdirs:
+        files += sorted(d.glob("*.hpcrun"))
+        if not ignore_structs and (d / "structs").is_dir():
+            structs += sorted((d / "structs").glob("*.hpcstruct"))
+    if not files:
+        raise CallpathError(f"no *.hpcrun files in {', '.join(map(str, measdirs))}")
+    by_module = {} if ignore_structs else load_structures(structs)
+    tables = Tables()
+    tb = TreeBuilder()
+    mappers: dict[str, ModuleMapper] = {}
+    metric_index: dict[str, int] = {}
+    metric_info: list[hr.HpcrunMetric] = []
+    threads: list[tuple[tuple[Identifier, ...], dict[int, int], list[tuple[int, int, float]],
+                        Path]] = []
+    program = ""
+    for f in files:
+        prof = hr.read_hpcrun(f)
+        program = program or prof.header.get("program-name", "")
+        for m in prof.metrics:
+            if m.name not in metric_index:
+                metric_index[m.name] = len(metric_info)
+                metric_info.append(m)
+
+        def mapper(lm: int, prof: hr.HpcrunProfile = prof) -> ModuleMapper | None:
+            path = prof.modules.get(lm)
+            if path is None:
+                return None
+            got = mappers.get(path)
+            if got is None:
+                s = by_module.get(path) or by_module.get("base:" + os.path.basename(path))
+                got = mappers[path] = ModuleMapper(path, s, tables)
+            return got
+
+        anchors, samples = attribute_profile(prof, tb, mapper, metric_index)
+        threads.append((_identifiers(prof.id_tuple), anchors, samples, f))
+    sort_keys = _sort_keys(tb, tables)
+    cct, new_index = tb.freeze(sort_keys)
+    prop = Propagator(cct)
+    n = len(cct)
+    order = sorted(range(len(threads)), key=lambda i: [(x.kind, x.logical_id, x.physical_id)
+                                                       for x in threads[i][0]])
+    contexts, blocks, lines = [], [], []
+    lex_sums = [np.zeros(n) for _ in metric_info]
+    for pi, ti in enumerate(order):
+        ids, anchors, samples, f = threads[ti]
+        points = [np.zeros(n) for _ in metric_info]
+        if samples:
+            a = new_index[np.array([s[0] for s in samples], dtype=np.int64)]
+            mk = np.array([s[1] for s in samples], dtype=np.int64)
+            v = np.array([s[2] for s in samples], dtype=np.float64)
+            for k in range(len(metric_info)):
+                sel = mk == k
+                np.add.at(points[k], a[sel], v[sel])
+        block, lex = prop.block(points)
+        blocks.append(block)
+        for k, v in enumerate(lex):
+            lex_sums[k] += v
+        contexts.append(ExecutionContext(pi + 1, ids))
+        tf = f.with_suffix(".hpctrace")
+        if tf.exists():
+            tr = hr.read_hpctrace(tf)
+            lut = {k: int(new_index[v]) for k, v in anchors.items()}
+            ctx = np.array([lut.get(int(x), 0) for x in tr.nodes], dtype=np.uint32)
+            lines.append(TraceLine(pi + 1, tr.times, cct.ctx_id[ctx]))
+    traces = None
+    if lines and any(len(t.timestamps) for t in lines):
+        nonempty = [t for t in lines if len(t.timestamps)]
+        traces = Traces(min(int(t.timestamps.min()) for t in nonempty),
+                        max(int(t.timestamps.max()) for t in nonempty), lines)
+    metrics = [make_metric(m.name, k, m.description) for k, m in enumerate(metric_info)]
+    fn_table = [Function(name, mod, off, fl, line)
+                for (name, mod, off, fl, line) in tables.functions]
+    exp = build_experiment(
+        cct, metrics, SCOPES, contexts, blocks,
+        modules=[LoadModule(p) for p in tables.modules],
+        files=[SourceFile(p) for p in tables.files], functions=fn_table,
+        title=title or program, description="callpath prof of HPCToolkit measurements",
+        traces=traces)
+    exp.values = BlockStore.of([summary_block(cct, metrics, blocks, lex_sums), *blocks])
+    return exp
+
+
+def _sort_keys(tb: TreeBuilder, t: Tables) -> list[tuple[object, ...]]:
+    mods = list(t.modules)
+    fls = list(t.files)
+    fns = list(t.functions)
+    out: list[tuple[object, ...]] = []
+    for _par, kind, rel, fn, fl, line, mod, off in tb.keys:
+        out.append((kind, rel, fns[fn] if fn >= 0 else ("",), fls[fl] if fl >= 0 else "", line,
+                    mods[mod] if mod >= 0 else "", off))
+    return out

@@ -1,0 +1,64 @@
+"""``callpath prof``: attribute measurements to program structure and write a database
+(like ``hpcprof``).
+
+``callpath prof MEASDIR... [-S STRUCTFILE]... -o DBDIR`` reads HPCToolkit measurement
+directories (``*.hpcrun``, ``*.hpctrace``, ``structs/*.hpcstruct``), merges every thread,
+process and rank into one calling context tree and writes an HPCToolkit v4 database with the
+sources that exist copied into it. See docs/prof.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from callpath.errors import CallpathError
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "prof", help="attribute measurements to structure and write a database (like hpcprof)",
+        description="Map every sampled call path through the recovered structure (procedures, "
+        "inlined code, loops, lines), merge all execution contexts, and write an HPCToolkit v4 "
+        "database.")
+    p.add_argument("measdirs", nargs="+", metavar="MEASDIR",
+                   help="measurement directories (HPCToolkit's *.hpcrun / *.hpctrace)")
+    p.add_argument("-S", "--structure", action="append", default=[], metavar="STRUCTFILE",
+                   help="also use this structure file (repeatable); MEASDIR/structs/ is "
+                   "always searched")
+    p.add_argument("-o", "--output", required=True, metavar="DBDIR",
+                   help="database directory to write (replaced if it holds a database)")
+    p.add_argument("--ignore-structs", action="store_true",
+                   help="attribute to load module addresses only, like hpcprof "
+                   "--ignore-structs")
+    p.add_argument("--no-sources", action="store_true",
+                   help="do not copy source files into the database")
+    p.add_argument("--title", default=None, help="database title (default: the program name)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from callpath.attribute.hpctk import is_hpctoolkit_measurements, prof_hpctoolkit
+    from callpath.formats.v4.writer import write_v4
+
+    dirs = [Path(d) for d in args.measdirs]
+    for d in dirs:
+        if not d.is_dir():
+            raise CallpathError(f"{d}: not a directory (expected a measurement directory)")
+        if not is_hpctoolkit_measurements(d):
+            raise CallpathError(f"{d}: no *.hpcrun profiles in this directory (expected a "
+                                "measurement directory)")
+    structs = [Path(s) for s in args.structure]
+    for s in structs:
+        if not s.is_file():
+            raise CallpathError(f"-S {s}: no such structure file")
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise CallpathError(f"-o {out}: exists and is not a directory")
+    exp = prof_hpctoolkit(dirs, structs, ignore_structs=args.ignore_structs, title=args.title)
+    write_v4(exp, out, copy_sources=not args.no_sources)
+    n_ctx = len(exp.contexts)
+    sys.stdout.write(f"callpath prof: {len(exp.cct)} contexts from {n_ctx} execution "
+                     f"context{'s' if n_ctx != 1 else ''} written to {out}\n")
+    return 0

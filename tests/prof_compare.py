@@ -1,0 +1,52 @@
+"""Comparing two experiments up to context ids and sibling order: every context is named by
+its path of labels from the root, and values are compared by that name."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from callpath.model import Experiment
+
+Label = tuple[object, ...]
+
+
+def labels(exp: Experiment) -> list[tuple[Label, ...]]:
+    """Per node (preorder), the path of labels from the root."""
+    c = exp.cct
+    out: list[tuple[Label, ...]] = []
+    for i in range(len(c)):
+        fn = int(c.function[i])
+        fl = int(c.file[i])
+        md = int(c.module[i])
+        lab: Label = (int(c.kind[i]), int(c.relation[i]),
+                      exp.functions[fn].name if fn >= 0 else "",
+                      exp.files[fl].path if fl >= 0 else "", int(c.line[i]),
+                      exp.modules[md].path if md >= 0 else "",
+                      int(c.offset[i]) if md >= 0 else 0,
+                      c.entry_names.get(i, ""))
+        p = int(c.parent[i])
+        out.append((*out[p], lab) if p >= 0 else (lab,))
+    return out
+
+
+def by_path(exp: Experiment) -> dict[tuple[Label, ...], int]:
+    got: dict[tuple[Label, ...], int] = {}
+    for i, path in enumerate(labels(exp)):
+        assert path not in got, f"two contexts with the same path {path}"
+        got[path] = i
+    return got
+
+
+def scoped_values(exp: Experiment, profile: int, scope: str) -> np.ndarray:
+    """Node-ordered values of the first metric in one scope of one profile (summary: sums)."""
+    m = exp.metrics[0]
+    if profile == 0:
+        sid = m.stat_id(exp.scopes, scope)
+        assert sid is not None
+        return exp.summary(sid)[exp.cct.ctx_id.astype(np.int64)]
+    return exp.values_in(profile, m, scope)
+
+
+def profile_by_ids(exp: Experiment) -> dict[tuple[object, ...], int]:
+    return {tuple((x.kind, x.logical_id, x.physical_id) for x in p.ids): p.index
+            for p in exp.profiles}
