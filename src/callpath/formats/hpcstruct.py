@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import os
 import re
-from typing import IO
+from array import array
+from typing import IO, Any
 from xml.etree import ElementTree as ET
 from xml.sax.saxutils import quoteattr
 
 import numpy as np
+import numpy.typing as npt
 
 from callpath.errors import FormatError
 from callpath.structure.model import Kind, Structure, StructureBuilder
@@ -96,26 +98,29 @@ def write_hpcstruct_file(structs: list[Structure], path: str | os.PathLike[str])
 
 
 def _write_lm(s: Structure, out: IO[str], ident: list[int]) -> None:
-    """One ``LM`` element. Plain lists and ints in the loop: enum comparisons and numpy scalar
-    access per scope cost more than the formatting itself on a 10^5-scope library."""
+    """One ``LM`` element, in one pass over the preorder arrays with a stack of open scopes.
+
+    Columns are read as ``array.array`` (8 bytes per entry) rather than lists: enum
+    comparisons and numpy scalar access per scope cost more than the formatting itself, and
+    lists of Python ints would double the peak memory of a large module.
+    """
     base = os.path.basename(s.path)
     suffix = f" [{base}]"
     unknown_file = f"[{base}]"
-    kids = s.children()
     w = out.write
     q = quoteattr
     strings = s.strings
-    kind = s.kind.tolist()
-    name = s.name.tolist()
-    link = s.link_name.tolist()
-    file = s.file.tolist()
-    line = s.line.tolist()
-    cfile = s.call_file.tolist()
-    cline = s.call_line.tolist()
-    target = s.target.tolist()
-    rptr = s.range_ptr.tolist()
-    rlo = s.range_lo.tolist()
-    rhi = s.range_hi.tolist()
+
+    def col(x: npt.NDArray[Any], code: str = "q") -> array[int]:
+        a: array[int] = array(code)
+        a.frombytes(np.ascontiguousarray(x, dtype=np.uint64 if code == "Q" else np.int64)
+                    .tobytes())
+        return a
+
+    kind, parent = col(s.kind), col(s.parent)
+    name, link, file, line = col(s.name), col(s.link_name), col(s.file), col(s.line)
+    cfile, cline, target = col(s.call_file), col(s.call_line), col(s.target, "Q")
+    rptr, rlo, rhi = col(s.range_ptr), col(s.range_lo, "Q"), col(s.range_hi, "Q")
     quoted: dict[int, str] = {}
 
     def qs(sid: int, default: str = "") -> str:
@@ -129,19 +134,14 @@ def _write_lm(s: Structure, out: IO[str], ident: list[int]) -> None:
         return "{" + " ".join(f"[{rlo[j]:#x}-{rhi[j]:#x})" for j in range(a, b)) + "}"
 
     w(f'<LM i="{ident[0]}" n={q(s.path)} has-calls="{int(s.has_calls)}" v="{{}}">\n')
-    ident[0] += 1
+    n = ident[0] + 1
     FILE, PROC, ALIEN, LOOP, STMT, CALL = (int(Kind.FILE), int(Kind.PROC), int(Kind.ALIEN),
                                            int(Kind.LOOP), int(Kind.STMT), int(Kind.CALL))
-    # Iterative preorder walk with explicit closing tags (deep alien nests stay off the C stack).
-    stack: list[object] = list(reversed(kids[0]))
-    n = ident[0]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            w(item)
-            continue
-        assert isinstance(item, int)
-        i = item
+    open_: list[tuple[int, str]] = []  # (scope, its closing tags), innermost last
+    for i in range(1, len(kind)):
+        p = parent[i]
+        while open_ and open_[-1][0] != p:
+            w(open_.pop()[1])
         k = kind[i]
         if k == STMT:
             w(f'<S i="{n}" l="{line[i]}" v="{vset(i)}"/>\n')
@@ -175,8 +175,9 @@ def _write_lm(s: Structure, out: IO[str], ident: list[int]) -> None:
             close = "</L>\n"
         else:
             continue
-        stack.append(close)
-        stack.extend(reversed(kids[i]))
+        open_.append((i, close))
+    while open_:
+        w(open_.pop()[1])
     ident[0] = n
     w("</LM>\n")
 
