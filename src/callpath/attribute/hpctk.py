@@ -18,31 +18,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 
-from callpath.attribute.metrics import SCOPES, Propagator, make_metric, summary_block
+from callpath.attribute.build import Tables, ThreadData, finish
 from callpath.attribute.tree import TreeBuilder
 from callpath.errors import CallpathError
 from callpath.formats import hpcrun as hr
 from callpath.formats.hpcstruct import read_hpcstruct
 from callpath.model import (
-    ExecutionContext,
     Experiment,
-    Function,
     Identifier,
-    LoadModule,
     NodeKind,
     Relation,
-    SourceFile,
-    TraceLine,
-    Traces,
-    build_experiment,
 )
-from callpath.model.values import BlockStore
 from callpath.structure.model import Kind, Structure
 
 F, LP, LN, INS = (int(NodeKind.FUNCTION), int(NodeKind.LOOP), int(NodeKind.LINE),
@@ -52,24 +42,6 @@ CALL, INL, LEX = int(Relation.CALL), int(Relation.INLINED_CALL), int(Relation.LE
 Step = tuple[int, int, int, int, int, int, int]
 
 ENTRY_MAIN, ENTRY_THREAD, ENTRY_UNKNOWN = 1, 2, 0
-
-
-@dataclass
-class Tables:
-    """The database's module, file and function tables, interned."""
-
-    modules: dict[str, int] = field(default_factory=dict)
-    files: dict[str, int] = field(default_factory=dict)
-    functions: dict[tuple[str, int, int, int, int], int] = field(default_factory=dict)
-
-    def module(self, path: str) -> int:
-        return self.modules.setdefault(path, len(self.modules))
-
-    def file(self, path: str) -> int:
-        return self.files.setdefault(path, len(self.files))
-
-    def function(self, name: str, module: int, offset: int, file: int, line: int) -> int:
-        return self.functions.setdefault((name, module, offset, file, line), len(self.functions))
 
 
 class ModuleMapper:
@@ -144,14 +116,6 @@ def load_structures(paths: list[Path]) -> dict[str, Structure]:
             out.setdefault(s.path, s)
             out.setdefault("base:" + os.path.basename(s.path), s)
     return out
-
-
-@dataclass
-class ThreadResult:
-    ids: tuple[Identifier, ...]
-    points: list[npt.NDArray[np.float64]]  # per metric, by builder node (grown at the end)
-    anchors: dict[int, int]
-    trace: hr.HpcTrace | None
 
 
 def _identifiers(tup: list[tuple[int, int, int]]) -> tuple[Identifier, ...]:
@@ -229,8 +193,7 @@ def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
     mappers: dict[str, ModuleMapper] = {}
     metric_index: dict[str, int] = {}
     metric_info: list[hr.HpcrunMetric] = []
-    threads: list[tuple[tuple[Identifier, ...], dict[int, int], list[tuple[int, int, float]],
-                        Path]] = []
+    threads: list[ThreadData] = []
     program = ""
     for f in files:
         prof = hr.read_hpcrun(f)
@@ -251,60 +214,17 @@ def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
             return got
 
         anchors, samples = attribute_profile(prof, tb, mapper, metric_index)
-        threads.append((_identifiers(prof.id_tuple), anchors, samples, f))
-    sort_keys = _sort_keys(tb, tables)
-    cct, new_index = tb.freeze(sort_keys)
-    prop = Propagator(cct)
-    n = len(cct)
-    order = sorted(range(len(threads)), key=lambda i: [(x.kind, x.logical_id, x.physical_id)
-                                                       for x in threads[i][0]])
-    contexts, blocks, lines = [], [], []
-    lex_sums = [np.zeros(n) for _ in metric_info]
-    for pi, ti in enumerate(order):
-        ids, anchors, samples, f = threads[ti]
-        points = [np.zeros(n) for _ in metric_info]
-        if samples:
-            a = new_index[np.array([s[0] for s in samples], dtype=np.int64)]
-            mk = np.array([s[1] for s in samples], dtype=np.int64)
-            v = np.array([s[2] for s in samples], dtype=np.float64)
-            for k in range(len(metric_info)):
-                sel = mk == k
-                np.add.at(points[k], a[sel], v[sel])
-        block, lex = prop.block(points)
-        blocks.append(block)
-        for k, v in enumerate(lex):
-            lex_sums[k] += v
-        contexts.append(ExecutionContext(pi + 1, ids))
+        th = ThreadData(_identifiers(prof.id_tuple),
+                        np.array([x[0] for x in samples], dtype=np.int64),
+                        np.array([x[1] for x in samples], dtype=np.int64),
+                        np.array([x[2] for x in samples], dtype=np.float64))
         tf = f.with_suffix(".hpctrace")
         if tf.exists():
             tr = hr.read_hpctrace(tf)
-            lut = {k: int(new_index[v]) for k, v in anchors.items()}
-            ctx = np.array([lut.get(int(x), 0) for x in tr.nodes], dtype=np.uint32)
-            lines.append(TraceLine(pi + 1, tr.times, cct.ctx_id[ctx]))
-    traces = None
-    if lines and any(len(t.timestamps) for t in lines):
-        nonempty = [t for t in lines if len(t.timestamps)]
-        traces = Traces(min(int(t.timestamps.min()) for t in nonempty),
-                        max(int(t.timestamps.max()) for t in nonempty), lines)
-    metrics = [make_metric(m.name, k, m.description) for k, m in enumerate(metric_info)]
-    fn_table = [Function(name, mod, off, fl, line)
-                for (name, mod, off, fl, line) in tables.functions]
-    exp = build_experiment(
-        cct, metrics, SCOPES, contexts, blocks,
-        modules=[LoadModule(p) for p in tables.modules],
-        files=[SourceFile(p) for p in tables.files], functions=fn_table,
-        title=title or program, description="callpath prof of HPCToolkit measurements",
-        traces=traces)
-    exp.values = BlockStore.of([summary_block(cct, metrics, blocks, lex_sums), *blocks])
-    return exp
-
-
-def _sort_keys(tb: TreeBuilder, t: Tables) -> list[tuple[object, ...]]:
-    mods = list(t.modules)
-    fls = list(t.files)
-    fns = list(t.functions)
-    out: list[tuple[object, ...]] = []
-    for _par, kind, rel, fn, fl, line, mod, off in tb.keys:
-        out.append((kind, rel, fns[fn] if fn >= 0 else ("",), fls[fl] if fl >= 0 else "", line,
-                    mods[mod] if mod >= 0 else "", off))
-    return out
+            th.trace_times = tr.times
+            th.trace_nodes = np.array([anchors.get(int(x), 0) for x in tr.nodes],
+                                      dtype=np.int64)
+        threads.append(th)
+    return finish(tb, tables, threads, [(m.name, m.description) for m in metric_info],
+                  title=title or program,
+                  description="callpath prof of HPCToolkit measurements")

@@ -23,7 +23,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "inlined code, loops, lines), merge all execution contexts, and write an HPCToolkit v4 "
         "database.")
     p.add_argument("measdirs", nargs="+", metavar="MEASDIR",
-                   help="measurement directories (HPCToolkit's *.hpcrun / *.hpctrace)")
+                   help="measurement directories: callpath run / the Python sampler, or "
+                   "HPCToolkit's (*.hpcrun, *.hpctrace)")
     p.add_argument("-S", "--structure", action="append", default=[], metavar="STRUCTFILE",
                    help="also use this structure file (repeatable); MEASDIR/structs/ is "
                    "always searched")
@@ -40,15 +41,24 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     from callpath.attribute.hpctk import is_hpctoolkit_measurements, prof_hpctoolkit
+    from callpath.attribute.measdir import is_callpath_measurements, prof_measdir
     from callpath.formats.v4.writer import write_v4
 
     dirs = [Path(d) for d in args.measdirs]
+    kinds = set()
     for d in dirs:
         if not d.is_dir():
             raise CallpathError(f"{d}: not a directory (expected a measurement directory)")
-        if not is_hpctoolkit_measurements(d):
-            raise CallpathError(f"{d}: no *.hpcrun profiles in this directory (expected a "
-                                "measurement directory)")
+        if is_callpath_measurements(d):
+            kinds.add("callpath")
+        elif is_hpctoolkit_measurements(d):
+            kinds.add("hpctoolkit")
+        else:
+            raise CallpathError(f"{d}: neither measurement.json nor *.hpcrun profiles in this "
+                                "directory (expected a measurement directory)")
+    if len(kinds) > 1:
+        raise CallpathError("callpath and HPCToolkit measurement directories cannot be "
+                            "combined in one database")
     structs = [Path(s) for s in args.structure]
     for s in structs:
         if not s.is_file():
@@ -56,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.exists() and not out.is_dir():
         raise CallpathError(f"-o {out}: exists and is not a directory")
-    exp = prof_hpctoolkit(dirs, structs, ignore_structs=args.ignore_structs, title=args.title)
+    reduce = prof_measdir if "callpath" in kinds else prof_hpctoolkit
+    exp = reduce(dirs, structs, ignore_structs=args.ignore_structs, title=args.title)
     write_v4(exp, out, copy_sources=not args.no_sources)
     n_ctx = len(exp.contexts)
     sys.stdout.write(f"callpath prof: {len(exp.cct)} contexts from {n_ctx} execution "

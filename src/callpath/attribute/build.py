@@ -1,0 +1,112 @@
+"""From a built tree and per-thread samples to an :class:`Experiment`: preorder, propagated
+metrics per execution context, the summary profile, traces. Shared by every input format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from callpath.attribute.metrics import SCOPES, Propagator, make_metric, summary_block
+from callpath.attribute.tree import TreeBuilder
+from callpath.model import (
+    ExecutionContext,
+    Experiment,
+    Function,
+    Identifier,
+    LoadModule,
+    SourceFile,
+    TraceLine,
+    Traces,
+    build_experiment,
+)
+from callpath.model.values import BlockStore
+
+
+class Tables:
+    """The database's module, file and function tables, interned."""
+
+    def __init__(self) -> None:
+        self.modules: dict[str, int] = {}
+        self.files: dict[str, int] = {}
+        self.functions: dict[tuple[str, int, int, int, int], int] = {}
+
+    def module(self, path: str) -> int:
+        return self.modules.setdefault(path, len(self.modules))
+
+    def file(self, path: str) -> int:
+        return self.files.setdefault(path, len(self.files))
+
+    def function(self, name: str, module: int, offset: int, file: int, line: int) -> int:
+        return self.functions.setdefault((name, module, offset, file, line), len(self.functions))
+
+
+@dataclass
+class ThreadData:
+    """One execution context: builder nodes of its samples (``anchor``), metric index and
+    value of each, and its trace (sample times and builder nodes) if recorded."""
+
+    ids: tuple[Identifier, ...]
+    anchor: npt.NDArray[np.int64]
+    metric: npt.NDArray[np.int64]
+    value: npt.NDArray[np.float64]
+    trace_times: npt.NDArray[np.uint64] | None = None
+    trace_nodes: npt.NDArray[np.int64] | None = None
+
+
+def sort_keys(tb: TreeBuilder, t: Tables) -> list[tuple[object, ...]]:
+    """Content keys that order siblings independently of reading order."""
+    mods = list(t.modules)
+    fls = list(t.files)
+    fns = list(t.functions)
+    out: list[tuple[object, ...]] = []
+    for _par, kind, rel, fn, fl, line, mod, off in tb.keys:
+        out.append((kind, rel, fns[fn] if fn >= 0 else ("",), fls[fl] if fl >= 0 else "", line,
+                    mods[mod] if mod >= 0 else "", off))
+    return out
+
+
+def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
+           metric_names: list[tuple[str, str]], *, title: str, description: str,
+           ) -> Experiment:
+    """The experiment: execution contexts ordered by identifier tuple, values propagated."""
+    cct, new_index = tb.freeze(sort_keys(tb, tables))
+    prop = Propagator(cct)
+    n = len(cct)
+    nm = len(metric_names)
+    order = sorted(range(len(threads)), key=lambda i: [(x.kind, x.logical_id, x.physical_id)
+                                                       for x in threads[i].ids])
+    contexts, blocks, lines = [], [], []
+    lex_sums = [np.zeros(n) for _ in range(nm)]
+    for pi, ti in enumerate(order):
+        th = threads[ti]
+        points = []
+        a = new_index[th.anchor]
+        for k in range(nm):
+            sel = th.metric == k
+            points.append(np.bincount(a[sel], weights=th.value[sel], minlength=n)
+                          .astype(np.float64))
+        block, lex = prop.block(points)
+        blocks.append(block)
+        for k, v in enumerate(lex):
+            lex_sums[k] += v
+        contexts.append(ExecutionContext(pi + 1, th.ids))
+        if th.trace_times is not None and th.trace_nodes is not None:
+            lines.append(TraceLine(pi + 1, th.trace_times,
+                                   cct.ctx_id[new_index[th.trace_nodes]]))
+    traces = None
+    nonempty = [t for t in lines if len(t.timestamps)]
+    if nonempty:
+        traces = Traces(min(int(t.timestamps.min()) for t in nonempty),
+                        max(int(t.timestamps.max()) for t in nonempty), lines)
+    metrics = [make_metric(name, k, desc) for k, (name, desc) in enumerate(metric_names)]
+    fn_table = [Function(name, mod, off, fl, line)
+                for (name, mod, off, fl, line) in tables.functions]
+    exp = build_experiment(
+        cct, metrics, SCOPES, contexts, blocks,
+        modules=[LoadModule(p) for p in tables.modules],
+        files=[SourceFile(p) for p in tables.files], functions=fn_table,
+        title=title, description=description, traces=traces)
+    exp.values = BlockStore.of([summary_block(cct, metrics, blocks, lex_sums), *blocks])
+    return exp
