@@ -1,0 +1,122 @@
+"""``callpath profile [run options] -- CMD ARGS``: measure, recover structure, attribute.
+
+The three steps of ``callpath run``, ``callpath struct MEASDIR`` and ``callpath prof`` in one
+command, then the top of the report and the commands that open the result. A Python script
+(``CMD`` ending in ``.py``, or ``--python``) is measured by the Python sampler instead of
+perf_event sampling. A module whose structure cannot be recovered is reported and attributed by
+address; the database is still written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from callpath.errors import CallpathError
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "profile", help="run + struct + prof in one command",
+        description="Measure CMD (callpath run, or the Python sampler for a .py script), "
+        "recover the structure of every module it used, write the database, and print the "
+        "top of its report.")
+    p.add_argument("-e", "--event", action="append", default=[], metavar="EVENT",
+                   help="event to sample (native programs; see callpath run); repeatable")
+    p.add_argument("-t", "--trace", action="store_true", help="also record a trace")
+    p.add_argument("-m", "--measurements", metavar="MEASDIR", default=None,
+                   help="measurement directory (default: callpath-CMD-measurements[-N])")
+    p.add_argument("-o", "--output", metavar="DBDIR", default=None,
+                   help="database directory (default: callpath-CMD-database[-N])")
+    p.add_argument("--python", action="store_true",
+                   help="CMD is a Python program: measure it with the Python sampler")
+    p.add_argument("-F", "--frequency", type=int, default=None,
+                   help="Python sampler: samples per second (default 1000)")
+    p.add_argument("-d", "--depth", type=int, default=16,
+                   help="depth of the report printed at the end (default 16)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS")
+    p.set_defaults(func=run)
+
+
+def _fresh(base: str) -> Path:
+    p = Path(base)
+    n = 2
+    while p.exists():
+        p = Path(f"{base}-{n}")
+        n += 1
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    cmd = list(args.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise CallpathError("no program to run: expected 'callpath profile [options] -- CMD "
+                            "ARGS'")
+    if args.depth < 1:
+        raise CallpathError(f"-d {args.depth}: expected a positive depth")
+    python = args.python or cmd[0].endswith(".py")
+    name = os.path.basename(cmd[0]).removesuffix(".py") or "program"
+    meas = Path(args.measurements) if args.measurements else _fresh(
+        f"callpath-{name}-measurements")
+    db = Path(args.output) if args.output else _fresh(f"callpath-{name}-database")
+    status = _measure(cmd, meas, args, python)
+    if not (meas / "measurement.json").is_file():
+        raise CallpathError(f"{meas}: the measurement was not written (the program could not "
+                            "be measured)")
+    _struct(meas)
+    from callpath.attribute.measdir import prof_measdir
+    from callpath.formats.v4.writer import write_v4
+
+    exp = prof_measdir([meas], [])
+    write_v4(exp, db)
+    from callpath.cli.main import main as cli_main
+
+    sys.stdout.write(f"\ncallpath profile: database {db} ({len(exp.cct)} contexts, "
+                     f"{len(exp.contexts)} execution contexts)\n\n")
+    sys.stdout.flush()
+    cli_main(["report", str(db), "-d", str(args.depth), "-t", "1"])
+    q = shlex.quote(str(db))
+    sys.stdout.write(f"\nFull report:  callpath report {q}\nViewer:       callpath view {q}\n")
+    return status
+
+
+def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool) -> int:
+    if python:
+        argv = [sys.executable, "-m", "callpath.measure.python", "-o", str(meas)]
+        if args.trace:
+            argv.append("-t")
+        if args.frequency:
+            argv += ["-F", str(args.frequency)]
+        if cmd[0].endswith(".py"):
+            argv += cmd
+        elif os.path.basename(cmd[0]).startswith("python"):
+            argv += cmd[1:]
+        else:
+            argv += cmd
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+        try:
+            return subprocess.run(argv, env=env, check=False).returncode
+        except OSError as e:
+            raise CallpathError(f"cannot start the Python sampler: {e}") from None
+    from callpath.cli.run import run as run_cmd
+
+    ns = argparse.Namespace(event=args.event, trace=args.trace, output=str(meas),
+                            list_events=False, stack_size=16384, top=0, finish=None,
+                            command=cmd)
+    return int(run_cmd(ns))
+
+
+def _struct(meas: Path) -> None:
+    from callpath.structure.driver import analyze_measurement
+
+    for r in analyze_measurement(meas):
+        if r.error:
+            sys.stderr.write(f"callpath: {r.error} (attributed by address instead)\n")

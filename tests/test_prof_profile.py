@@ -1,0 +1,59 @@
+"""``callpath profile -- CMD``: run + struct + prof in one command, on a C and a Python
+program; the database holds every recorded sample and the report is printed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import callpath
+from callpath.formats import measdir
+from callpath.model import NodeKind
+from conftest import ROOT, run_cli
+from prof_tree import find
+from test_prof_native import _perf_reason
+
+PROGS = ROOT / "tests" / "prof_programs"
+
+
+def _check(meas: Path, db: Path) -> callpath.model.Experiment:
+    m = measdir.read(meas)
+    exp = callpath.open(db)
+    for k, info in enumerate(m.metrics):
+        recorded = sum(int(t.samples[:, k].sum()) for _, t in m.threads)
+        assert exp.inclusive(f"{info.name} (samples)")[0] == recorded
+    return exp
+
+
+def test_profile_c_program(tmp_path: Path) -> None:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    reason = _perf_reason()
+    if reason is not None:
+        pytest.skip(f"perf_event sampling is not available here: {reason}")
+    exe = tmp_path / "hotloop"
+    subprocess.run(["gcc", "-O2", "-g", "-o", str(exe), str(PROGS / "hotloop.c")], check=True)
+    meas, db = tmp_path / "m", tmp_path / "d"
+    r = run_cli("profile", "-m", str(meas), "-o", str(db), "-d", "20", "--", str(exe), "20000",
+                check=True)
+    assert "» kernel" in r.stdout and "loop at hotloop.c:13" in r.stdout
+    assert f"callpath view {db}" in r.stdout
+    exp = _check(meas, db)
+    assert find(exp, NodeKind.LOOP, line=12)
+
+
+def test_profile_python_program(tmp_path: Path) -> None:
+    meas, db = tmp_path / "m", tmp_path / "d"
+    r = run_cli("profile", "-m", str(meas), "-o", str(db), "--", str(PROGS / "pyloops.py"),
+                "1500", check=True)
+    assert "» work" in r.stdout and "loop at pyloops.py:12" in r.stdout
+    exp = _check(meas, db)
+    assert find(exp, NodeKind.FUNCTION, name="helper")
+
+
+def test_profile_needs_a_command() -> None:
+    r = run_cli("profile")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
