@@ -49,9 +49,10 @@ class RunOptions:
     events: list[EventSpec]
     out: Path
     trace: bool = False
-    stack_size: int = 16384
+    stack_size: int = 8192
     ring_pages: int = 0  # data pages per CPU ring; 0: 8 MiB, less beyond 8 CPUs (64 MiB in all)
     linger: float = 2.0     # seconds to keep measuring descendants after the program exits
+    nice: int = 5           # the launcher yields the CPU to the program it measures
 
 
 @dataclass
@@ -260,6 +261,9 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
         measdir.write_header(out, metrics, command=cmd, program=path, status="running",
                              start_time=start, raw=raw_info,
                              failed_events=[{"event": s.name, "reason": r} for s, r in failed])
+        if opts.nice:
+            with contextlib.suppress(OSError):
+                os.nice(opts.nice)  # after the fork: the program keeps its own priority
         err = gate.release()
         if err is not None:
             os.waitpid(gate.pid, 0)

@@ -117,7 +117,8 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
         nframes[a] += 1
         # rows for the distinct (module, pc) of this step
         lk = np.where(inmod, (look.astype(np.int64) + bias), -1)
-        fid = np.where(inmod, mm.file_ids[np.maximum(m, 0)], -1)
+        fid = (np.where(inmod, mm.file_ids[np.maximum(m, 0)], -1) if len(mm.starts)
+               else np.full(len(a), -1, dtype=np.int64))
         key = np.where(inmod, (fid << 48) | (lk & ((1 << 48) - 1)), -1)
         uk, first, inv = np.unique(key, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
