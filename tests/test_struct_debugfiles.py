@@ -181,3 +181,28 @@ def test_dwarf_versions(tmp_path: Path, reference: Canonical, version: int) -> N
     assert int.from_bytes(info[4:6], "little") == version
     assert int.from_bytes(line[4:6], "little") == version
     _same(_analyze(exe, None), reference)
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_split_dwarf_dwo(tmp_path: Path, reference: Canonical, version: int) -> None:
+    """``-gsplit-dwarf``: the binary keeps the line table and skeleton units, the inlining
+    trees are in a ``.dwo`` file beside the objects (found by name and compilation directory,
+    or beside the binary after both moved)."""
+    _need("gcc")
+    build = tmp_path / "build"
+    build.mkdir()
+    exe = build / "nests"
+    subprocess.run(["gcc", "-O2", "-g", f"-gdwarf-{version}", "-gsplit-dwarf", "-o", str(exe),
+                    str(SRC)], check=True, cwd=build)
+    dwos = list(build.glob("*.dwo"))
+    assert len(dwos) == 1
+    _same(_analyze(exe, None), reference)
+    # Moved together to another folder: the compilation directory no longer holds the .dwo.
+    moved = tmp_path / "moved"
+    build.rename(moved)
+    _same(_analyze(moved / "nests", None), reference)
+    # Without the .dwo: lines and loops from the binary, no inlining.
+    next(moved.glob("*.dwo")).unlink()
+    bare = _analyze(moved / "nests", None)
+    assert not bare.inlined and bare.statements == reference.statements
+    assert sorted(len(p) for _, p in bare.loops.elements()) == [1, 1, 1, 1, 2, 3]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,7 +65,17 @@ def read_debug(mod: ElfModule) -> Debug | None:
         if alt is not None:
             opened.append(alt)
         get = src.section_bytes
-        reader = DwarfReader(src.path, get, alt.section_bytes if alt is not None else None)
+
+        def open_dwo(name: str, comp_dir: str) -> tuple[str, Callable[[str], bytes | None]] | None:
+            for cand in _dwo_candidates(name, comp_dir, mod.path):
+                if os.path.isfile(cand):
+                    dwo = open_elf(cand, require_code=False)
+                    opened.append(dwo)
+                    return dwo.path, dwo.section_bytes
+            return None
+
+        reader = DwarfReader(src.path, get, alt.section_bytes if alt is not None else None,
+                             open_dwo)
         units = reader.units()
         lines = decode_line_tables(get(".debug_line") or b"", units, path=src.path,
                                    debug_str=get(".debug_str"),
@@ -75,6 +86,14 @@ def read_debug(mod: ElfModule) -> Debug | None:
         for m in opened:
             if m is not mod:
                 m.close()
+
+
+def _dwo_candidates(name: str, comp_dir: str, binary: str) -> list[str]:
+    """Where a split unit's ``.dwo`` may be: as named (relative to the compilation directory),
+    then beside the binary (a build tree that was moved with its objects)."""
+    out = [name if os.path.isabs(name) else os.path.join(comp_dir or ".", name)]
+    out.append(os.path.join(os.path.dirname(os.path.abspath(binary)), os.path.basename(name)))
+    return out
 
 
 def _alt_file(src: ElfModule) -> ElfModule | None:

@@ -5,8 +5,10 @@ pyelftools materialises every DIE as an object and caches them with list inserti
 walks each unit linearly, skips uninteresting DIEs by a size precomputed per abbreviation (or by
 ``DW_AT_sibling``), and decodes attributes only for compile units, subprograms, inlined
 subroutines and the lexical blocks they sit in. DWARF 2–5, 32- and 64-bit units, string and
-address indexes, ``.debug_ranges``/``.debug_rnglists``, and dwz's ``.gnu_debugaltlink``
-supplementary file are handled.
+address indexes, ``.debug_ranges``/``.debug_rnglists``, dwz's ``.gnu_debugaltlink``
+supplementary file, and split DWARF (``-gsplit-dwarf``, DWARF 5 and GNU's DWARF 4 form: a
+skeleton unit here, the DIEs in a ``.dwo`` file found by its name and ``DW_AT_comp_dir``,
+addresses in this file's ``.debug_addr``) are handled.
 """
 
 from __future__ import annotations
@@ -46,12 +48,17 @@ AT_linkage_name = 0x6E
 AT_str_offsets_base = 0x72
 AT_addr_base = 0x73
 AT_rnglists_base = 0x74
+AT_dwo_name = 0x76
 AT_noreturn = 0x87
 AT_MIPS_linkage_name = 0x2007
+AT_GNU_dwo_name = 0x2130
+AT_GNU_ranges_base = 0x2132
+AT_GNU_addr_base = 0x2133
 _WANTED = {AT_sibling, AT_name, AT_stmt_list, AT_low_pc, AT_high_pc, AT_comp_dir,
            AT_abstract_origin, AT_decl_file, AT_decl_line, AT_declaration, AT_specification,
            AT_ranges, AT_call_file, AT_call_line, AT_linkage_name, AT_str_offsets_base,
-           AT_addr_base, AT_rnglists_base, AT_noreturn, AT_MIPS_linkage_name}
+           AT_addr_base, AT_rnglists_base, AT_noreturn, AT_MIPS_linkage_name, AT_dwo_name,
+           AT_GNU_dwo_name, AT_GNU_ranges_base, AT_GNU_addr_base}
 
 # Fixed sizes of forms; None = variable, -1 = address size, -2 = offset size.
 _FIXED: dict[int, int | None] = {
@@ -130,13 +137,17 @@ class _Sections:
 
 
 class _Unit:
-    __slots__ = ("abbrevs", "addr_base", "addr_size", "base", "die_start", "end", "offset",
-                 "offsz", "rnglists_base", "sec", "str_offsets_base", "version")
+    __slots__ = ("abbrevs", "addr_base", "addr_size", "alt", "base", "die_start",
+                 "dwo_name_seen", "end", "offset", "offsz", "ranges_base", "rnglists_base", "sec",
+                 "str_offsets_base", "unit_type", "version")
 
     def __init__(self, sec: _Sections, offset: int) -> None:
         d = sec.info
         self.sec = sec
         self.offset = offset
+        self.alt = 0  # which file: 0 main, 1 dwz supplement, 2+ a split .dwo
+        self.dwo_name_seen = False  # a DWARF 4 (GNU) skeleton unit
+        self.unit_type = 1
         if offset + 11 > len(d):
             raise FormatError(sec.path, "truncated unit header in .debug_info", offset)
         length = int.from_bytes(d[offset:offset + 4], "little")
@@ -155,7 +166,7 @@ class _Unit:
             raise FormatError(sec.path, f"unsupported DWARF version {self.version} "
                               "(expected 2..5)", offset)
         if self.version >= 5:
-            unit_type = d[pos]
+            unit_type = self.unit_type = d[pos]
             self.addr_size = d[pos + 1]
             abbrev_off = int.from_bytes(d[pos + 2:pos + 2 + self.offsz], "little")
             pos += 2 + self.offsz
@@ -176,6 +187,7 @@ class _Unit:
         self.str_offsets_base = 8
         self.addr_base = 8
         self.rnglists_base = 0
+        self.ranges_base = 0  # DWARF 4 split units: DW_AT_GNU_ranges_base of the skeleton
 
 
 def _uleb(d: bytes, pos: int) -> tuple[int, int]:
@@ -293,9 +305,14 @@ class DwarfReader:
     """Reads subprograms and inlining trees of one file (plus its dwz supplementary file)."""
 
     def __init__(self, path: str, get: Callable[[str], bytes | None],
-                 alt_get: Callable[[str], bytes | None] | None = None) -> None:
+                 alt_get: Callable[[str], bytes | None] | None = None,
+                 open_dwo: Callable[[str, str], tuple[str, Callable[[str], bytes | None]] | None]
+                 | None = None) -> None:
         self.main = _Sections(path, get)
         self.alt = _Sections(path + " (dwz supplementary file)", alt_get) if alt_get else None
+        #: Split DWARF: (name, comp_dir) -> the .dwo file's section getter (None: not found).
+        self.open_dwo = open_dwo
+        self.dwo: list[_Sections] = []  # alt id 2 + k
         self._names: dict[tuple[int, int], tuple[str, str, tuple[int, int] | None]] = {}
         self._unit_cache: dict[tuple[int, int], _Unit] = {}
 
@@ -356,7 +373,7 @@ class DwarfReader:
                 d = sec.ranges
                 if d is None:
                     raise FormatError(sec.path, "DW_AT_ranges without a .debug_ranges section")
-                base, pos, top = u.base, v, (1 << (8 * asz)) - 1
+                base, pos, top = u.base, v + u.ranges_base, (1 << (8 * asz)) - 1
                 while True:
                     a = int.from_bytes(d[pos:pos + asz], "little")
                     b = int.from_bytes(d[pos + asz:pos + 2 * asz], "little")
@@ -419,7 +436,7 @@ class DwarfReader:
     # -- name resolution -------------------------------------------------------------------
 
     def _unit_at(self, alt: int, offset: int) -> _Unit:
-        sec = self.alt if alt and self.alt is not None else self.main
+        sec = self._sec(alt)
         if not sec.unit_starts:
             pos = 0
             while pos < len(sec.info):
@@ -435,8 +452,14 @@ class DwarfReader:
         u = self._unit_cache.get(key)
         if u is None:
             u = self._unit_cache[key] = _Unit(sec, sec.unit_starts[i])
+            u.alt = alt
             self._unit_base_attrs(u)
         return u
+
+    def _sec(self, alt: int) -> _Sections:
+        if alt >= 2:
+            return self.dwo[alt - 2]
+        return self.alt if alt and self.alt is not None else self.main
 
     def _unit_base_attrs(self, u: _Unit) -> dict[int, tuple[int, object]]:
         d = u.sec.info
@@ -446,12 +469,14 @@ class DwarfReader:
             raise FormatError(u.sec.path, f"unknown abbreviation code {code}", u.die_start)
         attrs, _ = _read_attrs(u, pos, ab, _WANTED)
         for at, slot in ((AT_str_offsets_base, "str_offsets_base"), (AT_addr_base, "addr_base"),
-                         (AT_rnglists_base, "rnglists_base")):
+                         (AT_rnglists_base, "rnglists_base"), (AT_GNU_addr_base, "addr_base"),
+                         (AT_GNU_ranges_base, "ranges_base")):
             if at in attrs:
                 setattr(u, slot, int(attrs[at][1]))  # type: ignore[call-overload]
         if AT_low_pc in attrs:
             f, v = attrs[AT_low_pc]
             u.base = self._address(u, f, v)
+        u.dwo_name_seen = AT_GNU_dwo_name in attrs
         return attrs
 
     def _ref(self, u: _Unit, alt: int, form: int, val: object) -> tuple[int, int]:
@@ -467,7 +492,7 @@ class DwarfReader:
         got = self._names.get(ref)
         if got is None:
             alt, off = ref
-            if alt and self.alt is None:
+            if alt == 1 and self.alt is None:
                 return ("", "")
             u = self._unit_at(alt, off)
             d = u.sec.info
@@ -539,20 +564,77 @@ class DwarfReader:
                 raise FormatError(sec.path, "truncated or corrupt DIE in .debug_info",
                                   u.offset) from None
             pos = u.end
+            if u.unit_type == 4 or (u.version < 5 and u.dwo_name_seen):
+                self._walk_split(u, out, file_of)  # a skeleton: the DIEs are in a .dwo file
         for s in out.subprograms:
             s.name, s.link_name = self.name_of(s.name_ref)
         for i in out.inlined:
             i.name = self.name_of(i.origin)[0]
         return out
 
+    def _walk_split(self, skel: _Unit, out: DebugInfo,
+                    file_of: Callable[[int, int], int]) -> None:
+        """Walk the split unit of the skeleton ``skel`` in its ``.dwo`` file, if found.
+
+        Its addresses are indexes into this file's ``.debug_addr`` at the skeleton's
+        ``DW_AT_addr_base``; its file numbers are the skeleton's line table's.
+        """
+        top = self._unit_base_attrs(skel)
+        at = top.get(AT_dwo_name) or top.get(AT_GNU_dwo_name)
+        if at is None or self.open_dwo is None:
+            return
+        name = self._string(skel, *at, 0)
+        comp_dir = self._string(skel, *top[AT_comp_dir], 0) if AT_comp_dir in top else ""
+        got = self.open_dwo(name, comp_dir)
+        if got is None:
+            return  # no .dwo: lines still come from the skeleton's line table
+        path, get = got
+        main = self.main
+
+        def dwo_get(sec_name: str) -> bytes | None:
+            if sec_name == ".debug_addr":
+                return main.addr
+            if sec_name == ".debug_ranges":  # DWARF 4 split: ranges stay in the binary
+                return main.ranges
+            return get(sec_name + ".dwo")
+
+        dsec = _Sections(path, dwo_get)
+        self.dwo.append(dsec)
+        alt = 1 + len(self.dwo)
+        stmt = int(top[AT_stmt_list][1]) if AT_stmt_list in top else -1  # type: ignore[call-overload]
+        pos = 0
+        while pos < len(dsec.info):
+            u = _Unit(dsec, pos)
+            dsec.unit_starts.append(pos)
+            u.alt = alt
+            self._unit_cache[(alt, pos)] = u
+            if u.unit_type == 5 or u.version < 5:  # DW_UT_split_compile, or GNU's DWARF 4
+                u.addr_base = skel.addr_base
+                u.base = skel.base
+                u.rnglists_base = 12 if u.offsz == 4 else 20  # past the list table's header
+                u.ranges_base = skel.ranges_base
+                if u.version < 5:
+                    u.str_offsets_base = 0  # GNU's .debug_str_offsets.dwo has no header
+                try:
+                    self._walk_unit(u, out, file_of, stmt_of_skeleton=stmt)
+                except IndexError:
+                    raise FormatError(path, "truncated or corrupt DIE in .debug_info.dwo",
+                                      u.offset) from None
+            pos = u.end
+
     def _walk_unit(self, u: _Unit, out: DebugInfo,
-                   file_of: Callable[[int, int], int]) -> None:
+                   file_of: Callable[[int, int], int],
+                   stmt_of_skeleton: int | None = None) -> None:
         d = u.sec.info
         top = self._unit_base_attrs(u)
-        stmt = int(top[AT_stmt_list][1]) if AT_stmt_list in top else -1  # type: ignore[call-overload]
-        comp_dir = self._string(u, *top[AT_comp_dir], 0) if AT_comp_dir in top else ""
-        if stmt >= 0:
-            out.units.append((stmt, comp_dir))
+        if stmt_of_skeleton is not None:  # a split unit: lines and files are the skeleton's
+            stmt = stmt_of_skeleton
+        else:
+            stmt = int(top[AT_stmt_list][1]) if AT_stmt_list in top else -1  # type: ignore[call-overload]
+            comp_dir = self._string(u, *top[AT_comp_dir], 0) if AT_comp_dir in top else ""
+            if stmt >= 0:
+                out.units.append((stmt, comp_dir))
+        alt = u.alt
         abbrevs = u.abbrevs
         walk_tags = _WALK_TAGS
         # Stack of (subprogram index, inlined index) contexts for DIEs with children.
@@ -594,8 +676,8 @@ class DwarfReader:
             new = ctx
             tag = ab.tag
             if tag == TAG_subprogram:
-                if u.sec is self.main:
-                    self._names[(0, die_off)] = self._name_entry(u, 0, attrs)
+                if alt != 1:
+                    self._names[(alt, die_off)] = self._name_entry(u, alt, attrs)
                 if AT_declaration not in attrs:
                     rng = self._ranges(u, attrs)
                     if rng:
@@ -603,13 +685,13 @@ class DwarfReader:
                         if AT_decl_file in attrs and stmt >= 0:
                             df = file_of(stmt, int(attrs[AT_decl_file][1]))  # type: ignore[call-overload]
                         dl = int(attrs[AT_decl_line][1]) if AT_decl_line in attrs else 0  # type: ignore[call-overload]
-                        subs.append(Subprogram(die_off, rng, (0, die_off), df, dl,
+                        subs.append(Subprogram(die_off, rng, (alt, die_off), df, dl,
                                                AT_noreturn in attrs))
                         new = (len(subs) - 1, -1)
                     else:
                         new = (-1, -1)
                 if AT_noreturn in attrs and AT_name in attrs:
-                    out.noreturn_names.add(self._string(u, *attrs[AT_name], 0))
+                    out.noreturn_names.add(self._string(u, *attrs[AT_name], alt))
             elif tag == TAG_inlined_subroutine and ctx[0] >= 0:
                 rng = self._ranges(u, attrs)
                 if rng and AT_abstract_origin in attrs:
@@ -617,7 +699,7 @@ class DwarfReader:
                     if AT_call_file in attrs and stmt >= 0:
                         cf = file_of(stmt, int(attrs[AT_call_file][1]))  # type: ignore[call-overload]
                     cl = int(attrs[AT_call_line][1]) if AT_call_line in attrs else 0  # type: ignore[call-overload]
-                    origin = self._ref(u, 0, *attrs[AT_abstract_origin])
+                    origin = self._ref(u, alt, *attrs[AT_abstract_origin])
                     inls.append(Inlined(ctx[0], ctx[1], rng, origin, cf, cl))
                     new = (ctx[0], len(inls) - 1)
             if ab.children:
