@@ -416,3 +416,37 @@ def test_lost_records_are_counted(perf_ok: None, build, tmp_path: Path) -> None:
     assert f"{res.lost} samples lost" in " ".join(text.read_text().split())
     m = measdir.read(out)
     assert sum(int(t.samples.sum()) for _, t in m.threads) == res.samples
+
+
+def test_plt_stubs_and_vdso(perf_ok: None, build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Samples that land in PLT stubs (no ordinary CFI rows) and in the vdso (no file on disk:
+    its image is saved in the measurement directory) unwind to _start like any other."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    lib = tmp_path / "libplt_lib.so"
+    subprocess.run(["gcc", "-O2", "-g", "-shared", "-fPIC", "-o", str(lib),
+                    str(PROGRAMS / "plt_lib.c")], check=True)
+    exe = tmp_path / "plt_main"
+    subprocess.run(["gcc", "-O2", "-g", "-o", str(exe), str(PROGRAMS / "plt_main.c"),
+                    f"-L{tmp_path}", "-lplt_lib", f"-Wl,-rpath,{tmp_path}"], check=True)
+    for mode, fn in (("plt", "call_plt"), ("vdso", "call_vdso")):
+        out = tmp_path / mode
+        proc = callpath("run", "-o", str(out), "--", str(exe), mode, "300")
+        assert proc.returncode == 0, proc.stderr
+        m = measdir.read(out)
+        (p,) = m.processes
+        (t,) = p.threads
+        assert (out / "vdso.so").exists()
+        assert any(mod.path == "[vdso]" and mod.saved == "vdso.so" for mod in p.modules)
+        paths = symbolised_paths(m, p, t)
+        total = sum(paths.values())
+        ok = sum(c for path, c in paths.items()
+                 if path[0] == ("plt_main", "_start")
+                 and [f for mod, f in path if mod == "plt_main"][:3] == ["_start", "main", fn])
+        assert ok >= 0.98 * total, paths
+        if mode == "plt":
+            in_plt = sum(c for path, c in paths.items() if path[-1][1].startswith("<.plt"))
+            assert in_plt >= 1, paths
+        else:
+            in_vdso = sum(c for path, c in paths.items() if path[-1][0] == "[vdso]")
+            assert in_vdso >= 0.5 * total, paths
