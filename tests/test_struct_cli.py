@@ -173,3 +173,18 @@ def test_progress_bar_only_on_a_terminal() -> None:
     text = shown.getvalue()
     assert "1/2 libfoo.so" in text and "2/2" in text and text.endswith("\n")
     assert "[" + "#" * 30 + "]" in text
+
+
+def test_cache_entries_of_another_analysis_version_are_recomputed(tmp_path: Path) -> None:
+    binary = shared_path("hpctoolkit", "bin", "recursion-x86_64-gcc12-0")
+    rc, _, err = _env_cli(tmp_path, str(binary), "-v", "-o", str(tmp_path / "a.hpcstruct"))
+    assert rc == 0 and ": analysed" in err
+    rc, _, err = _env_cli(tmp_path, str(binary), "-v", "-o", str(tmp_path / "b.hpcstruct"))
+    assert rc == 0 and ": from the cache" in err
+    (entry,) = (tmp_path / "cache").rglob("*.hpcstruct")
+    text = entry.read_text()
+    assert "<!-- callpath struct analysis " in text
+    entry.write_text(text.replace("callpath struct analysis", "callpath struct analysis 0 was"))
+    rc, _, err = _env_cli(tmp_path, str(binary), "-v", "-o", str(tmp_path / "c.hpcstruct"))
+    assert rc == 0 and ": analysed" in err
+    assert read_hpcstruct(tmp_path / "c.hpcstruct")[0].has_calls

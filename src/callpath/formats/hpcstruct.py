@@ -80,9 +80,13 @@ _HEADER = """<?xml version="1.0"?>
 """
 
 
-def write_hpcstruct(structs: list[Structure], out: IO[str]) -> None:
-    """Write one ``HPCToolkitStructure`` document holding every load module of ``structs``."""
+def write_hpcstruct(structs: list[Structure], out: IO[str], comment: str | None = None) -> None:
+    """Write one ``HPCToolkitStructure`` document holding every load module of ``structs``
+    (``comment``, if given, goes in an XML comment after the DOCTYPE: the cache's version
+    stamp)."""
     out.write(_HEADER)
+    if comment:
+        out.write(f"<!-- {comment.replace('--', '- -')} -->\n")
     out.write('<HPCToolkitStructure i="0" version="4.9" n="">\n')
     ident = [2]
     for s in structs:
@@ -90,10 +94,12 @@ def write_hpcstruct(structs: list[Structure], out: IO[str]) -> None:
     out.write("</HPCToolkitStructure>\n")
 
 
-def write_hpcstruct_file(structs: list[Structure], path: str | os.PathLike[str]) -> None:
+def write_hpcstruct_file(structs: list[Structure], path: str | os.PathLike[str],
+                         comment: str | None = None) -> None:
+    """Write atomically (a temporary file renamed over ``path``): readers never see half."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        write_hpcstruct(structs, f)
+        write_hpcstruct(structs, f, comment)
     os.replace(tmp, path)
 
 

@@ -54,6 +54,12 @@ def analyze_path(path: str, threads: int = 1) -> Structure:
     return analyze_binary(path, jobs=threads)
 
 
+#: Bumped whenever the analysis changes what it finds (v2: call sites, split DWARF, ifuncs):
+#: cache entries stamped with another version are recomputed.
+ANALYSIS_VERSION = 2
+_STAMP = f"callpath struct analysis {ANALYSIS_VERSION}"
+
+
 def user_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "callpath" / "structs"
@@ -118,6 +124,8 @@ def run_job(job: Job) -> Result:
     for n, c in enumerate(job.cache):
         if not c.is_file():
             continue
+        if not _current(c):
+            continue  # written by another version of the analysis: recomputed
         got: list[Structure] = []
         if job.need_structure or not _complete(c):
             try:
@@ -146,10 +154,20 @@ def run_job(job: Job) -> Result:
     for c in job.cache:
         try:
             c.parent.mkdir(parents=True, exist_ok=True)
-            write_hpcstruct_file([s], c)
+            write_hpcstruct_file([s], c, comment=_STAMP)
         except OSError:
             continue
     return Result(job, s, None)
+
+
+def _current(path: Path) -> bool:
+    """Whether a cached structure file carries this analysis version's stamp."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8192)
+    except OSError:
+        return False
+    return f"<!-- {_STAMP} -->".encode() in head
 
 
 def _complete(path: Path) -> bool:
