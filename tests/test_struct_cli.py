@@ -188,3 +188,16 @@ def test_cache_entries_of_another_analysis_version_are_recomputed(tmp_path: Path
     rc, _, err = _env_cli(tmp_path, str(binary), "-v", "-o", str(tmp_path / "c.hpcstruct"))
     assert rc == 0 and ": analysed" in err
     assert read_hpcstruct(tmp_path / "c.hpcstruct")[0].has_calls
+
+
+def test_measdir_and_option_mistakes_are_one_line(tmp_path: Path) -> None:
+    empty = tmp_path / "not-a-measurement"
+    empty.mkdir()
+    rc, _, err = _env_cli(tmp_path, str(empty))
+    assert rc == 2 and "measurement.json" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    binary = shared_path("hpctoolkit", "bin", "recursion-x86_64-gcc12-0")
+    rc, _, err = _env_cli(tmp_path, str(empty), str(binary))
+    assert rc == 2 and "must be the only input" in err
+    rc, _, err = _env_cli(tmp_path, str(binary), "-j", "0")
+    assert rc == 2 and "-j 0" in err
