@@ -95,6 +95,10 @@ class View(ABC):
             out.append(int(par[out[-1]]))
         return out[::-1]
 
+    def members(self, node: int) -> I64:
+        """The source-tree nodes whose values this node sums (itself, in Top-down)."""
+        return np.array([self.check_node(node)], dtype=np.int64)
+
     def stable_id(self, node: int) -> int:
         """An identifier that does not depend on how far the view was expanded (the calling
         context id in Top-down; the node number elsewhere, deterministic for a database)."""
