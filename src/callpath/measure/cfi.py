@@ -93,6 +93,9 @@ class Compiler:
         fid = id(fde)
         dec = self._decoded.get(fid)
         if dec is None:
+            # DW_CFA_GNU_args_size (0x2e, C++/-fasynchronous-unwind-tables code that pushes
+            # arguments) only matters to landing pads; pyelftools' row decoder rejects it
+            fde.instructions = [i for i in fde.instructions if int(i.opcode) != 0x2E]
             table = fde.get_decoded().table
             aug = fde.cie.header["augmentation"]
             is_signal = b"S" in aug if isinstance(aug, bytes) else "S" in str(aug)
