@@ -49,7 +49,7 @@ class RunOptions:
     events: list[EventSpec]
     out: Path
     trace: bool = False
-    stack_size: int = 8192
+    stack_size: int = 16384
     ring_pages: int = 0  # data pages per CPU ring; 0: 8 MiB, less beyond 8 CPUs (64 MiB in all)
     linger: float = 2.0     # seconds to keep measuring descendants after the program exits
     nice: int = 5           # the launcher yields the CPU to the program it measures

@@ -135,7 +135,7 @@ def explain(err: int, spec: EventSpec) -> str:
     return os.strerror(err)
 
 
-def make_attr(spec: EventSpec, *, sample: bool = True, stack_size: int = 8192,
+def make_attr(spec: EventSpec, *, sample: bool = True, stack_size: int = 16384,
               inherit: bool = True, exclude_kernel: bool = False,
               sideband: bool = False) -> PerfEventAttr:
     """Attributes of a sampling event. ``sideband``: also report mmaps (with build-ids),
