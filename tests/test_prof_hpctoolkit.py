@@ -100,7 +100,7 @@ def test_user_errors_are_one_line(tmp_path: Path) -> None:
     r = run_cli("prof", str(tmp_path / "missing"), "-o", str(tmp_path / "db"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "missing" in r.stderr
     r = run_cli("prof", str(tmp_path), "-o", str(tmp_path / "db"))
-    assert r.returncode == 2 and "no *.hpcrun" in r.stderr
+    assert r.returncode == 2 and "neither measurement.json nor *.hpcrun" in r.stderr
     bad = tmp_path / "bad.m"
     bad.mkdir()
     (bad / "x.hpcrun").write_bytes(b"HPCRUN-profile____04.00b" + b"\0" * 50)

@@ -67,10 +67,42 @@ def sort_keys(tb: TreeBuilder, t: Tables) -> list[tuple[object, ...]]:
     return out
 
 
+def canonical_tables(tb: TreeBuilder, tables: Tables) -> Tables:
+    """Sort the tables by content and renumber the tree's references in place, so that the
+    database does not depend on the order in which contexts were met (workers, files)."""
+    mods = sorted(tables.modules)
+    mod_map = np.array([mods.index(m) for m in tables.modules] + [-1], dtype=np.int64)
+    fls = sorted(tables.files)
+    file_map = np.array([fls.index(f) for f in tables.files] + [-1], dtype=np.int64)
+    fn_keys = [(name, mods[mod_map[m]] if m >= 0 else "", off, fls[file_map[f]] if f >= 0
+                else "", line) for (name, m, off, f, line) in tables.functions]
+    fn_new = [(name, int(mod_map[m]), off, int(file_map[f]), line)
+              for (name, m, off, f, line) in tables.functions]
+    order = sorted(range(len(fn_keys)), key=lambda i: fn_keys[i])
+    fn_map = np.full(len(fn_keys) + 1, -1, dtype=np.int64)
+    fn_map[np.array(order, dtype=np.int64)] = np.arange(len(order))
+    out = Tables()
+    for m in mods:
+        out.module(m)
+    for f in fls:
+        out.file(f)
+    for i in order:
+        out.function(*fn_new[i])
+    if len(tb.keys) > 1:
+        cols = np.array(tb.keys[1:], dtype=np.int64)
+        cols[:, 3] = fn_map[cols[:, 3]]
+        cols[:, 4] = file_map[cols[:, 4]]
+        cols[:, 6] = mod_map[cols[:, 6]]
+        tb.keys[1:] = [tuple(r) for r in cols.tolist()]
+        tb.index = {}
+    return out
+
+
 def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
            metric_names: list[tuple[str, str]], *, title: str, description: str,
            ) -> Experiment:
     """The experiment: execution contexts ordered by identifier tuple, values propagated."""
+    tables = canonical_tables(tb, tables)
     cct, new_index = tb.freeze(sort_keys(tb, tables))
     prop = Propagator(cct)
     n = len(cct)

@@ -17,12 +17,13 @@ statement itself (docs/prof.md lists the differences).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from callpath.attribute.build import Tables, ThreadData, finish
+from callpath.attribute.reduce import STATE, Partial, run_units, run_units_mpi
 from callpath.attribute.tree import TreeBuilder
 from callpath.errors import CallpathError
 from callpath.formats import hpcrun as hr
@@ -177,8 +178,10 @@ def is_hpctoolkit_measurements(d: Path) -> bool:
 
 
 def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
-                    ignore_structs: bool = False, title: str | None = None) -> Experiment:
-    """The experiment hpcprof would write for HPCToolkit measurement directories."""
+                    ignore_structs: bool = False, title: str | None = None,
+                    workers: int = 1, mpi: bool = False) -> Experiment | None:
+    """The experiment hpcprof would write for HPCToolkit measurement directories, reduced by
+    ``workers`` processes."""
     files: list[Path] = []
     structs = list(struct_files)
     for d in measdirs:
@@ -187,21 +190,29 @@ def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
             structs += sorted((d / "structs").glob("*.hpcstruct"))
     if not files:
         raise CallpathError(f"no *.hpcrun files in {', '.join(map(str, measdirs))}")
-    by_module = {} if ignore_structs else load_structures(structs)
-    tables = Tables()
-    tb = TreeBuilder()
+    STATE["structures"] = {} if ignore_structs else load_structures(structs)
+    try:
+        got = (run_units_mpi(reduce_hpcrun_files, files) if mpi
+               else run_units(reduce_hpcrun_files, files, workers))
+        if got is None:
+            return None
+        part = got
+    finally:
+        STATE.pop("structures", None)
+    return finish(part.tb, part.tables, part.threads, part.metrics,
+                  title=title or part.program,
+                  description="callpath prof of HPCToolkit measurements")
+
+
+def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
+    """One worker's share: attribute these ``*.hpcrun`` files (and their traces)."""
+    by_module: dict[str, Structure] = STATE.get("structures", {})
+    part = Partial()
     mappers: dict[str, ModuleMapper] = {}
-    metric_index: dict[str, int] = {}
-    metric_info: list[hr.HpcrunMetric] = []
-    threads: list[ThreadData] = []
-    program = ""
     for f in files:
         prof = hr.read_hpcrun(f)
-        program = program or prof.header.get("program-name", "")
-        for m in prof.metrics:
-            if m.name not in metric_index:
-                metric_index[m.name] = len(metric_info)
-                metric_info.append(m)
+        part.program = part.program or prof.header.get("program-name", "")
+        metric_index = {m.name: part.metric(m.name, m.description) for m in prof.metrics}
 
         def mapper(lm: int, prof: hr.HpcrunProfile = prof) -> ModuleMapper | None:
             path = prof.modules.get(lm)
@@ -210,10 +221,10 @@ def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
             got = mappers.get(path)
             if got is None:
                 s = by_module.get(path) or by_module.get("base:" + os.path.basename(path))
-                got = mappers[path] = ModuleMapper(path, s, tables)
+                got = mappers[path] = ModuleMapper(path, s, part.tables)
             return got
 
-        anchors, samples = attribute_profile(prof, tb, mapper, metric_index)
+        anchors, samples = attribute_profile(prof, part.tb, mapper, metric_index)
         th = ThreadData(_identifiers(prof.id_tuple),
                         np.array([x[0] for x in samples], dtype=np.int64),
                         np.array([x[1] for x in samples], dtype=np.int64),
@@ -224,7 +235,5 @@ def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
             th.trace_times = tr.times
             th.trace_nodes = np.array([anchors.get(int(x), 0) for x in tr.nodes],
                                       dtype=np.int64)
-        threads.append(th)
-    return finish(tb, tables, threads, [(m.name, m.description) for m in metric_info],
-                  title=title or program,
-                  description="callpath prof of HPCToolkit measurements")
+        part.threads.append(th)
+    return part

@@ -15,7 +15,9 @@ against the samples recorded.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,10 +35,11 @@ from callpath.attribute.hpctk import (
     Step,
     load_structures,
 )
-from callpath.attribute.tree import TreeBuilder
-from callpath.errors import CallpathError
+from callpath.attribute.reduce import STATE, Partial, run_units, run_units_mpi
+from callpath.errors import CallpathError, FormatError
 from callpath.formats import measdir as md
 from callpath.model import Experiment
+from callpath.structure.model import Structure
 
 _ROOT, _NATIVE, _PYTHON, _PARTIAL, _UNKNOWN = (int(k) for k in (
     md.NodeKind.ROOT, md.NodeKind.NATIVE, md.NodeKind.PYTHON, md.NodeKind.PARTIAL,
@@ -50,7 +53,7 @@ def is_callpath_measurements(d: Path) -> bool:
 class _PyMapper:
     """Python code locations → steps: through the file's structure, else function + line."""
 
-    def __init__(self, tables: Tables, structs: dict[str, object]) -> None:
+    def __init__(self, tables: Tables, structs: dict[str, Structure]) -> None:
         self.t = tables
         self.structs = structs
         self.mappers: dict[str, ModuleMapper] = {}
@@ -66,7 +69,7 @@ class _PyMapper:
         if s is not None:
             m = self.mappers.get(code.file)
             if m is None:
-                m = self.mappers[code.file] = ModuleMapper(code.file, s, self.t)  # type: ignore[arg-type]
+                m = self.mappers[code.file] = ModuleMapper(code.file, s, self.t)
             out = m.steps(line)
             if out and out[0][0] == INS:
                 out = ()
@@ -80,33 +83,83 @@ class _PyMapper:
 
 
 def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
-                 ignore_structs: bool = False, title: str | None = None) -> Experiment:
-    """The experiment of callpath measurement directories (see the module docstring)."""
-    meas = [md.read(d) for d in measdirs]
+                 ignore_structs: bool = False, title: str | None = None,
+                 workers: int = 1, mpi: bool = False) -> Experiment | None:
+    """The experiment of callpath measurement directories (see the module docstring), reduced
+    by ``workers`` processes (one work unit per process file)."""
+    heads = [_header(d) for d in measdirs]
     structs = list(struct_files)
     if not ignore_structs:
         for d in measdirs:
             if (d / "structs").is_dir():
                 structs += sorted((d / "structs").glob("*.hpcstruct"))
-    by_module = {} if ignore_structs else load_structures(structs)
-    infos = meas[0].metrics
-    for m in meas[1:]:
-        if [x.name for x in m.metrics] != [x.name for x in infos]:
-            raise CallpathError(f"{m.path}: measured {[x.name for x in m.metrics]}, but "
-                                f"{meas[0].path} measured {[x.name for x in infos]}; "
-                                "measurements to combine must sample the same events")
-    nm = len(infos)
-    scale = [1e-9 if x.unit == "ns" else 1.0 for x in infos]
+    infos = heads[0][1]
+    for d, (_, m) in zip(measdirs, heads, strict=True):
+        if [x.name for x in m] != [x.name for x in infos]:
+            raise CallpathError(f"{d}: measured {[x.name for x in m]}, but {measdirs[0]} "
+                                f"measured {[x.name for x in infos]}; measurements to combine "
+                                "must sample the same events")
     names = [(f"{x.name} (sec)" if x.unit == "ns" else x.name,
               x.description or x.event or x.name) for x in infos]
     names += [(f"{x.name} (samples)", f"samples of {x.event or x.name}") for x in infos]
-    tables = Tables()
-    tb = TreeBuilder()
-    py = _PyMapper(tables, by_module)  # type: ignore[arg-type]
+    units = [f for d in measdirs for f in sorted(d.glob(md.PROCESS_GLOB), key=md._file_order)]
+    STATE["structures"] = {} if ignore_structs else load_structures(structs)
+    STATE["metrics"] = infos
+    STATE["names"] = names
+    try:
+        got = (run_units_mpi(reduce_process_files, units) if mpi
+               else run_units(reduce_process_files, units, workers))
+        if got is None:
+            return None
+        part = got
+    finally:
+        for k in ("structures", "metrics", "names"):
+            STATE.pop(k, None)
+    if not part.threads:
+        raise CallpathError(f"{measdirs[0]}: the measurement holds no execution contexts "
+                            "(no process recorded a sample)")
+    cmd = heads[0][0].get("command") or []
+    program = os.path.basename(str(cmd[0])) if cmd else measdirs[0].name
+    return finish(part.tb, part.tables, part.threads, part.metrics, title=title or program,
+                  description="callpath prof of " + " ".join(map(str, cmd)))
+
+
+def _header(d: Path) -> tuple[dict[str, Any], list[md.MetricInfo]]:
+    """The header and metrics of a measurement directory, validated as ``measdir.read``
+    validates them (read with no process file)."""
+    import json
+
+    hp = d / md.HEADER_FILE
+    try:
+        header = json.loads(hp.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise FormatError(hp, f"expected a JSON object ({e})") from None
+    if not isinstance(header, dict) or header.get("format") != md.FORMAT_NAME:
+        raise FormatError(hp, f"expected \"format\": \"{md.FORMAT_NAME}\"")
+    version = header.get("version")
+    if not isinstance(version, int) or not 1 <= version <= md.VERSION:
+        raise FormatError(hp, f"unsupported version {version!r} (this reader knows "
+                          f"1..{md.VERSION})")
+    try:
+        metrics = [md.MetricInfo.from_json(m) for m in header.get("metrics", [])]
+    except (KeyError, TypeError, ValueError) as e:
+        raise FormatError(hp, f"bad metric descriptor ({e})") from None
+    return header, metrics
+
+
+def reduce_process_files(files: Sequence[Path]) -> Partial:
+    """One worker's share: attribute every thread of these process files."""
+    by_module: dict[str, Structure] = STATE.get("structures", {})
+    infos: list[md.MetricInfo] = STATE["metrics"]
+    part = Partial(metrics=list(STATE["names"]))
+    nm = len(infos)
+    scale = np.array([1e-9 if x.unit == "ns" else 1.0 for x in infos])
+    tables, tb = part.tables, part.tb
+    py = _PyMapper(tables, by_module)
     mappers: dict[str, ModuleMapper] = {}
-    threads: list[ThreadData] = []
-    for m in meas:
-        for proc, th in m.threads:
+    for f in files:
+        proc = md.read_process(f, nm)
+        for th in proc.threads:
             modules = {mod.index: mod.path for mod in proc.modules}
             nodes = th.nodes
             n = len(nodes)
@@ -156,7 +209,7 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
             vrows, vcols = np.nonzero(th.values)
             an = np.concatenate([anchor[vrows], anchor[rows]])
             met = np.concatenate([vcols, cols + nm]).astype(np.int64)
-            val = np.concatenate([th.values[vrows, vcols] * np.asarray(scale)[vcols],
+            val = np.concatenate([th.values[vrows, vcols] * scale[vcols],
                                   th.samples[rows, cols].astype(np.float64)])
             td = ThreadData(th.ids, an, met, val)
             if len(th.trace):
@@ -164,11 +217,5 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
                 tr = th.trace[order]
                 td.trace_times = tr["time"].astype(np.uint64)
                 td.trace_nodes = anchor[tr["node"].astype(np.int64)]
-            threads.append(td)
-    if not threads:
-        raise CallpathError(f"{measdirs[0]}: the measurement holds no execution contexts "
-                            "(no process recorded a sample)")
-    cmd = meas[0].header.get("command") or []
-    program = os.path.basename(str(cmd[0])) if cmd else measdirs[0].name
-    return finish(tb, tables, threads, names, title=title or program,
-                  description="callpath prof of " + " ".join(map(str, cmd)))
+            part.threads.append(td)
+    return part

@@ -36,6 +36,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--no-sources", action="store_true",
                    help="do not copy source files into the database")
     p.add_argument("--title", default=None, help="database title (default: the program name)")
+    p.add_argument("-j", "--jobs", type=int, default=None,
+                   help="worker processes for the reduction (default: the number of cores); "
+                   "the database does not depend on it")
+    p.add_argument("--mpi", action="store_true",
+                   help="reduce across the ranks of an MPI job (mpirun -n N callpath prof "
+                   "--mpi ...; needs mpi4py); rank 0 writes the database")
     p.set_defaults(func=run)
 
 
@@ -66,8 +72,15 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.exists() and not out.is_dir():
         raise CallpathError(f"-o {out}: exists and is not a directory")
+    if args.jobs is not None and args.jobs < 1:
+        raise CallpathError(f"-j {args.jobs}: expected a positive number of workers")
+    from callpath.attribute.reduce import workers_default
+
     reduce = prof_measdir if "callpath" in kinds else prof_hpctoolkit
-    exp = reduce(dirs, structs, ignore_structs=args.ignore_structs, title=args.title)
+    exp = reduce(dirs, structs, ignore_structs=args.ignore_structs, title=args.title,
+                 workers=args.jobs or workers_default(), mpi=args.mpi)
+    if exp is None:  # an MPI rank other than 0: its share went to rank 0
+        return 0
     write_v4(exp, out, copy_sources=not args.no_sources)
     n_ctx = len(exp.contexts)
     sys.stdout.write(f"callpath prof: {len(exp.cct)} contexts from {n_ctx} execution "

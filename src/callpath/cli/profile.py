@@ -71,9 +71,11 @@ def run(args: argparse.Namespace) -> int:
                             "be measured)")
     _struct(meas)
     from callpath.attribute.measdir import prof_measdir
+    from callpath.attribute.reduce import workers_default
     from callpath.formats.v4.writer import write_v4
 
-    exp = prof_measdir([meas], [])
+    exp = prof_measdir([meas], [], workers=workers_default())
+    assert exp is not None  # None only for MPI ranks other than 0
     write_v4(exp, db)
     from callpath.cli.main import main as cli_main
 

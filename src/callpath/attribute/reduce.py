@@ -1,0 +1,129 @@
+"""Parallel reduction: execution contexts are attributed in worker processes, each building a
+partial tree, and the partial trees are merged into one.
+
+Work units (profile files) are split into contiguous chunks, one per worker; workers are
+forked, so the structures loaded once by the parent are shared copy-on-write instead of being
+parsed again. Merging re-interns each partial tree's contexts (one pass over its distinct
+contexts, far fewer than the call paths measured) and renumbers its samples. Because
+:func:`callpath.attribute.build.finish` orders tables, siblings and execution contexts by
+content, the database does not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from callpath.attribute.build import Tables, ThreadData
+from callpath.attribute.tree import TreeBuilder
+from callpath.errors import CallpathError
+
+U = TypeVar("U")
+
+
+@dataclass
+class Partial:
+    """The reduction of some execution contexts: tree, tables, per-thread samples."""
+
+    tables: Tables = field(default_factory=Tables)
+    tb: TreeBuilder = field(default_factory=TreeBuilder)
+    threads: list[ThreadData] = field(default_factory=list)
+    metrics: list[tuple[str, str]] = field(default_factory=list)
+    program: str = ""
+
+    def metric(self, name: str, description: str) -> int:
+        for k, (n, _) in enumerate(self.metrics):
+            if n == name:
+                return k
+        self.metrics.append((name, description))
+        return len(self.metrics) - 1
+
+
+def workers_default() -> int:
+    return os.cpu_count() or 1
+
+
+def run_units(fn: Callable[[Sequence[U]], Partial], units: Sequence[U],
+              workers: int) -> Partial:
+    """``fn`` over ``units`` in ``workers`` forked processes (contiguous chunks), merged."""
+    workers = max(1, min(workers, len(units)))
+    if workers == 1:
+        return fn(units)
+    bounds = np.linspace(0, len(units), workers + 1).round().astype(int)
+    chunks = [units[bounds[i]:bounds[i + 1]] for i in range(workers)]
+    try:
+        ctx = multiprocessing.get_context("fork")
+    except ValueError:  # no fork on this platform: do it here
+        return fn(units)
+    with ctx.Pool(workers) as pool:
+        parts = pool.map(fn, chunks)
+    return merge(parts)
+
+
+def run_units_mpi(fn: Callable[[Sequence[U]], Partial], units: Sequence[U]) -> Partial | None:
+    """``fn`` over ``units`` split across the ranks of ``MPI.COMM_WORLD`` (mpi4py), gathered
+    and merged on rank 0, which gets the result; the other ranks get None. Raises
+    :class:`CallpathError` when mpi4py is not installed."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise CallpathError(f"--mpi needs mpi4py ({e}); install the 'mpi' extra: "
+                            "pip install 'callpath[mpi]'") from None
+    comm = MPI.COMM_WORLD
+    size, rank = comm.Get_size(), comm.Get_rank()
+    bounds = np.linspace(0, len(units), size + 1).round().astype(int)
+    err: str | None = None
+    part: Partial | None = None
+    try:
+        part = fn(units[bounds[rank]:bounds[rank + 1]])
+    except CallpathError as e:
+        err = str(e)
+    parts = comm.gather((part, err), root=0)
+    if rank != 0:
+        return None
+    assert parts is not None
+    for _, message in parts:
+        if message is not None:
+            raise CallpathError(message)
+    return merge([p for p, _ in parts if p is not None])
+
+
+def merge(parts: Sequence[Partial]) -> Partial:
+    """One partial from several, in order (execution contexts keep their order)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = Partial()
+    for p in parts:
+        out.program = out.program or p.program
+        mods = [out.tables.module(path) for path in p.tables.modules]
+        fls = [out.tables.file(path) for path in p.tables.files]
+        fns = [out.tables.function(name, mods[m] if m >= 0 else -1, off,
+                                   fls[f] if f >= 0 else -1, line)
+               for (name, m, off, f, line) in p.tables.functions]
+        mets = np.array([out.metric(n, d) for n, d in p.metrics], dtype=np.int64)
+        node_map = np.zeros(len(p.tb.keys), dtype=np.int64)
+        node = out.tb.node
+        for i in range(1, len(p.tb.keys)):
+            par, kind, rel, fn, fl, line, mod, off = p.tb.keys[i]
+            node_map[i] = node(int(node_map[par]), kind, rel, fns[fn] if fn >= 0 else -1,
+                               fls[fl] if fl >= 0 else -1, line, mods[mod] if mod >= 0 else -1,
+                               off)
+        for old, name in p.tb.entry_names.items():
+            new = int(node_map[old])
+            out.tb.entry_names[new] = name
+            out.tb.entry_points[new] = p.tb.entry_points[old]
+        for th in p.threads:
+            out.threads.append(ThreadData(
+                th.ids, node_map[th.anchor], mets[th.metric] if len(mets) else th.metric,
+                th.value, th.trace_times,
+                node_map[th.trace_nodes] if th.trace_nodes is not None else None))
+    return out
+
+
+#: What forked workers inherit from the parent (structures, options); set before forking.
+STATE: dict[str, Any] = {}

@@ -1,0 +1,90 @@
+"""The reduction in several processes (``-j``) and across MPI ranks (``--mpi``) writes the same
+database, byte for byte, as the single-process reduction."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli, shared_path
+from test_prof_native import _perf_reason
+
+DB_FILES = ("meta.db", "profile.db", "cct.db", "trace.db")
+
+
+def _same_files(a: Path, b: Path) -> None:
+    for name in DB_FILES:
+        assert (a / name).exists() == (b / name).exists(), name
+        if (a / name).exists():
+            assert (a / name).read_bytes() == (b / name).read_bytes(), f"{name} differs"
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A callpath measurement of a shell running a C program twice: three process files."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    reason = _perf_reason()
+    if reason is not None:
+        pytest.skip(f"perf_event sampling is not available here: {reason}")
+    d = tmp_path_factory.mktemp("prof-par")
+    exe = d / "hotloop"
+    subprocess.run(["gcc", "-O2", "-g", "-o", str(exe),
+                    str(ROOT / "tests" / "prof_programs" / "hotloop.c")], check=True)
+    meas = d / "two.m"
+    run_cli("run", "-t", "-o", str(meas), "--", "sh", "-c", f"{exe} 6000; {exe} 6000",
+            check=True)
+    run_cli("struct", str(meas), check=True)
+    assert len(list(meas.glob("process-*.cpm"))) >= 2
+    return meas
+
+
+def test_hpctoolkit_threads_in_parallel(tmp_path: Path) -> None:
+    meas = shared_path("hpctoolkit", "meas", "loops-cputime-t.m")
+    for j in (1, 2, 3):
+        run_cli("prof", str(meas), "-j", str(j), "-o", str(tmp_path / f"j{j}"), check=True)
+    _same_files(tmp_path / "j1", tmp_path / "j2")
+    _same_files(tmp_path / "j1", tmp_path / "j3")
+
+
+def test_callpath_processes_in_parallel(two_processes: Path, tmp_path: Path) -> None:
+    for j in (1, 2):
+        run_cli("prof", str(two_processes), "-j", str(j), "-o", str(tmp_path / f"j{j}"),
+                check=True)
+    _same_files(tmp_path / "j1", tmp_path / "j2")
+
+
+def _mpi_reason() -> str | None:
+    if shutil.which("mpirun") is None:
+        return "mpirun is not installed (Debian: apt-get install openmpi-bin)"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed (pip install 'callpath[mpi]')"
+    return None
+
+
+@pytest.mark.parametrize("source", ["hpctoolkit", "callpath"])
+def test_mpirun_two_ranks(source: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    reason = _mpi_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    if source == "hpctoolkit":
+        meas = shared_path("hpctoolkit", "meas", "loops-cputime-t.m")
+    else:
+        meas = request.getfixturevalue("two_processes")
+    run_cli("prof", str(meas), "-j", "1", "-o", str(tmp_path / "one"), check=True)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1",
+               PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run(["mpirun", "-n", "2", sys.executable, "-m", "callpath", "prof", "--mpi",
+                        str(meas), "-o", str(tmp_path / "mpi")], capture_output=True, text=True,
+                       env=env, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("written to") == 1  # rank 0 alone writes
+    _same_files(tmp_path / "one", tmp_path / "mpi")
