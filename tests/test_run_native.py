@@ -283,6 +283,13 @@ def test_user_errors(tmp_path: Path) -> None:
     f.write_text("#!/bin/sh\n")
     proc = callpath("run", "--", str(f))
     assert proc.returncode == 2 and "not executable" in proc.stderr
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"\x7fELF not really")
+    garbage.chmod(0o755)
+    proc = callpath("run", "-o", str(tmp_path / "g"), "--", str(garbage))
+    if _perf_reason() is None:
+        assert proc.returncode == 2 and "cannot execute" in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1 and not (tmp_path / "g").exists()
     proc = callpath("run", "--", "callpath-no-such-command")
     assert proc.returncode == 2 and "not found" in proc.stderr
     proc = callpath("run", "-e", "bogus", "--", "true")

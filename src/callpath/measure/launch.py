@@ -210,6 +210,7 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
     if (out / measdir.HEADER_FILE).exists():
         raise CallpathError(f"{out}: already holds a measurement; choose another -o directory")
     try:
+        created = not out.exists()
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CallpathError(f"{out}: cannot create the measurement directory "
@@ -249,6 +250,7 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
         if not opened:
             gate.abort()
             reasons = "; ".join(f"{s.name}: {r}" for s, r in failed)
+            _discard(out, created)
             raise CallpathError(f"no event could be opened ({reasons})")
         vdso = _save_vdso(out)
         metrics = [measdir.MetricInfo(e.spec.name, unit_of(e.spec), e.spec.period,
@@ -267,6 +269,7 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
         err = gate.release()
         if err is not None:
             os.waitpid(gate.pid, 0)
+            _discard(out, created)
             raise CallpathError(f"{cmd[0]}: cannot execute ({os.strerror(err)})")
         status, nbytes = _drain_loop(gate.pid, rings, out, opts.linger)
         for fd in fds:
@@ -279,6 +282,16 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
             r.close()
         for fd in fds:
             os.close(fd)
+
+
+def _discard(out: Path, created: bool) -> None:
+    """Remove what a run that never started left (no measurement to keep)."""
+    for name in (measdir.HEADER_FILE, RAW_FILE, PROCS_FILE, "vdso.so"):
+        with contextlib.suppress(OSError):
+            (out / name).unlink()
+    if created:
+        with contextlib.suppress(OSError):
+            out.rmdir()
 
 
 def _drain_loop(child: int, rings: list[perf.RingBuffer], out: Path,
