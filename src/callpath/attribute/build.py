@@ -3,12 +3,21 @@ metrics per execution context, the summary profile, traces. Shared by every inpu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from callpath.attribute.metrics import SCOPES, Propagator, make_metric, summary_block
+from callpath.attribute.forked import STATE, map_chunks
+from callpath.attribute.metrics import (
+    N_SCOPES,
+    SCOPES,
+    Propagator,
+    dense_block,
+    make_metric,
+    summary_block,
+)
 from callpath.attribute.tree import TreeBuilder
 from callpath.model import (
     ExecutionContext,
@@ -16,10 +25,10 @@ from callpath.model import (
     Function,
     Identifier,
     LoadModule,
+    ProfileBlock,
     SourceFile,
     TraceLine,
     Traces,
-    build_experiment,
 )
 from callpath.model.values import BlockStore
 
@@ -100,29 +109,34 @@ def canonical_tables(tb: TreeBuilder, tables: Tables) -> Tables:
 
 def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
            metric_names: list[tuple[str, str]], *, title: str, description: str,
-           ) -> Experiment:
-    """The experiment: execution contexts ordered by identifier tuple, values propagated."""
+           workers: int = 1) -> Experiment:
+    """The experiment: execution contexts ordered by identifier tuple, values propagated
+    (per execution context in ``workers`` forked processes; the summary is accumulated here in
+    execution-context order, so the result is the same for any number of workers)."""
     tables = canonical_tables(tb, tables)
     cct, new_index = tb.freeze(sort_keys(tb, tables))
-    prop = Propagator(cct)
     n = len(cct)
     nm = len(metric_names)
     order = sorted(range(len(threads)), key=lambda i: [(x.kind, x.logical_id, x.physical_id)
                                                        for x in threads[i].ids])
-    contexts, blocks, lines = [], [], []
-    lex_sums = [np.zeros(n) for _ in range(nm)]
-    for pi, ti in enumerate(order):
-        th = threads[ti]
-        points = []
-        a = new_index[th.anchor]
-        for k in range(nm):
-            sel = th.metric == k
-            points.append(np.bincount(a[sel], weights=th.value[sel], minlength=n)
-                          .astype(np.float64))
-        block, lex = prop.block(points)
-        blocks.append(block)
-        for k, v in enumerate(lex):
-            lex_sums[k] += v
+    ordered = [threads[i] for i in order]
+    STATE["finish"] = (Propagator(cct), ordered, new_index, n, nm)
+    try:
+        parts = map_chunks(_blocks_of, list(range(len(ordered))), workers)
+    finally:
+        STATE.pop("finish", None)
+    sums = np.zeros((n, N_SCOPES * nm))
+    lex_sums = np.zeros((n, nm))
+    blocks: list[ProfileBlock] = []
+    for part in parts:
+        for block, lex_rows, lex_vals in part:
+            blocks.append(block)
+            sums[block.ctx_of_values().astype(np.int64),
+                 np.asarray(block.metric_ids, dtype=np.int64)] += block.values
+            for k in range(nm):
+                lex_sums[lex_rows[k], k] += lex_vals[k]
+    contexts, lines = [], []
+    for pi, th in enumerate(ordered):
         contexts.append(ExecutionContext(pi + 1, th.ids))
         if th.trace_times is not None and th.trace_nodes is not None:
             lines.append(TraceLine(pi + 1, th.trace_times,
@@ -135,10 +149,29 @@ def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
     metrics = [make_metric(name, k, desc) for k, (name, desc) in enumerate(metric_names)]
     fn_table = [Function(name, mod, off, fl, line)
                 for (name, mod, off, fl, line) in tables.functions]
-    exp = build_experiment(
-        cct, metrics, SCOPES, contexts, blocks,
-        modules=[LoadModule(p) for p in tables.modules],
-        files=[SourceFile(p) for p in tables.files], functions=fn_table,
-        title=title, description=description, traces=traces)
-    exp.values = BlockStore.of([summary_block(cct, metrics, blocks, lex_sums), *blocks])
-    return exp
+    profs = [ExecutionContext(0, (), True, 1), *contexts]
+    return Experiment(cct=cct, metrics=metrics, scopes=list(SCOPES), profiles=profs,
+                      values=BlockStore.of([summary_block(sums, lex_sums), *blocks]),
+                      n_ctx_slots=int(cct.ctx_id.max()) + 1,
+                      modules=[LoadModule(p) for p in tables.modules],
+                      files=[SourceFile(p) for p in tables.files], functions=fn_table,
+                      title=title, description=description, traces=traces)
+
+
+
+
+def _blocks_of(indices: Sequence[int]) -> list[tuple[ProfileBlock, list[npt.NDArray[np.int64]],
+                                                      list[npt.NDArray[np.float64]]]]:
+    """Worker: the profile blocks (and sparse summary ``lex_aware`` values) of some execution
+    contexts, from :data:`STATE` ``["finish"]``."""
+    prop, threads, new_index, n, nm = STATE["finish"]
+    out = []
+    for i in indices:
+        th = threads[i]
+        a = new_index[th.anchor]
+        points = [np.bincount(a[th.metric == k], weights=th.value[th.metric == k],
+                              minlength=n).astype(np.float64) for k in range(nm)]
+        matrix, lex = prop.matrix(points)
+        rows = [np.flatnonzero(lex[:, k]) for k in range(nm)]
+        out.append((dense_block(matrix), rows, [lex[r, k] for k, r in enumerate(rows)]))
+    return out

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from callpath.attribute.build import Tables, ThreadData, finish
-from callpath.attribute.reduce import STATE, Partial, run_units, run_units_mpi
+from callpath.attribute.forked import STATE
+from callpath.attribute.reduce import Partial, run_units, run_units_mpi
 from callpath.attribute.tree import TreeBuilder
 from callpath.errors import CallpathError
 from callpath.formats import hpcrun as hr
@@ -201,7 +202,8 @@ def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
         STATE.pop("structures", None)
     return finish(part.tb, part.tables, part.threads, part.metrics,
                   title=title or part.program,
-                  description="callpath prof of HPCToolkit measurements")
+                  description="callpath prof of HPCToolkit measurements",
+                  workers=workers)
 
 
 def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from callpath.attribute.build import Tables, ThreadData, finish
+from callpath.attribute.forked import STATE
 from callpath.attribute.hpctk import (
     CALL,
     ENTRY_MAIN,
@@ -35,7 +36,8 @@ from callpath.attribute.hpctk import (
     Step,
     load_structures,
 )
-from callpath.attribute.reduce import STATE, Partial, run_units, run_units_mpi
+from callpath.attribute.reduce import Partial, run_units, run_units_mpi
+from callpath.attribute.walk import Walker
 from callpath.errors import CallpathError, FormatError
 from callpath.formats import measdir as md
 from callpath.model import Experiment
@@ -121,7 +123,8 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
     cmd = heads[0][0].get("command") or []
     program = os.path.basename(str(cmd[0])) if cmd else measdirs[0].name
     return finish(part.tb, part.tables, part.threads, part.metrics, title=title or program,
-                  description="callpath prof of " + " ".join(map(str, cmd)))
+                  description="callpath prof of " + " ".join(map(str, cmd)),
+                  workers=workers)
 
 
 def _header(d: Path) -> tuple[dict[str, Any], list[md.MetricInfo]]:
@@ -148,7 +151,8 @@ def _header(d: Path) -> tuple[dict[str, Any], list[md.MetricInfo]]:
 
 
 def reduce_process_files(files: Sequence[Path]) -> Partial:
-    """One worker's share: attribute every thread of these process files."""
+    """One worker's share: attribute every thread of these process files (vectorised per
+    tree level by :class:`Walker`, memoised across threads)."""
     by_module: dict[str, Structure] = STATE.get("structures", {})
     infos: list[md.MetricInfo] = STATE["metrics"]
     part = Partial(metrics=list(STATE["names"]))
@@ -156,55 +160,73 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
     scale = np.array([1e-9 if x.unit == "ns" else 1.0 for x in infos])
     tables, tb = part.tables, part.tb
     py = _PyMapper(tables, by_module)
-    mappers: dict[str, ModuleMapper] = {}
+    mappers: dict[int, ModuleMapper] = {}
+    module_paths: list[str] = []
+    module_index: dict[str, int] = {}
+    codes: list[md.PyCode] = []
+    code_index: dict[tuple[str, str, int], int] = {}
+    walker = Walker(tb)
+
+    def make(kind: int, mod: int, addr: int) -> tuple[Step, ...] | int:
+        if kind == _NATIVE:
+            mp = mappers.get(mod)
+            if mp is None:
+                path = module_paths[mod]
+                s = by_module.get(path) or by_module.get("base:" + os.path.basename(path))
+                mp = mappers[mod] = ModuleMapper(path, s, tables)
+            return mp.steps(addr)
+        if kind == _PYTHON:
+            return py.steps(codes[mod], addr)
+        if kind == _PARTIAL:
+            return tb.entry(ENTRY_UNKNOWN, "partial call paths")
+        if kind == -1:  # a thread's own root: anchored by Walker.anchors, never by this
+            return 0
+        if kind == _ROOT:
+            return tb.entry(ENTRY_THREAD, "application thread")
+        return ((INS, CALL, -1, -1, 0, tables.module("[unknown]"), addr),)
+
     for f in files:
         proc = md.read_process(f, nm)
+        mod_map = np.array([module_index.setdefault(m.path, len(module_index))
+                            for m in proc.modules] + [-1], dtype=np.int64)
+        module_paths[:] = list(module_index)
+        code_map = np.array([code_index.setdefault((c.file, c.function, c.first_line),
+                                                   len(code_index)) for c in proc.pycode]
+                            + [-1], dtype=np.int64)
+        if len(codes) < len(code_index):
+            codes[:] = [md.PyCode(*k) for k in code_index]
         for th in proc.threads:
-            modules = {mod.index: mod.path for mod in proc.modules}
             nodes = th.nodes
             n = len(nodes)
-            anchor = np.zeros(n, dtype=np.int64)
+            if n == 0:
+                continue
+            parent = nodes["parent"].astype(np.int64)
+            kind = nodes["kind"].astype(np.int64)
+            module = nodes["module"].astype(np.int64)
+            address = nodes["address"].astype(np.int64)
+            idx = np.arange(n)
+            if parent[0] != -1 or kind[0] != _ROOT or np.any(parent[1:] < 0) or np.any(
+                    parent[1:] >= idx[1:]):
+                raise CallpathError(f"{proc.path}: thread {th.slot}: the tree does not start "
+                                    "at a root with every parent before its children")
+            native = kind == _NATIVE
+            python = kind == _PYTHON
+            bad = native & ((module < 0) | (module >= len(proc.modules)))
+            bad |= python & ((module < 0) | (module >= len(proc.pycode)))
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise CallpathError(f"{proc.path}: node {i} of thread {th.slot} names "
+                                    f"{'load module' if native[i] else 'Python code'} "
+                                    f"{int(module[i])}, which is not in its table")
+            gmod = np.where(native, mod_map[np.where(native, module, -1)],
+                            np.where(python, code_map[np.where(python, module, -1)], -1))
+            exact = (nodes["flags"] & int(md.NodeFlag.EXACT_PC)) != 0
+            ip = np.where(native & ~exact, address - 1, address)
+            kind[0] = -1
+            frame = walker.frame_ids(kind, gmod, ip, make)
             entry = tb.entry(ENTRY_MAIN, "main thread") if int(th.info.get("index", 0)) == 0 \
                 else tb.entry(ENTRY_THREAD, "application thread")
-            parents = nodes["parent"].tolist()
-            kinds = nodes["kind"].tolist()
-            flags = nodes["flags"].tolist()
-            mods = nodes["module"].tolist()
-            addrs = nodes["address"].tolist()
-            for i in range(n):
-                k = kinds[i]
-                if k == _ROOT:
-                    anchor[i] = entry
-                    continue
-                if parents[i] < 0 or parents[i] >= i:
-                    raise CallpathError(f"{proc.path}: node {i} of thread {th.slot} has parent "
-                                        f"{parents[i]} (expected an earlier node)")
-                p = int(anchor[parents[i]])
-                if k == _PARTIAL:
-                    anchor[i] = tb.entry(ENTRY_UNKNOWN, "partial call paths")
-                    continue
-                if k == _NATIVE:
-                    path = modules.get(mods[i])
-                    if path is None:
-                        raise CallpathError(f"{proc.path}: node {i} names load module "
-                                            f"{mods[i]}, which is not in the module table")
-                    mp = mappers.get(path)
-                    if mp is None:
-                        s = by_module.get(path) or by_module.get(
-                            "base:" + os.path.basename(path))
-                        mp = mappers[path] = ModuleMapper(path, s, tables)
-                    ip = addrs[i] if flags[i] & md.NodeFlag.EXACT_PC else addrs[i] - 1
-                    steps = mp.steps(ip)
-                elif k == _PYTHON:
-                    if not 0 <= mods[i] < len(proc.pycode):
-                        raise CallpathError(f"{proc.path}: node {i} names Python code "
-                                            f"{mods[i]}, which is not in the code table")
-                    steps = py.steps(proc.pycode[mods[i]], addrs[i])
-                else:  # UNKNOWN: a raw pc in no module
-                    steps = ((INS, CALL, -1, -1, 0, tables.module("[unknown]"), addrs[i]),)
-                for st in steps:
-                    p = tb.node(p, *st)
-                anchor[i] = p
+            anchor = walker.anchors(parent, frame, entry)
             rows, cols = np.nonzero(th.samples)
             vrows, vcols = np.nonzero(th.values)
             an = np.concatenate([anchor[vrows], anchor[rows]])
@@ -215,7 +237,11 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
             if len(th.trace):
                 order = np.argsort(th.trace["time"], kind="stable")
                 tr = th.trace[order]
+                tn = tr["node"].astype(np.int64)
+                if np.any(tn >= n):
+                    raise CallpathError(f"{proc.path}: thread {th.slot}: a trace record names "
+                                        "a node that does not exist")
                 td.trace_times = tr["time"].astype(np.uint64)
-                td.trace_nodes = anchor[tr["node"].astype(np.int64)]
+                td.trace_nodes = anchor[tn]
             part.threads.append(td)
     return part

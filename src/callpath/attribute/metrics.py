@@ -26,7 +26,6 @@ from callpath.model import (
     ProfileBlock,
     PropagationScope,
     Relation,
-    summarize,
 )
 from callpath.model.metrics import (
     EXECUTION,
@@ -61,43 +60,46 @@ class Propagator:
         noloops = (~calls & ~self.is_loop & (kind < NodeKind.ENTRY)).astype(np.uint16)
         self.noloop_tree = dataclasses.replace(cct, propagation=noloops, _exclusive_plans={})
 
-    def block(self, points: list[npt.NDArray[np.float64]]
-              ) -> tuple[ProfileBlock, list[npt.NDArray[np.float64]]]:
-        """A profile block from per-node point values of each metric (``points[k]``), and
-        per metric the node-ordered ``lex_aware`` values that the summary sums."""
+    def matrix(self, points: list[npt.NDArray[np.float64]]
+               ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """From per-node point values of each metric (``points[k]``): the node × metric id
+        matrix of this execution context's values (column ``4k + scope``), and the node ×
+        metric matrix of the ``lex_aware`` values that the summary sums."""
         cct = self.cct
-        ids = cct.ctx_id.astype(np.int64)
-        cs, ms, vs = [], [], []
-        lex_summary = []
+        n = len(cct)
+        out = np.zeros((n, N_SCOPES * len(points)))
+        lex = np.zeros((n, len(points)))
         for k, point in enumerate(points):
             function = cct.exclusive(point)
-            lex_summary.append(np.where(self.is_loop, self.noloop_tree.exclusive(point),
-                                        function))
-            for j, vals in enumerate((point, function, function, cct.inclusive(point))):
-                nz = np.flatnonzero(vals != 0)
-                cs.append(ids[nz])
-                ms.append(np.full(len(nz), N_SCOPES * k + j, dtype=np.int64))
-                vs.append(vals[nz])
-        if not cs:
-            return ProfileBlock.empty(), lex_summary
-        return (ProfileBlock.from_triples(np.concatenate(cs), np.concatenate(ms),
-                                          np.concatenate(vs)), lex_summary)
+            lex[:, k] = np.where(self.is_loop, self.noloop_tree.exclusive(point), function)
+            out[:, N_SCOPES * k] = point
+            out[:, N_SCOPES * k + 1] = function
+            out[:, N_SCOPES * k + 2] = function
+            out[:, N_SCOPES * k + 3] = cct.inclusive(point)
+        return out, lex
 
 
-def summary_block(cct: CCT, metrics: list[Metric], blocks: list[ProfileBlock],
-                  lex_sums: list[npt.NDArray[np.float64]]) -> ProfileBlock:
-    """The summary profile: :func:`summarize` of the per-context blocks, with the ``lex_aware``
-    sums replaced by ``lex_sums`` (per metric, node-ordered; see the module docstring)."""
-    base = summarize(metrics, SCOPES, blocks)
-    ctx = base.ctx_of_values().astype(np.int64)
-    mid = np.asarray(base.metric_ids, dtype=np.int64)
-    lex_ids = [N_SCOPES * k + 2 for k in range(len(metrics))]
-    keep = ~np.isin(mid, lex_ids)
-    cs, ms, vs = [ctx[keep]], [mid[keep]], [np.asarray(base.values)[keep]]
-    ids = cct.ctx_id.astype(np.int64)
-    for k, vals in enumerate(lex_sums):
-        nz = np.flatnonzero(vals != 0)
-        cs.append(ids[nz])
-        ms.append(np.full(len(nz), lex_ids[k], dtype=np.int64))
-        vs.append(vals[nz])
-    return ProfileBlock.from_triples(np.concatenate(cs), np.concatenate(ms), np.concatenate(vs))
+def dense_block(matrix: npt.NDArray[np.float64]) -> ProfileBlock:
+    """The profile block of a node × metric id matrix (the tree's context ids are its node
+    indices): row-major nonzeros are already sorted by context, then metric."""
+    nz = matrix != 0
+    rows = np.flatnonzero(nz.any(axis=1))
+    sub = nz[rows]
+    r, c = np.nonzero(sub)
+    counts = sub.sum(axis=1)
+    starts = np.zeros(len(rows), dtype=np.uint64)
+    if len(rows) > 1:
+        starts[1:] = np.cumsum(counts[:-1])
+    return ProfileBlock(rows.astype(np.uint32), starts, c.astype(np.uint16),
+                        matrix[rows[r], c].astype(np.float64))
+
+
+def summary_block(sums: npt.NDArray[np.float64], lex_sums: npt.NDArray[np.float64]
+                  ) -> ProfileBlock:
+    """The summary profile from the node × metric id sums over execution contexts, with the
+    ``lex_aware`` columns taken from ``lex_sums`` (node × metric; see the module docstring).
+    The summary statistic ids equal the propagated ids (:func:`make_metric`)."""
+    out = sums.copy()
+    for k in range(lex_sums.shape[1]):
+        out[:, N_SCOPES * k + 2] = lex_sums[:, k]
+    return dense_block(out)

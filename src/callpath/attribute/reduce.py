@@ -11,15 +11,15 @@ content, the database does not depend on the number of workers.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
 from callpath.attribute.build import Tables, ThreadData
+from callpath.attribute.forked import map_chunks
 from callpath.attribute.tree import TreeBuilder
 from callpath.errors import CallpathError
 
@@ -51,18 +51,7 @@ def workers_default() -> int:
 def run_units(fn: Callable[[Sequence[U]], Partial], units: Sequence[U],
               workers: int) -> Partial:
     """``fn`` over ``units`` in ``workers`` forked processes (contiguous chunks), merged."""
-    workers = max(1, min(workers, len(units)))
-    if workers == 1:
-        return fn(units)
-    bounds = np.linspace(0, len(units), workers + 1).round().astype(int)
-    chunks = [units[bounds[i]:bounds[i + 1]] for i in range(workers)]
-    try:
-        ctx = multiprocessing.get_context("fork")
-    except ValueError:  # no fork on this platform: do it here
-        return fn(units)
-    with ctx.Pool(workers) as pool:
-        parts = pool.map(fn, chunks)
-    return merge(parts)
+    return merge(map_chunks(fn, units, workers))
 
 
 def run_units_mpi(fn: Callable[[Sequence[U]], Partial], units: Sequence[U]) -> Partial | None:
@@ -123,7 +112,3 @@ def merge(parts: Sequence[Partial]) -> Partial:
                 th.value, th.trace_times,
                 node_map[th.trace_nodes] if th.trace_nodes is not None else None))
     return out
-
-
-#: What forked workers inherit from the parent (structures, options); set before forking.
-STATE: dict[str, Any] = {}

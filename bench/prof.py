@@ -1,0 +1,151 @@
+"""Benchmark of ``callpath prof``: a measurement directory of 256 execution contexts (32
+processes × 8 threads) with about 20,000 call paths each, attributed through the real structure
+of libc, timed with 1 and 2 workers (median of ``--repeat`` runs), with peak memory.
+
+The call paths are synthetic but shaped like an SPMD run: every thread has the same tree
+(depth 8, 20,000 leaves, frames at addresses inside libc's procedures, callers as return
+addresses, leaves as exact pcs) and its own sample counts, so the merged tree has one copy of
+the paths and each context its own values.
+
+Usage: .venv/bin/python bench/prof.py [--contexts 256] [--paths 20000] [--repeat 3] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from callpath.formats import measdir as md
+from callpath.formats.hpcstruct import read_hpcstruct
+from callpath.model import Identifier, IdKind
+
+LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+THREADS_PER_PROCESS = 8
+
+
+def _tree(paths: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Parents (preorder-compatible: parents first) and leaf mask of a depth-8 tree."""
+    sizes = [4, 16, 64, 256, 1024, 4000, max(paths // 2, 1), paths]
+    parent = [-1]
+    prev = np.array([0])
+    leaf = [False]
+    for level, n in enumerate(sizes):
+        first = len(parent)
+        par = np.sort(rng.choice(prev, size=n))
+        parent.extend(par.tolist())
+        leaf.extend([level == len(sizes) - 1] * n)
+        prev = np.arange(first, first + n)
+    p = np.asarray(parent, dtype=np.int64)
+    is_leaf = np.asarray(leaf)
+    # interior nodes without children are leaves too
+    has_child = np.zeros(len(p), bool)
+    has_child[p[1:]] = True
+    return p, is_leaf | ~has_child
+
+
+def generate(out: Path, contexts: int, paths: int, struct_file: Path) -> int:
+    rng = np.random.default_rng(42)
+    s = read_hpcstruct(struct_file)[0]
+    ok = s.map_hi - s.map_lo >= 2
+    lo, hi = s.map_lo[ok], s.map_hi[ok]
+    pick = rng.choice(len(lo), size=5000)
+    pool = (lo[pick] + (rng.random(5000) * (hi[pick] - lo[pick] - 1)).astype(np.uint64))
+    parent, is_leaf = _tree(paths, rng)
+    n = len(parent)
+    addr = pool[rng.integers(0, len(pool), size=n)]
+    addr = np.where(is_leaf, addr, addr + np.uint64(1))  # callers: return addresses
+    flags = np.where(is_leaf, int(md.NodeFlag.EXACT_PC), 0)
+    kind = np.full(n, int(md.NodeKind.NATIVE))
+    kind[0] = int(md.NodeKind.ROOT)
+    module = np.zeros(n, dtype=np.int64)
+    module[0] = -1
+    nodes = md.make_nodes(parent, kind, module, np.where(kind == 0, 0, addr), flags)
+    leaves = np.flatnonzero(is_leaf)
+    metric = md.MetricInfo("cpu-clock", "ns", 1_000_000, event="cpu-clock")
+    out.mkdir(parents=True)
+    md.write_header(out, [metric], command=["synthetic"], status="complete")
+    (out / "structs").mkdir()
+    shutil.copy(struct_file, out / "structs" / "libc.hpcstruct")
+    mod = md.Module(0, LIBC, 0x7F0000000000, 0x7F0000200000, 0, 0)
+    total = 0
+    for p in range(contexts // THREADS_PER_PROCESS):
+        with md.ProcessWriter(out, 1000 + p) as w:
+            w.process(pid=1000 + p, ppid=1, generation=0, exe=LIBC, rank=p)
+            w.metrics([metric])
+            w.modules([mod])
+            for t in range(THREADS_PER_PROCESS):
+                ids = (Identifier(IdKind.NODE, 0, 0, 1), Identifier(IdKind.RANK, p),
+                       Identifier(IdKind.THREAD, t))
+                w.thread(t, tid=100000 + p * 100 + t, ids=ids, index=t)
+                w.nodes(t, nodes)
+                samples = rng.integers(1, 10, size=len(leaves)).astype(np.uint64)
+                counts = np.zeros(len(leaves), dtype=md.COUNT_DTYPE)
+                counts["node"] = leaves
+                counts["samples"] = samples
+                counts["value"] = samples.astype(np.float64) * 1e6
+                w.counts(t, counts)
+                total += int(samples.sum())
+    return total
+
+
+def _timed(cmd: list[str]) -> tuple[float, int]:
+    """Wall seconds and peak RSS (KiB, largest process of the command tree)."""
+    wrapper = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
+               "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+               "print(time.perf_counter() - t, "
+               "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    r = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True,
+                       check=True)
+    secs, rss = r.stdout.split()
+    return float(secs), int(rss)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--contexts", type=int, default=256)
+    ap.add_argument("--paths", type=int, default=20000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keep", type=Path, default=None, help="keep the data in this directory")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="prof-bench-"))
+    base = args.keep or tmp
+    base.mkdir(parents=True, exist_ok=True)
+    try:
+        struct_file = base / "libc.hpcstruct"
+        if not struct_file.exists():
+            subprocess.run([sys.executable, "-m", "callpath", "struct", LIBC, "-o",
+                            str(struct_file)], check=True)
+        meas = base / "bench.m"
+        if not meas.exists():
+            t = time.perf_counter()
+            total = generate(meas, args.contexts, args.paths, struct_file)
+            print(f"generated {args.contexts} contexts x ~{args.paths} call paths "
+                  f"({total} samples) in {time.perf_counter() - t:.1f} s")
+        results = {}
+        for j in (1, 2):
+            runs = [_timed([sys.executable, "-m", "callpath", "prof", str(meas), "-j", str(j),
+                            "-o", str(base / f"j{j}.d")]) for _ in range(args.repeat)]
+            secs = statistics.median(r[0] for r in runs)
+            rss = max(r[1] for r in runs)
+            results[j] = secs
+            print(f"callpath prof -j {j}: {secs:6.1f} s (median of {args.repeat}), "
+                  f"peak RSS {rss / 1024:.0f} MiB")
+        same = all((base / "j1.d" / f).read_bytes() == (base / "j2.d" / f).read_bytes()
+                   for f in ("meta.db", "profile.db", "cct.db"))
+        print(f"speed-up with 2 workers: {results[1] / results[2]:.2f}x; databases identical: "
+              f"{same}")
+    finally:
+        if args.keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
