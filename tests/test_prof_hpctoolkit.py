@@ -133,3 +133,27 @@ def test_corrupt_profiles_raise_format_errors(tmp_path_factory: pytest.TempPathF
         except CallpathError as e:
             assert name in str(e)
     shutil.rmtree(d)
+
+
+def test_stats_partials(tmp_path: Path) -> None:
+    """-M stats: count, sum of squares, min and max per context equal what the execution
+    contexts' own values give."""
+    from callpath.model import Combine
+
+    db = tmp_path / "stats.d"
+    run_cli("prof", str(shared_path("hpctoolkit", "meas", "loops-cputime-t.m")), "-M", "stats",
+            "-o", str(db), check=True)
+    exp = callpath.open(db)
+    m = exp.metrics[0]
+    ids = exp.cct.ctx_id.astype(np.int64)
+    for scope in ("point", "function", "execution"):
+        def stat(formula: str, combine: Combine, scope: str = scope) -> np.ndarray:
+            sid, = [s.stat_metric_id for s in m.summaries if exp.scopes[s.scope].name == scope
+                    and s.formula == formula and s.combine == combine]
+            return exp.summary(sid)[ids]
+        per = np.array([exp.values_in(p, m, scope) for p in range(1, len(exp.profiles))])
+        np.testing.assert_allclose(stat("$$", Combine.SUM), per.sum(0), rtol=1e-12)
+        np.testing.assert_array_equal(stat("1", Combine.SUM), (per != 0).sum(0))
+        np.testing.assert_allclose(stat("$$^2", Combine.SUM), (per ** 2).sum(0), rtol=1e-12)
+        np.testing.assert_array_equal(stat("$$", Combine.MIN), per.min(0))
+        np.testing.assert_array_equal(stat("$$", Combine.MAX), per.max(0))

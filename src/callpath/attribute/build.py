@@ -14,6 +14,7 @@ from callpath.attribute.metrics import (
     N_SCOPES,
     SCOPES,
     Propagator,
+    StatsAccumulator,
     dense_block,
     make_metric,
     summary_block,
@@ -109,10 +110,11 @@ def canonical_tables(tb: TreeBuilder, tables: Tables) -> Tables:
 
 def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
            metric_names: list[tuple[str, str]], *, title: str, description: str,
-           workers: int = 1) -> Experiment:
-    """The experiment: execution contexts ordered by identifier tuple, values propagated
-    (per execution context in ``workers`` forked processes; the summary is accumulated here in
-    execution-context order, so the result is the same for any number of workers)."""
+           workers: int = 1, stats: bool = False) -> Experiment:
+    """The experiment (with ``stats``, also hpcprof's ``-M stats`` partials): execution
+    contexts ordered by identifier tuple, values propagated per execution context in
+    ``workers`` forked processes; the summary is accumulated here in execution-context
+    order, so the result is the same for any number of workers."""
     tables = canonical_tables(tb, tables)
     cct, new_index = tb.freeze(sort_keys(tb, tables))
     n = len(cct)
@@ -127,14 +129,28 @@ def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
         STATE.pop("finish", None)
     sums = np.zeros((n, N_SCOPES * nm))
     lex_sums = np.zeros((n, nm))
+    acc = StatsAccumulator(n, N_SCOPES * nm) if stats else None
     blocks: list[ProfileBlock] = []
     for part in parts:
         for block, lex_rows, lex_vals in part:
             blocks.append(block)
-            sums[block.ctx_of_values().astype(np.int64),
-                 np.asarray(block.metric_ids, dtype=np.int64)] += block.values
+            rows = block.ctx_of_values().astype(np.int64)
+            cols = np.asarray(block.metric_ids, dtype=np.int64)
+            sums[rows, cols] += block.values
             for k in range(nm):
                 lex_sums[lex_rows[k], k] += lex_vals[k]
+            if acc is not None:
+                # lex_aware: the summary's own (loop-aware) values, like the sum
+                lex_cols = cols % N_SCOPES == 2
+                keep = ~lex_cols
+                r = [rows[keep]]
+                c = [cols[keep]]
+                v = [np.asarray(block.values)[keep]]
+                for k in range(nm):
+                    r.append(lex_rows[k])
+                    c.append(np.full(len(lex_rows[k]), N_SCOPES * k + 2, dtype=np.int64))
+                    v.append(lex_vals[k])
+                acc.add(np.concatenate(r), np.concatenate(c), np.concatenate(v))
     contexts, lines = [], []
     for pi, th in enumerate(ordered):
         contexts.append(ExecutionContext(pi + 1, th.ids))
@@ -146,12 +162,13 @@ def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
     if nonempty:
         traces = Traces(min(int(t.timestamps.min()) for t in nonempty),
                         max(int(t.timestamps.max()) for t in nonempty), lines)
-    metrics = [make_metric(name, k, desc) for k, (name, desc) in enumerate(metric_names)]
+    metrics = [make_metric(name, k, desc, stats=stats, n_metrics=nm)
+               for k, (name, desc) in enumerate(metric_names)]
     fn_table = [Function(name, mod, off, fl, line)
                 for (name, mod, off, fl, line) in tables.functions]
     profs = [ExecutionContext(0, (), True, 1), *contexts]
     return Experiment(cct=cct, metrics=metrics, scopes=list(SCOPES), profiles=profs,
-                      values=BlockStore.of([summary_block(sums, lex_sums), *blocks]),
+                      values=BlockStore.of([summary_block(sums, lex_sums, acc), *blocks]),
                       n_ctx_slots=int(cct.ctx_id.max()) + 1,
                       modules=[LoadModule(p) for p in tables.modules],
                       files=[SourceFile(p) for p in tables.files], functions=fn_table,

@@ -180,7 +180,8 @@ def is_hpctoolkit_measurements(d: Path) -> bool:
 
 def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
                     ignore_structs: bool = False, title: str | None = None,
-                    workers: int = 1, mpi: bool = False) -> Experiment | None:
+                    workers: int = 1, mpi: bool = False,
+                    stats: bool = False) -> Experiment | None:
     """The experiment hpcprof would write for HPCToolkit measurement directories, reduced by
     ``workers`` processes."""
     files: list[Path] = []
@@ -203,7 +204,7 @@ def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
     return finish(part.tb, part.tables, part.threads, part.metrics,
                   title=title or part.program,
                   description="callpath prof of HPCToolkit measurements",
-                  workers=workers)
+                  workers=workers, stats=stats)
 
 
 def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:

@@ -86,7 +86,8 @@ class _PyMapper:
 
 def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
                  ignore_structs: bool = False, title: str | None = None,
-                 workers: int = 1, mpi: bool = False) -> Experiment | None:
+                 workers: int = 1, mpi: bool = False,
+                 stats: bool = False) -> Experiment | None:
     """The experiment of callpath measurement directories (see the module docstring), reduced
     by ``workers`` processes (one work unit per process file)."""
     heads = [_header(d) for d in measdirs]
@@ -124,7 +125,7 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
     program = os.path.basename(str(cmd[0])) if cmd else measdirs[0].name
     return finish(part.tb, part.tables, part.threads, part.metrics, title=title or program,
                   description="callpath prof of " + " ".join(map(str, cmd)),
-                  workers=workers)
+                  workers=workers, stats=stats)
 
 
 def _header(d: Path) -> tuple[dict[str, Any], list[md.MetricInfo]]:

@@ -42,10 +42,27 @@ SCOPES = [POINT, FUNCTION, LEX_AWARE, EXECUTION]
 N_SCOPES = len(SCOPES)
 
 
-def make_metric(name: str, k: int, description: str = "", period: float = 1.0) -> Metric:
-    """Metric ``k`` with hpcprof's four scopes; propagated and summary ids ``4k .. 4k+3``."""
+#: The extra partials of ``-M stats`` per scope, in hpcprof's terms: the number of execution
+#: contexts with a value, the sum of squares, min and max (mean, standard deviation and
+#: coefficient of variation are formulas of these and the sum).
+STAT_PARTIALS = (("1", Combine.SUM), ("$$^2", Combine.SUM), ("$$", Combine.MIN),
+                 ("$$", Combine.MAX))
+
+
+def stat_id(n_metrics: int, k: int, scope: int, j: int) -> int:
+    """Summary id of partial ``j`` of :data:`STAT_PARTIALS` for metric ``k`` and a scope."""
+    return N_SCOPES * n_metrics + ((k * N_SCOPES + scope) * len(STAT_PARTIALS) + j)
+
+
+def make_metric(name: str, k: int, description: str = "", period: float = 1.0, *,
+                stats: bool = False, n_metrics: int = 0) -> Metric:
+    """Metric ``k`` with hpcprof's four scopes; propagated and summary ids ``4k .. 4k+3``;
+    with ``stats`` also the partials of :data:`STAT_PARTIALS` (ids from :func:`stat_id`)."""
     insts = [ScopeInstance(i, N_SCOPES * k + i) for i in range(N_SCOPES)]
     sums = [SummaryStatistic(i, "$$", Combine.SUM, N_SCOPES * k + i) for i in range(N_SCOPES)]
+    if stats:
+        sums += [SummaryStatistic(i, f, c, stat_id(n_metrics, k, i, j))
+                 for i in range(N_SCOPES) for j, (f, c) in enumerate(STAT_PARTIALS)]
     return Metric(name, insts, sums, description=description or name, period=period)
 
 
@@ -94,12 +111,46 @@ def dense_block(matrix: npt.NDArray[np.float64]) -> ProfileBlock:
                         matrix[rows[r], c].astype(np.float64))
 
 
-def summary_block(sums: npt.NDArray[np.float64], lex_sums: npt.NDArray[np.float64]
-                  ) -> ProfileBlock:
+def summary_block(sums: npt.NDArray[np.float64], lex_sums: npt.NDArray[np.float64],
+                  stats: StatsAccumulator | None = None) -> ProfileBlock:
     """The summary profile from the node × metric id sums over execution contexts, with the
-    ``lex_aware`` columns taken from ``lex_sums`` (node × metric; see the module docstring).
-    The summary statistic ids equal the propagated ids (:func:`make_metric`)."""
+    ``lex_aware`` columns taken from ``lex_sums`` (node × metric; see the module docstring),
+    and the ``-M stats`` partials when ``stats`` is given. The summary statistic ids of the
+    sums equal the propagated ids (:func:`make_metric`)."""
     out = sums.copy()
     for k in range(lex_sums.shape[1]):
         out[:, N_SCOPES * k + 2] = lex_sums[:, k]
+    if stats is not None:
+        out = np.concatenate([out, stats.columns()], axis=1)
     return dense_block(out)
+
+
+class StatsAccumulator:
+    """Count, sum of squares, min and max per node and propagated metric, over execution
+    contexts added in order. As in the summary sums, the ``lex_aware`` scope uses the summary's
+    own values. Contexts without a value count as 0 for min and max."""
+
+    def __init__(self, n: int, n_cols: int) -> None:
+        self.n_contexts = 0
+        self.count = np.zeros((n, n_cols))
+        self.sq = np.zeros((n, n_cols))
+        self.min = np.full((n, n_cols), np.inf)
+        self.max = np.full((n, n_cols), -np.inf)
+
+    def add(self, rows: npt.NDArray[np.int64], cols: npt.NDArray[np.int64],
+            vals: npt.NDArray[np.float64]) -> None:
+        self.n_contexts += 1
+        self.count[rows, cols] += 1
+        self.sq[rows, cols] += vals * vals
+        self.min[rows, cols] = np.minimum(self.min[rows, cols], vals)
+        self.max[rows, cols] = np.maximum(self.max[rows, cols], vals)
+
+    def columns(self) -> npt.NDArray[np.float64]:
+        """Columns in :func:`stat_id` order (after the sums)."""
+        partial = self.count < self.n_contexts
+        lo = np.where(partial, np.minimum(self.min, 0.0), self.min)
+        hi = np.where(partial, np.maximum(self.max, 0.0), self.max)
+        lo = np.where(self.count > 0, lo, 0.0)
+        hi = np.where(self.count > 0, hi, 0.0)
+        n, c = self.count.shape
+        return np.stack([self.count, self.sq, lo, hi], axis=2).reshape(n, c * len(STAT_PARTIALS))

@@ -39,6 +39,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("-j", "--jobs", type=int, default=None,
                    help="worker processes for the reduction (default: the number of cores); "
                    "the database does not depend on it")
+    p.add_argument("-M", "--metric", action="append", default=[], choices=["sum", "stats"],
+                   help="summary statistics over execution contexts: 'sum' (default) or "
+                   "'stats' (also count, sum of squares, min and max, from which mean, standard "
+                   "deviation and coefficient of variation follow), like hpcprof -M")
     p.add_argument("--mpi", action="store_true",
                    help="reduce across the ranks of an MPI job (mpirun -n N callpath prof "
                    "--mpi ...; needs mpi4py); rank 0 writes the database")
@@ -78,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
     reduce = prof_measdir if "callpath" in kinds else prof_hpctoolkit
     exp = reduce(dirs, structs, ignore_structs=args.ignore_structs, title=args.title,
-                 workers=args.jobs or workers_default(), mpi=args.mpi)
+                 workers=args.jobs or workers_default(), mpi=args.mpi,
+                 stats="stats" in args.metric)
     if exp is None:  # an MPI rank other than 0: its share went to rank 0
         return 0
     write_v4(exp, out, copy_sources=not args.no_sources)
