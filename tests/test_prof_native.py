@@ -110,3 +110,23 @@ def test_without_structure_frames_are_addresses(measured: tuple[Path, Path],
     m = measdir.read(meas)
     assert exp.inclusive("cpu-clock (samples)")[0] == sum(int(t.samples.sum())
                                                           for _, t in m.threads)
+
+
+def test_without_structure_files_procedures_come_from_symbols(measured: tuple[Path, Path],
+                                                              tmp_path: Path) -> None:
+    """No structure for any module: frames are procedures from the symbol tables, each with
+    the instruction that was sampled or called from."""
+    meas, _ = measured
+    bare = tmp_path / "bare.m"
+    shutil.copytree(meas, bare, ignore=shutil.ignore_patterns("structs"))
+    db = tmp_path / "bare.d"
+    run_cli("prof", str(bare), "-o", str(db), check=True)
+    exp = callpath.open(db)
+    kernel = find(exp, NodeKind.FUNCTION, name="kernel")
+    assert len(kernel) == 1
+    kids = exp.cct.children(kernel[0])
+    assert len(kids) and all(exp.cct.kind[c] == NodeKind.INSTRUCTION for c in kids)
+    assert find(exp, NodeKind.FUNCTION, name="main")
+    m = measdir.read(meas)
+    assert exp.inclusive("cpu-clock (samples)")[0] == sum(int(t.samples.sum())
+                                                          for _, t in m.threads)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from callpath.attribute.build import Tables, ThreadData, finish
 from callpath.attribute.forked import STATE
@@ -46,13 +47,49 @@ Step = tuple[int, int, int, int, int, int, int]
 ENTRY_MAIN, ENTRY_THREAD, ENTRY_UNKNOWN = 1, 2, 0
 
 
+class SymbolTable:
+    """Procedures of a load module from its symbol tables (the fallback without structure):
+    sorted entries, ends and display names."""
+
+    def __init__(self, entries: npt.NDArray[np.uint64], ends: npt.NDArray[np.uint64],
+                 names: list[str]) -> None:
+        self.entries, self.ends, self.names = entries, ends, names
+
+    @classmethod
+    def of_file(cls, path: str) -> SymbolTable | None:
+        """The symbol table of the ELF file at ``path``; None if it cannot be read."""
+        from callpath.structure.elf import open_elf
+        from callpath.structure.symbols import procedures
+
+        try:
+            mod = open_elf(path)
+        except (CallpathError, OSError):
+            return None
+        try:
+            procs = procedures(mod)
+        except (CallpathError, OSError):
+            return None
+        finally:
+            mod.close()
+        return cls(np.array([p.entry for p in procs], dtype=np.uint64),
+                   np.array([p.end for p in procs], dtype=np.uint64), [p.name for p in procs])
+
+    def find(self, ip: int) -> tuple[int, str] | None:
+        i = int(np.searchsorted(self.entries, np.uint64(ip), side="right")) - 1
+        if i < 0 or ip >= int(self.ends[i]):
+            return None
+        return int(self.entries[i]), self.names[i]
+
+
 class ModuleMapper:
     """Maps addresses of one load module to structure steps, memoised per address."""
 
-    def __init__(self, path: str, structure: Structure | None, tables: Tables) -> None:
+    def __init__(self, path: str, structure: Structure | None, tables: Tables,
+                 symbols: SymbolTable | None = None) -> None:
         self.path = path
         self.s = structure
         self.t = tables
+        self.symbols = symbols
         self.base = os.path.basename(path)
         self.cache: dict[int, tuple[Step, ...]] = {}
 
@@ -66,8 +103,12 @@ class ModuleMapper:
             return got
         lm = self.t.module(self.path)
         scope = int(self.s.lookup(np.array([ip], dtype=np.uint64))[0]) if self.s else -1
-        if scope < 0:
-            out: tuple[Step, ...] = ((INS, CALL, -1, -1, 0, lm, ip),)
+        proc = self.symbols.find(ip) if self.symbols is not None and scope < 0 else None
+        if proc is not None:
+            fid = self.t.function(proc[1], lm, proc[0], -1, 0)
+            out: tuple[Step, ...] = ((F, CALL, fid, -1, 0, -1, 0), (INS, LEX, -1, -1, 0, lm, ip))
+        elif scope < 0:
+            out = ((INS, CALL, -1, -1, 0, lm, ip),)
         else:
             out = self._chain_steps(scope, lm)
         self.cache[ip] = out

@@ -34,6 +34,7 @@ from callpath.attribute.hpctk import (
     F,
     ModuleMapper,
     Step,
+    SymbolTable,
     load_structures,
 )
 from callpath.attribute.reduce import Partial, run_units, run_units_mpi
@@ -109,6 +110,7 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
     STATE["structures"] = {} if ignore_structs else load_structures(structs)
     STATE["metrics"] = infos
     STATE["names"] = names
+    STATE["ignore_structs"] = ignore_structs
     try:
         got = (run_units_mpi(reduce_process_files, units) if mpi
                else run_units(reduce_process_files, units, workers))
@@ -116,7 +118,7 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
             return None
         part = got
     finally:
-        for k in ("structures", "metrics", "names"):
+        for k in ("structures", "metrics", "names", "ignore_structs"):
             STATE.pop(k, None)
     if not part.threads:
         raise CallpathError(f"{measdirs[0]}: the measurement holds no execution contexts "
@@ -174,7 +176,10 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
             if mp is None:
                 path = module_paths[mod]
                 s = by_module.get(path) or by_module.get("base:" + os.path.basename(path))
-                mp = mappers[mod] = ModuleMapper(path, s, tables)
+                syms = None
+                if s is None and not STATE.get("ignore_structs"):
+                    syms = SymbolTable.of_file(path)
+                mp = mappers[mod] = ModuleMapper(path, s, tables, syms)
             return mp.steps(addr)
         if kind == _PYTHON:
             return py.steps(codes[mod], addr)
