@@ -244,8 +244,9 @@ def test_orphans_reaped_and_short_threads(perf_ok: None, build, tmp_path: Path) 
     m = measdir.read(tmp_path / "orphan")
     # the orphaned child was still measured after its parent exited, and reaped
     assert sum(int(t.samples.sum()) for _, t in m.threads) >= 150
-    (child,) = m.processes  # the parent exits at once (no sample, no file)
-    assert child.info["forked_from"] is not None
+    # the parent exits at once (a file only if a sample caught its start-up)
+    (child,) = [p for p in m.processes if p.info["forked_from"] is not None]
+    assert int(sum(t.samples.sum() for t in child.threads)) >= 150
     assert not _zombies({child.pid, child.info["forked_from"]})
     proc = callpath("run", "-o", str(tmp_path / "threads"), "--", str(exe), "threads")
     assert proc.returncode == 0, proc.stderr
@@ -390,12 +391,18 @@ def test_deep_recursion_is_partial_not_invented(perf_ok: None, build,  # type: i
     assert m.header["summary"]["partial_reasons"].get("stack copy too short", 0) >= 100
     (p,) = m.processes
     (t,) = p.threads
-    for path, _count in symbolised_paths(m, p, t).items():
+    partial = long = 0
+    for path, count in symbolised_paths(m, p, t).items():
         if path[0][1] != "PARTIAL":
             continue
         names = [f for _mod, f in path[1:]]
-        assert set(names) <= {"deep", "burn", "clock_gettime", "__clock_gettime"}, names
-        assert names[0] == "deep" and names.count("deep") >= 100
+        if names[0] == "deep":
+            assert set(names) <= {"deep", "burn", "clock_gettime", "__clock_gettime"}, names
+            partial += count
+            # a sample as the recursion enters a new stack page may get no stack copy at all
+            # (the kernel cannot fault it in): then only the sampled pc is known
+            long += count if names.count("deep") >= 100 else 0
+    assert partial >= 100 and long >= 0.95 * partial
 
 
 def test_lost_records_are_counted(perf_ok: None, build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -166,7 +166,8 @@ class ElfInfo:
         self._fde_ends = [k + int(seen[k].header["address_range"]) for k in order]
 
     def fde_for(self, vaddr: int) -> Any | None:
-        """The FDE covering ``vaddr``: from this file, else from its separate debug file."""
+        """The FDE covering ``vaddr``: from this file, else (when the file has no .eh_frame
+        index) from the .debug_frame of its separate debug file."""
         if self._fde_starts is None:
             self._load_cfi()
         assert self._fde_starts is not None
@@ -186,6 +187,11 @@ class ElfInfo:
                     self._fde_cache[off] = fde
                 if fde and vaddr < self._fde_starts[i] + int(fde.header["address_range"]):
                     return fde
+        if self._hdr_offsets is not None:
+            # the file has a complete .eh_frame index: a pc it does not cover has no CFI
+            # (hand-written assembly such as ld.so's _start); parsing a debug file's whole
+            # .debug_frame for it would cost ~0.3 s and find nothing
+            return None
         dbg = self.debug_file()
         if dbg and dbg != self.path:
             d = ElfInfo.get(dbg)
