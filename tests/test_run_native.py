@@ -464,3 +464,34 @@ def test_plt_stubs_and_vdso(perf_ok: None, build, tmp_path: Path) -> None:  # ty
         else:
             in_vdso = sum(c for path, c in paths.items() if path[-1][0] == "[vdso]")
             assert in_vdso >= 0.5 * total, paths
+
+
+def test_finish_is_idempotent_after_interruption(perf_ok: None, build,  # type: ignore[no-untyped-def]
+                                                 tmp_path: Path) -> None:
+    """Post-processing interrupted half-way (files of a first attempt left in the staging
+    folder) and done again gives the same measurement as one uninterrupted pass."""
+    from callpath.measure import events, launch, postmortem
+    exe = build("forker.c", "forker")
+    src = tmp_path / "src"
+    with open(os.devnull, "w") as devnull:
+        saved = os.dup(1)
+        os.dup2(devnull.fileno(), 1)
+        try:
+            launch.run([str(exe), "100"], launch.RunOptions([events.parse_event("cpu-clock")],
+                                                            src))
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    once, twice = tmp_path / "once", tmp_path / "twice"
+    shutil.copytree(src, once)
+    shutil.copytree(src, twice)
+    postmortem.finish(once)
+    # a first attempt killed after writing part of its files
+    (twice / postmortem.STAGING).mkdir()
+    (twice / postmortem.STAGING / "process-1-0.cpm").write_bytes(b"CPMEAS\0\0junk")
+    postmortem.finish(twice)
+    a, b = measdir.read(once), measdir.read(twice)
+    assert [p.path.name for p in a.processes] == [p.path.name for p in b.processes]
+    for (_, ta), (_, tb) in zip(a.threads, b.threads, strict=True):
+        assert (ta.nodes == tb.nodes).all() and (ta.samples == tb.samples).all()
+    assert not (twice / postmortem.STAGING).exists()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from callpath.measure.elfinfo import ElfInfo
 from callpath.measure.launch import PROCS_FILE, RAW_FILE
 
 PROT_EXEC = 4
+STAGING = ".finishing"
 USER_LIMIT = 1 << 56  # user-space addresses are below (x86-64: 2^47, or 2^56 with LA57)
 _FILE_IDS: dict[str, int] = {}  # small integer per module file: part of the unwinder's keys
 
@@ -243,6 +245,11 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
     metrics = [measdir.MetricInfo.from_json(m) for m in header["metrics"]]
     nmet = len(metrics)
     raw = records.decode(out / RAW_FILE, raw_info)
+    # process files are written aside and moved in at the end, so that finishing again after
+    # an interruption (the raw file is kept until then) starts from scratch
+    staging = out / STAGING
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
     images, history = _images(raw.sideband)
     facts = _read_facts(out / PROCS_FILE)
     sm = raw.samples
@@ -308,7 +315,7 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
         used_names.add((img.pid, gen))
         f = image_facts[ii] if ii < len(image_facts) else {}
         rank = f.get("rank")
-        with measdir.ProcessWriter(out, img.pid, gen) as w:
+        with measdir.ProcessWriter(staging, img.pid, gen) as w:
             w.process(pid=img.pid, ppid=img.ppid, generation=gen, exe=f.get("exe", ""),
                       comm=img.comm, rank=rank, host=header.get("host", ""), node_id=node_id,
                       forked_from=img.forked_from)
@@ -348,6 +355,9 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
             name = unwind.REASONS.get(int(code), "no user registers")
             reasons[name] = reasons.get(name, 0) + int(cnt_)
         _flat(flat, fr, s, mm, names)
+    for done in sorted(staging.iterdir()):
+        os.replace(done, out / done.name)
+    staging.rmdir()
     (out / RAW_FILE).unlink()
     (out / PROCS_FILE).unlink(missing_ok=True)
     ranked = sorted(((k[0], k[1], v) for k, v in flat.items()), key=lambda x: -x[2])
