@@ -176,8 +176,9 @@ def test_crashing_program(perf_ok: None, build, tmp_path: Path) -> None:  # type
         assert burn >= 100, paths
 
 
-def test_sigint_is_forwarded_and_measurement_kept(perf_ok: None, build,  # type: ignore[no-untyped-def]
-                                                  tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_is_forwarded_and_measurement_kept(perf_ok: None, build,  # type: ignore[no-untyped-def]
+                                                  tmp_path: Path, sig: signal.Signals) -> None:
     exe = build("misbehave.c", "misbehave")
     out = tmp_path / "m"
     env = dict(os.environ)
@@ -188,11 +189,11 @@ def test_sigint_is_forwarded_and_measurement_kept(perf_ok: None, build,  # type:
     assert launcher.stdout is not None
     assert launcher.stdout.readline().strip() == "spinning"
     time.sleep(0.4)
-    launcher.send_signal(signal.SIGINT)
+    launcher.send_signal(sig)
     _, err = launcher.communicate(timeout=60)
-    assert launcher.returncode == 128 + signal.SIGINT, err
+    assert launcher.returncode == 128 + sig, err
     m = measdir.read(out)
-    assert m.header["signal"] == "SIGINT"
+    assert m.header["signal"] == sig.name
     (t,) = m.processes[0].threads
     paths = symbolised_paths(m, m.processes[0], t)
     assert sum(c for path, c in paths.items()
