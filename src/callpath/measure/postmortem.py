@@ -242,7 +242,12 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
     raw_info = records.check_raw_info(header_path, header.get("raw"))
     if not (out / RAW_FILE).exists():
         raise CallpathError(f"{out}: no {RAW_FILE} to process (already finished?)")
-    metrics = [measdir.MetricInfo.from_json(m) for m in header["metrics"]]
+    try:
+        metrics = [measdir.MetricInfo.from_json(m) for m in header["metrics"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise FormatError(header_path, f"expected a list of metric descriptors ({e})") from None
+    if not metrics:
+        raise FormatError(header_path, "no metrics: the run opened no event")
     nmet = len(metrics)
     raw = records.decode(out / RAW_FILE, raw_info)
     # process files are written aside and moved in at the end, so that finishing again after
@@ -287,22 +292,21 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
             image_facts.append(_facts_for(facts, img))
     for ii, img in enumerate(images):
         sel = np.nonzero(img_of == ii)[0]
+        if not len(sel):
+            continue  # an image without samples (a fork that exec'd at once): no file
         mm, mods, names = _module_map(img, out, vdso)
         s = sm.take(sel)
         if progress:
             progress(f"unwinding {len(s)} samples of process {img.pid}")
+        saved_regs = s.regs[:, [col[r] for r in ("bx", "bp", "r12", "r13", "r14", "r15")]]
         fr = unwind.unwind_parallel(raw.words, s.regs[:, col["ip"]], s.regs[:, col["sp"]],
-                           s.regs[:, [col[r] for r in ("bx", "bp", "r12", "r13", "r14",
-                                                        "r15")]],
-                           s.stack0, s.stack_words, mm, compiler)
+                                    saved_regs, s.stack0, s.stack_words, mm, compiler)
         if len(s):
             # samples without user registers (kernel threads) cannot be unwound
             fr.complete &= s.has_regs
         # threads: main thread first, then by birth
         tids = np.unique(s.tid).tolist()
         births = img.thread_birth
-        if not tids:
-            continue  # an image without samples (a fork that exec'd at once): no file
         # every thread of a sampled image is a context, even one that got no sample
         known = set(tids) | set(births) | ({img.pid} if img.start_time else set())
         order = sorted(known, key=lambda t: (t != img.pid, births.get(t, 1 << 62), t))
