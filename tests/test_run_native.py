@@ -496,3 +496,20 @@ def test_finish_is_idempotent_after_interruption(perf_ok: None, build,  # type: 
     for (_, ta), (_, tb) in zip(a.threads, b.threads, strict=True):
         assert (ta.nodes == tb.nodes).all() and (ta.samples == tb.samples).all()
     assert not (twice / postmortem.STAGING).exists()
+
+
+def test_event_names() -> None:
+    from callpath.measure import events
+    e = events.parse_event("cpu-clock")
+    assert (e.type, e.config, e.period, e.frequency) == (1, 0, 1_000_000, 0)
+    e = events.parse_event("CYCLES@f2000")
+    assert (e.name, e.type, e.config, e.period, e.frequency) == ("cycles", 0, 0, 0, 2000)
+    e = events.parse_event("faults@10")
+    assert (e.name, e.type, e.config, e.period) == ("page-faults", 1, 2, 10)
+    e = events.parse_event("r01c2@100000")
+    assert (e.type, e.config, e.period) == (4, 0x1C2, 100000)
+    assert events.parse_event("instructions").frequency == events.DEFAULT_FREQUENCY
+    assert events.unit_of(events.parse_event("task-clock")) == "ns"
+    for bad in ("", "nope", "cycles@", "cycles@0", "cycles@f", "r@1", "rxyz"):
+        with pytest.raises(Exception, match="event"):
+            events.parse_event(bad)

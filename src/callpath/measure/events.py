@@ -28,7 +28,7 @@ DEFAULT_FREQUENCY = 1000
 
 def parse_event(text: str) -> EventSpec:
     """``cycles``, ``cpu-clock@500000``, ``instructions@f2000``, ``r01c2@100000``."""
-    name, _, rate = text.partition("@")
+    name, at, rate = text.partition("@")
     name = ALIASES.get(name.strip().lower(), name.strip().lower())
     if name in SOFTWARE:
         typ, config = TYPE_SOFTWARE, SOFTWARE[name]
@@ -41,6 +41,9 @@ def parse_event(text: str) -> EventSpec:
         raise CallpathError(f"unknown event {text!r}: expected one of {known}, or rHEX "
                             f"for a raw code, optionally followed by @PERIOD or @fFREQUENCY")
     period = frequency = 0
+    if at and not rate:
+        raise CallpathError(f"event {text!r}: expected @PERIOD (an integer) or @fFREQUENCY "
+                            f"after the @")
     if rate:
         try:
             if rate[0] in "fF":
