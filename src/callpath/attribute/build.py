@@ -3,13 +3,11 @@ metrics per execution context, the summary profile, traces. Shared by every inpu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from callpath.attribute.forked import STATE, map_chunks
 from callpath.attribute.metrics import (
     N_SCOPES,
     SCOPES,
@@ -110,11 +108,10 @@ def canonical_tables(tb: TreeBuilder, tables: Tables) -> Tables:
 
 def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
            metric_names: list[tuple[str, str]], *, title: str, description: str,
-           workers: int = 1, stats: bool = False) -> Experiment:
+           stats: bool = False) -> Experiment:
     """The experiment (with ``stats``, also hpcprof's ``-M stats`` partials): execution
-    contexts ordered by identifier tuple, values propagated per execution context in
-    ``workers`` forked processes; the summary is accumulated here in execution-context
-    order, so the result is the same for any number of workers."""
+    contexts ordered by identifier tuple, values propagated per execution context in that
+    order, so the result does not depend on how the reduction was split."""
     tables = canonical_tables(tb, tables)
     cct, new_index = tb.freeze(sort_keys(tb, tables))
     n = len(cct)
@@ -122,35 +119,21 @@ def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
     order = sorted(range(len(threads)), key=lambda i: [(x.kind, x.logical_id, x.physical_id)
                                                        for x in threads[i].ids])
     ordered = [threads[i] for i in order]
-    STATE["finish"] = (Propagator(cct), ordered, new_index, n, nm)
-    try:
-        parts = map_chunks(_blocks_of, list(range(len(ordered))), workers)
-    finally:
-        STATE.pop("finish", None)
-    sums = np.zeros((n, N_SCOPES * nm))
-    lex_sums = np.zeros((n, nm))
+    prop = Propagator(cct)
+    # Blocks are computed here, not in the workers: a context's block takes ~30 ms to
+    # compute but longer to pickle back from a worker (measured with bench/prof.py).
     acc = StatsAccumulator(n, N_SCOPES * nm) if stats else None
     blocks: list[ProfileBlock] = []
-    for part in parts:
-        for block, lex_rows, lex_vals in part:
-            blocks.append(block)
-            rows = block.ctx_of_values().astype(np.int64)
-            cols = np.asarray(block.metric_ids, dtype=np.int64)
-            sums[rows, cols] += block.values
-            for k in range(nm):
-                lex_sums[lex_rows[k], k] += lex_vals[k]
-            if acc is not None:
-                # lex_aware: the summary's own (loop-aware) values, like the sum
-                lex_cols = cols % N_SCOPES == 2
-                keep = ~lex_cols
-                r = [rows[keep]]
-                c = [cols[keep]]
-                v = [np.asarray(block.values)[keep]]
-                for k in range(nm):
-                    r.append(lex_rows[k])
-                    c.append(np.full(len(lex_rows[k]), N_SCOPES * k + 2, dtype=np.int64))
-                    v.append(lex_vals[k])
-                acc.add(np.concatenate(r), np.concatenate(c), np.concatenate(v))
+    point_sums = [np.zeros(n) for _ in range(nm)]
+    for th in ordered:
+        points = _points(th, new_index, n, nm)
+        for k in range(nm):
+            point_sums[k] += points[k]
+        block = dense_block(prop.matrix(points))
+        blocks.append(block)
+        if acc is not None:
+            acc.add(block.ctx_of_values().astype(np.int64),
+                    np.asarray(block.metric_ids, dtype=np.int64), np.asarray(block.values))
     contexts, lines = [], []
     for pi, th in enumerate(ordered):
         contexts.append(ExecutionContext(pi + 1, th.ids))
@@ -168,7 +151,7 @@ def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
                 for (name, mod, off, fl, line) in tables.functions]
     profs = [ExecutionContext(0, (), True, 1), *contexts]
     return Experiment(cct=cct, metrics=metrics, scopes=list(SCOPES), profiles=profs,
-                      values=BlockStore.of([summary_block(sums, lex_sums, acc), *blocks]),
+                      values=BlockStore.of([summary_block(prop, point_sums, acc), *blocks]),
                       n_ctx_slots=int(cct.ctx_id.max()) + 1,
                       modules=[LoadModule(p) for p in tables.modules],
                       files=[SourceFile(p) for p in tables.files], functions=fn_table,
@@ -177,18 +160,9 @@ def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
 
 
 
-def _blocks_of(indices: Sequence[int]) -> list[tuple[ProfileBlock, list[npt.NDArray[np.int64]],
-                                                      list[npt.NDArray[np.float64]]]]:
-    """Worker: the profile blocks (and sparse summary ``lex_aware`` values) of some execution
-    contexts, from :data:`STATE` ``["finish"]``."""
-    prop, threads, new_index, n, nm = STATE["finish"]
-    out = []
-    for i in indices:
-        th = threads[i]
-        a = new_index[th.anchor]
-        points = [np.bincount(a[th.metric == k], weights=th.value[th.metric == k],
-                              minlength=n).astype(np.float64) for k in range(nm)]
-        matrix, lex = prop.matrix(points)
-        rows = [np.flatnonzero(lex[:, k]) for k in range(nm)]
-        out.append((dense_block(matrix), rows, [lex[r, k] for k, r in enumerate(rows)]))
-    return out
+def _points(th: ThreadData, new_index: npt.NDArray[np.int64], n: int, nm: int
+            ) -> list[npt.NDArray[np.float64]]:
+    """Per metric, the node-ordered point values of one execution context."""
+    a = new_index[th.anchor]
+    return [np.bincount(a[th.metric == k], weights=th.value[th.metric == k],
+                        minlength=n).astype(np.float64) for k in range(nm)]

@@ -245,7 +245,7 @@ def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
     return finish(part.tb, part.tables, part.threads, part.metrics,
                   title=title or part.program,
                   description="callpath prof of HPCToolkit measurements",
-                  workers=workers, stats=stats)
+                  stats=stats)
 
 
 def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:

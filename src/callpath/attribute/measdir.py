@@ -127,7 +127,7 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
     program = os.path.basename(str(cmd[0])) if cmd else measdirs[0].name
     return finish(part.tb, part.tables, part.threads, part.metrics, title=title or program,
                   description="callpath prof of " + " ".join(map(str, cmd)),
-                  workers=workers, stats=stats)
+                  stats=stats)
 
 
 def _header(d: Path) -> tuple[dict[str, Any], list[md.MetricInfo]]:

@@ -77,49 +77,46 @@ class Propagator:
         noloops = (~calls & ~self.is_loop & (kind < NodeKind.ENTRY)).astype(np.uint16)
         self.noloop_tree = dataclasses.replace(cct, propagation=noloops, _exclusive_plans={})
 
-    def matrix(self, points: list[npt.NDArray[np.float64]]
-               ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    def matrix(self, points: list[npt.NDArray[np.float64]], *, summary: bool = False
+               ) -> npt.NDArray[np.float64]:
         """From per-node point values of each metric (``points[k]``): the node × metric id
-        matrix of this execution context's values (column ``4k + scope``), and the node ×
-        metric matrix of the ``lex_aware`` values that the summary sums."""
+        matrix of the propagated values (column ``4k + scope``). Per execution context
+        ``lex_aware`` equals ``function`` (hpcprof's quirk, see the module docstring); with
+        ``summary`` it is the loop-aware value, as in hpcprof's summary profile."""
         cct = self.cct
         n = len(cct)
-        out = np.zeros((n, N_SCOPES * len(points)))
-        lex = np.zeros((n, len(points)))
+        out = np.empty((n, N_SCOPES * len(points)))
         for k, point in enumerate(points):
             function = cct.exclusive(point)
-            lex[:, k] = np.where(self.is_loop, self.noloop_tree.exclusive(point), function)
             out[:, N_SCOPES * k] = point
             out[:, N_SCOPES * k + 1] = function
-            out[:, N_SCOPES * k + 2] = function
+            out[:, N_SCOPES * k + 2] = (np.where(self.is_loop, self.noloop_tree.exclusive(point),
+                                                 function) if summary else function)
             out[:, N_SCOPES * k + 3] = cct.inclusive(point)
-        return out, lex
+        return out
 
 
 def dense_block(matrix: npt.NDArray[np.float64]) -> ProfileBlock:
     """The profile block of a node × metric id matrix (the tree's context ids are its node
     indices): row-major nonzeros are already sorted by context, then metric."""
-    nz = matrix != 0
-    rows = np.flatnonzero(nz.any(axis=1))
-    sub = nz[rows]
-    r, c = np.nonzero(sub)
-    counts = sub.sum(axis=1)
-    starts = np.zeros(len(rows), dtype=np.uint64)
-    if len(rows) > 1:
-        starts[1:] = np.cumsum(counts[:-1])
-    return ProfileBlock(rows.astype(np.uint32), starts, c.astype(np.uint16),
-                        matrix[rows[r], c].astype(np.float64))
+    n_cols = matrix.shape[1]
+    flat = matrix.ravel()
+    idx = np.flatnonzero(flat)
+    rows = idx // n_cols
+    cols = (idx - rows * n_cols).astype(np.uint16)
+    new_row = np.ones(len(rows), dtype=bool)
+    new_row[1:] = rows[1:] != rows[:-1]
+    starts = np.flatnonzero(new_row).astype(np.uint64)
+    return ProfileBlock(rows[new_row].astype(np.uint32), starts, cols, flat[idx])
 
 
-def summary_block(sums: npt.NDArray[np.float64], lex_sums: npt.NDArray[np.float64],
+def summary_block(prop: Propagator, point_sums: list[npt.NDArray[np.float64]],
                   stats: StatsAccumulator | None = None) -> ProfileBlock:
-    """The summary profile from the node × metric id sums over execution contexts, with the
-    ``lex_aware`` columns taken from ``lex_sums`` (node × metric; see the module docstring),
-    and the ``-M stats`` partials when ``stats`` is given. The summary statistic ids of the
-    sums equal the propagated ids (:func:`make_metric`)."""
-    out = sums.copy()
-    for k in range(lex_sums.shape[1]):
-        out[:, N_SCOPES * k + 2] = lex_sums[:, k]
+    """The summary profile: the propagation of the point values summed over execution
+    contexts (propagation is linear, so this is the sum of the contexts' propagated values,
+    computed once), and the ``-M stats`` partials when ``stats`` is given. The summary
+    statistic ids of the sums equal the propagated ids (:func:`make_metric`)."""
+    out = prop.matrix(point_sums, summary=True)
     if stats is not None:
         out = np.concatenate([out, stats.columns()], axis=1)
     return dense_block(out)
@@ -127,8 +124,8 @@ def summary_block(sums: npt.NDArray[np.float64], lex_sums: npt.NDArray[np.float6
 
 class StatsAccumulator:
     """Count, sum of squares, min and max per node and propagated metric, over execution
-    contexts added in order. As in the summary sums, the ``lex_aware`` scope uses the summary's
-    own values. Contexts without a value count as 0 for min and max."""
+    contexts added in order (``lex_aware``: each context's own value). Contexts without a
+    value count as 0 for min and max."""
 
     def __init__(self, n: int, n_cols: int) -> None:
         self.n_contexts = 0
