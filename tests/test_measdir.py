@@ -117,3 +117,19 @@ def test_fuzz_process_file(tmp_path: Path, data: st.DataObject) -> None:
     f.write_bytes(bytes(buf[:cut]))
     with contextlib.suppress(FormatError):
         md.read_process(f, 2)
+
+
+def test_a_process_killed_before_its_header_leaves_an_empty_truncated_file(tmp_path: Path
+                                                                           ) -> None:
+    from callpath.formats import measdir as md
+
+    for size in (0, 5, 15):
+        f = tmp_path / f"process-{size + 1}-0.cpm"
+        f.write_bytes(md.MAGIC + b"\x01\x00\x00\x00\x00\x00\x00\x00"[:max(0, size - 8)]
+                      if size > 8 else md.MAGIC[:size])
+        prof = md.read_process(f)
+        assert prof.truncated and not prof.complete and prof.threads == []
+    bad = tmp_path / "process-99-0.cpm"
+    bad.write_bytes(b"NOTMAGIC")
+    with pytest.raises(CallpathError, match="16-byte file header"):
+        md.read_process(bad)

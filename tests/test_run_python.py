@@ -47,13 +47,14 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def measure_cmd(out: Path, target: list[str], *, module: bool = False, frequency: float = 1000,
                 trace: bool = False) -> list[str]:
-    """The command line that measures ``target`` (the one place to switch to ``callpath run``)."""
-    cmd = [sys.executable, "-m", "callpath.measure.python", "-o", str(out), "-F", str(frequency)]
+    """The command line that measures ``target``: ``callpath run``, as a user types it."""
+    cmd = [sys.executable, "-m", "callpath", "run", "-o", str(out),
+           "-e", f"cpu-clock@f{int(frequency)}"]
     if trace:
         cmd.append("-t")
     if module:
-        cmd.append("-m")
-    return cmd + target
+        return [*cmd, "-m", target[0], *target[1:]]
+    return [*cmd, "--", *target]
 
 
 def measure(tmp_path: Path, *target: str, module: bool = False, frequency: float = 1000,
@@ -380,7 +381,8 @@ def test_is_python_target(tmp_path: Path) -> None:
 def test_user_errors_are_one_line(tmp_path: Path) -> None:
     bad = [
         (measure(tmp_path, str(tmp_path / "missing.py"), name="a"), "no such Python script"),
-        (measure(tmp_path, program("recursion.py"), frequency=0, name="b"), "out of range"),
+        (measure(tmp_path, program("recursion.py"), frequency=0, name="b"), "must be positive"),
+        (measure(tmp_path, program("recursion.py"), frequency=1e6, name="e"), "out of range"),
         (measure(tmp_path, sys.executable, "-I", program("recursion.py"), name="c"),
          "-I ignores PYTHONPATH"),
     ]

@@ -35,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    "Python interpreters need 32768)")
     p.add_argument("--top", type=int, default=10, metavar="N",
                    help="procedures in the closing flat summary (0: none)")
+    p.add_argument("-m", "--module", metavar="MODULE", default=None,
+                   help="measure the Python module MODULE (as 'python -m MODULE ARGS')")
     p.add_argument("--finish", metavar="MEASDIR", default=None,
                    help="only post-process MEASDIR (a run whose launcher was killed)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS")
@@ -87,8 +89,14 @@ def run(args: argparse.Namespace) -> int:
     cmd = list(args.command)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
+    if args.module is not None:
+        return _run_python([args.module, *cmd], True, args)
     if not cmd:
         raise CallpathError("no program to run: expected 'callpath run [options] -- CMD ARGS'")
+    from callpath.measure.python.launch import is_python_target
+
+    if is_python_target(cmd):
+        return _run_python(cmd, False, args)
     specs = [events.parse_event(e) for e in (args.event or [events.DEFAULT_EVENT])]
     out = Path(args.output) if args.output else _default_output(cmd)
     opts = launch.RunOptions(specs, out, trace=args.trace, stack_size=args.stack_size)
@@ -102,6 +110,28 @@ def run(args: argparse.Namespace) -> int:
     _mark_complete(out, res, result.exit_status)
     summary.print_summary(out, res, result, args.top, sys.stderr)
     return _shell_status(result.exit_status)
+
+
+def _run_python(cmd: list[str], module: bool, args: argparse.Namespace) -> int:
+    """A Python program goes to the in-process Python sampler (Python call paths with file and
+    line; docs/python-measurement.md). Its rate comes from a CPU-time event's frequency or
+    period (``cpu-clock@f500``, ``cpu-clock@2000000``); other events need the native sampler."""
+    from callpath.measure import events
+    from callpath.measure.python.launch import run_python
+
+    frequency = 1000.0
+    for text in args.event:
+        spec = events.parse_event(text)
+        if spec.name not in ("cpu-clock", "task-clock"):
+            raise CallpathError(f"event {text!r}: Python programs are sampled on CPU time; "
+                                "expected cpu-clock or task-clock (with @fHZ or @PERIOD_NS)")
+        if spec.frequency:
+            frequency = float(spec.frequency)
+        elif spec.period:
+            frequency = 1e9 / float(spec.period)
+    name = cmd[0] if module else next((w for w in cmd[1:] if w.endswith(".py")), cmd[0])
+    out = Path(args.output) if args.output else _default_output([name])
+    return run_python(cmd, module=module, out_dir=out, frequency=frequency, trace=args.trace)
 
 
 def _shell_status(status: int) -> int:

@@ -371,6 +371,10 @@ def _file_order(p: Path) -> tuple[int, int, str]:
 def iter_chunks(path: Path, data: bytes) -> Iterator[tuple[int, int, memoryview]]:
     """Yield (tag, thread, payload) of every complete chunk; stop quietly at a cut-off end."""
     if len(data) < _FILE_HEADER.size:
+        # A process killed between creating its file and writing the header leaves a prefix
+        # of the header (often nothing): an empty, truncated file, not a corrupt directory.
+        if bytes(data) == _FILE_HEADER.pack(MAGIC, VERSION, 0)[:len(data)]:
+            return
         raise FormatError(path, f"expected a {_FILE_HEADER.size}-byte file header, "
                           f"file has {len(data)} bytes")
     magic, version, _ = _FILE_HEADER.unpack_from(data, 0)
@@ -473,7 +477,7 @@ def read_process(path: str | os.PathLike[str], n_metrics: int | None = None) -> 
             ttrace.setdefault(slot, []).append(_array(p, payload, TRACE_DTYPE, "TRACE", off))
         elif tag == Tag.END:
             complete = True
-    truncated = consumed < len(data)
+    truncated = consumed < len(data) or len(data) < _FILE_HEADER.size
     nm = n_metrics if n_metrics is not None else (len(metrics) if metrics is not None else 0)
     if metrics is not None:
         nm = max(nm, len(metrics))
