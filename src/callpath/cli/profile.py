@@ -108,12 +108,18 @@ def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool)
             return subprocess.run(argv, env=env, check=False).returncode
         except OSError as e:
             raise CallpathError(f"cannot start the Python sampler: {e}") from None
-    from callpath.cli.run import run as run_cmd
+    from callpath.cli import run as run_cli
 
-    ns = argparse.Namespace(event=args.event, trace=args.trace, output=str(meas),
-                            list_events=False, stack_size=16384, top=0, finish=None,
-                            command=cmd)
-    return int(run_cmd(ns))
+    # callpath run's own parser fills in every option it has (defaults included)
+    parser = argparse.ArgumentParser(prog="callpath")
+    run_cli.add_parser(parser.add_subparsers(dest="command_name"))
+    argv = ["run", "-o", str(meas), "--top", "0"]
+    for event in args.event:
+        argv += ["-e", event]
+    if args.trace:
+        argv.append("-t")
+    ns = parser.parse_args([*argv, "--", *cmd])
+    return int(ns.func(ns))
 
 
 def _struct(meas: Path) -> None:
