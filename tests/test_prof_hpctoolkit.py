@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import callpath
+from callpath.attribute.hpctk import prof_hpctoolkit
 from callpath.errors import CallpathError
 from callpath.formats.hpcrun import read_hpcrun, read_hpctrace
 from conftest import run_cli, shared_path
@@ -113,7 +114,7 @@ def _real(name: str) -> bytes:
     return next(m.glob(f"*.{name}")).read_bytes()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(st.data())
 def test_corrupt_profiles_raise_format_errors(tmp_path_factory: pytest.TempPathFactory,
                                               data: st.DataObject) -> None:
@@ -132,6 +133,10 @@ def test_corrupt_profiles_raise_format_errors(tmp_path_factory: pytest.TempPathF
             reader(d / name)
         except CallpathError as e:
             assert name in str(e)
+    try:  # the whole attribution: a database or a one-line error, nothing else
+        prof_hpctoolkit([d], [], workers=1)
+    except CallpathError as e:
+        assert "\n" not in str(e)
     shutil.rmtree(d)
 
 

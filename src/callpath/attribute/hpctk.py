@@ -17,7 +17,7 @@ statement itself (docs/prof.md lists the differences).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,7 @@ import numpy.typing as npt
 from callpath.attribute.build import Tables, ThreadData, finish
 from callpath.attribute.forked import STATE
 from callpath.attribute.reduce import Partial, run_units, run_units_mpi
-from callpath.attribute.tree import TreeBuilder
+from callpath.attribute.walk import Walker
 from callpath.errors import CallpathError
 from callpath.formats import hpcrun as hr
 from callpath.formats.hpcstruct import read_hpcstruct
@@ -170,51 +170,6 @@ def _identifiers(tup: list[tuple[int, int, int]]) -> tuple[Identifier, ...]:
     return tuple(out)
 
 
-def attribute_profile(prof: hr.HpcrunProfile, tb: TreeBuilder,
-                      mapper: Callable[[int], ModuleMapper | None],
-                      metric_index: dict[str, int]) -> tuple[dict[int, int], list[
-                          tuple[int, int, float]]]:
-    """Anchors of every hpcrun node of one thread, and its (node, metric, value) samples."""
-    anchors: dict[int, int] = {}
-    node = tb.node
-    for nid, par, lm, ip in zip(prof.node_id.tolist(), prof.node_parent.tolist(),
-                                prof.node_lm.tolist(), prof.node_ip.tolist(), strict=True):
-        if lm == hr.PLACEHOLDER_LM:
-            if par == 0 or ip in (hr.PRIMARY_ROOT, hr.NO_ACTIVITY):
-                anchors[nid] = 0
-            elif ip == hr.FENCE_MAIN:
-                anchors[nid] = tb.entry(ENTRY_MAIN, "main thread")
-            elif ip == hr.FENCE_THREAD:
-                anchors[nid] = tb.entry(ENTRY_THREAD, "application thread")
-            elif ip == hr.PARTIAL_ROOT:
-                anchors[nid] = tb.entry(ENTRY_UNKNOWN, "partial call paths")
-            else:
-                anchors[nid] = anchors.get(par, 0)
-            continue
-        p = anchors.get(par)
-        if p is None:
-            raise CallpathError(f"{prof.path}: CCT node {nid} comes before its parent {par}")
-        if p == 0:
-            p = tb.entry(ENTRY_UNKNOWN, "partial call paths")
-        m = mapper(lm)
-        if m is None:
-            raise CallpathError(f"{prof.path}: CCT node {nid} names load module {lm}, which "
-                                "is not in the load map")
-        for st in m.steps(ip):
-            p = node(p, st[0], st[1], st[2], st[3], st[4], st[5], st[6])
-        anchors[nid] = p
-    samples = []
-    local = [metric_index[m.name] for m in prof.metrics]
-    for n, mid, v in zip(prof.value_node.tolist(), prof.value_mid.tolist(),
-                         prof.value.tolist(), strict=True):
-        a = anchors.get(n)
-        if a is None:
-            raise CallpathError(f"{prof.path}: metric values for CCT node {n}, which does not "
-                                "exist")
-        samples.append((a, local[mid], v))
-    return anchors, samples
-
-
 def is_hpctoolkit_measurements(d: Path) -> bool:
     return d.is_dir() and any(d.glob("*.hpcrun"))
 
@@ -249,35 +204,89 @@ def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
 
 
 def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
-    """One worker's share: attribute these ``*.hpcrun`` files (and their traces)."""
+    """One worker's share: attribute these ``*.hpcrun`` files (and their traces), vectorised
+    per tree level by :class:`Walker` and memoised across threads."""
     by_module: dict[str, Structure] = STATE.get("structures", {})
     part = Partial()
-    mappers: dict[str, ModuleMapper] = {}
+    tb = part.tb
+    mappers: dict[int, ModuleMapper] = {}
+    module_index: dict[str, int] = {}
+    module_paths: list[str] = []
+    walker = Walker(tb, lambda: tb.entry(ENTRY_UNKNOWN, "partial call paths"))
+
+    def make(kind: int, lm: int, ip: int) -> tuple[Step, ...] | int:
+        if kind == 1:
+            mp = mappers.get(lm)
+            if mp is None:
+                path = module_paths[lm]
+                s = by_module.get(path) or by_module.get("base:" + os.path.basename(path))
+                mp = mappers[lm] = ModuleMapper(path, s, part.tables)
+            return mp.steps(ip)
+        if ip in (hr.PRIMARY_ROOT, hr.NO_ACTIVITY):
+            return 0
+        if ip == hr.FENCE_MAIN:
+            return tb.entry(ENTRY_MAIN, "main thread")
+        if ip == hr.FENCE_THREAD:
+            return tb.entry(ENTRY_THREAD, "application thread")
+        if ip == hr.PARTIAL_ROOT:
+            return tb.entry(ENTRY_UNKNOWN, "partial call paths")
+        return ()  # another placeholder: transparent
+
     for f in files:
         prof = hr.read_hpcrun(f)
         part.program = part.program or prof.header.get("program-name", "")
-        metric_index = {m.name: part.metric(m.name, m.description) for m in prof.metrics}
+        local = np.array([part.metric(m.name, m.description) for m in prof.metrics] + [-1],
+                         dtype=np.int64)
+        n = len(prof.node_id)
+        order = np.argsort(prof.node_id, kind="stable")
+        sorted_ids = prof.node_id[order]
 
-        def mapper(lm: int, prof: hr.HpcrunProfile = prof) -> ModuleMapper | None:
-            path = prof.modules.get(lm)
-            if path is None:
-                return None
-            got = mappers.get(path)
-            if got is None:
-                s = by_module.get(path) or by_module.get("base:" + os.path.basename(path))
-                got = mappers[path] = ModuleMapper(path, s, part.tables)
-            return got
-
-        anchors, samples = attribute_profile(prof, part.tb, mapper, metric_index)
+        def index_of(ids: npt.NDArray[np.int64], what: str,
+                     sorted_ids: npt.NDArray[np.int64] = sorted_ids,
+                     order: npt.NDArray[np.int64] = order,
+                     prof: hr.HpcrunProfile = prof) -> npt.NDArray[np.int64]:
+            pos = np.minimum(np.searchsorted(sorted_ids, ids), max(len(sorted_ids) - 1, 0))
+            ok = (sorted_ids[pos] == ids) if len(sorted_ids) else np.zeros(len(ids), bool)
+            if not ok.all():
+                bad = int(ids[~ok][0])
+                raise CallpathError(f"{prof.path}: {what} names CCT node {bad}, which does "
+                                    "not exist")
+            return order[pos] + 1  # index 0 is the synthetic root
+        top = prof.node_parent == 0
+        parent = np.zeros(n + 1, dtype=np.int64)
+        parent[0] = -1
+        if (~top).any():
+            parent[1:][~top] = index_of(prof.node_parent[~top], "a CCT node's parent")
+        if n and np.any(parent[1:] >= np.arange(1, n + 1)):
+            raise CallpathError(f"{prof.path}: a CCT node comes before its parent")
+        lm = prof.node_lm
+        placeholder = lm == hr.PLACEHOLDER_LM
+        lm_paths = {k: module_index.setdefault(v, len(module_index))
+                    for k, v in prof.modules.items()}
+        module_paths[:] = list(module_index)
+        known = np.isin(lm, np.fromiter(lm_paths, dtype=np.int64, count=len(lm_paths)))
+        if np.any(~placeholder & ~known):
+            bad = int(lm[~placeholder & ~known][0])
+            raise CallpathError(f"{prof.path}: a CCT node names load module {bad}, which is "
+                                "not in the load map")
+        lut = np.full(int(lm.max(initial=0)) + 1, -1, dtype=np.int64)
+        for k, v in lm_paths.items():
+            if k < len(lut):
+                lut[k] = v
+        kind = np.concatenate([[-1], np.where(placeholder, 0, 1)]).astype(np.int64)
+        gmod = np.concatenate([[-1], np.where(placeholder, -1, lut[lm])]).astype(np.int64)
+        ip = np.concatenate([[0], prof.node_ip.astype(np.int64)])
+        frame = walker.frame_ids(kind, gmod, ip, lambda k, m, a: 0 if k == -1 else make(k, m, a))
+        anchor = walker.anchors(parent, frame, 0)
         th = ThreadData(_identifiers(prof.id_tuple),
-                        np.array([x[0] for x in samples], dtype=np.int64),
-                        np.array([x[1] for x in samples], dtype=np.int64),
-                        np.array([x[2] for x in samples], dtype=np.float64))
+                        anchor[index_of(prof.value_node, "a metric value")],
+                        local[prof.value_mid], prof.value.astype(np.float64))
         tf = f.with_suffix(".hpctrace")
         if tf.exists():
             tr = hr.read_hpctrace(tf)
             th.trace_times = tr.times
-            th.trace_nodes = np.array([anchors.get(int(x), 0) for x in tr.nodes],
-                                      dtype=np.int64)
+            pos = np.minimum(np.searchsorted(sorted_ids, tr.nodes), max(n - 1, 0))
+            ok = (sorted_ids[pos] == tr.nodes) if n else np.zeros(len(tr.nodes), bool)
+            th.trace_nodes = np.where(ok, anchor[order[pos] + 1] if n else 0, 0)
         part.threads.append(th)
     return part

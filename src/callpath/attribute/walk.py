@@ -59,8 +59,11 @@ class Walker:
     parent's anchor, or a fixed anchor whatever its parent (the root of partial call paths).
     """
 
-    def __init__(self, tb: TreeBuilder) -> None:
+    def __init__(self, tb: TreeBuilder, top_level: Callable[[], int] | None = None) -> None:
         self.tb = tb
+        #: where frames found directly under the global root go instead (hpcprof puts such
+        #: "top-level" machine code under an unknown caller); None: leave them there
+        self.top_level = top_level
         self.frame_index: dict[tuple[int, int, int], int] = {}
         self.steps: list[tuple[tuple[int, ...], ...] | int] = []  # per frame id
         self.pairs = _SortedMemo()  # parent anchor << FRAME_BITS | frame id -> anchor
@@ -118,6 +121,8 @@ class Walker:
                         a = st
                     else:
                         a = int(pa[i])
+                        if a == 0 and st and self.top_level is not None:
+                            a = self.top_level()
                         for s in st:
                             a = node(a, *s)
                     self.pairs.add(k, a)
