@@ -2,21 +2,23 @@
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-DEMO_DB := out/example.d
+DEMO_DB := out/heat.d
 
 .PHONY: demo test lint typecheck unit bench clean
 
 $(STAMP): pyproject.toml scripts/setup-venv.sh
 	bash scripts/setup-venv.sh
 
-## demo: set up, build the bundled example database, print its report
+## demo: set up, then profile the bundled example program and print its report
 demo: $(STAMP)
-	$(BIN)/python examples/example_db.py $(DEMO_DB)
-	$(BIN)/callpath report $(DEMO_DB) --threshold 1
+	mkdir -p out
+	gcc -O2 -g -o out/heat examples/heat.c
+	rm -rf out/heat-measurements $(DEMO_DB)
+	$(BIN)/callpath profile -m out/heat-measurements -o $(DEMO_DB) -- out/heat
 	@echo
-	@echo "Execution contexts: $(BIN)/callpath report $(DEMO_DB) --contexts"
-	@echo "As JSON:            $(BIN)/callpath report $(DEMO_DB) --format json"
-	@echo "Viewer:             $(BIN)/callpath view $(DEMO_DB)   (the browser viewer is not yet available)"
+	@echo "Bottom-up view:     $(BIN)/callpath report $(DEMO_DB) -v bottom-up -d 3"
+	@echo "Flat view:          $(BIN)/callpath report $(DEMO_DB) -v flat -t 2"
+	@echo "Hot call path:      $(BIN)/callpath report $(DEMO_DB) --hot-path"
 
 ## test: set up, then lint, type-check and run the whole test suite
 test: $(STAMP) lint typecheck unit

@@ -70,14 +70,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CallpathError as e:
         sys.stderr.write(f"callpath: error: {e}\n")
         return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("callpath: interrupted\n")
-        return 130
     except BrokenPipeError:
         # The reader of our output went away (e.g. `| head`): not an error of ours.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except OSError as e:
+        # A file the user named cannot be read or written (a missing folder, no permission,
+        # a full disk): one line naming it, like every other user error.
+        where = f"{e.filename}: " if e.filename else ""
+        sys.stderr.write(f"callpath: error: {where}{e.strerror or e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("callpath: interrupted\n")
+        return 130
 
 
 if __name__ == "__main__":
