@@ -18,8 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import callpath
+from callpath.analysis.columns import ColumnSet
+from callpath.analysis.navigate import expand
+from callpath.analysis.source import tree_source
+from callpath.analysis.views import make_view
 from callpath.errors import CallpathError
-from callpath.present.report import json_records, visible_nodes
+from callpath.present.viewreport import records
 from conftest import V4_DATABASES, run_cli, shared_path
 
 
@@ -95,12 +99,14 @@ def test_malformed_xml_gives_one_clear_line(tmp_path: Path) -> None:
 def _read_everything(path: Path) -> None:
     """Everything a user can ask of a database: tree, report, every block, traces."""
     exp = callpath.open(path)
-    for m in exp.metrics:
-        inc = exp.inclusive(m)
-        exp.exclusive(m)
-        nodes = visible_nodes(exp, inc, None, 1.0)
-        for _ in json_records(exp, nodes):
-            pass
+    src = tree_source(exp)
+    for name in ("top-down", "bottom-up", "flat"):
+        view = make_view(name, src)
+        cols = ColumnSet(src)
+        for k in range(len(exp.metrics)):
+            rows = expand(view, 0, lambda k=k, v=view: v.inclusive(k), depth=6, threshold=1.0)
+            for _ in records(cols, view, cols.columns[2 * k: 2 * k + 2], rows):
+                pass
     for p in range(len(exp.values)):
         blk = exp.values[p]
         blk.dense(0, exp.n_ctx_slots)
