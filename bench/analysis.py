@@ -189,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         h = statistics.median(ht["times"][op]) if ht else float("nan")
         ratio = h / c if ht and c > 0 else float("nan")
         print(f"{op:<12} {c:>11.3f} {h:>11.3f} {ratio:>7.1f}x")
+    print("inclusive and filter are the same work in both tools (update_inclusive_columns, "
+          "filter+squash). Hatchet has no Bottom-up or Flat view and no formula language: its "
+          "figures for bottom-up/flat (a pandas group-by on node names) and derived (pandas "
+          "column arithmetic) are for scale, not the same work.")
     print(f"callpath sizes: {cp['sizes']}; peak RSS {cp['peak_rss_mib']:.0f} MiB")
     if ht:
         print(f"Hatchet {ht['version']} sizes: {ht['sizes']}; peak RSS "
