@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -48,3 +49,26 @@ def run_cli(*args: str, check: bool = False, env: dict[str, str] | None = None
     if check and proc.returncode != 0:
         raise AssertionError(f"callpath {' '.join(args)} failed:\n{proc.stderr}")
     return proc
+
+
+def interruptible() -> None:
+    """``preexec_fn`` for a measured command that a test interrupts: restore SIGINT and
+    SIGQUIT to their defaults. A shell that starts a job in the background (``cmd &``, as some
+    CI runners do) hands it SIGINT ignored, and an ignored signal stays ignored across exec,
+    so Ctrl-C would never reach the program."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def kill_group(proc: subprocess.Popen[str]) -> None:
+    """Make sure a test's command and everything it started are gone (a failed assertion must
+    not leave a spinning program behind)."""
+    import signal
+
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+

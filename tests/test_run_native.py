@@ -20,6 +20,7 @@ import pytest
 
 from callpath.formats import measdir
 from callpath.measure.elfinfo import ElfInfo
+from conftest import interruptible, kill_group
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "tests" / "programs"
@@ -185,12 +186,16 @@ def test_signal_is_forwarded_and_measurement_kept(perf_ok: None, build,  # type:
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     launcher = subprocess.Popen([sys.executable, "-m", "callpath", "run", "-o", str(out), "--",
                                  str(exe), "spin"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env)
-    assert launcher.stdout is not None
-    assert launcher.stdout.readline().strip() == "spinning"
-    time.sleep(0.4)
-    launcher.send_signal(sig)
-    _, err = launcher.communicate(timeout=60)
+                                stderr=subprocess.PIPE, text=True, env=env,
+                                preexec_fn=interruptible, start_new_session=True)
+    try:
+        assert launcher.stdout is not None
+        assert launcher.stdout.readline().strip() == "spinning"
+        time.sleep(0.4)
+        launcher.send_signal(sig)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        kill_group(launcher)
     assert launcher.returncode == 128 + sig, err
     m = measdir.read(out)
     assert m.header["signal"] == sig.name

