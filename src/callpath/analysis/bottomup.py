@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from callpath.analysis.flat import canonical_functions, procedure_keys
+from callpath.analysis.flat import canonical_functions, procedure_keys, procedure_locations
 from callpath.analysis.nodes import NodeTable, ViewKind
-from callpath.analysis.source import TreeSource
+from callpath.analysis.source import TreeSource, call_sites
 from callpath.analysis.treeops import group_rows, group_sum, nearest_marked, outermost
 from callpath.analysis.view import View
 from callpath.model import NodeKind
@@ -44,21 +44,12 @@ class BottomUpView(View):
         parent = cct.parent
         is_fn = self._kind == NodeKind.FUNCTION
         frame = nearest_marked(parent, is_fn)
-        safe_par = np.maximum(parent, 0)
         # the frame that called each frame, and the line it called from
-        self._caller = np.where(parent >= 0, frame[safe_par], -1)
-        pk = self._kind[safe_par]
-        self._site_line = np.where((parent >= 0) & ((pk == NodeKind.LINE) | (pk ==
-                                   NodeKind.LOOP)) & (self._file[safe_par] >= 0),
-                                   self._line[safe_par], -1)
+        self._caller = np.where(parent >= 0, frame[np.maximum(parent, 0)], -1)
+        self._site_line = call_sites(self._kind, self._file, self._line, parent)[0]
         self._pkey = procedure_keys(self._function, self._module, canonical_functions(exp))
-        fmod = np.array([f.module for f in exp.functions] + [-1], dtype=np.int64)
-        ffile = np.array([f.file for f in exp.functions] + [-1], dtype=np.int64)
-        fline = np.array([f.line for f in exp.functions] + [0], dtype=np.int64)
-        fi = np.where(self._function >= 0, self._function, len(exp.functions))
-        self._pmod = np.where(fmod[fi] >= 0, fmod[fi], self._module)
-        self._pfile = np.where(ffile[fi] >= 0, ffile[fi], self._file)
-        self._pline = np.where(ffile[fi] >= 0, fline[fi], self._line)
+        self._pmod, self._pfile, self._pline = procedure_locations(
+            exp, self._function, self._module, self._file, self._line)
         self._subtree_end = cct.subtree_end
 
         # materialized nodes: table, parent, and member (instance, cursor) lists

@@ -144,10 +144,14 @@ class ColumnSet:
         per_view[key] = out
         return out
 
-    def _measured(self, view: View, k: int, scope: str) -> F64:
-        if self.source is view.source:
+    def _measured(self, view: View, k: int, scope: str, source: TreeSource | None = None
+                  ) -> F64:
+        """A measured metric's column in ``view``, from ``source`` (default: this set's);
+        the view's own cached values when that is the view's source."""
+        src = source or self.source
+        if src is view.source:
             return view.inclusive(k) if scope == "inclusive" else view.exclusive(k)
-        incl, excl = view.values_for(self.source, k)
+        incl, excl = view.values_for(src, k)
         return incl if scope == "inclusive" else excl
 
     def with_source(self, source: TreeSource) -> ColumnSet:
@@ -176,7 +180,4 @@ class ColumnSet:
                 src_hit = self.source.with_profiles(profiles)
                 self._ctx_sources[profiles] = src_hit
             src = src_hit
-        if src is view.source:
-            return view.inclusive(k) if scope == "inclusive" else view.exclusive(k)
-        incl, excl = view.values_for(src, k)
-        return incl if scope == "inclusive" else excl
+        return self._measured(view, k, scope, src)

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.analysis.nodes import NodeTable, ViewKind
-from callpath.analysis.source import TreeSource
+from callpath.analysis.source import TreeSource, call_sites
 from callpath.analysis.treeops import csr, group_rows, group_sum, nearest_marked, outermost
 from callpath.analysis.view import View
 from callpath.model import Experiment, NodeKind, Relation
@@ -43,6 +43,19 @@ def canonical_functions(exp: Experiment) -> I64:
     return out
 
 
+def procedure_locations(exp: Experiment, function: I64, module: I64, file: I64, line: I64
+                        ) -> tuple[I64, I64, I64]:
+    """Module, file and line of each node's procedure: from the function table where it says,
+    else the node's own fields (a sentinel last row stands for "no function")."""
+    fmod = np.array([f.module for f in exp.functions] + [-1], dtype=np.int64)
+    ffile = np.array([f.file for f in exp.functions] + [-1], dtype=np.int64)
+    fline = np.array([f.line for f in exp.functions] + [0], dtype=np.int64)
+    fi = np.where(function >= 0, function, len(exp.functions))
+    return (np.where(fmod[fi] >= 0, fmod[fi], module),
+            np.where(ffile[fi] >= 0, ffile[fi], file),
+            np.where(ffile[fi] >= 0, fline[fi], line))
+
+
 class FlatView(View):
     name = "flat"
 
@@ -66,15 +79,7 @@ class FlatView(View):
         anchor = nearest_marked(parent, is_proc | is_top)
         lexdepth = cct.depth - cct.depth[np.maximum(anchor, 0)]
 
-        # function-table attributes of each procedure frame (module/file of the procedure);
-        # a sentinel last row stands for "no function"
-        fmod = np.array([f.module for f in exp.functions] + [-1], dtype=np.int64)
-        ffile = np.array([f.file for f in exp.functions] + [-1], dtype=np.int64)
-        fline = np.array([f.line for f in exp.functions] + [0], dtype=np.int64)
-        fi = np.where(function >= 0, function, len(exp.functions))
-        pmod = np.where(fmod[fi] >= 0, fmod[fi], module)
-        pfile = np.where(ffile[fi] >= 0, ffile[fi], file)
-        pline = np.where(ffile[fi] >= 0, fline[fi], line)
+        pmod, pfile, pline = procedure_locations(exp, function, module, file, line)
 
         cols: dict[str, list[npt.NDArray[np.int64]]] = {
             k: [] for k in ("kind", "function", "module", "file", "line", "offset", "call_line",
@@ -148,8 +153,7 @@ class FlatView(View):
         safe_par = np.maximum(parent, 0)
         par_top = is_top[safe_par]
         # a call site: the caller's statement (or loop) it was called from
-        site_line = np.where(((kind[safe_par] == NodeKind.LINE) | (kind[safe_par] ==
-                              NodeKind.LOOP)) & (file[safe_par] >= 0), line[safe_par], -1)
+        site_line = call_sites(kind, file, line, parent)[0]
         proc_key_all = procedure_keys(function, module, canon)
         max_lex = int(lexdepth.max()) if n else 0
         # a 16-bit key makes numpy's stable sort a radix sort
@@ -174,7 +178,7 @@ class FlatView(View):
             ins = k == NodeKind.INSTRUCTION
             a = np.where(inl, procedure_keys(function[lv], module[lv], canon),
                          np.where(ins, module[lv], file[lv]))
-            b = np.where(inl, np.where(site_line[lv] >= 0, site_line[lv], -1),
+            b = np.where(inl, site_line[lv],
                          np.where(ins, offset[lv].astype(np.int64), line[lv]))
             rows_par = np.concatenate([lex[parent[lv]], lex[parent[cs]]])
             rows_tag = np.concatenate([tag, np.full(len(cs), ViewKind.ACTIVATION, np.int64)])

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.errors import CallpathError
-from callpath.model import CCT, Experiment, Metric
+from callpath.model import CCT, Experiment, Metric, NodeKind
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -50,6 +50,18 @@ def context_points(exp: Experiment, metric: Metric, profiles: Sequence[int]) -> 
     for p in profiles:
         total += exp.values[p].dense(eid, exp.n_ctx_slots)[ctx]
     return point_from_inclusive(cct, total)
+
+
+def call_sites(kind: npt.NDArray[np.uint8], file: I64, line: npt.NDArray[Any], parent: I64
+               ) -> tuple[I64, I64]:
+    """``(line, file)`` of every node's call site, -1 where there is none: hpcviewer's
+    ``[line] » callee`` takes the line of the parent when that is a statement or loop with a
+    file. The arrays describe the tree ``parent`` indexes into."""
+    safe = np.maximum(parent, 0)
+    pk = kind[safe]
+    site = (parent >= 0) & ((pk == NodeKind.LINE) | (pk == NodeKind.LOOP)) & (file[safe] >= 0)
+    return (np.where(site, line[safe].astype(np.int64), -1),
+            np.where(site, file[safe].astype(np.int64), -1))
 
 
 @dataclass

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.analysis.nodes import NodeTable, ViewKind
-from callpath.analysis.source import TreeSource
+from callpath.analysis.source import TreeSource, call_sites
 from callpath.errors import CallpathError
 from callpath.model import Metric, NodeKind, Relation
 
@@ -196,16 +196,10 @@ class TopDownView(View):
         is_fn = kind == NodeKind.FUNCTION
         vk[is_fn] = ViewKind.ACTIVATION
         vk[is_fn & (rel == Relation.INLINED_CALL)] = ViewKind.INLINED
-        # The call-site line is the line of the (original) parent when that is a statement
-        # or loop with a file; hpcviewer's `[line] » callee`.
-        opar = occt.parent[orig]
-        has_par = opar >= 0
-        pk = np.where(has_par, occt.kind[np.maximum(opar, 0)], 0)
-        pfile = np.where(has_par, occt.file[np.maximum(opar, 0)], -1)
-        pline = occt.line[np.maximum(opar, 0)].astype(np.int64)
-        site = is_fn & has_par & ((pk == NodeKind.LINE) | (pk == NodeKind.LOOP)) & (pfile >= 0)
-        call_line = np.where(site, pline, -1)
-        self._parent_file = np.where(site, pfile, -1)
+        # call sites from the original tree: a filter does not move a call
+        site_line, site_file = call_sites(occt.kind, occt.file, occt.line, occt.parent)
+        call_line = np.where(is_fn, site_line[orig], -1)
+        self._parent_file = np.where(is_fn, site_file[orig], -1)
         entry_names = {}
         if occt.entry_names:
             pos = {int(o): i for i, o in enumerate(orig.tolist())} if len(orig) != len(occt) \

@@ -148,7 +148,6 @@ def build_report(exp: Experiment, args: argparse.Namespace, out: TextIO) -> int:
     if args.stats is not None or args.plot is not None:
         return _per_context(columns, view, cols, args, out)
 
-    marks: dict[int, str] = {}
     if args.find:
         opts = FindOptions(args.find, args.find_case, args.find_word, args.find_regex)
         if args.view == "bottom-up":
@@ -182,7 +181,7 @@ def build_report(exp: Experiment, args: argparse.Namespace, out: TextIO) -> int:
     elif args.format == "csv":
         viewreport.render_csv(columns, view, cols, rows, out)
     else:
-        viewreport.render_text(columns, view, cols, rows, out, marks=marks)
+        viewreport.render_text(columns, view, cols, rows, out)
     return 0
 
 

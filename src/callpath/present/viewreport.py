@@ -49,20 +49,17 @@ def _cells(columns: ColumnSet, view: View, col: ColumnDef, nodes: list[int]) -> 
 
 
 def render_text(columns: ColumnSet, view: View, cols: Sequence[ColumnDef], rows: list[Row],
-                out: TextIO, *, marks: dict[int, str] | None = None) -> None:
-    """A column per metric, then the indented scope label (``marks`` prefixes some rows,
-    e.g. the hot path)."""
+                out: TextIO) -> None:
+    """A column per metric, then the indented scope label."""
     nodes = [n for n, _ in rows]
     cells = [_cells(columns, view, c, nodes) for c in cols]
     widths = [max([16, len(c.title)] + [len(s) for s in cs]) for c, cs in zip(cols, cells,
                                                                                strict=True)]
     head = "  ".join(f"{c.title:>{w}}" for c, w in zip(cols, widths, strict=True))
     out.write(f"{head}  scope\n")
-    marks = marks or {}
     for r, (node, indent) in enumerate(rows):
         line = "  ".join(f"{cs[r]:>{w}}" for cs, w in zip(cells, widths, strict=True))
-        mark = marks.get(node, "")
-        out.write(f"{line}  {'  ' * indent}{mark}{view.label(node)}\n")
+        out.write(f"{line}  {'  ' * indent}{view.label(node)}\n")
 
 
 def records(columns: ColumnSet, view: View, cols: Sequence[ColumnDef], rows: list[Row]
