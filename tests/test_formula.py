@@ -176,7 +176,8 @@ def test_wrong_arity_is_a_clear_error(text: str, message: str) -> None:
     "1/0", "0/0", "$0/$1", "sqrt(-1)", "ln(0)", "ln(-1)", "log(-5)", "lg(0)", "log(8, 1)",
     "acos(2)", "asin(-3)", "atanh(1)", "acosh(0.5)", "mod(5, 0)", "fact(-1)", "exp(1000)",
     "pow(-8, 1/3)", "(-2)^0.5", "10^400", "fact(171)", "combin(-3, 2)", "stdev(4)",
-    "1/0 + 5", "max(1, 1/0)", "abs(sqrt(-1))",
+    "1/0 + 5", "max(1, 1/0)", "abs(sqrt(-1))", "1 ^ (0/0)", "(0/0) ^ 0", "pow(1, 0/0)",
+    "(($0 ^ $0) ^ ($0 / $0))",
 ])
 def test_undefined_results_are_empty_cells_without_warnings(text: str) -> None:
     with warnings.catch_warnings():

@@ -2,7 +2,7 @@
  *   segv   burn CPU, then dereference NULL       abort  burn CPU, then abort()
  *   exit7  burn CPU, then exit(7)                spin   burn CPU until a signal arrives
  *   ok     burn CPU, then exit(0)
- *   signal burn CPU in main while a SIGPROF handler also burns CPU (signal frames)
+ *   signal burn CPU in main while a SIGALRM handler also burns CPU (signal frames)
  *   deep   burn CPU 3000 calls deep in a recursion (deeper than any stack copy)
  *   threads  start 300 short threads, one after another, each burning a little CPU
  *   orphan   fork a child that outlives the parent briefly (reaped by callpath run) */
@@ -34,9 +34,17 @@ __attribute__((noinline)) void spin_forever(void) {
 
 static void *short_thread(void *arg) { (void)arg; burn(1); return NULL; }
 
+/* Burns 3 ms of CPU per signal, several sampling periods: a handler that took about one
+ * period could fall between two samples every time (the interval timer and the sampling
+ * timer tick in phase) and get none. */
 __attribute__((noinline)) static void in_handler(int sig) {
     (void)sig;
-    for (int i = 0; i < 200000; i++) sink = sink * 0.5 + i;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    do {
+        for (int i = 0; i < 2000; i++) sink = sink * 0.5 + i;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    } while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 3000000L);
 }
 
 __attribute__((noinline)) double deep(int n, long ms) {
@@ -50,12 +58,12 @@ __attribute__((noinline)) void signal_work(long ms) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = in_handler;
-    sigaction(SIGPROF, &sa, NULL);
-    struct itimerval it = {{0, 5000}, {0, 5000}};
-    setitimer(ITIMER_PROF, &it, NULL);
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = {{0, 10000}, {0, 10000}};
+    setitimer(ITIMER_REAL, &it, NULL);
     burn(ms);
     struct itimerval off = {{0, 0}, {0, 0}};
-    setitimer(ITIMER_PROF, &off, NULL);
+    setitimer(ITIMER_REAL, &off, NULL);
     sink += 1;
 }
 

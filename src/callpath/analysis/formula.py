@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from callpath.analysis.formula_functions import FUNCTIONS, arity_text
+from callpath.analysis.formula_functions import FUNCTIONS, arity_text, power
 from callpath.errors import CallpathError
 
 F64 = npt.NDArray[np.float64]
@@ -435,7 +435,7 @@ def _eval(root: Node, fetch: Callable[[Ref], Value], size: int) -> Value:
             elif node.op == "/":
                 values.append(_finite(_divide(a, b)))
             else:
-                values.append(_finite(np.power(np.asarray(a, dtype=np.float64), b)))
+                values.append(_finite(power(a, b)))
         elif isinstance(node, Call):
             k = len(node.args)
             args = values[len(values) - k:] if k else []

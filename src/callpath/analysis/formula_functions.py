@@ -51,6 +51,16 @@ def _arr(v: Value) -> F64:
     return np.asarray(v, dtype=np.float64)
 
 
+def power(a: Value, b: Value) -> F64:
+    """``a ^ b`` with an empty cell wherever either operand is empty: IEEE ``pow`` gives
+    ``1 ^ NaN = NaN ^ 0 = 1``, which would turn an undefined value (``0 / 0``) into a
+    plausible-looking number."""
+    aa, bb = _arr(a), _arr(b)
+    with np.errstate(all="ignore"):
+        out = np.power(aa, bb)
+    return np.where(np.isnan(aa) | np.isnan(bb), np.nan, out)
+
+
 def _stack(args: Sequence[Value], size: int) -> F64:
     """Arguments as a (k, size) or (k,) array, scalars broadcast."""
     arrays = [_arr(a) for a in args]
@@ -157,7 +167,7 @@ def _table() -> dict[str, Function]:
         Function("fact", 1, 1, _fact, "factorial of trunc(n)"),
         # two arguments (log takes one or two)
         Function("log", 1, 2, _log, "log(x): base 10; log(x, b): base b"),
-        Function("pow", 2, 2, lambda a, s: np.power(_arr(a[0]), _arr(a[1])), "x to the power y"),
+        Function("pow", 2, 2, lambda a, s: power(a[0], a[1]), "x to the power y"),
         Function("mod", 2, 2, _mod, "remainder of x / y, with the sign of x"),
         Function("combin", 2, 2, _combin, "binomial coefficient C(trunc(n), trunc(r))"),
     ]
