@@ -1,0 +1,197 @@
+"""The ASGI application: routes, the token and host checks, static files, and the mapping
+of errors to HTTP statuses (400 for a request the user can fix, 404 for what does not
+exist, 500 with one logged line for a bug — never a traceback to the client)."""
+
+from __future__ import annotations
+
+import logging
+import mimetypes
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from callpath.errors import CallpathError
+from callpath.view import api, security, traces
+from callpath.view.session import Database
+
+log = logging.getLogger("callpath.view")
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+MAX_BODY = 1 << 20
+
+Handler = Callable[[Database, api.Params, bytes], Any]
+
+
+def error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message.replace("\n", " ")}, status_code=status)
+
+
+class Guard:
+    """Host check on loopback binds, token check on other binds (see :mod:`security`)."""
+
+    def __init__(self, app: ASGIApp, token: str | None, loopback: bool) -> None:
+        self.app = app
+        self.token = token
+        self.loopback = loopback
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        if self.loopback:
+            host = security.host_of(request.headers.get("host", ""))
+            if host not in security.LOOPBACK_HOSTS and not security.is_loopback(host):
+                await error(403, f"host {host[:60]!r} refused: this server answers "
+                            "only to localhost")(scope, receive, send)
+                return
+        if self.token is not None:
+            given = (request.headers.get(security.TOKEN_HEADER)
+                     or request.query_params.get("token")
+                     or request.cookies.get(security.TOKEN_COOKIE))
+            if not security.token_matches(given, self.token):
+                await error(403, "access token missing or wrong: open the URL with "
+                            "?token=... that 'callpath view' printed")(scope, receive, send)
+                return
+        if scope["method"] == "POST":
+            ctype = request.headers.get("content-type", "").split(";")[0].strip()
+            origin = request.headers.get("origin")
+            own = f"{scope.get('scheme', 'http')}://{request.headers.get('host', '')}"
+            if ctype != "application/json":
+                await error(415, "POST body: expected Content-Type application/json")(
+                    scope, receive, send)
+                return
+            if origin is not None and origin != own:
+                await error(403, f"origin {origin[:60]!r} refused: only the viewer's own "
+                            "pages may change anything")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class ViewerApp:
+    """Routes over a list of opened databases."""
+
+    def __init__(self, dbs: list[Database], token: str | None = None, loopback: bool = True,
+                 static_dir: Path = STATIC_DIR) -> None:
+        self.dbs = dbs
+        self.token = token
+        self.static_dir = static_dir
+        routes = [
+            Route("/", self.index),
+            Route("/static/{path:path}", self.static),
+            Route("/api/databases", self.list_databases),
+            Route("/api/filters", self.list_filters),
+        ]
+        gets: dict[str, Handler] = {
+            "columns": api.columns, "children": api.children, "hotpath": api.hotpath,
+            "find": api.find_nodes, "source": api.source, "contexts": api.contexts,
+            "plot": api.plot,
+            "trace/meta": traces.meta, "trace/frame": traces.frame,
+            "trace/depth": traces.depth, "trace/callpath": traces.callpath,
+            "trace/summary": traces.summary, "trace/stats": traces.stats,
+        }
+        for name, fn in gets.items():
+            routes.append(Route(f"/api/db/{{db}}/{name}", self._endpoint(fn)))
+        routes.append(Route("/api/db/{db}/csv", self._endpoint(api.csv_text, csv=True)))
+        for name, fn in {"derived/check": api.derived_check,
+                         "derived/save": api.derived_save}.items():
+            routes.append(Route(f"/api/db/{{db}}/{name}", self._endpoint(fn),
+                                methods=["POST"]))
+        self.app = Starlette(routes=routes, middleware=[
+            Middleware(Guard, token=token, loopback=loopback)])
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+    # ---- static files ------------------------------------------------------------------
+
+    async def index(self, request: Request) -> Response:
+        page = self.static_dir / "index.html"
+        if not page.is_file():
+            return error(404, f"{page}: the viewer's front end is not installed (the API "
+                         "under /api/ works)")
+        resp: Response = FileResponse(page, media_type="text/html",
+                                      headers={"Cache-Control": "no-store"})
+        token = request.query_params.get("token")
+        if self.token is not None and token:
+            resp.set_cookie(security.TOKEN_COOKIE, token, httponly=True, samesite="strict")
+        return resp
+
+    async def static(self, request: Request) -> Response:
+        rel = request.path_params["path"]
+        f = security.static_file(self.static_dir, request.scope.get("raw_path", b""), rel)
+        if f is None:
+            return error(404, f"static file {quote(rel)[:80]!r}: not found")
+        ctype = mimetypes.guess_type(f.name)[0] or "application/octet-stream"
+        if f.suffix in (".js", ".mjs"):
+            ctype = "text/javascript"
+        return FileResponse(f, media_type=ctype, headers={"Cache-Control": "no-cache"})
+
+    # ---- API ----------------------------------------------------------------------------
+
+    async def list_databases(self, request: Request) -> Response:
+        return await self._run(lambda: api.databases(self.dbs))
+
+    async def list_filters(self, request: Request) -> Response:
+        return await self._run(api.saved_filters)
+
+    def _db(self, request: Request) -> Database:
+        text = request.path_params["db"]
+        if not text.isdigit() or int(text) >= len(self.dbs):
+            raise api.NotFound(f"database {text[:20]!r}: expected an id 0..{len(self.dbs) - 1}")
+        return self.dbs[int(text)]
+
+    def _endpoint(self, fn: Handler, csv: bool = False
+                  ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            body = b""
+            if request.method == "POST":
+                body = await request.body()
+                if len(body) > MAX_BODY:
+                    return error(413, f"request body larger than {MAX_BODY} bytes")
+            params = dict(request.query_params)
+            params.pop("token", None)
+
+            def work() -> Any:
+                db = self._db(request)
+                with db.lock:
+                    out = fn(db, params, body)
+                if csv:
+                    return Response(out, media_type="text/csv; charset=utf-8", headers={
+                        "Content-Disposition": 'attachment; filename="callpath-view.csv"'})
+                return out
+            return await self._run(work)
+        return endpoint
+
+    async def _run(self, work: Callable[[], Any]) -> Response:
+        try:
+            payload = await anyio.to_thread.run_sync(partial(_call, work))
+        except api.NotFound as e:
+            return error(404, str(e))
+        except CallpathError as e:
+            return error(400, str(e))
+        except Exception as e:  # a bug: one logged line, never a traceback to the client
+            log.exception("internal error")
+            return error(500, f"internal error ({type(e).__name__}): see the server's log")
+        if isinstance(payload, Response):
+            return payload
+        return JSONResponse(payload)
+
+
+def _call(work: Callable[[], Any]) -> Any:
+    return work()
+
+
+def make_app(dbs: list[Database], token: str | None = None, loopback: bool = True,
+             static_dir: Path = STATIC_DIR) -> ViewerApp:
+    return ViewerApp(dbs, token, loopback, static_dir)

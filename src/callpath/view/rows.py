@@ -1,0 +1,89 @@
+"""JSON shapes of the profile view: column descriptions and tree rows.
+
+Values of a column are computed for the whole view at once by the analysis layer (and
+cached there); a page of rows only indexes them, so formatting 200 rows is cheap whatever
+the size of the tree. Text cells use exactly the report's formatting
+(:mod:`callpath.present.viewreport`): the viewer and ``callpath report`` show the same text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from callpath.analysis.columns import ColumnDef
+from callpath.analysis.nodes import ViewKind
+from callpath.present import viewreport
+from callpath.view.session import Built
+
+I64 = npt.NDArray[np.int64]
+
+ROW_TYPES = {
+    ViewKind.ROOT: "root", ViewKind.ENTRY: "entry", ViewKind.MODULE: "module",
+    ViewKind.FILE: "file", ViewKind.PROCEDURE: "procedure", ViewKind.ACTIVATION: "activation",
+    ViewKind.INLINED: "inlined", ViewKind.CALLER: "caller", ViewKind.LOOP: "loop",
+    ViewKind.LINE: "statement", ViewKind.INSTRUCTION: "instruction",
+}
+
+
+def number(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def columns_json(b: Built) -> list[dict[str, Any]]:
+    out = []
+    start = b.start()
+    for c in b.columns.columns:
+        vals = b.columns.values(b.view, c)
+        agg = float(vals[start])
+        text = viewreport._cells(b.columns, b.view, c, [start])[0]
+        out.append({
+            "key": b.column_key(c), "name": c.title, "metric": c.metric,
+            "scope": c.scope,
+            "format": c.derived.format if c.derived is not None else "scientific",
+            "formula": c.derived.formula if c.derived is not None else None,
+            "percent_annotation": c.derived.percent if c.derived is not None else False,
+            "description": (b.source.metrics[c.metric].description
+                            if c.metric is not None else ""),
+            "aggregate": number(agg), "aggregate_text": text,
+        })
+    return out
+
+
+def rows_json(b: Built, nodes: Sequence[int], keys: Sequence[str],
+              servable: dict[str, bool]) -> list[dict[str, Any]]:
+    """One ROW per node (see docs/view.md, "API")."""
+    view = b.view
+    has_kids = [len(view.children(n)) > 0 for n in nodes]  # may materialize (Bottom-up)
+    arr = np.asarray(nodes, dtype=np.int64)
+    cols = b.columns.columns
+    values: list[tuple[str, list[float | None], list[str]]] = []
+    for c in cols:
+        v = b.columns.values(view, c)
+        values.append((b.column_key(c), [number(x) for x in v[arr].tolist()],
+                       viewreport._cells(b.columns, view, c, list(nodes))))
+    kinds = view.nodes.kind[arr].tolist() if len(arr) else []
+    out = []
+    for r, (n, key) in enumerate(zip(nodes, keys, strict=True)):
+        loc = view.location(n)
+        src = bool(loc.file and servable.get(loc.file))
+        call = bool(loc.call_file and servable.get(loc.call_file))
+        out.append({
+            "key": key, "label": view.label(n), "name": view.node_name(n),
+            "type": ROW_TYPES.get(ViewKind(kinds[r]), "scope"),
+            "has_children": has_kids[r], "has_source": src, "has_callsite_source": call,
+            "file": loc.file, "line": loc.line, "call_line": loc.call_line,
+            "values": {k: vals[r] for k, vals, _ in values},
+            "text": {k: texts[r] for k, _, texts in values},
+        })
+    return out
+
+
+def column_subset(b: Built, keys: list[str] | None) -> list[ColumnDef]:
+    if not keys:
+        return list(b.columns.columns)
+    return [b.column(k) for k in keys]

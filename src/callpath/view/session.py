@@ -1,0 +1,150 @@
+"""The databases a viewer serves, and the cache of what was built from them.
+
+Building a view of a 10^6-node tree costs tens to hundreds of milliseconds (a filter, a
+Bottom-up root level, the Flat structure); expanding a node or re-sorting must not pay that
+again. So each database keeps small LRU caches: tree sources per (filters, threads), views
+per (filters, threads, view), column sets per (filters, threads, derived). Column values are
+cached by the analysis layer itself per view. A lock per database serialises work on it:
+views materialize nodes as they are expanded, and uvicorn runs handlers in threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from callpath.analysis.columns import ColumnDef, ColumnSet
+from callpath.analysis.filters import apply_filters
+from callpath.analysis.source import TreeSource, tree_source
+from callpath.analysis.view import View
+from callpath.analysis.views import make_view
+from callpath.errors import CallpathError
+from callpath.model import Experiment
+from callpath.view.keys import NodeKeys
+from callpath.view.state import ViewState
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+CACHE_SIZE = 8
+
+
+class LRU(Generic[K, V]):
+    """A tiny least-recently-used map."""
+
+    def __init__(self, size: int = CACHE_SIZE) -> None:
+        self.size = size
+        self._d: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K, make: Callable[[], V]) -> V:
+        hit = self._d.get(key)
+        if hit is not None:
+            self._d.move_to_end(key)
+            return hit
+        val = make()
+        self._d[key] = val
+        while len(self._d) > self.size:
+            self._d.popitem(last=False)
+        return val
+
+    def clear(self) -> None:
+        self._d.clear()
+
+
+@dataclass
+class Built:
+    """Everything a request about one view state needs."""
+
+    state: ViewState
+    source: TreeSource
+    view: View
+    columns: ColumnSet
+    keys: NodeKeys
+    n_metrics: int
+
+    def column_key(self, c: ColumnDef) -> str:
+        if c.metric is not None:
+            return f"m{c.metric}{'i' if c.scope == 'inclusive' else 'e'}"
+        return f"d{c.id - 2 * self.n_metrics}"
+
+    def column(self, key: str, what: str = "column") -> ColumnDef:
+        """The column a key names (``m<k>i``, ``m<k>e``, ``d<i>``)."""
+        cols = self.columns.columns
+        idx = -1
+        if len(key) >= 3 and key[0] == "m" and key[-1] in "ie" and key[1:-1].isdigit():
+            k = int(key[1:-1])
+            if k < self.n_metrics:
+                idx = 2 * k + (0 if key[-1] == "i" else 1)
+        elif len(key) >= 2 and key[0] == "d" and key[1:].isdigit():
+            i = int(key[1:])
+            if 2 * self.n_metrics + i < len(cols):
+                idx = 2 * self.n_metrics + i
+        if idx < 0:
+            known = ", ".join(self.column_key(c) for c in cols[:12])
+            raise CallpathError(f"{what} {key[:40]!r}: unknown column (expected one of "
+                                f"{known}{', ...' if len(cols) > 12 else ''})")
+        return cols[idx]
+
+    def node(self, key: str | None, default: int = 0) -> int:
+        if key is None or key == "":
+            return default
+        return self.keys.resolve(key)
+
+    def start(self) -> int:
+        """The node shown as the root: the zoom node, else the root."""
+        return self.node(self.state.zoom)
+
+
+@dataclass
+class Database:
+    """One opened database."""
+
+    id: int
+    path: Path
+    exp: Experiment
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    _sources: LRU[tuple[object, ...], TreeSource] = field(default_factory=LRU)
+    _views: LRU[tuple[object, ...], tuple[View, NodeKeys]] = field(default_factory=LRU)
+    _columns: LRU[tuple[object, ...], ColumnSet] = field(default_factory=LRU)
+    trace_cache: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def build(self, state: ViewState) -> Built:
+        """The source, view and columns of a state, from the caches when possible. Call with
+        ``self.lock`` held."""
+        skey = state.source_key
+        source = self._sources.get(skey, lambda: self._make_source(state))
+        view, keys = self._views.get((*skey, state.view), lambda: self._make_view(state, source))
+        columns = self._columns.get((*skey, state.derived),
+                                    lambda: ColumnSet(source, state.derived))
+        return Built(state, source, view, columns, keys, len(self.exp.metrics))
+
+    def _make_source(self, state: ViewState) -> TreeSource:
+        profiles = [self.exp.contexts[i].index for i in state.threads] if state.threads \
+            else None
+        return apply_filters(tree_source(self.exp, profiles), state.filters)
+
+    @staticmethod
+    def _make_view(state: ViewState, source: TreeSource) -> tuple[View, NodeKeys]:
+        view = make_view(state.view, source)
+        return view, NodeKeys(view)
+
+
+def open_databases(paths: list[str]) -> list[Database]:
+    """Open every database named on the command line (one-line error for a bad one)."""
+    import callpath
+
+    out = []
+    for i, p in enumerate(paths):
+        exp = callpath.open(p)
+        if not exp.metrics:
+            raise CallpathError(f"{p}: the database has no metrics to view")
+        out.append(Database(i, Path(p).resolve(), exp))
+    return out
