@@ -1,0 +1,133 @@
+// api.js — every request to the server goes through here, so that the access token (when the
+// server binds a non-loopback address) is sent on each fetch and every error reaches the
+// dismissable error bar in one place.
+
+const token = new URLSearchParams(location.search).get("token");
+
+/** Headers for a request: the token header when the page was opened with ?token=. */
+export function headers(extra = {}) {
+  const h = { ...extra };
+  if (token) h["X-Callpath-Token"] = token;
+  return h;
+}
+
+/** Shows a one-line error in the bar at the top of the page (dismissable). */
+export function showError(message) {
+  const bar = document.getElementById("error-bar");
+  const text = document.getElementById("error-text");
+  if (!bar || !text) return;
+  text.textContent = String(message);
+  bar.hidden = false;
+}
+
+export function clearError() {
+  const bar = document.getElementById("error-bar");
+  if (bar) bar.hidden = true;
+}
+
+/** The query string of a view request: the view state every endpoint understands. */
+export function stateQuery(vs, extra = {}) {
+  const q = new URLSearchParams();
+  q.set("view", vs.view);
+  if (vs.filters && vs.filters.length) q.set("filters", JSON.stringify(vs.filters));
+  if (vs.derived && vs.derived.length) q.set("derived", JSON.stringify(vs.derived));
+  if (vs.threads && vs.threads.length) q.set("threads", JSON.stringify(vs.threads));
+  if (vs.view === "flat" && vs.flatten) q.set("flatten", String(vs.flatten));
+  if (vs.zoom) q.set("zoom", vs.zoom);
+  for (const [k, v] of Object.entries(extra)) {
+    if (v === undefined || v === null) continue;
+    q.set(k, typeof v === "string" ? v : typeof v === "number" || typeof v === "boolean" ? String(v) : JSON.stringify(v));
+  }
+  return q.toString();
+}
+
+async function errorOf(resp) {
+  let msg = `${resp.status} ${resp.statusText}`;
+  try {
+    const body = await resp.json();
+    if (body && body.error) msg = body.error;
+  } catch (_) { /* not JSON */ }
+  return msg;
+}
+
+export class ApiError extends Error {
+  constructor(message, status) { super(message); this.status = status; }
+}
+
+/** GET a JSON document; raises ApiError with the server's one-line message. */
+export async function getJSON(url, { quiet = false, signal } = {}) {
+  let resp;
+  try {
+    resp = await fetch(url, { headers: headers(), signal, credentials: "same-origin" });
+  } catch (e) {
+    if (e.name === "AbortError") throw e;
+    const msg = `the server did not answer ${url.split("?")[0]}: ${e.message}`;
+    if (!quiet) showError(msg);
+    throw new ApiError(msg, 0);
+  }
+  if (!resp.ok) {
+    const msg = await errorOf(resp);
+    if (!quiet) showError(msg);
+    throw new ApiError(msg, resp.status);
+  }
+  return resp.json();
+}
+
+export async function postJSON(url, body, { quiet = false } = {}) {
+  const resp = await fetch(url, {
+    method: "POST", credentials: "same-origin",
+    headers: headers({ "Content-Type": "application/json" }), body: JSON.stringify(body),
+  });
+  if (!resp.ok) {
+    const msg = await errorOf(resp);
+    if (!quiet) showError(msg);
+    throw new ApiError(msg, resp.status);
+  }
+  return resp.json();
+}
+
+/** GET a file and hand it to the browser as a download (the token travels in the header). */
+export async function download(url, filename) {
+  const resp = await fetch(url, { headers: headers(), credentials: "same-origin" });
+  if (!resp.ok) {
+    const msg = await errorOf(resp);
+    showError(msg);
+    throw new ApiError(msg, resp.status);
+  }
+  const blob = await resp.blob();
+  saveBlob(blob, filename);
+}
+
+export function saveBlob(blob, filename) {
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(blob);
+  a.download = filename;
+  document.body.appendChild(a);
+  a.click();
+  setTimeout(() => { URL.revokeObjectURL(a.href); a.remove(); }, 1000);
+}
+
+export const api = {
+  databases: () => getJSON("/api/databases"),
+  columns: (db, vs) => getJSON(`/api/db/${db}/columns?${stateQuery(vs)}`),
+  children: (db, vs, node, sort, order, offset, limit, opts) =>
+    getJSON(`/api/db/${db}/children?${stateQuery(vs, { node, sort, order, offset, limit })}`, opts),
+  hotpath: (db, vs, node, column, threshold) =>
+    getJSON(`/api/db/${db}/hotpath?${stateQuery(vs, { node, column, threshold })}`),
+  find: (db, vs, q, o) =>
+    getJSON(`/api/db/${db}/find?${stateQuery(vs, { q, case: o.case ? 1 : 0, word: o.word ? 1 : 0, regex: o.regex ? 1 : 0, limit: o.limit || 100 })}`),
+  source: (db, vs, node, which) =>
+    getJSON(`/api/db/${db}/source?${stateQuery(vs, { node, which })}`, { quiet: true }),
+  contexts: (db) => getJSON(`/api/db/${db}/contexts`),
+  plot: (db, vs, node, column) => getJSON(`/api/db/${db}/plot?${stateQuery(vs, { node, column })}`),
+  csvUrl: (db, vs, expanded, sort, order, columns) =>
+    `/api/db/${db}/csv?${stateQuery(vs, { expanded, sort, order, columns })}`,
+  checkDerived: (db, formula, vs) => postJSON(`/api/db/${db}/derived/check${vs ? "?" + stateQuery(vs) : ""}`, { formula }, { quiet: true }),
+  saveDerived: (db, derived) => postJSON(`/api/db/${db}/derived/save`, derived),
+  traceMeta: (db) => getJSON(`/api/db/${db}/trace/meta`),
+  traceFrame: (db, p, signal) => getJSON(`/api/db/${db}/trace/frame?${new URLSearchParams(p)}`, { signal }),
+  traceDepth: (db, p, signal) => getJSON(`/api/db/${db}/trace/depth?${new URLSearchParams(p)}`, { signal }),
+  traceCallpath: (db, p, signal) => getJSON(`/api/db/${db}/trace/callpath?${new URLSearchParams(p)}`, { signal, quiet: true }),
+  traceSummary: (db, p, signal) => getJSON(`/api/db/${db}/trace/summary?${new URLSearchParams(p)}`, { signal }),
+  traceStats: (db, p, signal) => getJSON(`/api/db/${db}/trace/stats?${new URLSearchParams(p)}`, { signal }),
+};

@@ -1,0 +1,386 @@
+// main.js — wires the panes together: database tabs, view tabs, the tree table, the source
+// pane, the control panel, dialogs, the trace view, and the URL that holds all of the state.
+
+import { api, clearError, download, showError } from "./api.js";
+import { state, dbState, loadFromUrl, saveToUrl, flushUrl, viewQueryState, VIEWS } from "./state.js";
+import { TreeTable } from "./tree.js";
+import { SourcePane, copyText } from "./source.js";
+import { arrange, reorder, openColumnsDialog } from "./columns.js";
+import { openDerivedDialog, openFiltersDialog, openThreadsDialog, openFindDialog } from "./dialogs.js";
+import { PlotDialog } from "./plot.js";
+import { TraceView } from "./trace.js";
+
+const $ = (id) => document.getElementById(id);
+let databases = [];
+let columns = [];        // all columns of the current view (server order)
+let pending = 0;         // requests in flight for the tree (tests wait for 0)
+let loadSeq = 0;
+
+const source = new SourcePane();
+const treeHost = $("tree");
+
+function setPending(d) {
+  pending += d;
+  treeHost.dataset.pending = String(pending);
+}
+
+const tree = new TreeTable(treeHost, {
+  fetchChildren: async (node, offset, limit) => {
+    setPending(1);
+    try {
+      return await api.children(state.db, viewQueryState(state.db), node, tree.sortKey, tree.order, offset, limit);
+    } finally { setPending(-1); }
+  },
+  onSelect: (entry) => {
+    const v = curView();
+    v.sel = entry.row ? entry.row.key : null;
+    saveToUrl();
+    clearTimeout(onSelectTimer);
+    onSelectTimer = setTimeout(() => { if (entry.row) source.show(state.db, viewQueryState(state.db), entry.row); }, 80);
+  },
+  onActivate: (entry) => { if (entry.row) source.show(state.db, viewQueryState(state.db), entry.row); },
+  onContext: (entry, x, y) => openMenu(entry, x, y),
+  onSort: (key) => {
+    const v = curView();
+    if (tree.sortKey === key) v.order = tree.order === "desc" ? "asc" : "desc";
+    else { v.sort = key; v.order = "desc"; }
+    v.sort = key;
+    saveToUrl();
+    reloadTree();
+  },
+  onReorder: (from, to) => {
+    const v = curView();
+    v.cols = reorder(columns, v.cols, from, to);
+    saveToUrl();
+    tree.columns = arrange(columns, v.cols);
+    tree.renderHead();
+    tree.render();
+  },
+  onExpandChange: () => { curView().exp = [...tree.expandedKeys]; saveToUrl(); },
+});
+let onSelectTimer = 0;
+
+const plot = new PlotDialog((ctx) => {
+  const d = dbState(state.db);
+  d.threads = [ctx];
+  d.view = "top-down";
+  d.mode = "profile";
+  saveToUrl();
+  showDb();
+});
+
+const trace = new TraceView((win) => { dbState(state.db).trace = win; saveToUrl(); });
+
+function curView() { const d = dbState(state.db); return d.views[d.view]; }
+function dbInfo() { return databases.find((x) => x.id === state.db) || databases[0]; }
+
+// ---- database and view tabs ------------------------------------------------------------
+
+function drawDbTabs() {
+  const nav = $("db-tabs");
+  nav.innerHTML = "";
+  for (const db of databases) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.setAttribute("role", "tab");
+    b.dataset.db = String(db.id);
+    b.textContent = db.name;
+    b.title = `${db.title || db.name}\n${db.path}\n${db.contexts} execution contexts`;
+    b.setAttribute("aria-selected", db.id === state.db ? "true" : "false");
+    b.onclick = () => { state.db = db.id; saveToUrl(); showDb(); };
+    nav.appendChild(b);
+  }
+}
+
+function drawViewTabs() {
+  const d = dbState(state.db);
+  $("trace-tab").hidden = !dbInfo().has_traces;
+  for (const b of document.querySelectorAll("#view-tabs [role=tab]")) {
+    const on = d.mode === "trace" ? b.dataset.view === "trace" : b.dataset.view === d.view;
+    b.setAttribute("aria-selected", on ? "true" : "false");
+  }
+  const flat = d.view === "flat";
+  $("tb-flatten").disabled = !flat;
+  $("tb-unflatten").disabled = !flat || !d.flatten;
+  $("tb-zoom-out").disabled = !curView().zoom.length;
+  $("tb-hot-threshold").value = String(d.hot ?? 50);
+}
+
+function drawBadges() {
+  const d = dbState(state.db);
+  const host = $("badges");
+  host.innerHTML = "";
+  const badge = (text, clear, title) => {
+    const s = document.createElement("span");
+    s.className = "badge";
+    s.textContent = text;
+    if (title) s.title = title;
+    if (clear) {
+      const x = document.createElement("button");
+      x.type = "button"; x.textContent = "×"; x.setAttribute("aria-label", `clear: ${text}`);
+      x.onclick = clear;
+      s.appendChild(x);
+    }
+    host.appendChild(s);
+  };
+  if (d.threads.length) badge(`Thread view: ${d.threads.length} context${d.threads.length > 1 ? "s" : ""}`, () => { d.threads = []; saveToUrl(); showDb(); }, `contexts ${d.threads.join(", ")}`);
+  const on = state.filters.filter((f) => f.enabled !== false);
+  if (on.length) badge(`Filters: ${on.map((f) => f.pattern).join(", ")}`, null);
+  const v = curView();
+  if (v.zoom.length) badge(`Zoomed in (${v.zoom.length})`, () => { v.zoom = []; saveToUrl(); showDb(); });
+  if (d.view === "flat" && d.flatten) badge(`Flattened ×${d.flatten}`, () => { d.flatten = 0; saveToUrl(); showDb(); });
+}
+
+document.getElementById("view-tabs").addEventListener("click", (e) => {
+  const b = e.target.closest("[role=tab]");
+  if (!b) return;
+  const d = dbState(state.db);
+  if (b.dataset.view === "trace") d.mode = "trace";
+  else { d.mode = "profile"; d.view = b.dataset.view; }
+  saveToUrl();
+  showDb();
+});
+
+/** Shows the current database in its current view (profile or trace). */
+async function showDb() {
+  drawDbTabs();
+  const d = dbState(state.db);
+  if (d.derived === null) d.derived = dbInfo().derived || [];
+  if (d.mode === "trace" && !dbInfo().has_traces) d.mode = "profile";
+  drawViewTabs();
+  drawBadges();
+  const traceMode = d.mode === "trace";
+  $("profile").hidden = traceMode;
+  $("trace").hidden = !traceMode;
+  if (traceMode) {
+    await trace.open(state.db, d.trace);
+    return;
+  }
+  await reloadTree();
+}
+
+/** Fetches the columns and reloads the tree with the current state. */
+async function reloadTree() {
+  const seq = ++loadSeq;
+  const d = dbState(state.db);
+  const v = d.views[d.view];
+  setPending(1);
+  try {
+    const cols = await api.columns(state.db, viewQueryState(state.db));
+    if (seq !== loadSeq) return;
+    columns = cols;
+    const visible = arrange(columns, v.cols);
+    let sort = v.sort;
+    if (!columns.some((c) => c.key === sort)) sort = (visible[0] || columns[0] || {}).key || null;
+    await tree.load(visible, sort, v.order || "desc", v.exp, v.sel);
+  } catch (e) {
+    if (e && e.status === 400 && (v.zoom.length || v.sel)) {
+      // a stale key (another filter set, a changed database): start this view afresh
+      v.zoom = []; v.sel = null; v.exp = [];
+      saveToUrl();
+      drawViewTabs();
+      if (seq === loadSeq) await reloadTree();
+    }
+  } finally {
+    setPending(-1);
+  }
+  drawViewTabs();
+}
+
+// ---- control panel ----------------------------------------------------------------------
+
+function selected() { return tree.selected && tree.selected.row ? tree.selected : null; }
+
+function pathKeys(entry) {
+  const keys = [];
+  for (let e = entry; e && e.parent; e = e.parent) keys.unshift(e.row.key);
+  return keys;
+}
+
+async function hotPath(from) {
+  const entry = from || selected() || tree.root;
+  if (!entry || !entry.row) return;
+  const d = dbState(state.db);
+  const thr = Number($("tb-hot-threshold").value);
+  d.hot = Number.isFinite(thr) ? Math.max(0, Math.min(100, thr)) : 50;
+  saveToUrl();
+  const res = await api.hotpath(state.db, viewQueryState(state.db), entry.row.key, tree.sortKey, d.hot);
+  let path = res.path || [];
+  if (path.length && path[0] === entry.row.key) path = path.slice(1);
+  await tree.revealPath([...pathKeys(entry), ...path]);
+}
+
+$("tb-hot").onclick = () => hotPath();
+$("tb-hot-threshold").onchange = () => { dbState(state.db).hot = Number($("tb-hot-threshold").value); saveToUrl(); };
+$("tb-zoom-in").onclick = () => zoomIn();
+function zoomIn(entry) {
+  entry = entry || selected();
+  if (!entry || !entry.parent) return;
+  const v = curView();
+  v.zoom.push(entry.row.key);
+  v.sel = entry.row.key;
+  saveToUrl();
+  showDb();
+}
+$("tb-zoom-out").onclick = () => {
+  const v = curView();
+  if (!v.zoom.length) return;
+  v.sel = v.zoom.pop();
+  saveToUrl();
+  showDb();
+};
+$("tb-flatten").onclick = () => {
+  const d = dbState(state.db);
+  if (d.view !== "flat") return;
+  d.flatten += 1; d.views.flat.exp = []; d.views.flat.sel = null;
+  saveToUrl(); showDb();
+};
+$("tb-unflatten").onclick = () => {
+  const d = dbState(state.db);
+  if (d.view !== "flat" || !d.flatten) return;
+  d.flatten -= 1; d.views.flat.exp = []; d.views.flat.sel = null;
+  saveToUrl(); showDb();
+};
+$("tb-derived").onclick = () => {
+  const d = dbState(state.db);
+  openDerivedDialog({
+    db: state.db, columns, derived: d.derived || [], vs: viewQueryState(state.db),
+    onAdd: async (list, save) => {
+      d.derived = list;
+      if (save) await api.saveDerived(state.db, list).catch(() => {});
+      saveToUrl();
+      showDb();
+    },
+  });
+};
+$("tb-columns").onclick = () => {
+  const d = dbState(state.db);
+  openColumnsDialog({
+    db: state.db, columns, dbState: d, viewName: d.view, vs: viewQueryState(state.db),
+    onApply: (derivedChanged) => {
+      saveToUrl();
+      if (derivedChanged) { showDb(); return; }
+      tree.columns = arrange(columns, curView().cols);
+      tree.renderHead();
+      tree.render();
+    },
+  });
+};
+$("tb-csv").onclick = async () => {
+  const d = dbState(state.db);
+  const url = api.csvUrl(state.db, viewQueryState(state.db), tree.shownExpanded(), tree.sortKey, tree.order, tree.columns.map((c) => c.key));
+  const name = `${dbInfo().name.replace(/[^\w.-]+/g, "_")}-${d.view}.csv`;
+  await download(url, name);
+};
+function setFont(px) {
+  state.font = Math.max(8, Math.min(32, px));
+  tree.setFont(state.font);
+  document.documentElement.style.setProperty("--font", `${state.font}px`);
+  saveToUrl();
+}
+$("tb-font-up").onclick = () => setFont(state.font + 1);
+$("tb-font-down").onclick = () => setFont(state.font - 1);
+$("tb-plot").onclick = () => openPlot();
+function openPlot(entry) {
+  entry = entry || selected() || tree.root;
+  if (!entry || !entry.row) return;
+  const measured = tree.columns.filter((c) => c.scope !== "derived");
+  const cols = measured.length ? measured : columns.filter((c) => c.scope !== "derived");
+  const col = cols.find((c) => c.key === tree.sortKey) || cols[0];
+  if (!col) return;
+  plot.open({ db: state.db, vs: viewQueryState(state.db), node: entry.row.key, label: entry.row.label, columns: cols, column: col.key });
+}
+$("tb-threads").onclick = () => {
+  const d = dbState(state.db);
+  openThreadsDialog({ db: state.db, threads: d.threads, onApply: (t) => { d.threads = t; saveToUrl(); showDb(); } });
+};
+$("tb-filters").onclick = () => {
+  openFiltersDialog({ filters: state.filters, onApply: (f) => {
+    state.filters = f;
+    for (const id of Object.keys(state.dbs)) for (const vn of VIEWS) { state.dbs[id].views[vn].zoom = []; }
+    saveToUrl(); showDb();
+  } });
+};
+function openFind(initial) {
+  openFindDialog({ db: state.db, vs: () => viewQueryState(state.db), initial, reveal: (keys) => tree.revealPath(keys) });
+}
+$("tb-find").onclick = () => openFind();
+
+// ---- context menu --------------------------------------------------------------------------
+
+const menu = $("ctx-menu");
+let menuEntry = null;
+function openMenu(entry, x, y) {
+  menuEntry = entry;
+  menu.hidden = false;
+  menu.style.left = `${Math.min(x, innerWidth - 180)}px`;
+  menu.style.top = `${Math.min(y, innerHeight - 200)}px`;
+  menu.querySelector("button").focus();
+}
+function closeMenu() { menu.hidden = true; }
+document.addEventListener("click", (e) => { if (!menu.contains(e.target)) closeMenu(); });
+document.addEventListener("keydown", (e) => {
+  if (e.key === "Escape") closeMenu();
+  if ((e.ctrlKey || e.metaKey) && e.key === "f" && document.activeElement === tree.scroller) { e.preventDefault(); openFind(); }
+  if ((e.ctrlKey || e.metaKey) && e.key === "c" && document.activeElement === tree.scroller && selected()) { copyText(tree.rowText(selected())); }
+});
+menu.addEventListener("keydown", (e) => {
+  const items = [...menu.querySelectorAll("button")];
+  const i = items.indexOf(document.activeElement);
+  if (e.key === "ArrowDown") { items[(i + 1) % items.length].focus(); e.preventDefault(); }
+  if (e.key === "ArrowUp") { items[(i - 1 + items.length) % items.length].focus(); e.preventDefault(); }
+});
+menu.addEventListener("click", (e) => {
+  const b = e.target.closest("button[data-act]");
+  if (!b || !menuEntry) return;
+  closeMenu();
+  const entry = menuEntry;
+  switch (b.dataset.act) {
+    case "copy": copyText(tree.rowText(entry)); break;
+    case "find": openFind(entry.row.name || ""); break;
+    case "source": source.show(state.db, viewQueryState(state.db), entry.row); break;
+    case "hot": hotPath(entry); break;
+    case "zoom": zoomIn(entry); break;
+    case "plot": openPlot(entry); break;
+  }
+});
+
+// ---- misc ------------------------------------------------------------------------------------
+
+$("error-close").onclick = () => clearError();
+
+(function splitter() {
+  const pane = $("source-pane");
+  const bar = $("splitter");
+  let startY = 0, startH = 0;
+  const move = (e) => { pane.style.height = `${Math.max(28, startH + e.clientY - startY)}px`; };
+  bar.addEventListener("mousedown", (e) => {
+    startY = e.clientY; startH = pane.offsetHeight;
+    window.addEventListener("mousemove", move);
+    window.addEventListener("mouseup", () => window.removeEventListener("mousemove", move), { once: true });
+    e.preventDefault();
+  });
+})();
+
+window.addEventListener("hashchange", () => {
+  // a pasted link: take its state
+  if (loadFromUrl()) { setFont(state.font); showDb(); }
+});
+
+async function start() {
+  loadFromUrl();
+  try {
+    databases = await api.databases();
+  } catch (e) {
+    return;
+  }
+  if (!databases.length) { showError("the server has no database open"); return; }
+  if (!databases.some((d) => d.id === state.db)) state.db = databases[0].id;
+  setFont(state.font);
+  await showDb();
+  flushUrl();
+}
+
+// for tests and for debugging in the console
+window.__callpath = { state, tree, flushUrl, get columns() { return columns; }, trace };
+start();

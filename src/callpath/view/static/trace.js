@@ -1,0 +1,377 @@
+// trace.js — the time-centric view: execution contexts × time, each pixel coloured by the
+// procedure at the chosen call-path depth. The server sends exactly one sample per (context
+// row, pixel column), so a frame costs the same for any trace length; this module only asks
+// for canvas-width × visible-rows samples and paints them.
+
+import { api } from "./api.js";
+
+/** A stable colour per procedure name (FNV-1a hash → hue), the same in every session. */
+export function colourOf(name) {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < name.length; i++) { h ^= name.charCodeAt(i); h = Math.imul(h, 0x01000193) >>> 0; }
+  const hue = h % 360;
+  const sat = 55 + ((h >>> 9) % 30);
+  const lig = 42 + ((h >>> 17) % 22);
+  return hslToRgb(hue / 360, sat / 100, lig / 100);
+}
+
+function hslToRgb(h, s, l) {
+  const f = (n) => {
+    const k = (n + h * 12) % 12;
+    const a = s * Math.min(l, 1 - l);
+    return Math.round(255 * (l - a * Math.max(-1, Math.min(k - 3, 9 - k, 1))));
+  };
+  return [f(0), f(8), f(4)];
+}
+
+const css = (rgb) => `rgb(${rgb[0]},${rgb[1]},${rgb[2]})`;
+
+function decodeGrid(b64) {
+  const bin = atob(b64);
+  const buf = new ArrayBuffer(bin.length);
+  const u8 = new Uint8Array(buf);
+  for (let i = 0; i < bin.length; i++) u8[i] = bin.charCodeAt(i);
+  return new Int32Array(buf); // little-endian on every browser platform in use
+}
+
+/** Paints a procedure grid (H×W) into a canvas, stretched to its CSS size without smoothing. */
+function paintGrid(canvas, grid, W, H, procs) {
+  const cw = Math.max(1, canvas.clientWidth), ch = Math.max(1, canvas.clientHeight);
+  if (canvas.width !== cw) canvas.width = cw;
+  if (canvas.height !== ch) canvas.height = ch;
+  const g = canvas.getContext("2d");
+  g.fillStyle = "#fff"; g.fillRect(0, 0, cw, ch);
+  if (!W || !H) return;
+  const colours = procs.map(colourOf);
+  const img = new ImageData(W, H);
+  const px = img.data;
+  for (let i = 0; i < W * H; i++) {
+    const p = grid[i];
+    const o = i * 4;
+    if (p < 0 || p >= colours.length) { px[o] = px[o + 1] = px[o + 2] = 255; px[o + 3] = 255; continue; }
+    const c = colours[p];
+    px[o] = c[0]; px[o + 1] = c[1]; px[o + 2] = c[2]; px[o + 3] = 255;
+  }
+  const off = document.createElement("canvas");
+  off.width = W; off.height = H;
+  off.getContext("2d").putImageData(img, 0, 0);
+  g.imageSmoothingEnabled = false;
+  g.drawImage(off, 0, 0, cw, ch);
+}
+
+export class TraceView {
+  /** onState(traceState) is called when the visible window changes (kept in the URL). */
+  constructor(onState) {
+    this.onState = onState;
+    this.canvas = document.getElementById("tr-canvas");
+    this.depthCanvas = document.getElementById("tr-depthview");
+    this.summaryCanvas = document.getElementById("tr-summary");
+    this.mini = document.getElementById("tr-minimap");
+    this.rubber = document.getElementById("tr-rubber");
+    this.depthInput = document.getElementById("tr-depth");
+    this.db = null;
+    this.meta = null;
+    this.win = null;       // {t0, t1, c0, c1}
+    this.undo = [];
+    this.frame = null;
+    this.cursor = null;    // {ctx, t}
+    this.aborts = {};
+    this.wire();
+    new ResizeObserver(() => { if (this.meta && !document.getElementById("trace").hidden) this.refresh(); }).observe(this.canvas.parentElement);
+  }
+
+  wire() {
+    const $ = (id) => document.getElementById(id);
+    $("tr-home").onclick = () => this.setWin(this.home());
+    $("tr-undo").onclick = () => { const w = this.undo.pop(); if (w) this.setWin(w, false); };
+    $("tr-zin").onclick = () => this.zoomTime(0.5);
+    $("tr-zout").onclick = () => this.zoomTime(2);
+    $("tr-left").onclick = () => this.panTime(-0.25);
+    $("tr-right").onclick = () => this.panTime(0.25);
+    $("tr-up").onclick = () => this.panCtx(-0.5);
+    $("tr-down").onclick = () => this.panCtx(0.5);
+    this.depthInput.onchange = () => {
+      const d = Math.max(0, Math.min(this.meta ? this.meta.max_depth : 0, Number(this.depthInput.value) || 0));
+      this.depthInput.value = String(d);
+      this.depth = d;
+      this.refresh();
+    };
+    let drag = null;
+    this.canvas.addEventListener("mousedown", (e) => {
+      const b = this.canvas.getBoundingClientRect();
+      drag = { x: e.clientX - b.left, y: e.clientY - b.top, pan: e.shiftKey || e.button === 1, win: { ...this.win } };
+      e.preventDefault();
+    });
+    window.addEventListener("mousemove", (e) => {
+      const b = this.canvas.getBoundingClientRect();
+      const x = e.clientX - b.left, y = e.clientY - b.top;
+      if (!drag) { if (x >= 0 && y >= 0 && x < b.width && y < b.height) this.hover(x, y); return; }
+      if (drag.pan) {
+        const dt = ((drag.x - x) / b.width) * (drag.win.t1 - drag.win.t0);
+        const dc = Math.round(((drag.y - y) / b.height) * (drag.win.c1 - drag.win.c0));
+        this.win = this.clamp({ t0: drag.win.t0 + dt, t1: drag.win.t1 + dt, c0: drag.win.c0 + dc, c1: drag.win.c1 + dc });
+        this.refreshSoon();
+        return;
+      }
+      Object.assign(this.rubber.style, { left: `${Math.min(x, drag.x)}px`, top: `${Math.min(y, drag.y)}px`, width: `${Math.abs(x - drag.x)}px`, height: `${Math.abs(y - drag.y)}px` });
+      this.rubber.hidden = false;
+    });
+    window.addEventListener("mouseup", (e) => {
+      if (!drag) return;
+      const d = drag; drag = null;
+      this.rubber.hidden = true;
+      const b = this.canvas.getBoundingClientRect();
+      const x = e.clientX - b.left, y = e.clientY - b.top;
+      if (d.pan) { this.undo.push(d.win); this.changed(); return; }
+      if (Math.abs(x - d.x) < 4 && Math.abs(y - d.y) < 4) { this.pick(x, y); return; }
+      const w = this.win;
+      const tA = w.t0 + (Math.min(x, d.x) / b.width) * (w.t1 - w.t0);
+      const tB = w.t0 + (Math.max(x, d.x) / b.width) * (w.t1 - w.t0);
+      const n = w.c1 - w.c0;
+      let cA = w.c0 + Math.floor((Math.min(y, d.y) / b.height) * n);
+      let cB = w.c0 + Math.ceil((Math.max(y, d.y) / b.height) * n);
+      if (Math.abs(y - d.y) < 4) { cA = w.c0; cB = w.c1; }
+      this.setWin({ t0: tA, t1: Math.max(tB, tA + 1), c0: cA, c1: Math.max(cB, cA + 1) });
+    });
+    this.canvas.addEventListener("wheel", (e) => {
+      e.preventDefault();
+      const b = this.canvas.getBoundingClientRect();
+      this.zoomTime(e.deltaY < 0 ? 0.8 : 1.25, (e.clientX - b.left) / b.width);
+    }, { passive: false });
+    this.mini.addEventListener("click", (e) => {
+      if (!this.meta) return;
+      const b = this.mini.getBoundingClientRect();
+      const fx = (e.clientX - b.left) / b.width, fy = (e.clientY - b.top) / b.height;
+      const w = this.win, h = this.home();
+      const tc = h.t0 + fx * (h.t1 - h.t0), cc = h.c0 + fy * (h.c1 - h.c0);
+      const dt = (w.t1 - w.t0) / 2, dc = (w.c1 - w.c0) / 2;
+      this.setWin({ t0: tc - dt, t1: tc + dt, c0: Math.round(cc - dc), c1: Math.round(cc + dc) });
+    });
+  }
+
+  home() { return { t0: this.meta.t0, t1: this.meta.t1, c0: 0, c1: this.meta.contexts.length }; }
+
+  clamp(w) {
+    const h = this.home();
+    let { t0, t1, c0, c1 } = w;
+    const span = Math.min(t1 - t0, h.t1 - h.t0);
+    if (t0 < h.t0) { t0 = h.t0; t1 = t0 + span; }
+    if (t1 > h.t1) { t1 = h.t1; t0 = t1 - span; }
+    const n = Math.min(Math.max(1, c1 - c0), h.c1);
+    c0 = Math.max(0, Math.min(c0, h.c1 - n));
+    return { t0, t1: Math.max(t1, t0 + 1), c0, c1: c0 + n };
+  }
+
+  setWin(w, push = true) {
+    if (push && this.win) this.undo.push({ ...this.win });
+    if (this.undo.length > 100) this.undo.shift();
+    this.win = this.clamp(w);
+    this.changed();
+  }
+
+  changed() {
+    this.onState({ ...this.win, depth: this.depth });
+    this.refresh();
+  }
+
+  zoomTime(f, at = 0.5) {
+    const w = this.win;
+    const tc = w.t0 + at * (w.t1 - w.t0);
+    this.setWin({ ...w, t0: tc - (tc - w.t0) * f, t1: tc + (w.t1 - tc) * f });
+  }
+
+  panTime(f) { const w = this.win, d = (w.t1 - w.t0) * f; this.setWin({ ...w, t0: w.t0 + d, t1: w.t1 + d }); }
+  panCtx(f) { const w = this.win, d = Math.max(1, Math.round((w.c1 - w.c0) * Math.abs(f))) * Math.sign(f); this.setWin({ ...w, c0: w.c0 + d, c1: w.c1 + d }); }
+
+  /** Opens the trace of a database; `saved` is the window kept in the URL, if any. */
+  async open(db, saved) {
+    if (this.db !== db || !this.meta) {
+      this.db = db;
+      this.meta = await api.traceMeta(db);
+      this.undo = [];
+      this.miniFrame = null;
+      this.depth = 0;
+      this.win = this.home();
+      this.depthInput.max = String(this.meta.max_depth);
+      if (saved) {
+        this.win = this.clamp({ ...this.home(), ...saved });
+        if (Number.isInteger(saved.depth)) this.depth = Math.min(saved.depth, this.meta.max_depth);
+      }
+      this.depthInput.value = String(this.depth);
+    }
+    await this.refresh();
+  }
+
+  refreshSoon() {
+    if (this.soon) return;
+    this.soon = requestAnimationFrame(() => { this.soon = 0; this.refresh(); });
+  }
+
+  abortable(name) {
+    if (this.aborts[name]) this.aborts[name].abort();
+    this.aborts[name] = new AbortController();
+    return this.aborts[name].signal;
+  }
+
+  /** Fetches and paints the main canvas, the summary, the statistics and the mini-map. */
+  async refresh() {
+    if (!this.meta) return;
+    const w = this.win;
+    const wrap = this.canvas.parentElement;
+    const W = Math.max(1, Math.floor(wrap.clientWidth));
+    const Hpx = Math.max(1, Math.floor(wrap.clientHeight));
+    const H = Math.max(1, Math.min(w.c1 - w.c0, Hpx));
+    const p = { t0: Math.floor(w.t0), t1: Math.ceil(w.t1), c0: w.c0, c1: w.c1, width: W, height: H, depth: this.depth };
+    document.getElementById("tr-range").textContent =
+      `time ${fmtNs(w.t0 - this.meta.t0)} – ${fmtNs(w.t1 - this.meta.t0)} · contexts ${w.c0}–${w.c1 - 1} of ${this.meta.contexts.length} · depth ${this.depth}/${this.meta.max_depth}`;
+    try {
+      const f = await api.traceFrame(this.db, p, this.abortable("frame"));
+      this.frame = { ...f, W, H: f.rows.length, grid: decodeGrid(f.grid), params: p };
+      paintGrid(this.canvas, this.frame.grid, W, this.frame.H, f.procedures);
+      this.canvas.dataset.procedures = String(f.procedures.length);
+      this.canvas.dataset.rows = String(f.rows.length);
+      this.canvas.dataset.width = String(W);
+    } catch (e) { if (e.name !== "AbortError") throw e; return; }
+    this.drawMini();
+    this.summary(p);
+    this.stats(p);
+    if (this.cursor) this.depthView(this.cursor.ctx);
+  }
+
+  async summary(p) {
+    const { c0, c1, t0, t1, width, depth } = p;
+    let s;
+    try { s = await api.traceSummary(this.db, { t0, t1, c0, c1, width, depth }, this.abortable("summary")); } catch (e) { return; }
+    const cv = this.summaryCanvas;
+    cv.width = Math.max(1, cv.clientWidth); cv.height = Math.max(1, cv.clientHeight);
+    const g = cv.getContext("2d");
+    g.fillStyle = "#fff"; g.fillRect(0, 0, cv.width, cv.height);
+    const procs = s.procedures || [];
+    // accepted shapes: {shares: [[share per procedure] per column]} or {columns: [...]} or a
+    // base64 float32 grid (procedures × width)
+    let cols = s.shares || s.columns;
+    if (!cols && s.grid) {
+      const bin = atob(s.grid); const u8 = new Uint8Array(bin.length);
+      for (let i = 0; i < bin.length; i++) u8[i] = bin.charCodeAt(i);
+      const f32 = new Float32Array(u8.buffer); const P = procs.length, Wd = s.width || width;
+      cols = []; for (let x = 0; x < Wd; x++) { const c = []; for (let k = 0; k < P; k++) c.push(f32[k * Wd + x]); cols.push(c); }
+    }
+    if (!cols) return;
+    const sx = cv.width / cols.length;
+    const colours = procs.map((n) => css(colourOf(n)));
+    cols.forEach((col, x) => {
+      let y = cv.height;
+      const entries = Array.isArray(col) ? col.map((v, k) => [k, v]) : Object.entries(col).map(([k, v]) => [Number(k), v]);
+      for (const [k, v] of entries) {
+        if (!v) continue;
+        const h = v * cv.height;
+        g.fillStyle = colours[k] || "#ccc";
+        g.fillRect(x * sx, y - h, Math.ceil(sx), Math.ceil(h));
+        y -= h;
+      }
+    });
+  }
+
+  async stats(p) {
+    const { c0, c1, t0, t1, depth } = p;
+    let s;
+    try { s = await api.traceStats(this.db, { t0, t1, c0, c1, depth }, this.abortable("stats")); } catch (e) { return; }
+    let rows = [];
+    if (Array.isArray(s.procedures) && s.procedures.length && typeof s.procedures[0] === "object") rows = s.procedures.map((r) => [r.name, r.share ?? r.percent / 100]);
+    else if (Array.isArray(s.procedures) && Array.isArray(s.shares)) rows = s.procedures.map((n, i) => [n, s.shares[i]]);
+    else if (Array.isArray(s.stats)) rows = s.stats.map((r) => [r.name, r.share]);
+    rows.sort((a, b) => b[1] - a[1]);
+    const tb = document.querySelector("#tr-stats tbody");
+    tb.innerHTML = "";
+    for (const [name, share] of rows.slice(0, 40)) {
+      const tr = document.createElement("tr");
+      const sw = document.createElement("span"); sw.className = "swatch"; sw.style.background = css(colourOf(name));
+      const a = document.createElement("td"); a.append(sw, name);
+      const b = document.createElement("td"); b.className = "num"; b.textContent = `${(share * 100).toFixed(1)}%`;
+      tr.append(a, b); tb.appendChild(tr);
+    }
+  }
+
+  async drawMini() {
+    const m = this.mini;
+    const g = m.getContext("2d");
+    if (!this.miniFrame) {
+      const h = this.home();
+      const H = Math.min(m.height, h.c1);
+      try {
+        const f = await api.traceFrame(this.db, { t0: h.t0, t1: h.t1, c0: 0, c1: h.c1, width: m.width, height: H, depth: this.depth }, undefined);
+        this.miniFrame = f;
+        this.miniGrid = decodeGrid(f.grid);
+      } catch (_) { return; }
+    }
+    const f = this.miniFrame;
+    const off = document.createElement("canvas");
+    off.width = m.width; off.height = m.height;
+    paintGrid(m, this.miniGrid, m.width, f.rows.length, f.procedures);
+    const h = this.home(), w = this.win;
+    const x0 = ((w.t0 - h.t0) / (h.t1 - h.t0)) * m.width, x1 = ((w.t1 - h.t0) / (h.t1 - h.t0)) * m.width;
+    const y0 = (w.c0 / h.c1) * m.height, y1 = (w.c1 / h.c1) * m.height;
+    g.strokeStyle = "#000"; g.lineWidth = 2;
+    g.strokeRect(x0 + 1, y0 + 1, Math.max(3, x1 - x0 - 2), Math.max(3, y1 - y0 - 2));
+  }
+
+  at(x, y) {
+    if (!this.frame) return null;
+    const b = this.canvas.getBoundingClientRect();
+    const row = Math.min(this.frame.H - 1, Math.floor((y / b.height) * this.frame.H));
+    const ctx = this.frame.rows[row];
+    const t = this.win.t0 + (x / b.width) * (this.win.t1 - this.win.t0);
+    return { ctx, t: Math.round(t), row };
+  }
+
+  hover(x, y) {
+    const a = this.at(x, y);
+    if (!a) return;
+    this.canvas.title = `${this.meta.contexts[a.ctx] ?? a.ctx} · ${fmtNs(a.t - this.meta.t0)}`;
+    clearTimeout(this.hoverT);
+    this.hoverT = setTimeout(() => { if (!this.cursor || this.cursor.ctx !== a.ctx) this.depthView(a.ctx); this.callpath(a.ctx, a.t); }, 60);
+  }
+
+  pick(x, y) {
+    const a = this.at(x, y);
+    if (!a) return;
+    this.cursor = a;
+    this.depthView(a.ctx);
+    this.callpath(a.ctx, a.t);
+  }
+
+  async depthView(ctx) {
+    const w = this.win;
+    const width = Math.max(1, this.depthCanvas.clientWidth);
+    let f;
+    try { f = await api.traceDepth(this.db, { ctx, t0: Math.floor(w.t0), t1: Math.ceil(w.t1), width }, this.abortable("depth")); } catch (_) { return; }
+    paintGrid(this.depthCanvas, decodeGrid(f.grid), width, f.rows.length, f.procedures);
+    document.getElementById("tr-depth-ctx").textContent = `— ${this.meta.contexts[ctx] ?? ctx}`;
+  }
+
+  async callpath(ctx, t) {
+    let r;
+    try { r = await api.traceCallpath(this.db, { ctx, t }, this.abortable("callpath")); } catch (_) { return; }
+    const ol = document.getElementById("tr-callpath");
+    ol.innerHTML = "";
+    const head = document.createElement("div");
+    head.className = "muted";
+    head.textContent = `${this.meta.contexts[ctx] ?? ctx} at ${fmtNs(t - this.meta.t0)}`;
+    ol.appendChild(head);
+    for (const fr of r.frames || []) {
+      const li = document.createElement("li");
+      const sw = document.createElement("span"); sw.className = "swatch"; sw.style.background = css(colourOf(fr.name));
+      li.append(sw, fr.name);
+      if (fr.depth === Math.min(this.depth, (r.frames || []).length - 1)) li.classList.add("at");
+      ol.appendChild(li);
+    }
+  }
+}
+
+export function fmtNs(ns) {
+  const a = Math.abs(ns);
+  if (a >= 1e9) return `${(ns / 1e9).toFixed(3)} s`;
+  if (a >= 1e6) return `${(ns / 1e6).toFixed(3)} ms`;
+  if (a >= 1e3) return `${(ns / 1e3).toFixed(2)} µs`;
+  return `${Math.round(ns)} ns`;
+}
