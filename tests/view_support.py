@@ -8,9 +8,10 @@ into a database): id 0 = ``small.d``, 1 = ``loops-cputime-t.d`` (4 threads, trac
 (no trailing slash), ``.token`` is None, ``.dbs[i].path`` the database copies.
 
 Interface (stable, used by tests/test_view_*.py and the browser tests):
-``view_server`` fixture, ``serve(paths, host=..., token=...)`` context manager,
-``copy_database(src, dst_dir)``, ``get_json(base_url, path, **params)``,
-``get_text(base_url, path, **params)``, ``VIEW_DATABASES`` (names in id order).
+``view_server`` fixture (import ``view_server_fixture``), ``serve(paths, host=...,
+token=...)`` context manager, ``copy_database(src, dst_dir)``,
+``get_json(base_url, path, **params)``, ``get_text(base_url, path, **params)``,
+``post_json(base_url, path, doc, **params)``, ``VIEW_DATABASES`` (names in id order).
 """
 
 from __future__ import annotations
@@ -55,12 +56,19 @@ def serve(paths: list[Path] | list[str], host: str = "127.0.0.1", token: str | N
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def view_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundServer]:
+@pytest.fixture(scope="module", name="view_server")
+def view_server_fixture(tmp_path_factory: pytest.TempPathFactory
+                        ) -> Iterator[BackgroundServer]:
     base = tmp_path_factory.mktemp("viewdbs")
     paths = [copy_database(p, base) for p in database_sources()]
     with serve(paths) as server:
         yield server
+
+
+# Import either name into a test module; importing ``view_server_fixture`` (marked as an
+# intended unused import) keeps ruff quiet about test parameters named ``view_server``.
+# Both register the fixture ``view_server``.
+view_server = view_server_fixture
 
 
 def _url(base: str, path: str, params: dict[str, Any]) -> str:

@@ -1,15 +1,360 @@
-"""Trace view endpoints (placeholder until the sampler lands)."""
+"""The trace view's data: execution contexts × time, one sample per (row, pixel column).
+
+A frame never looks at more samples than it draws: for each pixel column the server takes
+the sample *in effect at the column's midpoint* (the last sample at or before it), found
+with one ``numpy.searchsorted`` per context over that context's sorted timestamps. So a
+frame of H rows × W columns costs O(contexts · W · log samples), whatever the trace length.
+
+The procedure at call-path depth D of a sample is found without walking call paths per
+sample. Once per database: the distinct sampled calling contexts U, each one's deepest
+*frame* (nearest procedure or entry ancestor-or-self) and its frame count. Once per depth D
+(cached): every u's frame at depth D — the deepest one when the path is shorter — by moving
+all of U up the frame chain together, one vectorised step per level. A sample's procedure
+is then two gathers: sample → u → name id.
+"""
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from callpath.view.api import NotFound, Params
+import numpy as np
+import numpy.typing as npt
+
+from callpath.analysis.source import tree_source
+from callpath.analysis.treeops import nearest_marked
+from callpath.analysis.view import TopDownView
+from callpath.errors import CallpathError
+from callpath.model import Experiment, NodeKind
+from callpath.view.api import NotFound
 from callpath.view.session import Database
+from callpath.view.state import parse_int
+
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+Params = Mapping[str, str]
+
+MAX_PIXELS = 8192
+MAX_GRID = 1 << 24  # cells in one frame
 
 
-def _none(db: Database, params: Params, body: bytes) -> Any:
-    raise NotFound(f"{db.name}: trace endpoints are not available yet")
+@dataclass
+class TraceIndex:
+    """Everything about a database's traces that does not depend on the request."""
+
+    exp: Experiment
+    labels: list[str]  # one per trace row
+    context_index: list[int]  # the row's position in ``exp.contexts``
+    times: list[I64]  # per row: sample timestamps (ns), sorted
+    samples: list[I32]  # per row: index into ``u_nodes`` of each sample, -1 = none
+    t0: int
+    t1: int
+    u_nodes: I64  # distinct sampled tree nodes
+    u_frame: I64  # deepest frame of each
+    u_fdepth: I64  # number of frames on its path (>= 1)
+    frame_of: I64  # tree node -> nearest frame ancestor-or-self (-1: none)
+    names: list[str] = field(default_factory=list)  # procedure names (global ids)
+    _name_id: dict[str, int] = field(default_factory=dict)
+    _by_depth: dict[int, tuple[I32, I64]] = field(default_factory=dict)
+    _td: TopDownView | None = None
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.u_fdepth.max()) - 1 if len(self.u_fdepth) else 0
+
+    def _name_ids(self, nodes: I64) -> I32:
+        """Global name ids of tree nodes (names formatted once per distinct name key)."""
+        out = np.full(len(nodes), -1, dtype=np.int32)
+        ok = nodes >= 0
+        if not ok.any():
+            return out
+        if self._td is None:
+            self._td = TopDownView(tree_source(self.exp))
+        uniq, inv = np.unique(nodes[ok], return_inverse=True)
+        keys, reps = self._td.nodes.name_keys(uniq)
+        rep_names = self._td.nodes.names(self.exp, reps)
+        ids = np.array([self._name_id.setdefault(nm, len(self._name_id)) for nm in rep_names],
+                       dtype=np.int32)
+        if len(self.names) < len(self._name_id):
+            self.names = list(self._name_id)
+        out[ok] = ids[keys][inv]
+        return out
+
+    def at_depth(self, depth: int) -> tuple[I32, I64]:
+        """For every u: the name id of its frame at ``depth`` (deepest frame when the path is
+        shorter) and the frame node itself."""
+        hit = self._by_depth.get(depth)
+        if hit is not None:
+            return hit
+        parent = self.exp.cct.parent
+        cur = self.u_frame.copy()
+        steps = np.maximum(self.u_fdepth - 1 - depth, 0)
+        active = np.nonzero(steps > 0)[0]
+        while len(active):
+            up = parent[cur[active]]
+            cur[active] = self.frame_of[np.maximum(up, 0)]
+            steps[active] -= 1
+            active = active[steps[active] > 0]
+        names = self._name_ids(cur)
+        if len(self._by_depth) > 64:
+            self._by_depth.clear()
+        self._by_depth[depth] = (names, cur)
+        return names, cur
 
 
-meta = frame = depth = callpath = summary = stats = _none
+def trace_index(db: Database) -> TraceIndex:
+    hit = db.trace_cache.get("traces")
+    if isinstance(hit, TraceIndex):
+        return hit
+    exp = db.exp
+    tr = exp.traces
+    if tr is None or not tr.lines:
+        raise NotFound(f"{db.name}: the database has no traces")
+    pos = {c.index: i for i, c in enumerate(exp.contexts)}
+    lines = sorted(tr.lines, key=lambda ln: pos.get(ln.prof_index, len(pos) + ln.prof_index))
+    cct = exp.cct
+    kind = cct.kind
+    is_frame = (kind == NodeKind.FUNCTION) | (kind == NodeKind.ENTRY)
+    frame_of = nearest_marked(cct.parent, is_frame)
+    node_of_ctx = exp.node_of_ctx()
+    all_ctx = np.unique(np.concatenate([ln.ctx_ids for ln in lines]).astype(np.int64))
+    nodes = np.where(all_ctx < len(node_of_ctx),
+                     node_of_ctx[np.minimum(all_ctx, len(node_of_ctx) - 1)], -1)
+    keep = (nodes >= 0) & (all_ctx > 0)
+    keep[keep] &= frame_of[nodes[keep]] >= 0
+    u_ctx, u_nodes = all_ctx[keep], nodes[keep]
+    u_frame = frame_of[u_nodes]
+    # frames on each path: walk all of U up the frame chain together
+    fdepth = np.zeros(len(u_nodes), dtype=np.int64)
+    cur = u_frame.copy()
+    active = np.arange(len(cur))
+    while len(active):
+        fdepth[active] += 1
+        up = cct.parent[cur[active]]
+        nxt = np.where(up >= 0, frame_of[np.maximum(up, 0)], -1)
+        cur[active] = nxt
+        active = active[nxt >= 0]
+    times, samples, labels, cindex = [], [], [], []
+    for ln in lines:
+        ts = ln.timestamps.astype(np.int64)
+        c = ln.ctx_ids.astype(np.int64)
+        i = np.searchsorted(u_ctx, c)
+        i = np.minimum(i, max(len(u_ctx) - 1, 0))
+        ok = (len(u_ctx) > 0) & (u_ctx[i] == c) if len(u_ctx) else np.zeros(len(c), bool)
+        samples.append(np.where(ok, i, -1).astype(np.int32))
+        times.append(ts)
+        p = pos.get(ln.prof_index)
+        cindex.append(-1 if p is None else p)
+        labels.append(exp.profiles[ln.prof_index].label(exp.id_names)
+                      if ln.prof_index < len(exp.profiles) else f"profile {ln.prof_index}")
+    t0 = int(tr.min_timestamp)
+    t1 = int(tr.max_timestamp)
+    if t1 <= t0:
+        t1 = t0 + 1
+    idx = TraceIndex(exp, labels, cindex, times, samples, t0, t1, u_nodes, u_frame, fdepth,
+                     frame_of)
+    db.trace_cache["traces"] = idx
+    return idx
+
+
+# ---- request parsing -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Window:
+    t0: int
+    t1: int
+    c0: int
+    c1: int
+
+
+def _window(ti: TraceIndex, params: Params) -> Window:
+    t0 = _time(params, "t0", ti.t0)
+    t1 = _time(params, "t1", ti.t1)
+    if t1 <= t0:
+        raise CallpathError(f"parameters 't0', 't1': expected t0 < t1, got {t0} and {t1}")
+    n = len(ti.times)
+    c0 = parse_int(params, "c0", 0, lo=0, hi=n - 1)
+    c1 = parse_int(params, "c1", n, lo=c0 + 1, hi=n)
+    return Window(t0, t1, c0, c1)
+
+
+def _time(params: Params, name: str, default: int) -> int:
+    text = params.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        v = int(text)
+    except ValueError:
+        try:
+            f = float(text)
+        except ValueError:
+            raise CallpathError(f"parameter {name!r}: expected a time in ns, got "
+                                f"{text[:40]!r}") from None
+        if f != f or abs(f) > 9e18:
+            raise CallpathError(f"parameter {name!r}: expected a time in ns, got "
+                                f"{text[:40]!r}") from None
+        v = int(f)
+    if not -(1 << 62) < v < (1 << 62):
+        raise CallpathError(f"parameter {name!r}: time {v} out of range")
+    return v
+
+
+def _depth(ti: TraceIndex, params: Params) -> int:
+    return parse_int(params, "depth", 0, lo=0, hi=max(ti.max_depth, 0) + 1024)
+
+
+def midpoints(t0: int, t1: int, width: int) -> I64:
+    """The time at the middle of each of ``width`` pixel columns, in exact integers."""
+    k = 2 * np.arange(width, dtype=np.int64) + 1
+    span = t1 - t0
+    if span < (1 << 62) // (2 * width + 1):
+        return t0 + (k * span) // (2 * width)
+    return (t0 + k * (span / (2.0 * width))).astype(np.int64)
+
+
+def sample_at(ti: TraceIndex, row: int, times: I64) -> I32:
+    """The u index of the sample in effect at each time of one row (-1: none)."""
+    ts = ti.times[row]
+    i = np.searchsorted(ts, times, side="right") - 1
+    out: I32 = np.where(i >= 0, ti.samples[row][np.maximum(i, 0)], -1).astype(np.int32)
+    return out
+
+
+def _local(grid: I32, names: list[str]) -> tuple[I32, list[str]]:
+    """Renumber global name ids to 0..P-1 over the procedures present."""
+    present = np.unique(grid[grid >= 0])
+    out = np.full(grid.shape, -1, dtype=np.int32)
+    m = grid >= 0
+    out[m] = np.searchsorted(present, grid[m]).astype(np.int32)
+    return out, [names[int(g)] for g in present.tolist()]
+
+
+def _b64(grid: I32) -> str:
+    return base64.b64encode(np.ascontiguousarray(grid, dtype="<i4").tobytes()).decode("ascii")
+
+
+# ---- endpoints ---------------------------------------------------------------------------
+
+
+def meta(db: Database, params: Params, body: bytes) -> Any:
+    ti = trace_index(db)
+    return {"contexts": ti.labels, "context_index": ti.context_index, "t0": ti.t0,
+            "t1": ti.t1, "max_depth": ti.max_depth,
+            "samples": int(sum(len(t) for t in ti.times))}
+
+
+def frame_grid(ti: TraceIndex, w: Window, width: int, height: int, depth: int
+               ) -> tuple[I32, I64]:
+    """Global name ids, ``height`` × ``width``, and the trace row of each grid row."""
+    n = w.c1 - w.c0
+    rows = w.c0 + ((2 * np.arange(height, dtype=np.int64) + 1) * n) // (2 * height)
+    mids = midpoints(w.t0, w.t1, width)
+    names, _ = ti.at_depth(depth)
+    grid = np.full((height, width), -1, dtype=np.int32)
+    uniq, _first = np.unique(rows, return_index=True)
+    for r in uniq.tolist():
+        u = sample_at(ti, r, mids)
+        line = np.where(u >= 0, names[np.maximum(u, 0)], -1)
+        grid[rows == r] = line
+    return grid, rows
+
+
+def _size(params: Params) -> tuple[int, int]:
+    width = parse_int(params, "width", 1000, lo=1, hi=MAX_PIXELS)
+    height = parse_int(params, "height", 500, lo=1, hi=MAX_PIXELS)
+    if width * height > MAX_GRID:
+        raise CallpathError(f"parameters 'width' x 'height': at most {MAX_GRID} pixels")
+    return width, height
+
+
+def frame(db: Database, params: Params, body: bytes) -> Any:
+    ti = trace_index(db)
+    w = _window(ti, params)
+    width, height = _size(params)
+    d = _depth(ti, params)
+    grid, rows = frame_grid(ti, w, width, height, d)
+    local, procs = _local(grid, ti.names)
+    return {"procedures": procs, "rows": rows.tolist(), "width": width, "height": height,
+            "t0": w.t0, "t1": w.t1, "depth": d, "grid": _b64(local)}
+
+
+def depth(db: Database, params: Params, body: bytes) -> Any:
+    ti = trace_index(db)
+    w = _window(ti, params)
+    row = parse_int(params, "ctx", 0, lo=0, hi=len(ti.times) - 1)
+    width = parse_int(params, "width", 1000, lo=1, hi=MAX_PIXELS)
+    u = sample_at(ti, row, midpoints(w.t0, w.t1, width))
+    levels = ti.max_depth + 1
+    grid = np.full((levels, width), -1, dtype=np.int32)
+    has = u >= 0
+    us = np.maximum(u, 0)
+    for d in range(levels):
+        names, _ = ti.at_depth(d)
+        grid[d] = np.where(has & (ti.u_fdepth[us] > d), names[us], -1)
+    local, procs = _local(grid, ti.names)
+    return {"procedures": procs, "rows": list(range(levels)), "ctx": row, "width": width,
+            "height": levels, "t0": w.t0, "t1": w.t1, "grid": _b64(local)}
+
+
+def callpath(db: Database, params: Params, body: bytes) -> Any:
+    ti = trace_index(db)
+    row = parse_int(params, "ctx", 0, lo=0, hi=len(ti.times) - 1)
+    t = _time(params, "t", ti.t0)
+    u = int(sample_at(ti, row, np.array([t], dtype=np.int64))[0])
+    if u < 0:
+        return {"frames": [], "ctx": row, "t": t}
+    frames = []
+    for d in range(int(ti.u_fdepth[u])):
+        names, _ = ti.at_depth(d)
+        frames.append({"name": ti.names[int(names[u])], "depth": d})
+    ts = ti.times[row]
+    i = int(np.searchsorted(ts, t, side="right") - 1)
+    ctx = int(ti.exp.cct.ctx_id[int(ti.u_nodes[u])])
+    return {"frames": frames, "ctx": row, "t": t, "sample_time": int(ts[i]),
+            "node": f"t{ctx}"}
+
+
+def summary(db: Database, params: Params, body: bytes) -> Any:
+    ti = trace_index(db)
+    w = _window(ti, params)
+    width = parse_int(params, "width", 1000, lo=1, hi=MAX_PIXELS)
+    d = _depth(ti, params)
+    n = w.c1 - w.c0
+    grid, _ = frame_grid(ti, w, width, n, d) if n * width <= MAX_GRID else \
+        frame_grid(ti, w, width, max(MAX_GRID // width, 1), d)
+    local, procs = _local(grid, ti.names)
+    p = len(procs)
+    m = local >= 0
+    cols = np.broadcast_to(np.arange(width), local.shape)[m]
+    counts = np.bincount(local[m].astype(np.int64) * width + cols, minlength=p * width)
+    shares = (counts.reshape(p, width) / grid.shape[0]).round(5)
+    return {"procedures": procs, "width": width, "contexts": grid.shape[0],
+            "shares": shares.tolist()}
+
+
+def stats(db: Database, params: Params, body: bytes) -> Any:
+    ti = trace_index(db)
+    w = _window(ti, params)
+    d = _depth(ti, params)
+    names, _ = ti.at_depth(d)
+    total = np.zeros(len(ti.names) + 1, dtype=np.float64)
+    for r in range(w.c0, w.c1):
+        ts = ti.times[r]
+        lo = max(int(np.searchsorted(ts, w.t0, side="right")) - 1, 0)
+        hi = int(np.searchsorted(ts, w.t1, side="left"))
+        if hi <= lo:
+            continue
+        start = np.maximum(ts[lo:hi], w.t0)
+        end = np.minimum(np.append(ts[lo + 1:hi], w.t1), w.t1)
+        dur = np.maximum(end - start, 0).astype(np.float64)
+        u = ti.samples[r][lo:hi]
+        nm = np.where(u >= 0, names[np.maximum(u, 0)], len(ti.names))
+        total += np.bincount(nm, weights=dur, minlength=len(total))[:len(total)]
+    span = float(w.t1 - w.t0) * (w.c1 - w.c0)
+    order = np.argsort(-total[:-1], kind="stable")
+    out = [{"name": ti.names[int(k)], "share": float(total[k]) / span, "time_ns": float(total[k])}
+           for k in order.tolist() if total[k] > 0]
+    return {"procedures": out, "t0": w.t0, "t1": w.t1, "c0": w.c0, "c1": w.c1, "depth": d}
