@@ -108,7 +108,8 @@ class ViewerApp:
             routes.append(Route(f"/api/db/{{db}}/{name}", self._endpoint(fn),
                                 methods=["POST"]))
         self.app = Starlette(routes=routes, middleware=[
-            Middleware(Guard, token=token, loopback=loopback)])
+            Middleware(Guard, token=token, loopback=loopback)],
+            exception_handlers={404: _http_error, 405: _http_error})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
@@ -186,6 +187,13 @@ class ViewerApp:
         if isinstance(payload, Response):
             return payload
         return JSONResponse(payload)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 (no such route, wrong method) in the API's JSON shape."""
+    status = int(getattr(exc, "status_code", 404))
+    what = "no such page" if status == 404 else f"method {request.method} not allowed"
+    return error(status, f"{quote(request.url.path)[:80]}: {what}")
 
 
 def _call(work: Callable[[], Any]) -> Any:

@@ -14,10 +14,11 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 from callpath.errors import CallpathError
-from callpath.view.app import make_app
+from callpath.view.app import STATIC_DIR, make_app
 from callpath.view.security import is_loopback, new_token
 from callpath.view.session import Database, open_databases
 
@@ -52,10 +53,11 @@ def url_of(host: str, port: int, token: str | None) -> str:
     return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
 
 
-def _uvicorn_server(dbs: list[Database], host: str, token: str | None):  # type: ignore[no-untyped-def]
+def _uvicorn_server(dbs: list[Database], host: str, token: str | None,  # type: ignore[no-untyped-def]
+                    static_dir: Path = STATIC_DIR):
     import uvicorn
 
-    app = make_app(dbs, token=token, loopback=is_loopback(host))
+    app = make_app(dbs, token=token, loopback=is_loopback(host), static_dir=static_dir)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                             timeout_graceful_shutdown=2)
     return uvicorn.Server(config)
@@ -126,12 +128,13 @@ class BackgroundServer:
 
     @classmethod
     def start(cls, paths: list[str], host: str = "127.0.0.1", port: int = 0,
-              token: str | None = None) -> BackgroundServer:
+              token: str | None = None, static_dir: Path = STATIC_DIR) -> BackgroundServer:
+        """Serve in a thread; ``token`` None on a non-loopback host draws a random one."""
         dbs = open_databases(paths)
         sock = bind(host, port)
         if token is None and not is_loopback(host):
             token = new_token()
-        server = _uvicorn_server(dbs, host, token)
+        server = _uvicorn_server(dbs, host, token, static_dir)
         started = threading.Event()
 
         def run() -> None:
