@@ -87,6 +87,8 @@ def test_children_are_sorted_and_paged_on_the_server(view_server: BackgroundServ
     # the same in a fresh server (keys do not depend on what was expanded before)
     for r in whole["rows"]:
         assert r["key"] != node and isinstance(r["label"], str) and "text" in r
+        below = children(s, LOOPS, view=view, node=r["key"])
+        assert r["has_children"] == (below["total"] > 0)
 
 
 def test_keys_resolve_in_a_fresh_server(view_server: BackgroundServer) -> None:

@@ -144,6 +144,20 @@ class BottomUpView(View):
             self._kids[node] = kids
         return kids
 
+    def has_children(self, nodes: I64) -> npt.NDArray[np.bool_]:
+        """A node has children when some member's cursor has a caller: answered from the
+        members, without materializing the children (which would grow the view)."""
+        out = np.zeros(len(nodes), dtype=bool)
+        for i, n in enumerate(nodes.tolist()):
+            self.check_node(n)
+            kids = self._kids.get(n)
+            if kids is not None:
+                out[i] = len(kids) > 0
+            else:
+                cur = self._mem_cur[self._chunk[n]][self._lo[n]:self._hi[n]]
+                out[i] = bool((self._caller[cur] >= 0).any())
+        return out
+
     def aggregate(self, incl: F64, excl: F64) -> tuple[F64, F64]:
         group, inst, _, outer = self._members()
         n = len(self._nodes)

@@ -95,6 +95,11 @@ class View(ABC):
             out.append(int(par[out[-1]]))
         return out[::-1]
 
+    def has_children(self, nodes: I64) -> npt.NDArray[np.bool_]:
+        """Whether each node has children, without materializing them where a view can tell
+        more cheaply (a viewer asks this for every row it shows)."""
+        return np.array([len(self.children(int(n))) > 0 for n in nodes.tolist()], dtype=bool)
+
     def members(self, node: int) -> I64:
         """The source-tree nodes whose values this node sums (itself, in Top-down)."""
         return np.array([self.check_node(node)], dtype=np.int64)

@@ -167,6 +167,8 @@ def children(db: Database, params: Params, body: bytes) -> Any:
     if node_key is None:
         out["root"] = rows_json(b, [node], [parent_key], servable)[0]
     out["rows"] = rows_json(b, page.tolist(), _keys_of(b, parent_key, node, page), servable)
+    if node_key is None:
+        db.warm_up(b.state)  # the user may switch tabs next: build the other views now
     return out
 
 

@@ -58,8 +58,8 @@ def rows_json(b: Built, nodes: Sequence[int], keys: Sequence[str],
               servable: dict[str, bool]) -> list[dict[str, Any]]:
     """One ROW per node (see docs/view.md, "API")."""
     view = b.view
-    has_kids = [len(view.children(n)) > 0 for n in nodes]  # may materialize (Bottom-up)
     arr = np.asarray(nodes, dtype=np.int64)
+    has_kids = view.has_children(arr).tolist()
     cols = b.columns.columns
     values: list[tuple[str, list[float | None], list[str]]] = []
     for c in cols:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -50,6 +51,9 @@ class LRU(Generic[K, V]):
         while len(self._d) > self.size:
             self._d.popitem(last=False)
         return val
+
+    def peek(self, key: K) -> bool:
+        return key in self._d
 
     def clear(self) -> None:
         self._d.clear()
@@ -111,6 +115,9 @@ class Database:
     _views: LRU[tuple[object, ...], tuple[View, NodeKeys]] = field(default_factory=LRU)
     _columns: LRU[tuple[object, ...], ColumnSet] = field(default_factory=LRU)
     trace_cache: dict[str, object] = field(default_factory=dict)
+    # views being built ahead of time (see :meth:`warm_up`), by view-cache key
+    _warm: dict[tuple[object, ...], Future[tuple[View, NodeKeys]]] = field(default_factory=dict)
+    _pool: ThreadPoolExecutor | None = None
 
     @property
     def name(self) -> str:
@@ -121,10 +128,37 @@ class Database:
         ``self.lock`` held."""
         skey = state.source_key
         source = self._sources.get(skey, lambda: self._make_source(state))
-        view, keys = self._views.get((*skey, state.view), lambda: self._make_view(state, source))
+        vkey = (*skey, state.view)
+        pending = self._warm.pop(vkey, None)
+        if pending is not None:  # being built in the background: wait for it, do not redo it
+            self._views.get(vkey, pending.result)
+        view, keys = self._views.get(vkey, lambda: self._make_view(state, source))
         columns = self._columns.get((*skey, state.derived),
                                     lambda: ColumnSet(source, state.derived))
         return Built(state, source, view, columns, keys, len(self.exp.metrics))
+
+    def warm_up(self, state: ViewState) -> None:
+        """Build the other two views of ``state`` in a background thread, so that switching
+        tabs finds them ready: a Flat or Bottom-up view of a 10^6-node tree takes about a
+        second to build, tab switches should take milliseconds. Call with the lock held."""
+        from callpath.analysis.view import VIEW_NAMES
+
+        skey = state.source_key
+        source = self._sources.get(skey, lambda: self._make_source(state))
+        for name in VIEW_NAMES:
+            vkey = (*skey, name)
+            if name == state.view or vkey in self._warm or self._views.peek(vkey):
+                continue
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"callpath-warm-{self.id}")
+            self._warm[vkey] = self._pool.submit(self._prebuild, name, source)
+
+    def _prebuild(self, name: str, source: TreeSource) -> tuple[View, NodeKeys]:
+        view = make_view(name, source)
+        for k in range(len(source.metrics)):  # the values every page shows
+            view.inclusive(k)
+            view.exclusive(k)
+        return view, NodeKeys(view)
 
     def _make_source(self, state: ViewState) -> TreeSource:
         profiles = [self.exp.contexts[i].index for i in state.threads] if state.threads \
