@@ -13,12 +13,15 @@ Usage: .venv/bin/python bench/prof.py [--contexts 256] [--paths 20000] [--repeat
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -96,16 +99,76 @@ def generate(out: Path, contexts: int, paths: int, struct_file: Path) -> int:
     return total
 
 
-def _timed(cmd: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (KiB, largest process of the command tree)."""
-    wrapper = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
-               "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
-               "print(time.perf_counter() - t, "
-               "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
-    r = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True,
-                       check=True)
-    secs, rss = r.stdout.split()
-    return float(secs), int(rss)
+def _tree_pids(root: int) -> list[int]:
+    """``root`` and its descendants (from the parent pids in /proc)."""
+    parent: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        parent[int(d)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(c for c, pp in parent.items() if pp == p)
+    return out
+
+
+def _memory(pids: list[int]) -> tuple[int, int]:
+    """Summed RSS and PSS (KiB) of these processes (PSS splits the pages that forked
+    workers share with their parent, so it does not count them twice)."""
+    rss = pss = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1])
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1])
+        except OSError:
+            continue
+    return rss, pss
+
+
+@dataclass
+class Run:
+    wall: float  # seconds
+    cpu: float  # user + system seconds of the process tree
+    rss: int  # peak of the summed RSS of the process tree (KiB, sampled)
+    pss: int  # peak of the summed PSS (KiB, sampled)
+    max_rss: int  # largest single process (KiB, from the kernel)
+
+
+def _timed(cmd: list[str]) -> Run:
+    """Run ``cmd``; its wall and CPU time, and the peak memory of its process tree sampled
+    from /proc every 0.1 s."""
+    peak = [0, 0]
+    done = threading.Event()
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+
+    def sample() -> None:
+        while not done.is_set():
+            rss, pss = _memory(_tree_pids(proc.pid))
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+            done.wait(0.1)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    done.set()
+    th.join()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)}: exit status {proc.returncode}")
+    return Run(wall, ru.ru_utime + ru.ru_stime, peak[0], peak[1], ru.ru_maxrss)
 
 
 def main() -> None:
@@ -129,19 +192,28 @@ def main() -> None:
             total = generate(meas, args.contexts, args.paths, struct_file)
             print(f"generated {args.contexts} contexts x ~{args.paths} call paths "
                   f"({total} samples) in {time.perf_counter() - t:.1f} s")
-        results = {}
-        for j in (1, 2):
-            runs = [_timed([sys.executable, "-m", "callpath", "prof", str(meas), "-j", str(j),
-                            "-o", str(base / f"j{j}.d")]) for _ in range(args.repeat)]
-            secs = statistics.median(r[0] for r in runs)
-            rss = max(r[1] for r in runs)
-            results[j] = secs
-            print(f"callpath prof -j {j}: {secs:6.1f} s (median of {args.repeat}), "
-                  f"peak RSS {rss / 1024:.0f} MiB")
+        results: dict[int, list[Run]] = {}
+        # alternate -j 1 and -j 2 so that both see the same background load
+        for _ in range(args.repeat):
+            for j in (1, 2):
+                results.setdefault(j, []).append(_timed(
+                    [sys.executable, "-m", "callpath", "prof", str(meas), "-j", str(j), "-o",
+                     str(base / f"j{j}.d")]))
+        med: dict[int, float] = {}
+        for j, runs in results.items():
+            med[j] = statistics.median(r.wall for r in runs)
+            cpu = statistics.median(r.cpu for r in runs)
+            print(f"callpath prof -j {j}: {med[j]:6.1f} s wall, {cpu:6.1f} s CPU (medians of "
+                  f"{args.repeat}; walls {', '.join(f'{r.wall:.1f}' for r in runs)}); peak "
+                  f"memory of the process tree: RSS {max(r.rss for r in runs) / 1024:.0f} MiB, "
+                  f"PSS {max(r.pss for r in runs) / 1024:.0f} MiB; largest process "
+                  f"{max(r.max_rss for r in runs) / 1024:.0f} MiB")
+        ratios = [b.wall / a.wall for a, b in zip(results[1], results[2], strict=True)]
         same = all((base / "j1.d" / f).read_bytes() == (base / "j2.d" / f).read_bytes()
                    for f in ("meta.db", "profile.db", "cct.db"))
-        print(f"speed-up with 2 workers: {results[1] / results[2]:.2f}x; databases identical: "
-              f"{same}")
+        print(f"-j 2 / -j 1 wall time: {statistics.median(ratios):.2f} (median of the "
+              f"ratios of runs taken back to back: {', '.join(f'{r:.2f}' for r in ratios)}); "
+              f"databases identical: {same}")
     finally:
         if args.keep is None:
             shutil.rmtree(tmp, ignore_errors=True)

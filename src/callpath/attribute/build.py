@@ -4,6 +4,7 @@ metrics per execution context, the summary profile, traces. Shared by every inpu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -11,14 +12,18 @@ import numpy.typing as npt
 from callpath.attribute.metrics import (
     N_SCOPES,
     SCOPES,
+    GroupStats,
     Propagator,
-    StatsAccumulator,
     dense_block,
+    group_stats,
     make_metric,
+    stats_columns,
     summary_block,
 )
 from callpath.attribute.tree import TreeBuilder
+from callpath.formats.v4.stream import Groups, Mapper, ValueSource, serial
 from callpath.model import (
+    CCT,
     ExecutionContext,
     Experiment,
     Function,
@@ -29,7 +34,7 @@ from callpath.model import (
     TraceLine,
     Traces,
 )
-from callpath.model.values import BlockStore
+from callpath.model.values import BlockStore, transpose
 
 
 class Tables:
@@ -106,34 +111,82 @@ def canonical_tables(tb: TreeBuilder, tables: Tables) -> Tables:
     return out
 
 
+@dataclass
+class ReducedExperiment(Experiment):
+    """An experiment from the reduction: its per-context blocks are computed when asked for,
+    and :func:`callpath.formats.v4.writer.write_v4` streams them through ``value_source``
+    (computed, written and transposed in parallel workers, never all held at once)."""
+
+    value_source: ValueSource | None = None
+
+
+class ContextValues:
+    """The propagated values of the execution contexts, computed on demand.
+
+    A context's block takes ~30 ms to compute and more to pickle, so the writer's workers
+    compute the blocks of their own contexts (the tree and the samples are shared with them
+    copy-on-write) instead of receiving them. The summary's sums are the propagation of the
+    point values summed over contexts in order (cheap, done here once); its ``-M stats``
+    partials come from the transposed values (:func:`group_stats`)."""
+
+    def __init__(self, cct: CCT, new_index: npt.NDArray[np.int64], threads: list[ThreadData],
+                 nm: int, stats: bool) -> None:
+        self.prop = Propagator(cct)
+        self.n = len(cct)
+        self.nm = nm
+        self.stats = stats
+        self.threads = threads
+        self.new_index = new_index
+        self.point_sums = [np.zeros(self.n) for _ in range(nm)]
+        for th in threads:
+            points = self.points(th)
+            for k in range(nm):
+                self.point_sums[k] += points[k]
+
+    def points(self, th: ThreadData) -> list[npt.NDArray[np.float64]]:
+        """Per metric, the node-ordered point values of one execution context."""
+        a = self.new_index[th.anchor]
+        return [np.bincount(a[th.metric == k], weights=th.value[th.metric == k],
+                            minlength=self.n).astype(np.float64) for k in range(self.nm)]
+
+    def block(self, i: int) -> ProfileBlock:
+        """Profile ``i``'s block: 0 is the summary, ``i`` the ``i``-th context in order."""
+        if i == 0:
+            return self.summary(self._groups_in_memory() if self.stats else [])
+        return dense_block(self.prop.matrix(self.points(self.threads[i - 1])))
+
+    def summary(self, groups: list[Any]) -> ProfileBlock:
+        """The summary block, given the :func:`group_stats` of every transposed piece."""
+        cols = None
+        if self.stats:
+            cols = stats_columns(groups, self.n, N_SCOPES * self.nm, len(self.threads))
+        return summary_block(self.prop, self.point_sums, cols)
+
+    def _groups_in_memory(self) -> list[GroupStats]:
+        """The statistics without the writer: transpose every block here (small runs)."""
+        store = BlockStore(len(self.threads) + 1, self.block)
+        cm = transpose(store, self.n, {0})
+        first = np.flatnonzero(np.r_[True, (cm.ctx[1:] != cm.ctx[:-1])
+                                     | (cm.metric[1:] != cm.metric[:-1])]) if len(cm.ctx) \
+            else np.zeros(0, np.int64)
+        return [group_stats(Groups(cm.ctx[first], cm.metric[first],
+                                   np.append(first, len(cm.ctx)), cm.prof, cm.values))]
+
+
 def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
            metric_names: list[tuple[str, str]], *, title: str, description: str,
-           stats: bool = False) -> Experiment:
+           stats: bool = False, parallel: Mapper = serial) -> ReducedExperiment:
     """The experiment (with ``stats``, also hpcprof's ``-M stats`` partials): execution
     contexts ordered by identifier tuple, values propagated per execution context in that
-    order, so the result does not depend on how the reduction was split."""
+    order, so the result does not depend on how the reduction was split. Its blocks are
+    computed on demand; ``parallel`` maps the writer's work over forked workers."""
     tables = canonical_tables(tb, tables)
     cct, new_index = tb.freeze(sort_keys(tb, tables))
-    n = len(cct)
     nm = len(metric_names)
     order = sorted(range(len(threads)), key=lambda i: [(x.kind, x.logical_id, x.physical_id)
                                                        for x in threads[i].ids])
     ordered = [threads[i] for i in order]
-    prop = Propagator(cct)
-    # Blocks are computed here, not in the workers: a context's block takes ~30 ms to
-    # compute but longer to pickle back from a worker (measured with bench/prof.py).
-    acc = StatsAccumulator(n, N_SCOPES * nm) if stats else None
-    blocks: list[ProfileBlock] = []
-    point_sums = [np.zeros(n) for _ in range(nm)]
-    for th in ordered:
-        points = _points(th, new_index, n, nm)
-        for k in range(nm):
-            point_sums[k] += points[k]
-        block = dense_block(prop.matrix(points))
-        blocks.append(block)
-        if acc is not None:
-            acc.add(block.ctx_of_values().astype(np.int64),
-                    np.asarray(block.metric_ids, dtype=np.int64), np.asarray(block.values))
+    values = ContextValues(cct, new_index, ordered, nm, stats)
     contexts, lines = [], []
     for pi, th in enumerate(ordered):
         contexts.append(ExecutionContext(pi + 1, th.ids))
@@ -150,19 +203,12 @@ def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
     fn_table = [Function(name, mod, off, fl, line)
                 for (name, mod, off, fl, line) in tables.functions]
     profs = [ExecutionContext(0, (), True, 1), *contexts]
-    return Experiment(cct=cct, metrics=metrics, scopes=list(SCOPES), profiles=profs,
-                      values=BlockStore.of([summary_block(prop, point_sums, acc), *blocks]),
-                      n_ctx_slots=int(cct.ctx_id.max()) + 1,
-                      modules=[LoadModule(p) for p in tables.modules],
-                      files=[SourceFile(p) for p in tables.files], functions=fn_table,
-                      title=title, description=description, traces=traces)
-
-
-
-
-def _points(th: ThreadData, new_index: npt.NDArray[np.int64], n: int, nm: int
-            ) -> list[npt.NDArray[np.float64]]:
-    """Per metric, the node-ordered point values of one execution context."""
-    a = new_index[th.anchor]
-    return [np.bincount(a[th.metric == k], weights=th.value[th.metric == k],
-                        minlength=n).astype(np.float64) for k in range(nm)]
+    source = ValueSource(values.block, parallel, group_stats if stats else None,
+                         values.summary)
+    return ReducedExperiment(cct=cct, metrics=metrics, scopes=list(SCOPES), profiles=profs,
+                             values=BlockStore(len(profs), values.block),
+                             n_ctx_slots=int(cct.ctx_id.max()) + 1,
+                             modules=[LoadModule(p) for p in tables.modules],
+                             files=[SourceFile(p) for p in tables.files], functions=fn_table,
+                             title=title, description=description, traces=traces,
+                             value_source=source)

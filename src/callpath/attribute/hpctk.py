@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from callpath.attribute.build import Tables, ThreadData, finish
 from callpath.attribute.forked import STATE
-from callpath.attribute.reduce import Partial, run_units, run_units_mpi
+from callpath.attribute.reduce import Partial, run_units, run_units_mpi, writer_mapper
 from callpath.attribute.walk import Walker
 from callpath.errors import CallpathError
 from callpath.formats import hpcrun as hr
@@ -200,7 +200,7 @@ def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
     return finish(part.tb, part.tables, part.threads, part.metrics,
                   title=title or part.program,
                   description="callpath prof of HPCToolkit measurements",
-                  stats=stats)
+                  stats=stats, parallel=writer_mapper(workers, mpi))
 
 
 def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:

@@ -37,7 +37,7 @@ from callpath.attribute.hpctk import (
     SymbolTable,
     load_structures,
 )
-from callpath.attribute.reduce import Partial, run_units, run_units_mpi
+from callpath.attribute.reduce import Partial, run_units, run_units_mpi, writer_mapper
 from callpath.attribute.walk import Walker
 from callpath.errors import CallpathError, FormatError
 from callpath.formats import measdir as md
@@ -127,7 +127,7 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
     program = os.path.basename(str(cmd[0])) if cmd else measdirs[0].name
     return finish(part.tb, part.tables, part.threads, part.metrics, title=title or program,
                   description="callpath prof of " + " ".join(map(str, cmd)),
-                  stats=stats)
+                  stats=stats, parallel=writer_mapper(workers, mpi))
 
 
 def _header(d: Path) -> tuple[dict[str, Any], list[md.MetricInfo]]:

@@ -15,10 +15,12 @@ linear numpy passes over the preorder tree (:meth:`CCT.inclusive`, :meth:`CCT.ex
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from callpath.formats.v4.stream import Groups
 from callpath.model import (
     CCT,
     Metric,
@@ -102,52 +104,78 @@ def dense_block(matrix: npt.NDArray[np.float64]) -> ProfileBlock:
     n_cols = matrix.shape[1]
     flat = matrix.ravel()
     idx = np.flatnonzero(flat)
-    rows = idx // n_cols
-    cols = (idx - rows * n_cols).astype(np.uint16)
+    rows = (idx // n_cols).astype(np.uint32)
+    cols = (idx - rows.astype(np.int64) * n_cols).astype(np.uint16)
     new_row = np.ones(len(rows), dtype=bool)
     new_row[1:] = rows[1:] != rows[:-1]
     starts = np.flatnonzero(new_row).astype(np.uint64)
-    return ProfileBlock(rows[new_row].astype(np.uint32), starts, cols, flat[idx])
+    # the context of every value is known here: hand it on (the writer needs it)
+    return ProfileBlock(rows[new_row], starts, cols, flat[idx], rows)
 
 
 def summary_block(prop: Propagator, point_sums: list[npt.NDArray[np.float64]],
-                  stats: StatsAccumulator | None = None) -> ProfileBlock:
+                  stats: npt.NDArray[np.float64] | None = None) -> ProfileBlock:
     """The summary profile: the propagation of the point values summed over execution
     contexts (propagation is linear, so this is the sum of the contexts' propagated values,
-    computed once), and the ``-M stats`` partials when ``stats`` is given. The summary
-    statistic ids of the sums equal the propagated ids (:func:`make_metric`)."""
+    computed once), and the ``-M stats`` partials (:func:`stats_columns`) when given. The
+    summary statistic ids of the sums equal the propagated ids (:func:`make_metric`)."""
     out = prop.matrix(point_sums, summary=True)
     if stats is not None:
-        out = np.concatenate([out, stats.columns()], axis=1)
+        out = np.concatenate([out, stats], axis=1)
     return dense_block(out)
 
 
-class StatsAccumulator:
-    """Count, sum of squares, min and max per node and propagated metric, over execution
-    contexts added in order (``lex_aware``: each context's own value). Contexts without a
-    value count as 0 for min and max."""
+@dataclass
+class GroupStats:
+    """Count, sum of squares, min and max of the values of (context, metric) pairs over the
+    execution contexts that have one."""
 
-    def __init__(self, n: int, n_cols: int) -> None:
-        self.n_contexts = 0
-        self.count = np.zeros((n, n_cols))
-        self.sq = np.zeros((n, n_cols))
-        self.min = np.full((n, n_cols), np.inf)
-        self.max = np.full((n, n_cols), -np.inf)
+    ctx: npt.NDArray[np.uint32]
+    metric: npt.NDArray[np.uint16]
+    count: npt.NDArray[np.int64]
+    sq: npt.NDArray[np.float64]
+    min: npt.NDArray[np.float64]
+    max: npt.NDArray[np.float64]
 
-    def add(self, rows: npt.NDArray[np.int64], cols: npt.NDArray[np.int64],
-            vals: npt.NDArray[np.float64]) -> None:
-        self.n_contexts += 1
-        self.count[rows, cols] += 1
-        self.sq[rows, cols] += vals * vals
-        self.min[rows, cols] = np.minimum(self.min[rows, cols], vals)
-        self.max[rows, cols] = np.maximum(self.max[rows, cols], vals)
 
-    def columns(self) -> npt.NDArray[np.float64]:
-        """Columns in :func:`stat_id` order (after the sums)."""
-        partial = self.count < self.n_contexts
-        lo = np.where(partial, np.minimum(self.min, 0.0), self.min)
-        hi = np.where(partial, np.maximum(self.max, 0.0), self.max)
-        lo = np.where(self.count > 0, lo, 0.0)
-        hi = np.where(self.count > 0, hi, 0.0)
-        n, c = self.count.shape
-        return np.stack([self.count, self.sq, lo, hi], axis=2).reshape(n, c * len(STAT_PARTIALS))
+def group_stats(g: Groups) -> GroupStats:
+    """The statistics of transposed pairs (``cct.db`` order: execution contexts ascending in a
+    pair). Squares are summed one execution context after the other, in that order, so the
+    sums do not depend on how the transpose was split into pieces or workers."""
+    ng = len(g.ctx)
+    sizes = np.diff(g.starts)
+    vals = np.asarray(g.values, dtype=np.float64)
+    sq = np.zeros(ng)
+    if ng:
+        gid = np.repeat(np.arange(ng), sizes)
+        rank = np.arange(len(vals)) - np.repeat(g.starts[:-1], sizes)
+        by_rank = np.argsort(rank, kind="stable")
+        cut = np.searchsorted(rank[by_rank], np.arange(int(sizes.max()) + 1))
+        for r in range(len(cut) - 1):
+            sel = by_rank[cut[r]:cut[r + 1]]
+            sq[gid[sel]] += vals[sel] * vals[sel]
+        lo = np.minimum.reduceat(vals, g.starts[:-1])
+        hi = np.maximum.reduceat(vals, g.starts[:-1])
+    else:
+        lo = hi = np.zeros(0)
+    return GroupStats(np.asarray(g.ctx, dtype=np.uint32), np.asarray(g.metric, dtype=np.uint16),
+                      sizes.astype(np.int64), sq, lo, hi)
+
+
+def stats_columns(parts: list[GroupStats], n: int, n_cols: int, n_contexts: int
+                  ) -> npt.NDArray[np.float64]:
+    """The ``-M stats`` columns (:func:`stat_id` order, after the sums) of a tree of ``n``
+    nodes with ``n_cols`` propagated metric ids: count, sum of squares, min and max over
+    ``n_contexts`` execution contexts, where a context without a value counts as 0."""
+    count = np.zeros((n, n_cols))
+    sq = np.zeros((n, n_cols))
+    mn = np.zeros((n, n_cols))
+    mx = np.zeros((n, n_cols))
+    for p in parts:
+        r, c = p.ctx.astype(np.int64), p.metric.astype(np.int64)
+        count[r, c] = p.count
+        sq[r, c] = p.sq
+        partial = p.count < n_contexts
+        mn[r, c] = np.where(partial, np.minimum(p.min, 0.0), p.min)
+        mx[r, c] = np.where(partial, np.maximum(p.max, 0.0), p.max)
+    return np.stack([count, sq, mn, mx], axis=2).reshape(n, n_cols * len(STAT_PARTIALS))

@@ -11,6 +11,7 @@ content, the database does not depend on the number of workers.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from callpath.attribute.build import Tables, ThreadData
 from callpath.attribute.forked import map_chunks
 from callpath.attribute.tree import TreeBuilder
 from callpath.errors import CallpathError
+from callpath.formats.v4.stream import Mapper, serial
 
 U = TypeVar("U")
 
@@ -46,6 +48,15 @@ class Partial:
 
 def workers_default() -> int:
     return os.cpu_count() or 1
+
+
+def writer_mapper(workers: int, mpi: bool) -> Mapper:
+    """How the database writer spreads its work (computing, spooling and transposing the
+    per-context values): over ``workers`` forked processes; under MPI, in rank 0 alone
+    (forking inside an MPI process is not safe with every MPI)."""
+    if mpi or workers <= 1:
+        return serial
+    return functools.partial(map_chunks, workers=workers)
 
 
 def run_units(fn: Callable[[Sequence[U]], Partial], units: Sequence[U],

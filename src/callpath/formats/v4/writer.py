@@ -10,10 +10,12 @@ Python loop over values, and none over contexts either:
   contiguous array, in preorder), ordered by the parent's preorder index. Record sizes follow from
   the flags (flex words), so every record's position, every ``pChildren``/``szChildren`` and the
   flex sub-fields are computed for all nodes at once and stored into one array of u64 words.
-- ``profile.db``: one loop over profiles (few); each block is already in on-disk order.
-- ``cct.db``: one stable sort of all (context, metric) keys (the profile blocks are sorted
-  runs, so this is a merge), then the interleaved value / metric-index arrays of all contexts
-  are scattered into a buffer in chunks of a few million values, in 2-byte units.
+- ``profile.db`` and ``cct.db`` are streamed (:mod:`callpath.formats.v4.stream`): each
+  profile's block is written to a spool file as soon as it is produced, and its values go to
+  bucket files by context range, which are then sorted one at a time into ``cct.db``'s order;
+  headers come from the sizes, the pieces are copied behind them. Memory stays bounded by a
+  block and a bucket, and an experiment that computes its blocks on demand (``callpath prof``)
+  has them computed, spooled and transposed in parallel workers.
 
 Files are written under temporary names in the target directory and renamed into place only
 once all of them are complete, so a failure never leaves a half-written database behind the
@@ -37,6 +39,13 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.errors import CallpathError
+from callpath.formats.v4 import stream
+from callpath.formats.v4.stream import (  # noqa: F401  (the record layouts, named here too)
+    CONTEXT_INDEX,
+    CONTEXT_VALUE,
+    PROFILE_INDEX,
+    PROFILE_VALUE,
+)
 from callpath.model.cct import HAS_FUNCTION, HAS_POINT, HAS_SRCLOC, EntryPoint, NodeKind
 from callpath.model.experiment import Experiment
 from callpath.model.metrics import Combine, Metric, PropagationScope
@@ -61,10 +70,6 @@ def _struct(fields: list[tuple[str, str, int]], size: int) -> np.dtype[Any]:
 
 
 # Packed (unaligned) value structures: exactly the on-disk byte layout.
-PROFILE_VALUE = np.dtype([("metricId", "<u2"), ("value", "<f8")])  # 10 bytes
-PROFILE_INDEX = np.dtype([("ctxId", "<u4"), ("startIndex", "<u8")])  # 12 bytes
-CONTEXT_VALUE = np.dtype([("profIndex", "<u4"), ("value", "<f8")])  # 12 bytes
-CONTEXT_INDEX = np.dtype([("metricId", "<u2"), ("startIndex", "<u8")])  # 10 bytes
 TRACE_ELEM = np.dtype([("timestamp", "<u8"), ("ctxId", "<u4")])  # 12 bytes
 
 MODULE_SPEC = _struct([("flags", "<u4", 0), ("pPath", "<u8", 8)], 0x10)
@@ -94,7 +99,6 @@ TRACE_HEADER = _struct([("profIndex", "<u4", 0), ("pStart", "<u8", 8), ("pEnd", 
 CTX_HEADER_WORDS = 4  # a {Ctx} record is 32 bytes plus its flex words
 ENTRY_NAMES = {EntryPoint.UNKNOWN: "unknown entry", EntryPoint.MAIN_THREAD: "main thread",
                EntryPoint.APPLICATION_THREAD: "application thread"}
-VALUES_PER_CHUNK = 1 << 22  # cct.db is assembled in pieces of at most this many values
 
 
 def _align(n: int, a: int = 8) -> int:
@@ -209,18 +213,45 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
         temps[name] = p
         return p
 
+    spool_dir = out / f".spool.{os.getpid()}.tmp"
     try:
         files = _prepare_sources(exp, out, copy_sources)
-        blocks = [_sorted_block(exp.values[i], i) for i in range(len(exp.profiles))]
-        cm = _context_major(exp, blocks)
-        n_slots = _slot_count(exp, cm, blocks[0])
+        source = stream.value_source(exp)
+        transposed = np.array([not p.is_summary for p in exp.profiles], dtype=bool)
+        summary = (None if source.summary is not None
+                   else stream.sorted_block(source.block(0), 0))
+        n0 = max(exp.n_ctx_slots, int(exp.cct.ctx_id.max()) + 1)
+        if summary is not None and len(summary.ctx_ids):
+            n0 = max(n0, int(summary.ctx_ids[-1]) + 1)
+        n_ids = len({i.prop_metric_id for m in exp.metrics for i in m.scope_insts})
+        bounds = stream.bucket_bounds(n0, int(transposed.sum()), n_ids)
+        spool_dir.mkdir(exist_ok=True)
+        spools = stream.spool_profiles(source, spool_dir, transposed, bounds)
+        n_slots = max([n0, *(sp.top_ctx for sp in spools)])
+        if n_slots > 0xFFFFFFFF:
+            raise CallpathError(f"{n_slots} contexts; v4 allows at most 2^32-1")
         tree = _TreeLayout.build(exp, n_slots)
         with open(temp("meta.db"), "wb") as f:
             f.write(_meta_db(exp, files, tree))
-        with open(temp("profile.db"), "wb") as f:
-            _write_profile_db(f, exp, blocks)
+        pieces = stream.transpose_buckets(source, spool_dir, spools, bounds, tree.n_slots)
+        for sp in spools:
+            for bp in sp.buckets:
+                if bp is not None:
+                    bp.unlink()
         with open(temp("cct.db"), "wb") as f:
-            _write_cct_db(f, cm, tree.n_slots)
+            _write_cct_db(f, pieces, tree.n_slots)
+        for pc in pieces:
+            pc.path.unlink()
+        if summary is None:
+            assert source.summary is not None
+            summary = stream.sorted_block(
+                source.summary([g for pc in pieces for g in pc.groups]), 0)
+            if len(summary.ctx_ids) and int(summary.ctx_ids[-1]) >= n_slots:
+                raise CallpathError(f"the summary profile has a value at context "
+                                    f"{int(summary.ctx_ids[-1])}, beyond the {n_slots} "
+                                    "contexts of the database")
+        with open(temp("profile.db"), "wb") as f:
+            _write_profile_db(f, exp, summary, spools)
         if exp.traces is not None:
             with open(temp("trace.db"), "wb") as f:
                 _write_trace_db(f, exp.traces, len(exp.profiles))
@@ -240,6 +271,7 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
         for p in temps.values():
             with contextlib.suppress(OSError):
                 p.unlink()
+        stream.remove_spools(spool_dir)
     return out
 
 
@@ -686,45 +718,11 @@ def _context_section(base: int, exp: Experiment, tree: _TreeLayout, table: dict[
 # ==== profile.db ========================================================================
 
 
-def _sorted_block(blk: ProfileBlock, index: int) -> ProfileBlock:
-    """The block in on-disk order (contexts ascending, metrics ascending within a context);
-    blocks from readers and ``ProfileBlock.from_triples`` already are, and pass unchanged."""
-    ctx = np.asarray(blk.ctx_ids, dtype=np.uint32)
-    starts = np.asarray(blk.starts, dtype=np.uint64)
-    met = np.asarray(blk.metric_ids, dtype=np.uint16)
-    val = np.asarray(blk.values, dtype=np.float64)
-    nv = len(val)
-    if len(ctx) != len(starts) or len(met) != nv:
-        raise CallpathError(f"profile {index}: value block arrays differ in length")
-    if len(ctx) == 0:
-        if nv:
-            raise CallpathError(f"profile {index}: {nv} values but no context index")
-        return ProfileBlock(ctx, starts, met, val)
-    st = starts.astype(np.int64)
-    if st[0] != 0 or np.any(np.diff(st) < 0) or st[-1] > nv:
-        raise CallpathError(f"profile {index}: context start indices are not sorted within "
-                            f"0..{nv}")
-    if nv == 0:
-        return ProfileBlock(ctx, starts, met, val)
-    ok = len(ctx) < 2 or bool(np.all(ctx[1:] > ctx[:-1]))
-    if ok:  # metrics ascending inside each context (a context boundary may go down)
-        up = met[1:] > met[:-1]
-        cut = st[1:]
-        up[cut[(cut > 0) & (cut < nv)] - 1] = True
-        ok = bool(up.all())
-    if ok:
-        return ProfileBlock(ctx, starts, met, val)
-    key = (blk.ctx_of_values().astype(np.uint64) << np.uint64(16)) | met.astype(np.uint64)
-    order = np.argsort(key, kind="stable")
-    key = key[order]
-    if np.any(key[1:] == key[:-1]):
-        raise CallpathError(f"profile {index}: a (context, metric) pair has two values")
-    cs = (key >> np.uint64(16)).astype(np.uint32)
-    uc, first = np.unique(cs, return_index=True)
-    return ProfileBlock(uc, first.astype(np.uint64), met[order], val[order])
-
-
-def _write_profile_db(f: BinaryIO, exp: Experiment, blocks: list[ProfileBlock]) -> None:
+def _write_profile_db(f: BinaryIO, exp: Experiment, summary: ProfileBlock,
+                      spools: list[stream.Spool]) -> None:
+    """Headers, identifier tuples and the summary block, then the spooled blocks of the other
+    profiles copied behind them (each spool starts 8-byte aligned, so their pointers only
+    move by the spool's position)."""
     profiles = exp.profiles
     n = len(profiles)
     header_size = 0x10 + 16 * 2
@@ -751,30 +749,22 @@ def _write_profile_db(f: BinaryIO, exp: Experiment, blocks: list[ProfileBlock]) 
         tuples.put(ids)
     pos = _align(tuples.pos)
     f.seek(pos)
-    for i in range(n):
-        blk = blocks[i]
-        pad = _align(pos) - pos
-        f.write(bytes(pad))
-        pos += pad
-        vals = np.empty(len(blk.values), PROFILE_VALUE)
-        vals["metricId"] = blk.metric_ids
-        vals["value"] = blk.values
-        info[i]["nValues"] = len(vals)
-        info[i]["pValues"] = pos
-        _write(f, vals)
-        pos += vals.nbytes
-        pad = _align(pos, 4) - pos
-        f.write(bytes(pad))
-        pos += pad
-        idx = np.empty(len(blk.ctx_ids), PROFILE_INDEX)
-        idx["ctxId"] = blk.ctx_ids
-        idx["startIndex"] = blk.starts
-        if len(idx) > 0xFFFFFFFF:
-            raise CallpathError(f"profile {i}: too many contexts for v4")
-        info[i]["nCtxs"] = len(idx)
-        info[i]["pCtxIndices"] = pos
-        _write(f, idx)
-        pos += idx.nbytes
+    p_values, p_ctx, pos = stream.write_profile_block(f, pos, summary)
+    if len(summary.ctx_ids) > 0xFFFFFFFF:
+        raise CallpathError("profile 0: too many contexts for v4")
+    info[0]["nValues"], info[0]["pValues"] = len(summary.values), p_values
+    info[0]["nCtxs"], info[0]["pCtxIndices"] = len(summary.ctx_ids), p_ctx
+    pad = _align(pos) - pos
+    f.write(bytes(pad))
+    pos += pad
+    for sp in spools:
+        at = sp.profiles
+        info["nValues"][at] = sp.n_values
+        info["pValues"][at] = sp.p_values + pos
+        info["nCtxs"][at] = sp.n_ctxs
+        info["pCtxIndices"][at] = sp.p_ctxs + pos
+        stream.append_file(f, sp.path, pos, sp.size)
+        pos += sp.size
     f.write(_footer(b"prof", pos))
     f.seek(0)
     f.write(_file_header(b"prof", [(infos_size, p_infos), (tuples.size, tuples.base)]))
@@ -790,100 +780,34 @@ def _write_profile_db(f: BinaryIO, exp: Experiment, blocks: list[ProfileBlock]) 
 # ==== cct.db ============================================================================
 
 
-@dataclass
-class _ContextMajor:
-    """All non-summary values in cct.db order: sorted by (context, metric), profiles ascending
-    within a metric."""
-
-    ctx: npt.NDArray[np.uint32]
-    metric: npt.NDArray[np.uint16]
-    prof: npt.NDArray[np.uint32]
-    values: npt.NDArray[np.float64]
-
-
-def _context_major(exp: Experiment, blocks: list[ProfileBlock]) -> _ContextMajor:
-    """Transpose the profile blocks. Every block is sorted by (context, metric) and blocks are
-    taken in profile order, so one stable sort of the (context, metric) key is a merge of
-    sorted runs and leaves the profiles of equal keys in ascending order."""
-    key_parts = [np.zeros(0, np.uint64)]
-    prof_parts = [np.zeros(0, np.uint32)]
-    val_parts = [np.zeros(0, np.float64)]
-    for i, p in enumerate(exp.profiles):
-        if p.is_summary:
-            continue
-        blk = blocks[i]
-        key = blk.ctx_of_values().astype(np.uint64) << np.uint64(16)
-        key |= np.asarray(blk.metric_ids, dtype=np.uint64)
-        key_parts.append(key)
-        prof_parts.append(np.full(len(blk.values), i, dtype=np.uint32))
-        val_parts.append(np.asarray(blk.values, dtype=np.float64))
-    key = np.concatenate(key_parts)
-    del key_parts
-    order = np.argsort(key, kind="stable")
-    key = key[order]
-    prof = np.concatenate(prof_parts)[order]
-    del prof_parts
-    values = np.concatenate(val_parts)[order]
-    del val_parts, order
-    ctx = (key >> np.uint64(16)).astype(np.uint32)
-    met = (key & np.uint64(0xFFFF)).astype(np.uint16)
-    return _ContextMajor(ctx, met, prof, values)
-
-
-def _slot_count(exp: Experiment, cm: _ContextMajor, summary: ProfileBlock) -> int:
-    n = max(exp.n_ctx_slots, int(exp.cct.ctx_id.max()) + 1)
-    if len(cm.ctx):
-        n = max(n, int(cm.ctx[-1]) + 1)
-    if len(summary.ctx_ids):
-        n = max(n, int(summary.ctx_ids[-1]) + 1)
-    if n > 0xFFFFFFFF:
-        raise CallpathError(f"{n} contexts; v4 allows at most 2^32-1")
-    return n
-
-
-def _write_cct_db(f: BinaryIO, cm: _ContextMajor, n_slots: int) -> None:
+def _write_cct_db(f: BinaryIO, pieces: list[stream.Piece], n_slots: int) -> None:
+    """The context index from the pieces' counts, then the pieces' encoded blocks copied
+    behind it in context order (contexts without a piece have no values)."""
     header_size = 0x10 + 16
     p_section = _align(header_size)
     p_array = _align(p_section + 0x0D)
     section_size = p_array + n_slots * CONTEXT_INFO.itemsize - p_section
     data_base = _align(p_section + section_size)
-
-    nv = len(cm.values)
-    # per-context value counts and (context, metric) groups
-    ctx_bounds = np.searchsorted(cm.ctx, np.arange(n_slots + 1, dtype=np.uint32)).astype(np.int64)
-    n_values = np.diff(ctx_bounds)
-    if nv:
-        new_group = np.r_[True, (cm.ctx[1:] != cm.ctx[:-1]) | (cm.metric[1:] != cm.metric[:-1])]
-        group_first = np.flatnonzero(new_group)
-    else:
-        group_first = np.zeros(0, np.int64)
-    group_ctx = cm.ctx[group_first].astype(np.int64)
-    n_metrics = np.bincount(group_ctx, minlength=n_slots).astype(np.int64)
-    if np.any(n_metrics > 0xFFFF):
-        raise CallpathError("a context has more than 65535 metrics")
-    group_bounds = np.zeros(n_slots + 1, dtype=np.int64)
-    np.cumsum(n_metrics, out=group_bounds[1:])
-    # block of a context: values (12 B each), metric indices (10 B each), padding to 4 bytes
+    n_values = np.zeros(n_slots, dtype=np.int64)
+    n_metrics = np.zeros(n_slots, dtype=np.int64)
+    for pc in pieces:
+        hi = min(pc.c1, n_slots)
+        n_values[pc.c0:hi] = pc.n_values[:hi - pc.c0]
+        n_metrics[pc.c0:hi] = pc.n_metrics[:hi - pc.c0]
     block_size = 12 * n_values + 10 * n_metrics + 2 * (n_metrics & 1)
     block_start = np.zeros(n_slots + 1, dtype=np.int64)
     np.cumsum(block_size, out=block_start[1:])
     block_start += data_base
-
     info = np.zeros(n_slots, CONTEXT_INFO)
     info["nValues"] = n_values
     info["pValues"] = block_start[:-1]
     info["nMetrics"] = n_metrics
     info["pMetricIndices"] = block_start[:-1] + 12 * n_values
-
-    f.seek(data_base)
-    # chunks of whole contexts holding about VALUES_PER_CHUNK values each
-    c0 = 0
-    while c0 < n_slots:
-        c1 = int(np.searchsorted(ctx_bounds, ctx_bounds[c0] + VALUES_PER_CHUNK, side="right")) - 1
-        c1 = min(max(c1, c0 + 1), n_slots)
-        _write_cct_chunk(f, cm, c0, c1, ctx_bounds, group_bounds, group_first, block_start)
-        c0 = c1
+    for pc in pieces:
+        if pc.size:
+            stream.append_file(f, pc.path, int(block_start[pc.c0]), pc.size)
     end = int(block_start[-1])
+    f.seek(end)
     f.write(_footer(b"ctxt", end))
     f.seek(0)
     f.write(_file_header(b"ctxt", [(section_size, p_section)]))
@@ -892,45 +816,6 @@ def _write_cct_db(f: BinaryIO, cm: _ContextMajor, n_slots: int) -> None:
             + bytes([CONTEXT_INFO.itemsize]))
     f.seek(p_array)
     _write(f, info)
-
-
-def _write_cct_chunk(f: BinaryIO, cm: _ContextMajor, c0: int, c1: int, ctx_bounds: I64,
-                     group_bounds: I64, group_first: I64, block_start: I64) -> None:
-    """Contexts ``c0 .. c1-1``: their blocks are contiguous in the file, so assemble them in a
-    buffer by scattering whole records (values as 3 u32 words, metric indices as 5 u16 units;
-    every block starts 4-byte aligned) and write it once."""
-    base = int(block_start[c0])
-    size = int(block_start[c1]) - base
-    if size == 0:
-        return
-    buf32 = np.zeros(size // 4, dtype=np.uint32)
-    buf16 = buf32.view(np.uint16)
-    v0, v1 = int(ctx_bounds[c0]), int(ctx_bounds[c1])
-    g0, g1 = int(group_bounds[c0]), int(group_bounds[c1])
-    if v1 > v0:
-        starts = block_start[c0:c1] - base
-        n_values = np.diff(ctx_bounds[c0:c1 + 1])
-        n_groups = np.diff(group_bounds[c0:c1 + 1])
-        vals = np.empty(v1 - v0, CONTEXT_VALUE)
-        vals["profIndex"] = cm.prof[v0:v1]
-        vals["value"] = cm.values[v0:v1]
-        words = vals.view(np.uint32).reshape(-1, 3)
-        # destination word = block start / 4 + 3 * (rank of the value within its context)
-        dest = np.repeat(starts // 4 - 3 * (ctx_bounds[c0:c1] - v0), n_values)
-        dest += 3 * np.arange(v1 - v0, dtype=np.int64)
-        for j in range(3):
-            buf32[dest + j] = words[:, j]
-        gf = group_first[g0:g1]
-        idx = np.empty(g1 - g0, CONTEXT_INDEX)
-        idx["metricId"] = cm.metric[gf]
-        idx["startIndex"] = gf - np.repeat(ctx_bounds[c0:c1], n_groups)
-        units = idx.view(np.uint16).reshape(-1, 5)
-        p_idx = starts + 12 * n_values
-        dest = np.repeat(p_idx // 2 - 5 * (group_bounds[c0:c1] - g0), n_groups)
-        dest += 5 * np.arange(g1 - g0, dtype=np.int64)
-        for j in range(5):
-            buf16[dest + j] = units[:, j]
-    _write(f, buf32)
 
 
 # ==== trace.db ==========================================================================

@@ -1,0 +1,453 @@
+"""Streaming assembly of ``profile.db`` and ``cct.db``: bounded memory, optionally parallel.
+
+The two files hold the same values twice, profile-major and context-major. Holding every
+profile block and a transposed copy in memory cost 7.5 GB for 256 execution contexts of a
+200,000-context tree, so values are streamed through files instead:
+
+1. **Spool** (per chunk of profiles, in a worker when a :data:`Mapper` forks): each profile's
+   block is produced (e.g. computed on demand by ``callpath prof``), written at once in its
+   ``profile.db`` form to the chunk's spool file, and its records for ``cct.db`` (context,
+   metric, profile, value) are appended to one bucket file per range of context ids. Only
+   one block is alive at a time.
+2. **Transpose** (per run of buckets, in a worker): the bucket files of one context range
+   are read from every spool, sorted by (context, metric) with a stable sort (the spools
+   are in profile order, so profiles stay ascending inside a pair: exactly ``cct.db``'s
+   order) and encoded into ``cct.db`` blocks. A bucket holds a few million values at most.
+3. **Assembly** (in the caller): headers and index arrays follow from the sizes the workers
+   report; the encoded pieces are position independent (8-byte aligned chunks of profile
+   blocks, 4-byte multiple context blocks), so they are concatenated behind the headers
+   with ``copy_file_range`` (an in-kernel copy) and the files are byte-identical to the ones
+   written from memory.
+
+Forked workers inherit the job through :data:`STATE` (set before mapping), so the value
+source, which may hold a whole tree, is never pickled; only small results come back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import numpy.typing as npt
+
+from callpath.errors import CallpathError
+from callpath.model.experiment import Experiment
+from callpath.model.values import ProfileBlock
+
+I64 = npt.NDArray[np.int64]
+
+#: ``mapper(fn, items)`` = ``[fn(chunk) for chunk in <contiguous chunks of items>]``, the
+#: chunks in order; :func:`serial` runs one chunk in this process.
+Mapper = Callable[[Callable[[Sequence[int]], Any], Sequence[int]], list[Any]]
+
+#: What forked workers inherit: the job being written (set by :func:`spool_profiles` and
+#: :func:`transpose_buckets` around their mapping).
+STATE: dict[str, Any] = {}
+
+PROFILE_VALUE = np.dtype([("metricId", "<u2"), ("value", "<f8")])  # 10 bytes
+PROFILE_INDEX = np.dtype([("ctxId", "<u4"), ("startIndex", "<u8")])  # 12 bytes
+CONTEXT_VALUE = np.dtype([("profIndex", "<u4"), ("value", "<f8")])  # 12 bytes
+CONTEXT_INDEX = np.dtype([("metricId", "<u2"), ("startIndex", "<u8")])  # 10 bytes
+#: a value on its way to cct.db (packed, 18 bytes)
+BUCKET_RECORD = np.dtype([("ctx", "<u4"), ("metric", "<u2"), ("prof", "<u4"), ("value", "<f8")])
+
+VALUES_PER_BUCKET = 1 << 22  # target size of a transposed piece (values)
+MAX_BUCKETS = 128  # bucket files open per spool
+
+
+def serial(fn: Callable[[Sequence[int]], Any], items: Sequence[int]) -> list[Any]:
+    """The :data:`Mapper` that runs everything here, as one chunk."""
+    return [fn(items)]
+
+
+def _align(n: int, a: int = 8) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass
+class Groups:
+    """The values of some (context, metric) pairs over the non-summary profiles, in ``cct.db``
+    order: pair ``g`` is ``ctx[g], metric[g]`` with values ``values[starts[g]:starts[g+1]]``
+    (``starts`` has one more entry) of profiles ``prof[...]``, ascending."""
+
+    ctx: npt.NDArray[np.uint32]
+    metric: npt.NDArray[np.uint16]
+    starts: I64
+    prof: npt.NDArray[np.uint32]
+    values: npt.NDArray[np.float64]
+
+
+@dataclass
+class ValueSource:
+    """Where the value blocks of a database come from while it is written.
+
+    ``block(i)`` gives profile ``i``'s block (called once per profile, in a worker when
+    ``parallel`` forks, and not kept); ``on_groups``, if set, is called in the workers on every
+    transposed piece (:class:`Groups`) and its results, in context order, are handed to
+    ``summary``, which then gives profile 0's block (statistics over the execution contexts
+    come out of the transpose for free). Without ``summary``, profile 0 is ``block(0)``.
+    """
+
+    block: Callable[[int], ProfileBlock]
+    parallel: Mapper = serial
+    on_groups: Callable[[Groups], Any] | None = None
+    summary: Callable[[list[Any]], ProfileBlock] | None = None
+
+
+def value_source(exp: Experiment) -> ValueSource:
+    """The experiment's own source when it carries one (``callpath prof``'s experiments
+    compute their blocks on demand), else its stored blocks, written by this process."""
+    src = getattr(exp, "value_source", None)
+    return src if isinstance(src, ValueSource) else ValueSource(exp.values.__getitem__)
+
+
+# ==== blocks in on-disk order ===========================================================
+
+
+def sorted_block(blk: ProfileBlock, index: int) -> ProfileBlock:
+    """The block in on-disk order (contexts ascending, metrics ascending within a context);
+    blocks from readers and ``ProfileBlock.from_triples`` already are, and pass unchanged."""
+    ctx = np.asarray(blk.ctx_ids, dtype=np.uint32)
+    starts = np.asarray(blk.starts, dtype=np.uint64)
+    met = np.asarray(blk.metric_ids, dtype=np.uint16)
+    val = np.asarray(blk.values, dtype=np.float64)
+    nv = len(val)
+    if len(ctx) != len(starts) or len(met) != nv:
+        raise CallpathError(f"profile {index}: value block arrays differ in length")
+    if len(ctx) == 0:
+        if nv:
+            raise CallpathError(f"profile {index}: {nv} values but no context index")
+        return ProfileBlock(ctx, starts, met, val)
+    st = starts.astype(np.int64)
+    if st[0] != 0 or np.any(np.diff(st) < 0) or st[-1] > nv:
+        raise CallpathError(f"profile {index}: context start indices are not sorted within "
+                            f"0..{nv}")
+    if nv == 0:
+        return ProfileBlock(ctx, starts, met, val)
+    ok = len(ctx) < 2 or bool(np.all(ctx[1:] > ctx[:-1]))
+    if ok:  # metrics ascending inside each context (a context boundary may go down)
+        up = met[1:] > met[:-1]
+        cut = st[1:]
+        up[cut[(cut > 0) & (cut < nv)] - 1] = True
+        ok = bool(up.all())
+    if ok:
+        return ProfileBlock(ctx, starts, met, val, blk._ctx_of_values)
+    key = (blk.ctx_of_values().astype(np.uint64) << np.uint64(16)) | met.astype(np.uint64)
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    if np.any(key[1:] == key[:-1]):
+        raise CallpathError(f"profile {index}: a (context, metric) pair has two values")
+    cs = (key >> np.uint64(16)).astype(np.uint32)
+    uc, first = np.unique(cs, return_index=True)
+    return ProfileBlock(uc, first.astype(np.uint64), met[order], val[order])
+
+
+def _write(f: BinaryIO, arr: npt.NDArray[Any]) -> None:
+    """Write an array's bytes without an intermediate copy when it is contiguous."""
+    a = np.ascontiguousarray(arr)
+    if a.size:
+        f.write(a.view(np.uint8).reshape(-1).data)
+
+
+def write_profile_block(f: BinaryIO, pos: int, blk: ProfileBlock) -> tuple[int, int, int]:
+    """Write one block at ``pos`` (the file's position) as ``profile.db`` lays it out:
+    padding to 8 bytes, values, padding to 4, context index. Returns pValues, pCtxIndices and
+    the new position (positions relative to any 8-byte aligned origin)."""
+    pad = _align(pos) - pos
+    f.write(bytes(pad))
+    pos += pad
+    vals = np.empty(len(blk.values), PROFILE_VALUE)
+    vals["metricId"] = blk.metric_ids
+    vals["value"] = blk.values
+    p_values = pos
+    _write(f, vals)
+    pos += vals.nbytes
+    pad = _align(pos, 4) - pos
+    f.write(bytes(pad))
+    pos += pad
+    idx = np.empty(len(blk.ctx_ids), PROFILE_INDEX)
+    idx["ctxId"] = blk.ctx_ids
+    idx["startIndex"] = blk.starts
+    p_ctx = pos
+    _write(f, idx)
+    return p_values, p_ctx, pos + idx.nbytes
+
+
+# ==== phase 1: spool the profiles =======================================================
+
+
+@dataclass
+class Spool:
+    """What one chunk of profiles left on disk (small; comes back from a worker)."""
+
+    profiles: I64  # profile indices, ascending
+    path: Path  # profile.db form of their blocks, from an 8-aligned origin
+    size: int  # bytes, a multiple of 8
+    n_values: I64
+    p_values: I64  # relative to the spool's start
+    n_ctxs: I64
+    p_ctxs: I64
+    buckets: list[Path | None]  # per bucket: its records (BUCKET_RECORD), if any
+    bucket_counts: I64
+    top_ctx: int  # 1 + the largest context id with a value (0 if none)
+
+
+@dataclass
+class _Job:
+    source: ValueSource
+    directory: Path  # for the temporary files
+    transposed: npt.NDArray[np.bool_]  # per profile: its values go to cct.db
+    bounds: I64  # context ids where buckets start (+ an open end)
+    spools: list[Spool] = field(default_factory=list)
+
+
+def bucket_bounds(n_slots: int, n_profiles: int, n_metric_ids: int) -> I64:
+    """Context ranges of the buckets: equal ranges, as many as keep the worst case (every
+    profile has every metric at every context) near :data:`VALUES_PER_BUCKET` values, at
+    most :data:`MAX_BUCKETS`; the last range is open (contexts beyond ``n_slots``)."""
+    worst = max(n_slots, 1) * max(n_profiles, 1) * max(n_metric_ids, 1)
+    n = int(min(MAX_BUCKETS, max(1, -(-worst // VALUES_PER_BUCKET)), max(n_slots, 1)))
+    b = np.linspace(0, n_slots, n + 1).round().astype(np.int64)
+    b[-1] = 1 << 32
+    return b
+
+
+def spool_profiles(source: ValueSource, directory: Path, transposed: npt.NDArray[np.bool_],
+                   bounds: I64) -> list[Spool]:
+    """Phase 1 over profiles ``1 ..``: spools in profile order."""
+    STATE["job"] = _Job(source, directory, transposed, bounds)
+    try:
+        items = list(range(1, len(transposed)))
+        if not items:
+            return []
+        return [s for s in source.parallel(_spool_chunk, items) if s is not None]
+    finally:
+        STATE.pop("job", None)
+
+
+def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
+    job: _Job = STATE["job"]
+    if not len(profiles):
+        return None
+    first = int(profiles[0])
+    path = job.directory / f"profiles-{first}.spool"
+    nb = len(job.bounds) - 1
+    bucket_paths: list[Path | None] = [None] * nb
+    bucket_files: list[BinaryIO | None] = [None] * nb
+    counts = np.zeros(nb, dtype=np.int64)
+    n = len(profiles)
+    nv, pv, nc, pc = (np.zeros(n, dtype=np.int64) for _ in range(4))
+    top = 0
+    pos = 0
+    try:
+        with open(path, "wb") as f:
+            for k, i in enumerate(profiles):
+                blk = sorted_block(job.source.block(int(i)), int(i))
+                pv[k], pc[k], pos = write_profile_block(f, pos, blk)
+                nv[k], nc[k] = len(blk.values), len(blk.ctx_ids)
+                if len(blk.ctx_ids) > 0xFFFFFFFF:
+                    raise CallpathError(f"profile {i}: too many contexts for v4")
+                if not job.transposed[i] or not len(blk.values):
+                    continue
+                cv = blk.ctx_of_values()
+                top = max(top, int(cv[-1]) + 1)
+                cut = np.searchsorted(cv, job.bounds)
+                for b in np.flatnonzero(cut[1:] > cut[:-1]).tolist():
+                    lo, hi = int(cut[b]), int(cut[b + 1])
+                    rec = np.empty(hi - lo, BUCKET_RECORD)
+                    rec["ctx"] = cv[lo:hi]
+                    rec["metric"] = blk.metric_ids[lo:hi]
+                    rec["prof"] = i
+                    rec["value"] = blk.values[lo:hi]
+                    bf = bucket_files[b]
+                    if bf is None:
+                        bp = job.directory / f"bucket-{b}.{first}.spool"
+                        bucket_paths[b] = bp
+                        bf = bucket_files[b] = open(bp, "wb")  # noqa: SIM115
+                    _write(bf, rec)
+                    counts[b] += hi - lo
+            pad = _align(pos) - pos
+            f.write(bytes(pad))
+            pos += pad
+    finally:
+        for bf in bucket_files:
+            if bf is not None:
+                bf.close()
+    return Spool(np.asarray(profiles, dtype=np.int64), path, pos, nv, pv, nc, pc,
+                 bucket_paths, counts, top)
+
+
+# ==== phase 2: transpose the buckets ====================================================
+
+
+@dataclass
+class Piece:
+    """Encoded ``cct.db`` blocks of contexts ``c0 .. c1-1`` (small; from a worker)."""
+
+    c0: int
+    c1: int
+    path: Path
+    size: int
+    n_values: I64  # per context of the range
+    n_metrics: I64
+    groups: list[Any]  # what ``on_groups`` returned, per transposed unit
+
+
+def transpose_buckets(source: ValueSource, directory: Path, spools: list[Spool],
+                      bounds: I64, n_slots: int) -> list[Piece]:
+    """Phase 2: ``cct.db`` blocks of contexts ``0 .. n_slots-1``, in pieces (context order).
+    Adjacent buckets are transposed together up to :data:`VALUES_PER_BUCKET` values."""
+    nb = len(bounds) - 1
+    b = bounds.copy()
+    b[-1] = max(n_slots, int(b[-2]))
+    counts = (np.sum([s.bucket_counts for s in spools], axis=0) if spools
+              else np.zeros(nb, dtype=np.int64))
+    units: list[tuple[int, int]] = []
+    start, acc = 0, 0
+    for k in range(nb):
+        if k > start and acc + int(counts[k]) > VALUES_PER_BUCKET:
+            units.append((start, k))
+            start, acc = k, 0
+        acc += int(counts[k])
+    units.append((start, nb))
+    STATE["transpose"] = (source, directory, spools, b, units)
+    try:
+        got = source.parallel(_transpose_chunk, list(range(len(units))))
+        return [p for p in got if p is not None]
+    finally:
+        STATE.pop("transpose", None)
+
+
+def _transpose_chunk(unit_ids: Sequence[int]) -> Piece | None:
+    source: ValueSource
+    spools: list[Spool]
+    source, directory, spools, bounds, units = STATE["transpose"]
+    if not len(unit_ids):
+        return None
+    u0, u1 = int(unit_ids[0]), int(unit_ids[-1])
+    c0, c1 = int(bounds[units[u0][0]]), int(bounds[units[u1][1]])
+    path = directory / f"contexts-{c0}.spool"
+    nv_parts, nm_parts, groups = [], [], []
+    size = 0
+    with open(path, "wb") as f:
+        for u in unit_ids:
+            b0, b1 = units[int(u)]
+            parts = [np.fromfile(p, dtype=BUCKET_RECORD) for s in spools
+                     for p in s.buckets[b0:b1] if p is not None]
+            rec = np.concatenate(parts) if parts else np.zeros(0, BUCKET_RECORD)
+            del parts
+            key = (rec["ctx"].astype(np.uint64) << np.uint64(16)) | rec["metric"]
+            order = np.argsort(key, kind="stable")
+            rec = rec[order]
+            del key, order
+            buf, nv, nm, g = encode_contexts(rec, int(bounds[b0]), int(bounds[b1]))
+            del rec
+            if source.on_groups is not None:
+                groups.append(source.on_groups(g))
+            _write(f, buf)
+            size += buf.nbytes
+            nv_parts.append(nv)
+            nm_parts.append(nm)
+    return Piece(c0, c1, path, size, np.concatenate(nv_parts), np.concatenate(nm_parts), groups)
+
+
+def encode_contexts(rec: npt.NDArray[Any], c0: int, c1: int
+                    ) -> tuple[npt.NDArray[np.uint32], I64, I64, Groups]:
+    """``cct.db`` blocks of contexts ``c0 .. c1-1`` from their records sorted by (context,
+    metric, profile): one buffer, whole records scattered into it (values as 3 u32 words,
+    metric indices as 5 u16 units; every block is a multiple of 4 bytes, so the buffer does
+    not depend on where it lands). Also the value and metric counts per context, and the
+    pairs as :class:`Groups`."""
+    ctx = rec["ctx"]
+    met = rec["metric"]
+    nv_all = len(rec)
+    if nv_all and (int(ctx[0]) < c0 or int(ctx[-1]) >= c1):
+        raise CallpathError(f"a value of context {int(ctx[-1])} lies outside the contexts "
+                            f"{c0}..{c1 - 1} of its range")
+    bounds = np.searchsorted(ctx, np.arange(c0, c1 + 1, dtype=np.int64)).astype(np.int64)
+    n_values = np.diff(bounds)
+    if nv_all:
+        new_group = np.r_[True, (ctx[1:] != ctx[:-1]) | (met[1:] != met[:-1])]
+        group_first = np.flatnonzero(new_group)
+    else:
+        group_first = np.zeros(0, np.int64)
+    group_ctx = ctx[group_first].astype(np.int64) - c0
+    n_metrics = np.bincount(group_ctx, minlength=c1 - c0).astype(np.int64)
+    if np.any(n_metrics > 0xFFFF):
+        raise CallpathError("a context has more than 65535 metrics")
+    group_bounds = np.zeros(c1 - c0 + 1, dtype=np.int64)
+    np.cumsum(n_metrics, out=group_bounds[1:])
+    # block of a context: values (12 B each), metric indices (10 B each), padding to 4 bytes
+    block_size = 12 * n_values + 10 * n_metrics + 2 * (n_metrics & 1)
+    starts = np.zeros(c1 - c0 + 1, dtype=np.int64)
+    np.cumsum(block_size, out=starts[1:])
+    buf32 = np.zeros(int(starts[-1]) // 4, dtype=np.uint32)
+    buf16 = buf32.view(np.uint16)
+    if nv_all:
+        vals = np.empty(nv_all, CONTEXT_VALUE)
+        vals["profIndex"] = rec["prof"]
+        vals["value"] = rec["value"]
+        words = vals.view(np.uint32).reshape(-1, 3)
+        # destination word = block start / 4 + 3 * (rank of the value within its context)
+        dest = np.repeat(starts[:-1] // 4 - 3 * bounds[:-1], n_values)
+        dest += 3 * np.arange(nv_all, dtype=np.int64)
+        for j in range(3):
+            buf32[dest + j] = words[:, j]
+        del vals, words, dest
+        ng = len(group_first)
+        idx = np.empty(ng, CONTEXT_INDEX)
+        idx["metricId"] = met[group_first]
+        idx["startIndex"] = group_first - np.repeat(bounds[:-1], n_metrics)
+        units = idx.view(np.uint16).reshape(-1, 5)
+        p_idx = starts[:-1] + 12 * n_values
+        dest = np.repeat(p_idx // 2 - 5 * group_bounds[:-1], n_metrics)
+        dest += 5 * np.arange(ng, dtype=np.int64)
+        for j in range(5):
+            buf16[dest + j] = units[:, j]
+    groups = Groups(ctx[group_first], met[group_first], np.append(group_first, nv_all),
+                    rec["prof"], rec["value"])
+    return buf32, n_values, n_metrics, groups
+
+
+# ==== phase 3: assembly =================================================================
+
+
+def append_file(dst: BinaryIO, src: Path, at: int, size: int) -> None:
+    """Copy ``size`` bytes of ``src`` into ``dst`` at ``at`` (in the kernel where it can)."""
+    dst.flush()
+    with open(src, "rb") as s:
+        done = 0
+        try:
+            while done < size:
+                n = os.copy_file_range(s.fileno(), dst.fileno(), size - done, done, at + done)
+                if n <= 0:
+                    break
+                done += n
+        except (OSError, AttributeError):
+            pass
+        if done < size:
+            s.seek(done)
+            dst.seek(at + done)
+            while done < size:
+                chunk = s.read(min(1 << 24, size - done))
+                if not chunk:
+                    raise CallpathError(f"{src}: spool file ended early")
+                dst.write(chunk)
+                done += len(chunk)
+    dst.seek(at + size)
+
+
+def remove_spools(directory: Path) -> None:
+    """Remove the spool directory and what is in it."""
+    if not directory.exists():
+        return
+    for p in directory.iterdir():
+        with contextlib.suppress(OSError):
+            p.unlink()
+    with contextlib.suppress(OSError):
+        directory.rmdir()
