@@ -224,11 +224,14 @@ def sample_at(ti: TraceIndex, row: int, times: I64) -> I32:
 
 
 def _local(grid: I32, names: list[str]) -> tuple[I32, list[str]]:
-    """Renumber global name ids to 0..P-1 over the procedures present."""
-    present = np.unique(grid[grid >= 0])
-    out = np.full(grid.shape, -1, dtype=np.int32)
-    m = grid >= 0
-    out[m] = np.searchsorted(present, grid[m]).astype(np.int32)
+    """Renumber global name ids to 0..P-1 over the procedures present: a bincount and a
+    lookup table, not a sort of the grid."""
+    flat = grid.ravel()
+    counts = np.bincount(flat + 1, minlength=len(names) + 1)
+    present = np.nonzero(counts[1:])[0]
+    lut = np.full(len(names) + 1, -1, dtype=np.int32)
+    lut[present + 1] = np.arange(len(present), dtype=np.int32)
+    out: I32 = lut[flat + 1].reshape(grid.shape)
     return out, [names[int(g)] for g in present.tolist()]
 
 
@@ -253,12 +256,12 @@ def frame_grid(ti: TraceIndex, w: Window, width: int, height: int, depth: int
     rows = w.c0 + ((2 * np.arange(height, dtype=np.int64) + 1) * n) // (2 * height)
     mids = midpoints(w.t0, w.t1, width)
     names, _ = ti.at_depth(depth)
-    grid = np.full((height, width), -1, dtype=np.int32)
-    uniq, _first = np.unique(rows, return_index=True)
-    for r in uniq.tolist():
+    uniq, which = np.unique(rows, return_inverse=True)
+    per_ctx = np.empty((len(uniq), width), dtype=np.int32)
+    for k, r in enumerate(uniq.tolist()):  # one searchsorted per context, not per pixel
         u = sample_at(ti, r, mids)
-        line = np.where(u >= 0, names[np.maximum(u, 0)], -1)
-        grid[rows == r] = line
+        per_ctx[k] = np.where(u >= 0, names[np.maximum(u, 0)], -1)
+    grid: I32 = per_ctx[which]
     return grid, rows
 
 
