@@ -109,6 +109,7 @@ export function saveBlob(blob, filename) {
 
 export const api = {
   databases: () => getJSON("/api/databases"),
+  filters: () => getJSON("/api/filters", { quiet: true }),
   columns: (db, vs) => getJSON(`/api/db/${db}/columns?${stateQuery(vs)}`),
   children: (db, vs, node, sort, order, offset, limit, opts) =>
     getJSON(`/api/db/${db}/children?${stateQuery(vs, { node, sort, order, offset, limit })}`, opts),

@@ -368,7 +368,12 @@ window.addEventListener("hashchange", () => {
 });
 
 async function start() {
-  loadFromUrl();
+  const fromUrl = loadFromUrl();
+  if (!fromUrl) {
+    // no state in the link: start from the saved filter set (global and persistent, as in
+    // hpcviewer; `callpath filters` manages it)
+    try { state.filters = await api.filters(); } catch (_) { state.filters = []; }
+  }
   try {
     databases = await api.databases();
   } catch (e) {
@@ -382,5 +387,5 @@ async function start() {
 }
 
 // for tests and for debugging in the console
-window.__callpath = { state, tree, flushUrl, get columns() { return columns; }, trace };
+window.__callpath = { state, tree, flushUrl, get columns() { return columns; }, trace, plot, source };
 start();

@@ -41,11 +41,15 @@ export class SourcePane {
   /** Shows the source of a row: `which` is "self" (the scope, or the callee) or "callsite". */
   async show(db, vs, row, which) {
     const activation = ACTIVATION.has(row.type) && /[»«]/.test(row.label);
-    if (!which) which = activation ? "callsite" : "self";
+    const callsite = !!row.has_callsite_source;
+    if (!which) which = activation && callsite ? "callsite" : "self";
     this.current = { db, vs, row, which };
     this.which.hidden = !activation;
-    for (const b of this.which.querySelectorAll("button")) b.setAttribute("aria-pressed", b.dataset.which === which ? "true" : "false");
-    if (!row.has_source) {
+    for (const b of this.which.querySelectorAll("button")) {
+      b.setAttribute("aria-pressed", b.dataset.which === which ? "true" : "false");
+      b.disabled = b.dataset.which === "callsite" ? !callsite : !row.has_source;
+    }
+    if (which === "self" ? !row.has_source : !callsite) {
       this.empty(`No source recorded for ${row.label}`);
       return;
     }
@@ -73,6 +77,8 @@ export class SourcePane {
 
   empty(msg) {
     this.lines = [];
+    this.body.dataset.line = "";
+    this.body.dataset.file = "";
     this.fileEl.textContent = "No source";
     this.fileEl.title = "";
     this.body.innerHTML = "";
@@ -86,6 +92,8 @@ export class SourcePane {
     this.lines = doc.lines || [];
     this.line = doc.line || 0;
     this.fileEl.textContent = `${doc.file}${this.line ? ":" + this.line : ""}`;
+    this.body.dataset.line = String(this.line);
+    this.body.dataset.file = doc.file;
     this.fileEl.title = doc.path || doc.file;
     const frag = document.createDocumentFragment();
     for (let i = 0; i < this.lines.length; i++) {

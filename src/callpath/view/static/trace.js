@@ -247,27 +247,20 @@ export class TraceView {
     const g = cv.getContext("2d");
     g.fillStyle = "#fff"; g.fillRect(0, 0, cv.width, cv.height);
     const procs = s.procedures || [];
-    // accepted shapes: {shares: [[share per procedure] per column]} or {columns: [...]} or a
-    // base64 float32 grid (procedures × width)
-    let cols = s.shares || s.columns;
-    if (!cols && s.grid) {
-      const bin = atob(s.grid); const u8 = new Uint8Array(bin.length);
-      for (let i = 0; i < bin.length; i++) u8[i] = bin.charCodeAt(i);
-      const f32 = new Float32Array(u8.buffer); const P = procs.length, Wd = s.width || width;
-      cols = []; for (let x = 0; x < Wd; x++) { const c = []; for (let k = 0; k < P; k++) c.push(f32[k * Wd + x]); cols.push(c); }
-    }
-    if (!cols) return;
-    const sx = cv.width / cols.length;
+    // shares: one list per procedure, one share per pixel column (procedure-major)
+    const shares = s.shares || [];
+    const Wd = s.width || width;
+    const sx = cv.width / Wd;
     const colours = procs.map((n) => css(colourOf(n)));
-    cols.forEach((col, x) => {
-      let y = cv.height;
-      const entries = Array.isArray(col) ? col.map((v, k) => [k, v]) : Object.entries(col).map(([k, v]) => [Number(k), v]);
-      for (const [k, v] of entries) {
+    const y = new Float64Array(Wd).fill(cv.height);
+    shares.forEach((row, k) => {
+      g.fillStyle = colours[k] || "#ccc";
+      for (let x = 0; x < Wd; x++) {
+        const v = row[x];
         if (!v) continue;
         const h = v * cv.height;
-        g.fillStyle = colours[k] || "#ccc";
-        g.fillRect(x * sx, y - h, Math.ceil(sx), Math.ceil(h));
-        y -= h;
+        g.fillRect(x * sx, y[x] - h, Math.ceil(sx), Math.ceil(h));
+        y[x] -= h;
       }
     });
   }

@@ -213,6 +213,7 @@ export class TreeTable {
   collapse(entry) {
     if (!entry.kids) return;
     const p = this.indexOf(entry);
+    if (p < 0) { entry.kids = null; return; } // inside a subtree collapsed already
     let q = p + 1;
     while (q < this.rows.length && this.rows[q].depth > entry.depth) {
       const k = this.rows[q].row && this.rows[q].row.key;

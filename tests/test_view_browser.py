@@ -1,0 +1,598 @@
+"""Browser tests of ``callpath view``: Debian's Chromium driven by Playwright against a REAL
+server (``view_server`` in view_support.py: uvicorn on a loopback port over copies of the real
+databases in ../shared/data). Every check compares what the page shows with what
+``callpath report`` prints for the same database and the same selection, so the viewer and
+the terminal report must agree to the character.
+
+Screenshots go to tests/artifacts/view/ (ignored by git): look at them after a change.
+One browser for the module; each test gets a fresh page.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import ROOT, run_cli
+from view_support import view_server_fixture  # noqa: F401
+
+SMALL, LOOPS, CPI = 0, 1, 2
+ARTIFACTS = ROOT / "tests" / "artifacts" / "view"
+VIEWS = ["top-down", "bottom-up", "flat"]
+
+playwright_sync = pytest.importorskip(
+    "playwright.sync_api", reason="the Python package playwright is not installed")
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("no Chromium on this machine (Debian: apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    exe = _chromium()
+    with playwright_sync.sync_playwright() as p:
+        try:
+            b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
+        except Exception as e:  # any launch failure is a missing capability
+            pytest.skip(f"Chromium at {exe} does not start headless: {str(e).splitlines()[0]}")
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    ctx = browser.new_context(viewport={"width": 1400, "height": 900}, accept_downloads=True)
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.set_default_timeout(20000)
+    yield pg
+    ctx.close()
+    assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+def url_with_state(base: str, db: int, view: str = "top-down", **extra: Any) -> str:
+    """A link with an explicit state (no saved filters from the user's configuration)."""
+    dbs = {str(db): {"view": view, **extra}}
+    state = {"db": db, "dbs": dbs, "filters": extra.pop("filters", [])}
+    return f"{base}/#s={urllib.parse.quote(json.dumps(state))}"
+
+
+def idle(pg: Any) -> None:
+    """Waits until no tree request is in flight and no visible row is a placeholder."""
+    pg.wait_for_function(
+        "() => document.getElementById('tree').dataset.pending === '0' && "
+        "!document.querySelector('.tv-row:not([hidden]) .tv-label.loading')")
+    pg.wait_for_timeout(50)  # one animation frame for the last render
+    pg.wait_for_function(
+        "() => document.getElementById('tree').dataset.pending === '0' && "
+        "!document.querySelector('.tv-row:not([hidden]) .tv-label.loading')")
+
+
+def open_db(pg: Any, base: str, db: int, view: str = "top-down", **extra: Any) -> None:
+    pg.goto(url_with_state(base, db, view, **extra))
+    pg.wait_for_selector(".tv-row")
+    idle(pg)
+
+
+def shot(pg: Any, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def model_rows(pg: Any) -> list[dict[str, Any]]:
+    """Every line the tree would show (the front end's row list), loaded rows only."""
+    return pg.evaluate("""() => window.__callpath.tree.rows.filter(e => e.row).map(e => ({
+        key: e.row.key, label: e.row.label, depth: e.depth, open: !!e.kids,
+        kids: e.row.has_children, text: e.row.text,
+        sel: e === window.__callpath.tree.selected}))""")
+
+
+def dom_rows(pg: Any) -> list[dict[str, Any]]:
+    """The rows rendered in the DOM (label and metric cell texts, in column order)."""
+    return pg.evaluate("""() => [...document.querySelectorAll('.tv-row:not([hidden])')].map(r => ({
+        key: r.dataset.key, label: r.querySelector('.tv-label').textContent,
+        cells: [...r.querySelectorAll('.tv-cell.tv-metric')].map(c => c.textContent),
+        selected: r.classList.contains('selected'),
+        blue: r.querySelector('.tv-label').classList.contains('has-source')}))""")
+
+
+def headers(pg: Any) -> list[str]:
+    return pg.eval_on_selector_all(".tv-hcell.tv-metric .tv-hname",
+                                   "els => els.map(e => e.textContent)")
+
+
+def norm(s: str) -> str:
+    return " ".join(s.split())
+
+
+def expand_to_depth(pg: Any, depth: int) -> None:
+    """Opens every node above ``depth`` (the same code path as clicking each toggle)."""
+    pg.evaluate("""async (depth) => {
+        const t = window.__callpath.tree;
+        for (let round = 0; round < 50; round++) {
+            const todo = t.rows.filter(
+                e => e.row && e.row.has_children && !e.kids && e.depth < depth);
+            if (!todo.length) break;
+            for (const e of todo) await t.expand(e);
+        }
+    }""", depth)
+    idle(pg)
+
+
+def show_depth(pg: Any, depth: int) -> None:
+    """Exactly the nodes above ``depth`` open (what ``report --depth`` prints)."""
+    pg.evaluate("() => { const t = window.__callpath.tree;"
+                " for (const e of [...t.rows]) if (e.depth > 0 && e.kids) t.collapse(e);"
+                " t.expandedKeys.clear(); }")
+    expand_to_depth(pg, depth)
+
+
+def download_csv(pg: Any, tmp: Path) -> str:
+    with pg.expect_download() as dl:
+        pg.click("#tb-csv")
+    path = tmp / dl.value.suggested_filename
+    dl.value.save_as(path)
+    return path.read_text()
+
+
+def report(db: Path, *args: str) -> str:
+    return run_cli("report", str(db), "--no-saved-filters", "--no-saved-derived", *args,
+                   check=True).stdout
+
+
+def report_json(db: Path, *args: str) -> list[dict[str, Any]]:
+    doc = json.loads(report(db, "--format", "json", *args))
+    assert isinstance(doc, list)
+    return doc
+
+
+def hot_path_lines(db: Path, view: str) -> list[str]:
+    """The hot path as ``callpath report --hot-path`` prints it: one normalised line per node."""
+    text = report(db, "--view", view, "--hot-path")
+    return [norm(line) for line in text.splitlines()[1:] if line.strip()]
+
+
+def click_hot_path(pg: Any) -> None:
+    pg.click("#tb-hot")
+    pg.wait_for_function("() => window.__callpath.tree.selected && "
+                         "window.__callpath.tree.selected.depth > 0")
+    idle(pg)
+
+
+def selected_chain(pg: Any) -> list[dict[str, Any]]:
+    """The selected row and its ancestors, root first, as rendered cells + label."""
+    return pg.evaluate("""() => {
+        const t = window.__callpath.tree; const out = [];
+        for (let e = t.selected; e; e = e.parent)
+            out.unshift({label: e.row.label, cells: t.columns.map(c => e.row.text[c.key])});
+        return out;
+    }""")
+
+
+# ---- the profile views -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_profile_view(page: Any, view_server: Any, view: str, tmp_path: Path) -> None:
+    """In each view: hot path, sort (and toggle), CSV against report, derived metric, the
+    three filter types, the keyboard, against ``callpath report`` for the same selection."""
+    pg, base = page, view_server.url
+    db = view_server.dbs[LOOPS].path
+    open_db(pg, base, LOOPS, view)
+    assert headers(pg) == ["CPUTIME (sec) (I)", "CPUTIME (sec) (E)"]
+    assert pg.get_attribute(f"#view-tabs [data-view={view}]", "aria-selected") == "true"
+
+    # hot path: the same nodes, labels and cell texts as `callpath report --hot-path`
+    click_hot_path(pg)
+    chain = selected_chain(pg)
+    got = [norm(" ".join(r["cells"]) + " " + r["label"]) for r in chain]
+    assert got == hot_path_lines(db, view)
+    assert len(got) >= 2
+    sel = [r for r in dom_rows(pg) if r["selected"]]
+    assert sel and sel[0]["label"] == chain[-1]["label"]  # scrolled into view and highlighted
+    shot(pg, f"{view}-hotpath")
+
+    # CSV of what is shown, after opening two levels: identical to report --depth 2
+    show_depth(pg, 2)
+    csv = download_csv(pg, tmp_path)
+    assert csv == report(db, "--view", view, "--depth", "2", "--format", "csv")
+
+    # sort by the exclusive column: descending, then a second click toggles to ascending
+    pg.click(".tv-hcell.tv-metric[data-key='m0e']")
+    idle(pg)
+    assert "▼" in pg.inner_text(".tv-hcell.sorted")
+    csv = download_csv(pg, tmp_path)
+    want = report(db, "--view", view, "--depth", "2", "--format", "csv",
+                  "--sort", "CPUTIME (sec) (E)")
+    assert csv == want
+    pg.click(".tv-hcell.tv-metric[data-key='m0e']")
+    idle(pg)
+    assert "▲" in pg.inner_text(".tv-hcell.sorted")
+    csv = download_csv(pg, tmp_path)
+    assert csv == report(db, "--view", view, "--depth", "2", "--format", "csv",
+                         "--sort", "CPUTIME (sec) (E)", "--ascending")
+    shot(pg, f"{view}-sorted-ascending")
+    pg.click(".tv-hcell.tv-metric[data-key='m0i']")
+    idle(pg)
+
+    # a derived metric through the dialog: $0 inserted with the Point-wise button
+    pg.click("#tb-derived")
+    pg.fill("#dm-name", "share")
+    pg.select_option("#dm-metrics", "0")
+    pg.fill("#dm-formula", "100*")
+    pg.click("#dm-point")
+    pg.press("#dm-formula", "End")
+    pg.type("#dm-formula", "/@0")
+    assert pg.input_value("#dm-formula") == "100*$0/@0"
+    pg.check("input[name=dm-format][value=percent]")
+    # a bad formula is refused in the dialog with the server's message
+    pg.fill("#dm-formula", "100*$7/")
+    pg.click("#dm-ok")
+    pg.wait_for_function("() => document.getElementById('dm-error').textContent.length > 0")
+    assert pg.is_visible("#dlg-derived")
+    pg.fill("#dm-formula", "100*$0/@0")
+    pg.click("#dm-ok")
+    pg.wait_for_function("() => [...document.querySelectorAll('.tv-hname')]"
+                         ".some(e => e.textContent === 'share')")
+    idle(pg)
+    rows = report_json(db, "--view", view, "--depth", "2", "--derived", "share=100*$0/@0",
+                       "--derived-format", "share=percent", "-m", "CPUTIME (sec)",
+                       "-m", "share")
+    col = headers(pg).index("share")
+    shown = {norm(r["label"]): norm(r["cells"][col]) for r in dom_rows(pg) if r["key"]}
+    want_share = {norm(r["label"]): f"{r['metrics']['share']:.2f}%" for r in rows}
+    common = set(shown) & set(want_share)
+    assert len(common) >= 3, (shown, want_share)
+    for label in common:
+        assert shown[label] == want_share[label], label
+    shot(pg, f"{view}-derived")
+
+    # filters: each type through the filter window, the CSV equals report --filter
+    procedure = "main._omp_fn.0"
+    for ftype, cli in (("self", "self"), ("descendants", "descendants"),
+                       ("all", "self-and-descendants")):
+        pg.click("#tb-filters")
+        while pg.locator("#flt-list tr td input").count():  # delete the previous filter
+            pg.click("#flt-list tr:first-child td:nth-child(2)")
+            pg.click("#flt-delete")
+        pg.fill("#flt-pattern", procedure)
+        pg.select_option("#flt-type", ftype)
+        pg.click("#flt-add")
+        pg.click("#flt-ok")
+        pg.wait_for_selector(".badge:has-text('Filters')")
+        idle(pg)
+        show_depth(pg, 4)
+        csv = download_csv(pg, tmp_path)
+        want = report(db, "--view", view, "--depth", "4", "--format", "csv",
+                      "--filter", f"{procedure}:{cli}", "--derived", "share=100*$0/@0",
+                      "--derived-format", "share=percent", "-m", "CPUTIME (sec)",
+                      "-m", "share")
+        assert csv == want, ftype
+        if ftype == "all" and view == "top-down":
+            assert procedure not in csv
+        shot(pg, f"{view}-filter-{ftype}")
+    # disable the filter: the tree is back to the unfiltered one
+    pg.click("#tb-filters")
+    pg.uncheck("#flt-list input[type=checkbox]")
+    pg.click("#flt-ok")
+    pg.wait_for_selector(".badge:has-text('Filters')", state="detached")
+    idle(pg)
+    show_depth(pg, 4)
+    assert download_csv(pg, tmp_path) == report(
+        db, "--view", view, "--depth", "4", "--format", "csv", "--derived", "share=100*$0/@0",
+        "--derived-format", "share=percent", "-m", "CPUTIME (sec)", "-m", "share")
+
+    # keyboard: Home selects the root, Down the next row, Right opens it, Left closes it
+    pg.click(".tv-row .tv-label")
+    pg.keyboard.press("Home")
+    pg.keyboard.press("ArrowDown")
+    first = pg.evaluate("() => window.__callpath.tree.selected.row.label")
+    pg.evaluate("() => { const t = window.__callpath.tree;"
+                " if (t.selected.kids) t.collapse(t.selected); }")
+    pg.keyboard.press("ArrowRight")
+    pg.wait_for_function("() => !!window.__callpath.tree.selected.kids")
+    pg.keyboard.press("ArrowLeft")
+    pg.wait_for_function("() => !window.__callpath.tree.selected.kids")
+    assert pg.evaluate("() => window.__callpath.tree.selected.row.label") == first
+
+
+def test_plot_and_thread_view(page: Any, view_server: Any, tmp_path: Path) -> None:
+    """Graph of a node across contexts (values as report --stats prints them), PNG export,
+    a click on a point opens that context's Thread view; the Thread view dialog with a text
+    filter; both sum only the chosen contexts, as report --threads does."""
+    pg, base = page, view_server.url
+    db = view_server.dbs[LOOPS].path
+    open_db(pg, base, LOOPS, "top-down")
+    click_hot_path(pg)
+    # the procedure on the hot path: » main._omp_fn.0 (top-down key t<id> = report's id)
+    rows = report_json(db, "--hot-path")
+    proc = next(r for r in rows if r["name"] == "main._omp_fn.0")
+    key = f"t{proc['id']}"
+    pg.evaluate("(k) => { const t = window.__callpath.tree;"
+                " t.select(t.rows.find(e => e.row && e.row.key === k)); }", key)
+    pg.click("#tb-plot")
+    pg.wait_for_function("() => window.__callpath.plot.data !== null")
+    stats = report(db, "--stats", str(proc["id"]))
+    per_ctx = dict(re.findall(r"^\s{2}(\S.*?\S)\s{2,}(\S+)$", stats, re.M))
+    data = pg.evaluate("() => window.__callpath.plot.data")
+    assert len(data["values"]) == 4 == len(per_ctx)
+    for label, value in zip(data["labels"], data["values"], strict=True):
+        assert float(per_ctx[label]) == pytest.approx(value, rel=1e-5)
+    assert "4 contexts" in pg.inner_text("#pl-stats")
+    m = re.search(r"sum: (\S+)", stats)
+    assert m is not None
+    assert f"sum {float(m.group(1)):.4g}" in pg.inner_text("#pl-stats")
+    # the three kinds draw on the canvas
+    for kind in ("sorted", "histogram", "plot"):
+        pg.check(f"input[name=pl-kind][value={kind}]")
+        painted = pg.evaluate("""() => { const c = document.getElementById('pl-canvas');
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            let n = 0; for (let i = 0; i < d.length; i += 4) if (d[i] > 150 && d[i+1] < 120) n++;
+            return n; }""")
+        if kind != "histogram":
+            assert painted > 20, kind  # red points
+    pg.click("#pl-zin")
+    r = pg.evaluate("() => window.__callpath.plot.range")
+    assert r is not None and r["x1"] - r["x0"] < 4
+    pg.click("#pl-reset")
+    shot(pg, "plot")
+    with pg.expect_download() as dl:
+        pg.click("#pl-png")
+    png = tmp_path / "plot.png"
+    dl.value.save_as(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # click the point of the busiest context: the Thread view of that context opens
+    pts = pg.evaluate("() => window.__callpath.plot.points.map(p => ({x: p.px, y: p.py, "
+                      "ctx: p.ctx, label: p.label, v: p.y}))")
+    best = max(pts, key=lambda p: p["v"])
+    box = pg.locator("#pl-canvas").bounding_box()
+    scale = box["width"] / pg.evaluate("() => document.getElementById('pl-canvas').width")
+    pg.mouse.click(box["x"] + best["x"] * scale, box["y"] + best["y"] * scale)
+    pg.wait_for_selector(".badge:has-text('Thread view: 1 context')")
+    idle(pg)
+    assert pg.evaluate("() => window.__callpath.state.dbs[1].threads") == [best["ctx"]]
+    root = model_rows(pg)[0]
+    want = report_json(db, "--threads", best["label"], "--depth", "0")[0]
+    assert norm(root["text"]["m0i"]).split()[0] == f"{want['metrics']['CPUTIME (sec) (I)']:.2e}"
+    shot(pg, "thread-view-from-plot")
+
+    # the execution-context dialog: a text filter, check the shown ones, OK
+    pg.click("#tb-threads")
+    pg.fill("#th-filter", "THREAD 1")
+    assert pg.locator("#th-list label").count() == 1
+    pg.click("#th-uncheck")
+    pg.fill("#th-filter", "")
+    pg.click("#th-uncheck")
+    pg.fill("#th-filter", "THREAD [23]")
+    pg.check("#th-regex")
+    assert pg.locator("#th-list label").count() == 2
+    pg.click("#th-check")
+    shot(pg, "threads-dialog")
+    pg.click("#th-ok")
+    pg.wait_for_selector(".badge:has-text('Thread view: 2 contexts')")
+    idle(pg)
+    show_depth(pg, 3)
+    csv = download_csv(pg, tmp_path)
+    assert csv == report(db, "--threads", "THREAD [23]", "--threads-regex", "--depth", "3",
+                         "--format", "csv")
+
+
+def test_source_pane(page: Any, view_server: Any) -> None:
+    """The cpi database carries a copy of cpi.c: a scope with source is blue, selecting it
+    shows the file with its line highlighted (the same text as the file on disk); an
+    activation offers its call site and its callee; find works in the pane."""
+    pg, base = page, view_server.url
+    dbdir = view_server.dbs[CPI].path
+    open_db(pg, base, CPI, "top-down")
+    click_hot_path(pg)
+    expand_to_depth(pg, 6)
+    blue = [r for r in dom_rows(pg) if r["blue"]]
+    assert blue, "no scope with source is blue"
+    rows = model_rows(pg)
+    row = next(r for r in rows if r["label"] == blue[0]["label"])
+    pg.click(f".tv-row[data-key='{row['key']}'] .tv-label")
+    pg.wait_for_function("() => document.getElementById('src-body').dataset.line")
+    line = int(pg.get_attribute("#src-body", "data-line"))
+    fname = pg.get_attribute("#src-body", "data-file")
+    copies = list(dbdir.rglob(fname))
+    assert copies, f"{fname} is not in {dbdir}"
+    text = copies[0].read_text(errors="replace").splitlines()
+    hl = pg.inner_text(".src-line.hl .tx")
+    assert hl.strip() == text[line - 1].strip()
+    assert pg.inner_text(".src-line.hl .ln") == str(line)
+    assert pg.is_visible(".src-line.hl")  # scrolled into view
+    assert fname in pg.inner_text("#src-file")
+    # an activation with source: both buttons, and each shows a line
+    act = pg.evaluate("""() => window.__callpath.tree.rows.filter(e => e.row && e.row.has_source
+        && e.row.has_callsite_source && /»/.test(e.row.label)).map(e => e.row.key)""")
+    if act:
+        pg.click(f".tv-row[data-key='{act[0]}'] .tv-label")
+        pg.wait_for_selector("#src-which:not([hidden])")
+        pg.click("#src-which [data-which=self]")
+        pg.wait_for_function("() => document.querySelector('#src-which [data-which=self]')"
+                             ".getAttribute('aria-pressed') === 'true'")
+        pg.wait_for_selector(".src-line.hl")
+    pg.fill("#src-find", "MPI")
+    pg.wait_for_selector(".src-line mark.cur")
+    assert pg.inner_text(".src-line mark.cur").lower() == "mpi"  # case-insensitive
+    shot(pg, "source-pane")
+
+
+def test_find_zoom_flatten_font_columns_and_menu(page: Any, view_server: Any) -> None:
+    pg, base = page, view_server.url
+    open_db(pg, base, LOOPS, "top-down")
+    # Find through the context menu: case, whole word and regex options
+    pg.click(".tv-row .tv-label", button="right")
+    pg.click("#ctx-menu [data-act=find]")
+    pg.fill("#fd-text", "func[12]$")
+    pg.check("#fd-regex")
+    pg.click("#fd-go")
+    pg.wait_for_function("() => document.getElementById('fd-status').textContent.includes('match')")
+    n = pg.locator("#fd-results li").count()
+    assert n >= 2
+    idle(pg)
+    label = pg.evaluate("() => window.__callpath.tree.selected.row.name")
+    assert label in ("func1", "func2")
+    pg.click("#fd-close")
+    # Copy from the context menu: label and visible values, tab-separated
+    pg.click(".tv-row.selected .tv-label", button="right")
+    pg.click("#ctx-menu [data-act=copy]")
+    copied = pg.evaluate("() => window.__callpathClipboard")
+    assert copied.split("\t")[0].endswith(label)
+    assert len(copied.split("\t")) == 3
+    # zoom in on the selected node, then out
+    pg.click("#tb-zoom-in")
+    idle(pg)
+    assert model_rows(pg)[0]["label"].endswith(label)
+    pg.click("#tb-zoom-out")
+    idle(pg)
+    assert model_rows(pg)[0]["label"] == "<program root>"
+    # font size
+    h0 = pg.evaluate("() => window.__callpath.tree.rowHeight")
+    pg.click("#tb-font-up")
+    pg.click("#tb-font-up")
+    assert pg.evaluate("() => window.__callpath.tree.rowHeight") > h0
+    pg.click("#tb-font-down")
+    pg.click("#tb-font-down")
+    # columns: hide the exclusive column, rename the inclusive one, apply to all views
+    pg.click("#tb-columns")
+    pg.uncheck("#col-list tr[data-key=m0e] input[type=checkbox]")
+    pg.fill("#col-list tr[data-key=m0i] input[type=text]", "time")
+    pg.check("#col-all-views")
+    pg.click("#col-ok")
+    assert headers(pg) == ["time"]
+    pg.click("#view-tabs [data-view=flat]")
+    idle(pg)
+    assert headers(pg) == ["time"]
+    pg.click("#tb-columns")
+    pg.click("#col-check-all")
+    pg.click("#col-ok")
+    assert headers(pg) == ["time", "CPUTIME (sec) (E)"]
+    # drag a header onto another: the order changes
+    pg.drag_and_drop(".tv-hcell[data-key=m0e]", ".tv-hcell[data-key=m0i]")
+    assert headers(pg) == ["CPUTIME (sec) (E)", "time"]
+    # flatten the Flat view: its top level becomes the files/procedures level
+    before = [r["label"] for r in model_rows(pg) if r["depth"] == 1]
+    pg.click("#tb-flatten")
+    idle(pg)
+    after = [r["label"] for r in model_rows(pg) if r["depth"] == 1]
+    assert after != before and "loops.c" in after
+    pg.click("#tb-unflatten")
+    idle(pg)
+    assert sorted(r["label"] for r in model_rows(pg) if r["depth"] == 1) == sorted(before)
+    shot(pg, "flat-columns")
+
+
+def test_reload_restores_state(page: Any, view_server: Any) -> None:
+    """Everything a user set survives a reload (the state is in the URL)."""
+    pg, base = page, view_server.url
+    open_db(pg, base, LOOPS, "bottom-up")
+    click_hot_path(pg)
+    pg.click(".tv-hcell.tv-metric[data-key='m0e']")
+    idle(pg)
+    pg.click("#tb-derived")
+    pg.fill("#dm-name", "ms")
+    pg.fill("#dm-formula", "$0*1000")
+    pg.click("#dm-ok")
+    pg.wait_for_function("() => [...document.querySelectorAll('.tv-hname')]"
+                         ".some(e => e.textContent === 'ms')")
+    idle(pg)
+    expand_to_depth(pg, 2)
+    pg.click("#tb-threads")
+    pg.fill("#th-filter", "THREAD 0")
+    pg.click("#th-check")
+    pg.fill("#th-filter", "THREAD 1")
+    pg.click("#th-check")
+    pg.click("#th-ok")
+    idle(pg)
+    pg.evaluate("() => window.__callpath.flushUrl()")
+    before = (model_rows(pg), headers(pg), pg.url)
+    sel = [r["label"] for r in before[0] if r["sel"]]
+    pg.reload()
+    pg.wait_for_selector(".tv-row")
+    idle(pg)
+    pg.wait_for_function("() => window.__callpath.tree.selected !== null")
+    idle(pg)
+    after = (model_rows(pg), headers(pg), pg.url)
+    assert after[1] == before[1] == ["CPUTIME (sec) (I)", "CPUTIME (sec) (E)", "ms"]
+    assert [(r["label"], r["depth"], r["open"], r["text"]) for r in after[0]] == \
+        [(r["label"], r["depth"], r["open"], r["text"]) for r in before[0]]
+    assert [r["label"] for r in after[0] if r["sel"]] == sel
+    assert "▼" in pg.inner_text(".tv-hcell.sorted") and "(E)" in pg.inner_text(".tv-hcell.sorted")
+    assert pg.get_attribute("#view-tabs [data-view=bottom-up]", "aria-selected") == "true"
+    assert pg.is_visible(".badge:has-text('Thread view: 2 contexts')")
+    # a shared link opens the same view in a fresh page
+    pg2 = pg.context.new_page()
+    pg2.goto(before[2])
+    pg2.wait_for_selector(".tv-row")
+    idle(pg2)
+    assert headers(pg2) == before[1]
+    shot(pg, "reloaded")
+
+
+def test_trace_view(page: Any, view_server: Any) -> None:
+    """Contexts × time on a canvas, one server sample per (row, pixel column); zoom by a
+    rectangle, undo, home; call path, depth view, summary, statistics and mini-map."""
+    pg, base = page, view_server.url
+    open_db(pg, base, LOOPS, "top-down")
+    assert pg.is_visible("#trace-tab")
+    pg.click("#trace-tab")
+    pg.wait_for_function("() => document.getElementById('tr-canvas').dataset.rows === '4'")
+    width = int(pg.get_attribute("#tr-canvas", "data-width"))
+    box = pg.locator("#tr-canvas").bounding_box()
+    assert abs(width - box["width"]) <= 1  # asked for exactly one sample per pixel column
+    pg.fill("#tr-depth", "2")
+    pg.press("#tr-depth", "Enter")
+    pg.wait_for_function(
+        "() => document.getElementById('tr-range').textContent.includes('depth 2/')")
+    pg.wait_for_timeout(300)
+    colours = pg.evaluate("""() => { const c = document.getElementById('tr-canvas');
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        const s = new Set();
+        for (let i = 0; i < d.length; i += 4 * 97) s.add(d[i] << 16 | d[i+1] << 8 | d[i+2]);
+        return s.size; }""")
+    assert colours >= 2
+    pg.wait_for_selector("#tr-stats tr")
+    stats = pg.inner_text("#tr-stats")
+    assert "main._omp_fn.0" in stats or "main" in stats
+    # click: the call path at that point and the depth view of that context
+    pg.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] * 0.4)
+    pg.wait_for_selector("#tr-callpath li")
+    frames = pg.eval_on_selector_all("#tr-callpath li", "els => els.map(e => e.textContent)")
+    assert frames[0] in ("application thread", "main thread")
+    assert "THREAD" in pg.inner_text("#tr-depth-ctx")
+    before = pg.inner_text("#tr-range")
+    # rubber-band zoom on the middle half of the time axis
+    pg.mouse.move(box["x"] + box["width"] * 0.25, box["y"] + 5)
+    pg.mouse.down()
+    pg.mouse.move(box["x"] + box["width"] * 0.75, box["y"] + 6, steps=5)
+    pg.mouse.up()
+    pg.wait_for_function("(b) => document.getElementById('tr-range').textContent !== b", arg=before)
+    zoomed = pg.evaluate("() => window.__callpath.trace.win")
+    meta = pg.evaluate("() => window.__callpath.trace.meta")
+    span = meta["t1"] - meta["t0"]
+    assert 0.4 * span < zoomed["t1"] - zoomed["t0"] < 0.6 * span
+    shot(pg, "trace-zoomed")
+    pg.click("#tr-undo")
+    pg.wait_for_function("(b) => document.getElementById('tr-range').textContent === b", arg=before)
+    pg.click("#tr-zin")
+    pg.click("#tr-right")
+    pg.click("#tr-home")
+    pg.wait_for_function("(b) => document.getElementById('tr-range').textContent === b", arg=before)
+    shot(pg, "trace")
