@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from callpath.model import NodeKind
 from callpath.view.server import BackgroundServer
@@ -384,3 +386,39 @@ def test_trace_depth_callpath_summary_and_stats(view_server: BackgroundServer) -
     st = get_json(s.url, f"/api/db/{LOOPS}/trace/stats", depth=2)["procedures"]
     assert 0.99 < sum(p["share"] for p in st) <= 1.0 + 1e-9
     assert [p["share"] for p in st] == sorted((p["share"] for p in st), reverse=True)
+
+
+# ---- fuzz: any query string is a result or a one-line CallpathError ---------------------
+
+
+PARAM_NAMES = ["view", "filters", "derived", "threads", "flatten", "zoom", "node", "sort",
+               "order", "offset", "limit", "column", "threshold", "q", "regex", "expanded",
+               "columns", "which"]
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(params=st.dictionaries(
+    st.sampled_from(PARAM_NAMES),
+    st.one_of(st.text(max_size=30),
+              st.sampled_from(["[]", "[0]", "[1, 2]", "[-1]", "[true]", '[{"pattern": "*"}]',
+                               '[{"name": "a", "formula": "$0/0"}]', "r", "t1", "p0.0",
+                               "p99", "m0i", "d0", "-5", "1e9", "bottom-up", "flat"])),
+    max_size=5),
+    endpoint=st.sampled_from(["columns", "children", "hotpath", "find", "source", "plot",
+                              "csv"]))
+def test_fuzzed_parameters_never_break_the_handlers(view_server: BackgroundServer,
+                                                     params: dict[str, str], endpoint: str
+                                                     ) -> None:
+    from callpath.errors import CallpathError
+    from callpath.view import api
+
+    db = view_server.dbs[LOOPS]
+    fn = {"columns": api.columns, "children": api.children, "hotpath": api.hotpath,
+          "find": api.find_nodes, "source": api.source, "plot": api.plot,
+          "csv": api.csv_text}[endpoint]
+    try:
+        with db.lock:
+            fn(db, params, b"")
+    except CallpathError as e:
+        assert str(e) and "\n" not in str(e)

@@ -23,9 +23,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from callpath.analysis.source import tree_source
+from callpath.analysis.nodes import NodeTable, ViewKind
 from callpath.analysis.treeops import nearest_marked
-from callpath.analysis.view import TopDownView
 from callpath.errors import CallpathError
 from callpath.model import Experiment, NodeKind
 from callpath.view.api import NotFound
@@ -58,23 +57,31 @@ class TraceIndex:
     names: list[str] = field(default_factory=list)  # procedure names (global ids)
     _name_id: dict[str, int] = field(default_factory=dict)
     _by_depth: dict[int, tuple[I32, I64]] = field(default_factory=dict)
-    _td: TopDownView | None = None
 
     @property
     def max_depth(self) -> int:
         return int(self.u_fdepth.max()) - 1 if len(self.u_fdepth) else 0
 
     def _name_ids(self, nodes: I64) -> I32:
-        """Global name ids of tree nodes (names formatted once per distinct name key)."""
+        """Global name ids of tree nodes (frames): a node table over just these nodes, named
+        once per distinct name key, exactly as the Top-down view names them."""
         out = np.full(len(nodes), -1, dtype=np.int32)
         ok = nodes >= 0
         if not ok.any():
             return out
-        if self._td is None:
-            self._td = TopDownView(tree_source(self.exp))
         uniq, inv = np.unique(nodes[ok], return_inverse=True)
-        keys, reps = self._td.nodes.name_keys(uniq)
-        rep_names = self._td.nodes.names(self.exp, reps)
+        cct = self.exp.cct
+        kind = np.where(cct.kind[uniq] == NodeKind.ENTRY, ViewKind.ENTRY,
+                        np.where(cct.kind[uniq] == NodeKind.FUNCTION, ViewKind.ACTIVATION,
+                                 ViewKind.LINE)).astype(np.uint8)
+        pos = {int(n): i for i, n in enumerate(uniq.tolist()) if cct.kind[n] == NodeKind.ENTRY}
+        table = NodeTable(kind, cct.function[uniq].astype(np.int64),
+                          cct.module[uniq].astype(np.int64), cct.file[uniq].astype(np.int64),
+                          cct.line[uniq].astype(np.int64), cct.offset[uniq],
+                          np.full(len(uniq), -1, np.int64),
+                          {pos[k]: v for k, v in cct.entry_names.items() if k in pos})
+        keys, reps = table.name_keys()
+        rep_names = table.names(self.exp, reps)
         ids = np.array([self._name_id.setdefault(nm, len(self._name_id)) for nm in rep_names],
                        dtype=np.int32)
         if len(self.names) < len(self._name_id):
@@ -119,9 +126,13 @@ def trace_index(db: Database) -> TraceIndex:
     is_frame = (kind == NodeKind.FUNCTION) | (kind == NodeKind.ENTRY)
     frame_of = nearest_marked(cct.parent, is_frame)
     node_of_ctx = exp.node_of_ctx()
-    all_ctx = np.unique(np.concatenate([ln.ctx_ids for ln in lines]).astype(np.int64))
-    nodes = np.where(all_ctx < len(node_of_ctx),
-                     node_of_ctx[np.minimum(all_ctx, len(node_of_ctx) - 1)], -1)
+    slots = len(node_of_ctx)
+    # the distinct sampled context ids, by marking (no sort of all the samples)
+    seen = np.zeros(slots + 1, dtype=bool)
+    for ln in lines:
+        seen[np.minimum(ln.ctx_ids, slots)] = True
+    all_ctx = np.nonzero(seen[:slots])[0]
+    nodes = node_of_ctx[all_ctx].astype(np.int64)
     keep = (nodes >= 0) & (all_ctx > 0)
     keep[keep] &= frame_of[nodes[keep]] >= 0
     u_ctx, u_nodes = all_ctx[keep], nodes[keep]
@@ -136,15 +147,12 @@ def trace_index(db: Database) -> TraceIndex:
         nxt = np.where(up >= 0, frame_of[np.maximum(up, 0)], -1)
         cur[active] = nxt
         active = active[nxt >= 0]
+    lut = np.full(slots + 1, -1, dtype=np.int32)  # context id -> u (-1: not a sample)
+    lut[u_ctx] = np.arange(len(u_ctx), dtype=np.int32)
     times, samples, labels, cindex = [], [], [], []
     for ln in lines:
-        ts = ln.timestamps.astype(np.int64)
-        c = ln.ctx_ids.astype(np.int64)
-        i = np.searchsorted(u_ctx, c)
-        i = np.minimum(i, max(len(u_ctx) - 1, 0))
-        ok = (len(u_ctx) > 0) & (u_ctx[i] == c) if len(u_ctx) else np.zeros(len(c), bool)
-        samples.append(np.where(ok, i, -1).astype(np.int32))
-        times.append(ts)
+        times.append(ln.timestamps.astype(np.int64))
+        samples.append(lut[np.minimum(ln.ctx_ids, slots)])
         p = pos.get(ln.prof_index)
         cindex.append(-1 if p is None else p)
         labels.append(exp.profiles[ln.prof_index].label(exp.id_names)
