@@ -596,3 +596,81 @@ def test_trace_view(page: Any, view_server: Any) -> None:
     pg.click("#tr-home")
     pg.wait_for_function("(b) => document.getElementById('tr-range').textContent === b", arg=before)
     shot(pg, "trace")
+
+
+# ---- a wide node: paging and virtual scrolling -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wide_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A generated database (bench/read_db.py's tree, 20,000 nodes) with one node of 1,000
+    children (bench/viewer.py's addition); returns (path, Top-down key of the wide node)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import read_db
+        import viewer
+    finally:
+        sys.path.pop(0)
+    from callpath.formats.v4.writer import write_v4
+
+    original = read_db.generate_tree
+    wide: dict[str, int] = {}
+
+    def generate(*a: Any, **k: Any) -> dict[str, Any]:
+        tree = viewer.add_wide_node(original(*a, **k))
+        wide["node"] = tree["wide_node"]
+        return tree
+
+    read_db.generate_tree = generate
+    try:
+        exp = read_db.build_experiment_for(20000, 2, 0)
+    finally:
+        read_db.generate_tree = original
+    out = tmp_path_factory.mktemp("wide") / "wide.d"
+    write_v4(exp, out, copy_sources=False)
+    return out, f"t{int(exp.cct.ctx_id[wide['node']])}"
+
+
+def test_wide_node_pages_and_virtual_rows(page: Any, wide_db: tuple[Path, str],
+                                          tmp_path: Path) -> None:
+    """1,000 children: one page of 200 rows is fetched on expansion, the rest only when
+    scrolled into view; the DOM holds only the rows in view; the sorted order across pages
+    is the report's (CSV of the whole expanded node equals report --zoom --depth 1)."""
+    from view_support import serve
+
+    db, key = wide_db
+    pg = page
+    with serve([db]) as server:
+        open_db(pg, server.url, 0, "top-down", views={"top-down": {"zoom": [key]}})
+        assert pg.evaluate("() => window.__callpath.tree.root.row.key") == key
+        total = pg.evaluate("() => window.__callpath.tree.root.total")
+        assert total >= 1000  # the 1,000 added and the node's own
+        rows = model_rows(pg)
+        assert len(rows) == 201  # the root and the first page
+        assert pg.evaluate("() => window.__callpath.tree.rows.length") == total + 1
+        in_dom = pg.locator(".tv-row:not([hidden])").count()
+        row_h = pg.evaluate("() => window.__callpath.tree.rowHeight")
+        view_h = pg.evaluate("() => window.__callpath.tree.scroller.clientHeight")
+        assert in_dom <= view_h // row_h + 3
+        # jump to the bottom: only the page holding the last rows is fetched
+        pg.evaluate("() => { const s = window.__callpath.tree.scroller;"
+                    " s.scrollTop = s.scrollHeight; }")
+        idle(pg)
+        loaded = len(model_rows(pg))
+        assert 201 < loaded <= 201 + 400
+        last = dom_rows(pg)[-1]
+        assert last["key"] and last["label"] != "…"
+        assert pg.locator(".tv-row:not([hidden])").count() <= view_h // row_h + 3
+        shot(pg, "wide-node-bottom")
+        # scroll through everything: all pages arrive and the CSV is the report's
+        pg.evaluate("""async () => { const s = window.__callpath.tree.scroller;
+            for (let y = 0; y < s.scrollHeight; y += s.clientHeight) {
+                s.scrollTop = y; await new Promise(r => setTimeout(r, 30)); } }""")
+        idle(pg)
+        pg.wait_for_function("() => window.__callpath.tree.rows.every(e => e.row)")
+        csv = download_csv(pg, tmp_path)
+        ctx = key[1:]
+        assert csv == report(db, "--zoom", ctx, "--depth", "1", "--format", "csv")
+        assert len(csv.splitlines()) == 1 + 1 + total

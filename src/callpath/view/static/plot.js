@@ -164,8 +164,22 @@ export class PlotDialog {
       const py = Y(y);
       g.strokeStyle = "#eee"; g.beginPath(); g.moveTo(PAD.l, py); g.lineTo(PAD.l + W, py); g.stroke();
       g.fillStyle = "#333"; g.textAlign = "right"; g.fillText(Number(y.toPrecision(3)).toString(), PAD.l - 4, py + 4);
-      const x = r.x0 + ((r.x1 - r.x0) * i) / 5;
-      g.textAlign = "center"; g.fillText(Number(x.toPrecision(3)).toString(), X(x), PAD.t + H + 14);
+      if (s.bars) {
+        const x = r.x0 + ((r.x1 - r.x0) * i) / 5;
+        g.textAlign = "center"; g.fillText(Number(x.toPrecision(3)).toString(), X(x), PAD.t + H + 14);
+      }
+    }
+    if (!s.bars) {
+      // contexts are whole numbers: one tick per context when they fit, with its short label
+      const lo = Math.ceil(r.x0), hi = Math.floor(r.x1);
+      const step = Math.max(1, Math.ceil((hi - lo + 1) / 12));
+      const short = shortLabels(s.pts.map((p) => p.label));
+      g.textAlign = "center"; g.fillStyle = "#333";
+      for (let x = lo; x <= hi; x += step) {
+        if (x < 0 || x >= s.pts.length) continue;
+        const text = this.kind === "plot" && hi - lo < 12 ? short[x] : String(x);
+        g.fillText(text, X(x), PAD.t + H + 14);
+      }
     }
     const col = this.ctx.columns.find((k) => k.key === this.colSel.value);
     g.textAlign = "center";
@@ -189,4 +203,15 @@ export class PlotDialog {
     }
     g.restore();
   }
+}
+
+/** Labels without the words every label shares ("NODE 0 CORE 0 THREAD 3" -> "THREAD 3"). */
+export function shortLabels(labels) {
+  if (labels.length < 2) return labels;
+  const words = labels.map((l) => String(l).split(" "));
+  let k = 0;
+  while (k < words[0].length - 1 && words.every((w) => w[k] === words[0][k])) k++;
+  // keep a kind word with its number: back up to an even split
+  if (k % 2 === 1) k--;
+  return words.map((w) => w.slice(k).join(" "));
 }

@@ -285,27 +285,30 @@ export class TraceView {
     }
   }
 
+  /** The mini-map: the whole run at the current depth (fetched once per depth), with the
+   *  visible window outlined; a click centres the window there. */
   async drawMini() {
     const m = this.mini;
-    const g = m.getContext("2d");
-    if (!this.miniFrame) {
+    const seq = (this.miniSeq = (this.miniSeq || 0) + 1);
+    if (!this.miniFrame || this.miniFrame.depth !== this.depth) {
       const h = this.home();
       const H = Math.min(m.height, h.c1);
+      const depth = this.depth;
       try {
-        const f = await api.traceFrame(this.db, { t0: h.t0, t1: h.t1, c0: 0, c1: h.c1, width: m.width, height: H, depth: this.depth }, undefined);
-        this.miniFrame = f;
-        this.miniGrid = decodeGrid(f.grid);
+        const f = await api.traceFrame(this.db, { t0: h.t0, t1: h.t1, c0: 0, c1: h.c1, width: m.width, height: H, depth }, undefined);
+        this.miniFrame = { ...f, depth, grid: decodeGrid(f.grid) };
       } catch (_) { return; }
+      if (seq !== this.miniSeq) return; // a newer call draws
     }
     const f = this.miniFrame;
-    const off = document.createElement("canvas");
-    off.width = m.width; off.height = m.height;
-    paintGrid(m, this.miniGrid, m.width, f.rows.length, f.procedures);
+    paintGrid(m, f.grid, f.width || m.width, f.rows.length, f.procedures);
+    const g = m.getContext("2d");
     const h = this.home(), w = this.win;
     const x0 = ((w.t0 - h.t0) / (h.t1 - h.t0)) * m.width, x1 = ((w.t1 - h.t0) / (h.t1 - h.t0)) * m.width;
     const y0 = (w.c0 / h.c1) * m.height, y1 = (w.c1 / h.c1) * m.height;
     g.strokeStyle = "#000"; g.lineWidth = 2;
     g.strokeRect(x0 + 1, y0 + 1, Math.max(3, x1 - x0 - 2), Math.max(3, y1 - y0 - 2));
+    m.dataset.window = `${x0.toFixed(0)},${x1.toFixed(0)}`;
   }
 
   at(x, y) {
