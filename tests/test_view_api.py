@@ -422,3 +422,19 @@ def test_fuzzed_parameters_never_break_the_handlers(view_server: BackgroundServe
             fn(db, params, b"")
     except CallpathError as e:
         assert str(e) and "\n" not in str(e)
+
+
+def test_large_responses_are_gzipped_for_clients_that_accept_it(view_server: BackgroundServer
+                                                                ) -> None:
+    import gzip
+    import urllib.request
+
+    url = f"{view_server.url}/api/db/{LOOPS}/trace/frame?width=2000&height=40&depth=2"
+    with urllib.request.urlopen(url) as r:
+        plain = r.read()
+        assert r.headers.get("Content-Encoding") is None
+    req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req) as r:
+        packed = r.read()
+        assert r.headers["Content-Encoding"] == "gzip"
+    assert len(packed) < len(plain) // 4 and gzip.decompress(packed) == plain

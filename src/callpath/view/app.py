@@ -4,6 +4,8 @@ exist, 500 with one logged line for a bug — never a traceback to the client)."
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
 import mimetypes
 from collections.abc import Awaitable, Callable
@@ -28,6 +30,7 @@ log = logging.getLogger("callpath.view")
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_BODY = 1 << 20
+GZIP_MIN = 64 << 10  # compress responses at least this large
 
 Handler = Callable[[Database, api.Params, bytes], Any]
 
@@ -166,17 +169,17 @@ class ViewerApp:
             def work() -> Any:
                 db = self._db(request)
                 with db.lock:
-                    out = fn(db, params, body)
-                if csv:
-                    return Response(out, media_type="text/csv; charset=utf-8", headers={
-                        "Content-Disposition": 'attachment; filename="callpath-view.csv"'})
-                return out
-            return await self._run(work)
+                    return fn(db, params, body)
+            return await self._run(work, gzip_ok=_accepts_gzip(request), csv=csv)
         return endpoint
 
-    async def _run(self, work: Callable[[], Any]) -> Response:
+    async def _run(self, work: Callable[[], Any], gzip_ok: bool = False, csv: bool = False
+                   ) -> Response:
+        """Run ``work`` in a worker thread and encode its result there too (a trace frame
+        is megabytes of JSON: neither encoding nor compressing it may block the event
+        loop)."""
         try:
-            payload = await anyio.to_thread.run_sync(partial(_call, work))
+            return await anyio.to_thread.run_sync(partial(_encode, work, gzip_ok, csv))
         except api.NotFound as e:
             return error(404, str(e))
         except CallpathError as e:
@@ -184,9 +187,31 @@ class ViewerApp:
         except Exception as e:  # a bug: one logged line, never a traceback to the client
             log.exception("internal error")
             return error(500, f"internal error ({type(e).__name__}): see the server's log")
-        if isinstance(payload, Response):
-            return payload
-        return JSONResponse(payload)
+
+
+def _accepts_gzip(request: Request) -> bool:
+    return "gzip" in request.headers.get("accept-encoding", "").lower()
+
+
+def _encode(work: Callable[[], Any], gzip_ok: bool, csv: bool) -> Response:
+    """The handler's result as a response: JSON (or CSV text), gzip-compressed when large
+    and the client accepts it. Through an SSH tunnel a 1,500 x 1,000 trace frame is 8 MB of
+    base64 but about 0.35 MB compressed (level 3: ~40 ms)."""
+    payload = work()
+    headers: dict[str, str] = {}
+    if csv:
+        data = str(payload).encode("utf-8")
+        media = "text/csv; charset=utf-8"
+        headers["Content-Disposition"] = 'attachment; filename="callpath-view.csv"'
+    else:
+        data = json.dumps(payload, ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":")).encode("utf-8")
+        media = "application/json"
+    if gzip_ok and len(data) >= GZIP_MIN:
+        data = gzip.compress(data, compresslevel=3, mtime=0)
+        headers["Content-Encoding"] = "gzip"
+    headers["Vary"] = "Accept-Encoding"
+    return Response(data, media_type=media, headers=headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -194,10 +219,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     status = int(getattr(exc, "status_code", 404))
     what = "no such page" if status == 404 else f"method {request.method} not allowed"
     return error(status, f"{quote(request.url.path)[:80]}: {what}")
-
-
-def _call(work: Callable[[], Any]) -> Any:
-    return work()
 
 
 def make_app(dbs: list[Database], token: str | None = None, loopback: bool = True,
