@@ -168,7 +168,10 @@ def children(db: Database, params: Params, body: bytes) -> Any:
         out["root"] = rows_json(b, [node], [parent_key], servable)[0]
     out["rows"] = rows_json(b, page.tolist(), _keys_of(b, parent_key, node, page), servable)
     if node_key is None:
+        from callpath.view import traces
+
         db.warm_up(b.state)  # the user may switch tabs next: build the other views now
+        traces.prefetch(db)  # ... or open the trace view
     return out
 
 

@@ -117,6 +117,7 @@ class Database:
     trace_cache: dict[str, object] = field(default_factory=dict)
     # views being built ahead of time (see :meth:`warm_up`), by view-cache key
     _warm: dict[tuple[object, ...], Future[tuple[View, NodeKeys]]] = field(default_factory=dict)
+    _prefetch: dict[str, Future[object]] = field(default_factory=dict)
     _pool: ThreadPoolExecutor | None = None
 
     @property
@@ -152,6 +153,20 @@ class Database:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"callpath-warm-{self.id}")
             self._warm[vkey] = self._pool.submit(self._prebuild, name, source)
+
+    def prefetch(self, key: str, make: Callable[[], object]) -> None:
+        """Compute something in the background thread (after any view builds), once; a
+        later :meth:`take` waits for it. Call with the lock held."""
+        if key in self._prefetch or key in self.trace_cache:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"callpath-warm-{self.id}")
+        self._prefetch[key] = self._pool.submit(make)
+
+    def take(self, key: str) -> object | None:
+        """The result of a :meth:`prefetch` (waiting for it), or None if there was none."""
+        fut = self._prefetch.pop(key, None)
+        return None if fut is None else fut.result()
 
     def _prebuild(self, name: str, source: TreeSource) -> tuple[View, NodeKeys]:
         view = make_view(name, source)

@@ -112,9 +112,25 @@ class TraceIndex:
 
 
 def trace_index(db: Database) -> TraceIndex:
+    """The database's trace index: cached, or the background build's result (see
+    :func:`prefetch`), or built now. Call with the database's lock held."""
     hit = db.trace_cache.get("traces")
-    if isinstance(hit, TraceIndex):
-        return hit
+    if not isinstance(hit, TraceIndex):
+        hit = db.take("traces")
+        if not isinstance(hit, TraceIndex):
+            hit = build_index(db)
+        db.trace_cache["traces"] = hit
+    return hit
+
+
+def prefetch(db: Database) -> None:
+    """Index the traces in the background (half a second for 12.8 million samples), so that
+    opening the trace view finds them ready."""
+    if db.exp.traces is not None and db.exp.traces.lines:
+        db.prefetch("traces", lambda: build_index(db))
+
+
+def build_index(db: Database) -> TraceIndex:
     exp = db.exp
     tr = exp.traces
     if tr is None or not tr.lines:
@@ -161,10 +177,8 @@ def trace_index(db: Database) -> TraceIndex:
     t1 = int(tr.max_timestamp)
     if t1 <= t0:
         t1 = t0 + 1
-    idx = TraceIndex(exp, labels, cindex, times, samples, t0, t1, u_nodes, u_frame, fdepth,
-                     frame_of)
-    db.trace_cache["traces"] = idx
-    return idx
+    return TraceIndex(exp, labels, cindex, times, samples, t0, t1, u_nodes, u_frame, fdepth,
+                      frame_of)
 
 
 # ---- request parsing -----------------------------------------------------------------
