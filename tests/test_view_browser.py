@@ -674,3 +674,34 @@ def test_wide_node_pages_and_virtual_rows(page: Any, wide_db: tuple[Path, str],
         ctx = key[1:]
         assert csv == report(db, "--zoom", ctx, "--depth", "1", "--format", "csv")
         assert len(csv.splitlines()) == 1 + 1 + total
+
+
+def test_token_and_error_bar(page: Any, view_server: Any) -> None:
+    """On a non-loopback bind the page opened with ?token= works (the front end sends the
+    token on every request); a server error is shown in the dismissable bar."""
+    from view_support import serve
+
+    pg = page
+    with serve([view_server.dbs[SMALL].path], host="0.0.0.0") as server:
+        assert server.token
+        base = f"http://127.0.0.1:{server.port}"
+        resp = pg.goto(f"{base}/")
+        assert resp is not None and resp.status == 403
+        pg.goto(f"{base}/?token={server.token}#s=" + urllib.parse.quote(json.dumps(
+            {"db": 0, "filters": [], "dbs": {}})))
+        pg.wait_for_selector(".tv-row")
+        idle(pg)
+        assert model_rows(pg)[0]["label"] == "<program root>"
+        assert pg.is_hidden("#error-bar")
+    # a bad regular expression in Find: the server's one-line error in the bar, dismissable
+    open_db(pg, view_server.url, SMALL)
+    pg.click("#tb-find")
+    pg.fill("#fd-text", "([")
+    pg.check("#fd-regex")
+    pg.click("#fd-go")
+    pg.wait_for_selector("#error-bar:not([hidden])")
+    assert "regular expression" in pg.inner_text("#error-text").lower() or \
+        "regex" in pg.inner_text("#error-text").lower()
+    shot(pg, "error-bar")
+    pg.click("#error-close")
+    assert pg.is_hidden("#error-bar")

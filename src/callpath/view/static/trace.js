@@ -82,7 +82,7 @@ export class TraceView {
 
   wire() {
     const $ = (id) => document.getElementById(id);
-    $("tr-home").onclick = () => this.setWin(this.home());
+    $("tr-home").onclick = () => { this.cursor = null; this.setWin(this.home()); };
     $("tr-undo").onclick = () => { const w = this.undo.pop(); if (w) this.setWin(w, false); };
     $("tr-zin").onclick = () => this.zoomTime(0.5);
     $("tr-zout").onclick = () => this.zoomTime(2);
@@ -324,8 +324,9 @@ export class TraceView {
     const a = this.at(x, y);
     if (!a) return;
     this.canvas.title = `${this.meta.contexts[a.ctx] ?? a.ctx} · ${fmtNs(a.t - this.meta.t0)}`;
+    if (this.cursor) return; // a click pinned the call path and the depth view
     clearTimeout(this.hoverT);
-    this.hoverT = setTimeout(() => { if (!this.cursor || this.cursor.ctx !== a.ctx) this.depthView(a.ctx); this.callpath(a.ctx, a.t); }, 60);
+    this.hoverT = setTimeout(() => { this.depthView(a.ctx); this.callpath(a.ctx, a.t); }, 60);
   }
 
   pick(x, y) {
