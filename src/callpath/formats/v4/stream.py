@@ -53,10 +53,11 @@ PROFILE_VALUE = np.dtype([("metricId", "<u2"), ("value", "<f8")])  # 10 bytes
 PROFILE_INDEX = np.dtype([("ctxId", "<u4"), ("startIndex", "<u8")])  # 12 bytes
 CONTEXT_VALUE = np.dtype([("profIndex", "<u4"), ("value", "<f8")])  # 12 bytes
 CONTEXT_INDEX = np.dtype([("metricId", "<u2"), ("startIndex", "<u8")])  # 10 bytes
-#: a value on its way to cct.db (packed, 18 bytes)
-BUCKET_RECORD = np.dtype([("ctx", "<u4"), ("metric", "<u2"), ("prof", "<u4"), ("value", "<f8")])
+#: a value on its way to cct.db (packed, 14 bytes; its profile is known from the run it is in)
+BUCKET_RECORD = np.dtype([("ctx", "<u4"), ("metric", "<u2"), ("value", "<f8")])
 
-VALUES_PER_BUCKET = 1 << 22  # target size of a transposed piece (values)
+VALUES_PER_BUCKET = 1 << 20  # target size of a transposed piece (values): its arrays stay
+#                               below glibc's mmap threshold, so they are reused, not faulted in
 MAX_BUCKETS = 128  # bucket files open per spool
 
 
@@ -193,7 +194,7 @@ class Spool:
     n_ctxs: I64
     p_ctxs: I64
     buckets: list[Path | None]  # per bucket: its records (BUCKET_RECORD), if any
-    bucket_counts: I64
+    runs: I64  # [k, b]: how many records of profile ``profiles[k]`` bucket ``b`` holds
     top_ctx: int  # 1 + the largest context id with a value (0 if none)
 
 
@@ -239,8 +240,8 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
     nb = len(job.bounds) - 1
     bucket_paths: list[Path | None] = [None] * nb
     bucket_files: list[BinaryIO | None] = [None] * nb
-    counts = np.zeros(nb, dtype=np.int64)
     n = len(profiles)
+    runs = np.zeros((n, nb), dtype=np.int64)
     nv, pv, nc, pc = (np.zeros(n, dtype=np.int64) for _ in range(4))
     top = 0
     pos = 0
@@ -262,7 +263,6 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
                     rec = np.empty(hi - lo, BUCKET_RECORD)
                     rec["ctx"] = cv[lo:hi]
                     rec["metric"] = blk.metric_ids[lo:hi]
-                    rec["prof"] = i
                     rec["value"] = blk.values[lo:hi]
                     bf = bucket_files[b]
                     if bf is None:
@@ -270,7 +270,7 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
                         bucket_paths[b] = bp
                         bf = bucket_files[b] = open(bp, "wb")  # noqa: SIM115
                     _write(bf, rec)
-                    counts[b] += hi - lo
+                    runs[k, b] = hi - lo
             pad = _align(pos) - pos
             f.write(bytes(pad))
             pos += pad
@@ -279,7 +279,7 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
             if bf is not None:
                 bf.close()
     return Spool(np.asarray(profiles, dtype=np.int64), path, pos, nv, pv, nc, pc,
-                 bucket_paths, counts, top)
+                 bucket_paths, runs, top)
 
 
 # ==== phase 2: transpose the buckets ====================================================
@@ -305,7 +305,7 @@ def transpose_buckets(source: ValueSource, directory: Path, spools: list[Spool],
     nb = len(bounds) - 1
     b = bounds.copy()
     b[-1] = max(n_slots, int(b[-2]))
-    counts = (np.sum([s.bucket_counts for s in spools], axis=0) if spools
+    counts = (np.sum([s.runs.sum(axis=0) for s in spools], axis=0) if spools
               else np.zeros(nb, dtype=np.int64))
     units: list[tuple[int, int]] = []
     start, acc = 0, 0
@@ -337,18 +337,26 @@ def _transpose_chunk(unit_ids: Sequence[int]) -> Piece | None:
     with open(path, "wb") as f:
         for u in unit_ids:
             b0, b1 = units[int(u)]
-            parts = [np.fromfile(p, dtype=BUCKET_RECORD) for s in spools
-                     for p in s.buckets[b0:b1] if p is not None]
+            parts, run_prof, run_len = [], [], []
+            for sp in spools:  # in profile order; inside a spool, bucket by bucket
+                for b in range(b0, b1):
+                    bp = sp.buckets[b]
+                    if bp is None:
+                        continue
+                    parts.append(np.fromfile(bp, dtype=BUCKET_RECORD))
+                    have = sp.runs[:, b] > 0
+                    run_prof.append(sp.profiles[have])
+                    run_len.append(sp.runs[have, b])
             rec = np.concatenate(parts) if parts else np.zeros(0, BUCKET_RECORD)
             del parts
-            key = (rec["ctx"].astype(np.uint64) << np.uint64(16)) | rec["metric"]
-            order = np.argsort(key, kind="stable")
-            rec = rec[order]
-            del key, order
-            buf, nv, nm, g = encode_contexts(rec, int(bounds[b0]), int(bounds[b1]))
+            ps = np.concatenate(run_prof) if run_prof else np.zeros(0, np.int64)
+            ls = np.concatenate(run_len) if run_len else np.zeros(0, np.int64)
+            t = _transpose(rec, ps, ls, int(bounds[b0]), int(bounds[b1]))
             del rec
+            buf, nv, nm = encode_contexts(t, int(bounds[b0]), int(bounds[b1]))
             if source.on_groups is not None:
-                groups.append(source.on_groups(g))
+                groups.append(source.on_groups(t))
+            del t
             _write(f, buf)
             size += buf.nbytes
             nv_parts.append(nv)
@@ -356,62 +364,108 @@ def _transpose_chunk(unit_ids: Sequence[int]) -> Piece | None:
     return Piece(c0, c1, path, size, np.concatenate(nv_parts), np.concatenate(nm_parts), groups)
 
 
-def encode_contexts(rec: npt.NDArray[Any], c0: int, c1: int
-                    ) -> tuple[npt.NDArray[np.uint32], I64, I64, Groups]:
-    """``cct.db`` blocks of contexts ``c0 .. c1-1`` from their records sorted by (context,
-    metric, profile): one buffer, whole records scattered into it (values as 3 u32 words,
-    metric indices as 5 u16 units; every block is a multiple of 4 bytes, so the buffer does
-    not depend on where it lands). Also the value and metric counts per context, and the
-    pairs as :class:`Groups`."""
-    ctx = rec["ctx"]
+def _transpose(rec: npt.NDArray[Any], run_prof: I64, run_len: I64, c0: int, c1: int) -> Groups:
+    """Records of contexts ``c0 .. c1-1`` in runs (one per profile; a run is sorted by
+    (context, metric) and has each pair once) → the pairs in (context, metric) order with
+    their values in profile order. Where the range × its metrics is small enough for a
+    dense count (always, unless metric ids are many), each record's place is its pair's
+    start plus the number of earlier runs that have the pair: no sort, linear time.
+    The runs of one profile can be split (a profile's records of several buckets), but then
+    they follow each other and hold different pairs, so counting stays right."""
+    n = len(rec)
+    ctx = rec["ctx"].astype(np.int64)
     met = rec["metric"]
-    nv_all = len(rec)
-    if nv_all and (int(ctx[0]) < c0 or int(ctx[-1]) >= c1):
-        raise CallpathError(f"a value of context {int(ctx[-1])} lies outside the contexts "
-                            f"{c0}..{c1 - 1} of its range")
-    bounds = np.searchsorted(ctx, np.arange(c0, c1 + 1, dtype=np.int64)).astype(np.int64)
-    n_values = np.diff(bounds)
-    if nv_all:
-        new_group = np.r_[True, (ctx[1:] != ctx[:-1]) | (met[1:] != met[:-1])]
-        group_first = np.flatnonzero(new_group)
-    else:
-        group_first = np.zeros(0, np.int64)
-    group_ctx = ctx[group_first].astype(np.int64) - c0
-    n_metrics = np.bincount(group_ctx, minlength=c1 - c0).astype(np.int64)
+    if n and (int(ctx.min()) < c0 or int(ctx.max()) >= c1):
+        raise CallpathError(f"a value of a context outside {c0}..{c1 - 1} is in its range")
+    prof = np.repeat(run_prof.astype(np.uint32), run_len)
+    present = np.zeros(1 << 16, dtype=bool)
+    present[met] = True
+    mids = np.flatnonzero(present)
+    m = max(len(mids), 1)
+    width = c1 - c0
+    if width * m <= max(4 * n, 1 << 20):
+        col = (np.cumsum(present) - 1)[met]
+        key = (ctx - c0) * m + col
+        del col
+        counts = np.bincount(key, minlength=width * m)
+        start = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=start[1:])
+        seen = start[:-1].copy()
+        pos = np.empty(n, dtype=np.int64)
+        ends = np.cumsum(run_len)
+        for a, b in zip((ends - run_len).tolist(), ends.tolist(), strict=True):
+            k = key[a:b]
+            pos[a:b] = seen[k]
+            seen[k] += 1
+        del key, seen
+        out_prof = np.empty(n, dtype=np.uint32)
+        out_prof[pos] = prof
+        out_val = np.empty(n, dtype=np.float64)
+        out_val[pos] = rec["value"]
+        nz = np.flatnonzero(counts)
+        g_ctx = (nz // m + c0).astype(np.uint32)
+        g_met = mids[nz % m].astype(np.uint16)
+        first = start[nz]
+    else:  # sparse metric ids: one stable sort (runs are in profile order)
+        key64 = (ctx.astype(np.uint64) << np.uint64(16)) | met.astype(np.uint64)
+        order = np.argsort(key64, kind="stable")
+        key64 = key64[order]
+        out_prof = prof[order]
+        out_val = np.asarray(rec["value"])[order]
+        new = np.ones(n, dtype=bool)
+        new[1:] = key64[1:] != key64[:-1]
+        first = np.flatnonzero(new)
+        g_ctx = (key64[first] >> np.uint64(16)).astype(np.uint32)
+        g_met = (key64[first] & np.uint64(0xFFFF)).astype(np.uint16)
+    return Groups(g_ctx, g_met, np.append(first, n).astype(np.int64), out_prof, out_val)
+
+
+def encode_contexts(g: Groups, c0: int, c1: int) -> tuple[npt.NDArray[np.uint8], I64, I64]:
+    """``cct.db`` blocks of contexts ``c0 .. c1-1`` from their pairs: one buffer with whole
+    records scattered into it (every block is a multiple of 4 bytes, so the buffer does not
+    depend on where it lands), and the value and metric counts per context."""
+    rel = g.ctx.astype(np.int64) - c0
+    sizes = np.diff(g.starts)
+    n_metrics = np.bincount(rel, minlength=c1 - c0).astype(np.int64)
     if np.any(n_metrics > 0xFFFF):
         raise CallpathError("a context has more than 65535 metrics")
-    group_bounds = np.zeros(c1 - c0 + 1, dtype=np.int64)
-    np.cumsum(n_metrics, out=group_bounds[1:])
+    n_values = np.bincount(rel, weights=sizes, minlength=c1 - c0).astype(np.int64)
     # block of a context: values (12 B each), metric indices (10 B each), padding to 4 bytes
     block_size = 12 * n_values + 10 * n_metrics + 2 * (n_metrics & 1)
     starts = np.zeros(c1 - c0 + 1, dtype=np.int64)
     np.cumsum(block_size, out=starts[1:])
-    buf32 = np.zeros(int(starts[-1]) // 4, dtype=np.uint32)
-    buf16 = buf32.view(np.uint16)
+    total = int(starts[-1])
+    buf = np.zeros(total, dtype=np.uint8)
+    nv_all = len(g.values)
     if nv_all:
+        ctx_first = np.zeros(c1 - c0 + 1, dtype=np.int64)  # first value of each context
+        np.cumsum(n_values, out=ctx_first[1:])
         vals = np.empty(nv_all, CONTEXT_VALUE)
-        vals["profIndex"] = rec["prof"]
-        vals["value"] = rec["value"]
-        words = vals.view(np.uint32).reshape(-1, 3)
-        # destination word = block start / 4 + 3 * (rank of the value within its context)
-        dest = np.repeat(starts[:-1] // 4 - 3 * bounds[:-1], n_values)
-        dest += 3 * np.arange(nv_all, dtype=np.int64)
-        for j in range(3):
-            buf32[dest + j] = words[:, j]
-        del vals, words, dest
-        ng = len(group_first)
+        vals["profIndex"] = g.prof
+        vals["value"] = g.values
+        # value j of context c lands at starts[c] + 12 * (j - ctx_first[c])
+        dest = np.repeat(starts[:-1] - 12 * ctx_first[:-1], n_values)
+        dest += 12 * np.arange(nv_all, dtype=np.int64)
+        _records_at(buf, CONTEXT_VALUE.itemsize, 4)[dest // 4] = vals.view("V12")
+        del vals, dest
+        ng = len(g.ctx)
+        grp_first = np.zeros(c1 - c0 + 1, dtype=np.int64)
+        np.cumsum(n_metrics, out=grp_first[1:])
         idx = np.empty(ng, CONTEXT_INDEX)
-        idx["metricId"] = met[group_first]
-        idx["startIndex"] = group_first - np.repeat(bounds[:-1], n_metrics)
-        units = idx.view(np.uint16).reshape(-1, 5)
+        idx["metricId"] = g.metric
+        idx["startIndex"] = g.starts[:-1] - np.repeat(ctx_first[:-1], n_metrics)
         p_idx = starts[:-1] + 12 * n_values
-        dest = np.repeat(p_idx // 2 - 5 * group_bounds[:-1], n_metrics)
-        dest += 5 * np.arange(ng, dtype=np.int64)
-        for j in range(5):
-            buf16[dest + j] = units[:, j]
-    groups = Groups(ctx[group_first], met[group_first], np.append(group_first, nv_all),
-                    rec["prof"], rec["value"])
-    return buf32, n_values, n_metrics, groups
+        dest = np.repeat(p_idx - 10 * grp_first[:-1], n_metrics)
+        dest += 10 * np.arange(ng, dtype=np.int64)
+        _records_at(buf, CONTEXT_INDEX.itemsize, 2)[dest // 2] = idx.view("V10")
+    return buf, n_values, n_metrics
+
+
+def _records_at(buf: npt.NDArray[np.uint8], size: int, step: int) -> npt.NDArray[Any]:
+    """An (overlapping) view of ``buf`` as ``size``-byte records starting every ``step``
+    bytes, so that records at any ``step``-aligned offset are stored by one scatter."""
+    count = max((len(buf) - size) // step + 1, 0)
+    return np.ndarray((count,), dtype=np.dtype(f"V{size}"), buffer=buf, strides=(step,))
 
 
 # ==== phase 3: assembly =================================================================
