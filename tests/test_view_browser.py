@@ -470,6 +470,27 @@ def test_find_zoom_flatten_font_columns_and_menu(page: Any, view_server: Any) ->
     assert pg.evaluate("() => window.__callpath.tree.rowHeight") > h0
     pg.click("#tb-font-down")
     pg.click("#tb-font-down")
+    # a derived metric, then its formula edited in the columns dialog: the values follow
+    db = view_server.dbs[LOOPS].path
+    pg.click("#tb-derived")
+    pg.fill("#dm-name", "twice")
+    pg.fill("#dm-formula", "2*$0")
+    pg.click("#dm-ok")
+    pg.wait_for_function("() => window.__callpath.columns.some(c => c.name === 'twice')")
+    idle(pg)
+    pg.click("#tb-columns")
+    dkey = pg.evaluate("() => window.__callpath.columns.find(c => c.name === 'twice').key")
+    assert pg.input_value(f"#col-list tr[data-key='{dkey}'] td:nth-child(3) input") == "2*$0"
+    pg.fill(f"#col-list tr[data-key='{dkey}'] td:nth-child(3) input", "3*$0")
+    pg.click("#col-ok")
+    pg.wait_for_function("() => window.__callpath.state.dbs[1].derived[0].formula === '3*$0'")
+    idle(pg)
+    root = report_json(db, "--derived", "twice=3*$0", "-m", "twice", "--depth", "0")[0]
+    shown = model_rows(pg)[0]["text"][dkey]
+    assert norm(shown).split()[0] == f"{root['metrics']['twice']:.2e}"
+    pg.click("#tb-columns")
+    pg.uncheck(f"#col-list tr[data-key='{dkey}'] input[type=checkbox]")
+    pg.click("#col-ok")
     # columns: hide the exclusive column, rename the inclusive one, apply to all views
     pg.click("#tb-columns")
     pg.uncheck("#col-list tr[data-key=m0e] input[type=checkbox]")
@@ -483,10 +504,10 @@ def test_find_zoom_flatten_font_columns_and_menu(page: Any, view_server: Any) ->
     pg.click("#tb-columns")
     pg.click("#col-check-all")
     pg.click("#col-ok")
-    assert headers(pg) == ["time", "CPUTIME (sec) (E)"]
+    assert headers(pg) == ["time", "CPUTIME (sec) (E)", "twice"]
     # drag a header onto another: the order changes
     pg.drag_and_drop(".tv-hcell[data-key=m0e]", ".tv-hcell[data-key=m0i]")
-    assert headers(pg) == ["CPUTIME (sec) (E)", "time"]
+    assert headers(pg) == ["CPUTIME (sec) (E)", "time", "twice"]
     # flatten the Flat view: its top level becomes the files/procedures level
     before = [r["label"] for r in model_rows(pg) if r["depth"] == 1]
     pg.click("#tb-flatten")
@@ -589,6 +610,21 @@ def test_trace_view(page: Any, view_server: Any) -> None:
     span = meta["t1"] - meta["t0"]
     assert 0.4 * span < zoomed["t1"] - zoomed["t0"] < 0.6 * span
     shot(pg, "trace-zoomed")
+    # the trace window and depth are in the URL: a reload comes back to them
+    pg.evaluate("() => window.__callpath.flushUrl()")
+    zoomed_text = pg.inner_text("#tr-range")
+    pg.reload()
+    pg.wait_for_function("() => document.getElementById('tr-canvas').dataset.rows === '4'")
+    pg.wait_for_function("(t) => document.getElementById('tr-range').textContent === t",
+                         arg=zoomed_text)
+    pg.click("#tr-home")
+    pg.wait_for_function("(b) => document.getElementById('tr-range').textContent === b",
+                         arg=before.replace("depth 2/", "depth 2/"))
+    pg.mouse.move(box["x"] + box["width"] * 0.25, box["y"] + 5)
+    pg.mouse.down()
+    pg.mouse.move(box["x"] + box["width"] * 0.75, box["y"] + 6, steps=5)
+    pg.mouse.up()
+    pg.wait_for_function("(b) => document.getElementById('tr-range').textContent !== b", arg=before)
     pg.click("#tr-undo")
     pg.wait_for_function("(b) => document.getElementById('tr-range').textContent === b", arg=before)
     pg.click("#tr-zin")
