@@ -1,0 +1,46 @@
+"""``callpath prof`` streams its per-context values: blocks are computed in the writer's workers
+and ``-M stats`` partials come out of the transpose. The database must not depend on the
+number of workers, and the streamed summary must equal the one computed in memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from callpath.attribute.hpctk import prof_hpctoolkit
+from callpath.formats.v4.reader import read_v4
+from conftest import run_cli, shared_path
+
+DB_FILES = ("meta.db", "profile.db", "cct.db", "trace.db")
+
+
+def test_stats_do_not_depend_on_workers(tmp_path: Path) -> None:
+    meas = shared_path("hpctoolkit", "meas", "loops-cputime-t.m")
+    for j in (1, 2, 3):
+        run_cli("prof", str(meas), "-M", "stats", "-j", str(j), "-o", str(tmp_path / f"j{j}"),
+                check=True)
+    for j in (2, 3):
+        for name in DB_FILES:
+            assert (tmp_path / "j1" / name).read_bytes() == \
+                (tmp_path / f"j{j}" / name).read_bytes(), (j, name)
+
+
+def test_streamed_summary_equals_the_in_memory_one(tmp_path: Path) -> None:
+    """The experiment ``callpath prof`` builds answers in memory too (its summary's stats
+    then come from a transpose done in memory); the written database has the same values,
+    to the last bit, for the summary and every execution context."""
+    meas = shared_path("hpctoolkit", "meas", "loops-cputime-t.m")
+    exp = prof_hpctoolkit([meas], [], workers=2, stats=True)
+    assert exp is not None
+    run_cli("prof", str(meas), "-M", "stats", "-j", "2", "-o", str(tmp_path / "db"),
+            check=True)
+    db = read_v4(tmp_path / "db")
+    assert len(db.profiles) == len(exp.profiles) > 2
+    for i in range(len(exp.profiles)):
+        a, b = exp.values[i], db.values[i]
+        assert np.array_equal(a.ctx_ids, b.ctx_ids), i
+        assert np.array_equal(a.metric_ids, b.metric_ids), i
+        assert np.array_equal(a.values, b.values), i
+    # the stats columns are there: more summary metric ids than propagated ones
+    assert int(db.values[0].metric_ids.max()) >= 4 * 4 * len(exp.metrics)
