@@ -185,6 +185,13 @@ def selected_chain(pg: Any) -> list[dict[str, Any]]:
     }""")
 
 
+def trace_painted(pg: Any) -> None:
+    """Waits until the trace canvas shows the current window (its frame has been painted)."""
+    pg.wait_for_function("""() => { const t = window.__callpath.trace, w = t.win;
+        return document.getElementById('tr-canvas').dataset.frame ===
+            `${Math.floor(w.t0)},${Math.ceil(w.t1)},${w.c0},${w.c1},${t.depth}`; }""")
+
+
 # ---- the profile views -----------------------------------------------------------------
 
 
@@ -609,6 +616,7 @@ def test_trace_view(page: Any, view_server: Any) -> None:
     meta = pg.evaluate("() => window.__callpath.trace.meta")
     span = meta["t1"] - meta["t0"]
     assert 0.4 * span < zoomed["t1"] - zoomed["t0"] < 0.6 * span
+    trace_painted(pg)
     shot(pg, "trace-zoomed")
     # the trace window and depth are in the URL: a reload comes back to them
     pg.evaluate("() => window.__callpath.flushUrl()")
@@ -631,6 +639,7 @@ def test_trace_view(page: Any, view_server: Any) -> None:
     pg.click("#tr-right")
     pg.click("#tr-home")
     pg.wait_for_function("(b) => document.getElementById('tr-range').textContent === b", arg=before)
+    trace_painted(pg)
     shot(pg, "trace")
 
 

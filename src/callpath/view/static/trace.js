@@ -231,6 +231,7 @@ export class TraceView {
       this.canvas.dataset.procedures = String(f.procedures.length);
       this.canvas.dataset.rows = String(f.rows.length);
       this.canvas.dataset.width = String(W);
+      this.canvas.dataset.frame = `${p.t0},${p.t1},${p.c0},${p.c1},${p.depth}`; // what is painted
     } catch (e) { if (e.name !== "AbortError") throw e; return; }
     this.drawMini();
     this.summary(p);
