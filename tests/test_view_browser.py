@@ -470,6 +470,14 @@ def test_find_zoom_flatten_font_columns_and_menu(page: Any, view_server: Any) ->
     pg.click("#tb-zoom-out")
     idle(pg)
     assert model_rows(pg)[0]["label"] == "<program root>"
+    # the Scope column is resized by dragging its right edge
+    w0 = pg.locator(".tv-hcell.tv-tree").bounding_box()["width"]
+    grip = pg.locator(".tv-grip").bounding_box()
+    pg.mouse.move(grip["x"] + 3, grip["y"] + 5)
+    pg.mouse.down()
+    pg.mouse.move(grip["x"] + 103, grip["y"] + 5, steps=4)
+    pg.mouse.up()
+    assert pg.locator(".tv-hcell.tv-tree").bounding_box()["width"] == pytest.approx(w0 + 100, abs=2)
     # font size
     h0 = pg.evaluate("() => window.__callpath.tree.rowHeight")
     pg.click("#tb-font-up")

@@ -115,6 +115,16 @@ export class TreeTable {
     const scope = el("div", "tv-hcell tv-tree");
     scope.textContent = "Scope";
     scope.setAttribute("role", "columnheader");
+    const grip = el("span", "tv-grip");
+    grip.title = "drag to resize the Scope column";
+    grip.addEventListener("mousedown", (e) => {
+      e.preventDefault();
+      const x0 = e.clientX, w0 = scope.offsetWidth;
+      const move = (ev) => this.host.style.setProperty("--tree-w", `${Math.max(120, w0 + ev.clientX - x0)}px`);
+      window.addEventListener("mousemove", move);
+      window.addEventListener("mouseup", () => window.removeEventListener("mousemove", move), { once: true });
+    });
+    scope.appendChild(grip);
     this.head.appendChild(scope);
     for (const c of cols) {
       const h = el("div", "tv-hcell tv-metric");
