@@ -649,6 +649,17 @@ def test_trace_view(page: Any, view_server: Any) -> None:
     pg.wait_for_function("(b) => document.getElementById('tr-range').textContent === b", arg=before)
     trace_painted(pg)
     shot(pg, "trace")
+    # from a sample to its calling context in the Top-down view
+    pg.mouse.click(box["x"] + box["width"] / 3, box["y"] + box["height"] * 0.4)
+    pg.wait_for_selector("#tr-show-node")
+    node = pg.evaluate("() => window.__callpath.trace.lastCallpath.node")
+    pg.click("#tr-show-node")
+    pg.wait_for_selector(".tv-row")
+    idle(pg)
+    pg.wait_for_function("() => window.__callpath.tree.selected !== null")
+    assert pg.get_attribute("#view-tabs [data-view=top-down]", "aria-selected") == "true"
+    assert pg.evaluate("() => window.__callpath.tree.selected.row.key") == node
+    shot(pg, "trace-to-top-down")
 
 
 # ---- a wide node: paging and virtual scrolling -----------------------------------------

@@ -1,7 +1,7 @@
 // main.js — wires the panes together: database tabs, view tabs, the tree table, the source
 // pane, the control panel, dialogs, the trace view, and the URL that holds all of the state.
 
-import { api, clearError, download, showError } from "./api.js";
+import { api, clearError, download, getJSON, showError, stateQuery } from "./api.js";
 import { state, dbState, loadFromUrl, saveToUrl, flushUrl, viewQueryState, VIEWS } from "./state.js";
 import { TreeTable } from "./tree.js";
 import { SourcePane, copyText } from "./source.js";
@@ -70,6 +70,29 @@ const plot = new PlotDialog((ctx) => {
 });
 
 const trace = new TraceView((win) => { dbState(state.db).trace = win; saveToUrl(); });
+// from a trace sample to its calling context in the Top-down tree: open the path when the
+// server can give it, else zoom the Top-down view on that node
+trace.onShowNode = async (key) => {
+  const d = dbState(state.db);
+  d.mode = "profile";
+  d.view = "top-down";
+  const v = d.views["top-down"];
+  let path = null;
+  try {
+    const res = await getJSON(`/api/db/${state.db}/path?${stateQuery({ ...viewQueryState(state.db), zoom: null }, { node: key })}`, { quiet: true });
+    path = res.path;
+  } catch (_) { path = null; }
+  if (path && path.length) {
+    v.zoom = [];
+    v.sel = key;
+    v.exp = [...new Set([...v.exp, ...path.slice(0, -1)])];
+  } else {
+    v.zoom = [key];
+    v.sel = key;
+  }
+  saveToUrl();
+  showDb();
+};
 
 function curView() { const d = dbState(state.db); return d.views[d.view]; }
 function dbInfo() { return databases.find((x) => x.id === state.db) || databases[0]; }

@@ -350,12 +350,22 @@ export class TraceView {
   async callpath(ctx, t) {
     let r;
     try { r = await api.traceCallpath(this.db, { ctx, t }, this.abortable("callpath")); } catch (_) { return; }
+    this.lastCallpath = r;
     const ol = document.getElementById("tr-callpath");
     ol.innerHTML = "";
     const head = document.createElement("div");
     head.className = "muted";
     head.textContent = `${this.meta.contexts[ctx] ?? ctx} at ${fmtNs(t - this.meta.t0)}`;
     ol.appendChild(head);
+    if (r.node && this.onShowNode) {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.id = "tr-show-node";
+      b.textContent = "Show in Top-down";
+      b.title = "open the Top-down view at this sample's calling context";
+      b.onclick = () => this.onShowNode(r.node);
+      ol.appendChild(b);
+    }
     for (const fr of r.frames || []) {
       const li = document.createElement("li");
       const sw = document.createElement("span"); sw.className = "swatch"; sw.style.background = css(colourOf(fr.name));
