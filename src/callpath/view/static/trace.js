@@ -4,6 +4,7 @@
 // for canvas-width × visible-rows samples and paints them.
 
 import { api } from "./api.js";
+import { shortLabels } from "./plot.js";
 
 /** A stable colour per procedure name (FNV-1a hash → hue), the same in every session. */
 export function colourOf(name) {
@@ -228,6 +229,7 @@ export class TraceView {
       const f = await api.traceFrame(this.db, p, this.abortable("frame"));
       this.frame = { ...f, W, H: f.rows.length, grid: decodeGrid(f.grid), params: p };
       paintGrid(this.canvas, this.frame.grid, W, this.frame.H, f.procedures);
+      this.labelRows(f.rows);
       this.canvas.dataset.procedures = String(f.procedures.length);
       this.canvas.dataset.rows = String(f.rows.length);
       this.canvas.dataset.width = String(W);
@@ -237,6 +239,26 @@ export class TraceView {
     this.summary(p);
     this.stats(p);
     if (this.cursor) this.depthView(this.cursor.ctx);
+  }
+
+  /** Context labels over the rows when the rows are tall enough to hold them. */
+  labelRows(rows) {
+    const cv = this.canvas, g = cv.getContext("2d");
+    const rh = cv.height / Math.max(1, rows.length);
+    if (rh < 13) return;
+    const names = shortLabels(this.meta.contexts);
+    g.font = "11px system-ui, sans-serif";
+    g.textBaseline = "top";
+    rows.forEach((ctx, i) => {
+      const text = names[ctx] ?? String(ctx);
+      const y = Math.round(i * rh);
+      const w = g.measureText(text).width + 8;
+      g.fillStyle = "rgba(255,255,255,0.8)";
+      g.fillRect(0, y + 1, w, 14);
+      g.fillStyle = "#111";
+      g.fillText(text, 4, y + 2);
+      if (i) { g.fillStyle = "rgba(255,255,255,0.9)"; g.fillRect(0, y, cv.width, 1); }
+    });
   }
 
   async summary(p) {
