@@ -66,7 +66,7 @@ def _uvicorn_server(dbs: list[Database], host: str, token: str | None,  # type: 
 def serve(paths: list[str], host: str, port: int | None, open_browser: bool,
           out: TextIO = sys.stdout) -> int:
     """``callpath view``: open the databases, bind, print the URL, serve until Ctrl-C."""
-    dbs = open_databases(paths)
+    dbs = _open(paths)
     if port is None:  # the default port, or the next free one
         sock = None
         for p in range(8765, 8785):
@@ -97,7 +97,21 @@ def serve(paths: list[str], host: str, port: int | None, open_browser: bool,
         pass
     finally:
         sock.close()
+        for db in dbs:
+            db.close()
     return 0
+
+
+def _open(paths: list[str]) -> list[Database]:
+    """Open the databases and queue their background work: the three views of the default
+    state, then the trace index."""
+    from callpath.view import traces
+
+    dbs = open_databases(paths)
+    for db in dbs:
+        with db.lock:
+            traces.prefetch(db)
+    return dbs
 
 
 def _open_browser(url: str) -> None:
@@ -130,7 +144,7 @@ class BackgroundServer:
     def start(cls, paths: list[str], host: str = "127.0.0.1", port: int = 0,
               token: str | None = None, static_dir: Path = STATIC_DIR) -> BackgroundServer:
         """Serve in a thread; ``token`` None on a non-loopback host draws a random one."""
-        dbs = open_databases(paths)
+        dbs = _open(paths)
         sock = bind(host, port)
         if token is None and not is_loopback(host):
             token = new_token()
@@ -160,6 +174,8 @@ class BackgroundServer:
     def stop(self) -> None:
         self._server.should_exit = True  # type: ignore[attr-defined]
         self._thread.join(30)
+        for db in self.dbs:
+            db.close()
 
     def __enter__(self) -> BackgroundServer:
         return self

@@ -138,7 +138,7 @@ class Database:
                                     lambda: ColumnSet(source, state.derived))
         return Built(state, source, view, columns, keys, len(self.exp.metrics))
 
-    def warm_up(self, state: ViewState) -> None:
+    def warm_up(self, state: ViewState, *, including: bool = False) -> None:
         """Build the other two views of ``state`` in a background thread, so that switching
         tabs finds them ready: a Flat or Bottom-up view of a 10^6-node tree takes about a
         second to build, tab switches should take milliseconds. Call with the lock held."""
@@ -148,11 +148,17 @@ class Database:
         source = self._sources.get(skey, lambda: self._make_source(state))
         for name in VIEW_NAMES:
             vkey = (*skey, name)
-            if name == state.view or vkey in self._warm or self._views.peek(vkey):
+            if (name == state.view and not including) or vkey in self._warm \
+                    or self._views.peek(vkey):
                 continue
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"callpath-warm-{self.id}")
             self._warm[vkey] = self._pool.submit(self._prebuild, name, source)
+
+    def close(self) -> None:
+        """Drop queued background work (the running item finishes on its own)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     def prefetch(self, key: str, make: Callable[[], object]) -> None:
         """Compute something in the background thread (after any view builds), once; a
@@ -170,6 +176,7 @@ class Database:
 
     def _prebuild(self, name: str, source: TreeSource) -> tuple[View, NodeKeys]:
         view = make_view(name, source)
+        view.children(0)  # child lists (a sort over the tree in Top-down)
         for k in range(len(source.metrics)):  # the values every page shows
             view.inclusive(k)
             view.exclusive(k)
@@ -186,8 +193,10 @@ class Database:
         return view, NodeKeys(view)
 
 
-def open_databases(paths: list[str]) -> list[Database]:
-    """Open every database named on the command line (one-line error for a bad one)."""
+def open_databases(paths: list[str], warm: bool = True) -> list[Database]:
+    """Open every database named on the command line (one-line error for a bad one) and,
+    with ``warm``, start building each one's Top-down view in the background: the browser's
+    first request typically comes a moment later, and finds it built or under way."""
     import callpath
 
     out = []
@@ -196,4 +205,8 @@ def open_databases(paths: list[str]) -> list[Database]:
         if not exp.metrics:
             raise CallpathError(f"{p}: the database has no metrics to view")
         out.append(Database(i, Path(p).resolve(), exp))
+    if warm:
+        for db in out:
+            with db.lock:
+                db.warm_up(ViewState(), including=True)
     return out
