@@ -148,7 +148,8 @@ function drawBadges() {
   };
   if (d.threads.length) badge(`Thread view: ${d.threads.length} context${d.threads.length > 1 ? "s" : ""}`, () => { d.threads = []; saveToUrl(); showDb(); }, `contexts ${d.threads.join(", ")}`);
   const on = state.filters.filter((f) => f.enabled !== false);
-  if (on.length) badge(`Filters: ${on.map((f) => f.pattern).join(", ")}`, null);
+  const kind = { self: "self", descendants: "descendants", all: "self and descendants" };
+  if (on.length) badge(`Filters: ${on.map((f) => `${f.pattern} (${kind[f.type] || f.type})`).join(", ")}`, null);
   const v = curView();
   if (v.zoom.length) badge(`Zoomed in (${v.zoom.length})`, () => { v.zoom = []; saveToUrl(); showDb(); });
   if (d.view === "flat" && d.flatten) badge(`Flattened ×${d.flatten}`, () => { d.flatten = 0; saveToUrl(); showDb(); });
