@@ -438,3 +438,22 @@ def test_large_responses_are_gzipped_for_clients_that_accept_it(view_server: Bac
         packed = r.read()
         assert r.headers["Content-Encoding"] == "gzip"
     assert len(packed) < len(plain) // 4 and gzip.decompress(packed) == plain
+
+
+def test_path_to_a_node_from_the_trace_call_path(view_server: BackgroundServer) -> None:
+    s = view_server
+    meta = get_json(s.url, f"/api/db/{LOOPS}/trace/meta")
+    cp = get_json(s.url, f"/api/db/{LOOPS}/trace/callpath", ctx=0,
+                  t=(meta["t0"] + meta["t1"]) // 2)
+    path = get_json(s.url, f"/api/db/{LOOPS}/path", node=cp["node"])["path"]
+    assert path[-1] == cp["node"]
+    parent = "r"
+    for key in path:  # each step is a child of the one before, as the tree expands them
+        assert key in [r["key"] for r in children(s, LOOPS, node=parent, limit=1000)["rows"]]
+        parent = key
+    status, body = get_text(s.url, f"/api/db/{LOOPS}/path", node=cp["node"], zoom=path[-1])
+    assert status == 200 and json.loads(body)["path"] == []
+    other = children(s, LOOPS)["rows"]
+    outside = next(r["key"] for r in other if r["key"] != path[0])
+    status, body = get_text(s.url, f"/api/db/{LOOPS}/path", node=cp["node"], zoom=outside)
+    assert status == 400 and "zoomed subtree" in json.loads(body)["error"]

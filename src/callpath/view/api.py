@@ -213,6 +213,21 @@ def find_nodes(db: Database, params: Params, body: bytes) -> Any:
     return {"matches": matches}
 
 
+def node_path(db: Database, params: Params, body: bytes) -> Any:
+    """The keys from the start node's child down to ``node`` (one ``find`` match's shape):
+    what the front end expands to reveal a node it knows only by key."""
+    b = built(db, params)
+    key = params.get("node")
+    if not key:
+        raise CallpathError("parameter 'node': expected the key of a node")
+    node = b.node(key)
+    start = b.start()
+    path = b.view.path_to(node)
+    if start not in path:
+        raise CallpathError(f"node key {key[:40]!r}: not inside the zoomed subtree")
+    return {"path": _path_keys(b, _start_key(b), path[path.index(start):])}
+
+
 def source(db: Database, params: Params, body: bytes) -> Any:
     b = built(db, params)
     node_key = params.get("node")

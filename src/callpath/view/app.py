@@ -98,7 +98,7 @@ class ViewerApp:
         gets: dict[str, Handler] = {
             "columns": api.columns, "children": api.children, "hotpath": api.hotpath,
             "find": api.find_nodes, "source": api.source, "contexts": api.contexts,
-            "plot": api.plot,
+            "plot": api.plot, "path": api.node_path,
             "trace/meta": traces.meta, "trace/frame": traces.frame,
             "trace/depth": traces.depth, "trace/callpath": traces.callpath,
             "trace/summary": traces.summary, "trace/stats": traces.stats,
