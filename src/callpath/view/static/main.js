@@ -79,19 +79,21 @@ trace.onShowNode = async (key) => {
   const v = d.views["top-down"];
   let path = null;
   try {
-    const res = await getJSON(`/api/db/${state.db}/path?${stateQuery({ ...viewQueryState(state.db), zoom: null }, { node: key })}`, { quiet: true });
-    path = res.path;
+    const q = stateQuery({ ...viewQueryState(state.db), zoom: null }, { node: key });
+    path = (await getJSON(`/api/db/${state.db}/path?${q}`, { quiet: true })).path;
   } catch (_) { path = null; }
   if (path && path.length) {
     v.zoom = [];
-    v.sel = key;
-    v.exp = [...new Set([...v.exp, ...path.slice(0, -1)])];
+    v.sel = null;
+    saveToUrl();
+    await showDb();
+    await tree.revealPath(path); // loads the pages that hold each step
   } else {
     v.zoom = [key];
     v.sel = key;
+    saveToUrl();
+    await showDb();
   }
-  saveToUrl();
-  showDb();
 };
 
 function curView() { const d = dbState(state.db); return d.views[d.view]; }
