@@ -19,6 +19,7 @@ demo: $(STAMP)
 	@echo "Bottom-up view:     $(BIN)/callpath report $(DEMO_DB) -v bottom-up -d 3"
 	@echo "Flat view:          $(BIN)/callpath report $(DEMO_DB) -v flat -t 2"
 	@echo "Hot call path:      $(BIN)/callpath report $(DEMO_DB) --hot-path"
+	@echo "Viewer (browser):   $(BIN)/callpath view $(DEMO_DB)   (on a cluster: --no-browser, then an SSH tunnel; docs/view.md)"
 
 ## test: set up, then lint, type-check and run the whole test suite
 test: $(STAMP) lint typecheck unit
