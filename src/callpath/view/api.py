@@ -27,7 +27,7 @@ from callpath.errors import CallpathError
 from callpath.present import viewreport
 from callpath.view.rows import column_subset, columns_json, number, rows_json
 from callpath.view.session import Built, Database
-from callpath.view.sources import read_lines, servable_files
+from callpath.view.sources import Servable, read_lines
 from callpath.view.state import (
     derived_to_json,
     parse_bool,
@@ -107,12 +107,11 @@ def _path_keys(b: Built, top_key: str, path: list[int]) -> list[str]:
     return out
 
 
-def _servable(db: Database) -> dict[str, Any]:
+def _servable(db: Database) -> Servable:
     hit = db.trace_cache.get("servable")
-    if hit is None:
-        hit = servable_files(db.path, db.exp)
+    if not isinstance(hit, Servable):
+        hit = Servable(db.path, db.exp)
         db.trace_cache["servable"] = hit
-    assert isinstance(hit, dict)
     return hit
 
 

@@ -19,6 +19,7 @@ from callpath.analysis.columns import ColumnDef
 from callpath.analysis.nodes import ViewKind
 from callpath.present import viewreport
 from callpath.view.session import Built
+from callpath.view.sources import Servable
 
 I64 = npt.NDArray[np.int64]
 
@@ -55,7 +56,7 @@ def columns_json(b: Built) -> list[dict[str, Any]]:
 
 
 def rows_json(b: Built, nodes: Sequence[int], keys: Sequence[str],
-              servable: dict[str, bool]) -> list[dict[str, Any]]:
+              servable: Servable) -> list[dict[str, Any]]:
     """One ROW per node (see docs/view.md, "API")."""
     view = b.view
     arr = np.asarray(nodes, dtype=np.int64)
@@ -70,8 +71,8 @@ def rows_json(b: Built, nodes: Sequence[int], keys: Sequence[str],
     out = []
     for r, (n, key) in enumerate(zip(nodes, keys, strict=True)):
         loc = view.location(n)
-        src = bool(loc.file and servable.get(loc.file))
-        call = bool(loc.call_file and servable.get(loc.call_file))
+        src = servable.get(loc.file) is not None
+        call = servable.get(loc.call_file) is not None
         out.append({
             "key": key, "label": view.label(n), "name": view.node_name(n),
             "type": ROW_TYPES.get(ViewKind(kinds[r]), "scope"),

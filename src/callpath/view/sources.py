@@ -45,17 +45,28 @@ def resolve_source(dbdir: Path, recorded: str, copied: bool) -> Path | None:
     return None
 
 
-def servable_files(dbdir: Path, exp: Experiment) -> dict[str, Path]:
-    """Recorded path -> file to read, for every recorded source that can be shown (copied
-    sources first: when a path is recorded twice, the copy wins)."""
-    out: dict[str, Path] = {}
-    for f in sorted(exp.files, key=lambda f: not f.copied):
-        if f.path in out:
-            continue
-        hit = resolve_source(dbdir, f.path, f.copied)
-        if hit is not None:
-            out[f.path] = hit
-    return out
+class Servable:
+    """Recorded path -> the file to read (None: cannot be shown), resolved on first use:
+    a database can record thousands of files and a page shows a few."""
+
+    def __init__(self, dbdir: Path, exp: Experiment) -> None:
+        self.dbdir = dbdir
+        self._entries: dict[str, list[bool]] = {}
+        for f in exp.files:  # a path recorded twice: the copy is tried first
+            self._entries.setdefault(f.path, []).append(f.copied)
+        self._hit: dict[str, Path | None] = {}
+
+    def get(self, recorded: str | None) -> Path | None:
+        if not recorded or recorded not in self._entries:
+            return None
+        if recorded not in self._hit:
+            found = None
+            for copied in sorted(self._entries[recorded], reverse=True):
+                found = resolve_source(self.dbdir, recorded, copied)
+                if found is not None:
+                    break
+            self._hit[recorded] = found
+        return self._hit[recorded]
 
 
 def read_lines(path: Path, display: str) -> list[str]:
