@@ -97,8 +97,10 @@ def merge(parts: Sequence[Partial]) -> Partial:
     """One partial from several, in order (execution contexts keep their order)."""
     if len(parts) == 1:
         return parts[0]
-    out = Partial()
-    for p in parts:
+    # the first partial is taken as it is (its contexts keep their numbers); only the others
+    # are re-interned into it, one Python step per distinct context
+    out = parts[0]
+    for p in parts[1:]:
         out.program = out.program or p.program
         mods = [out.tables.module(path) for path in p.tables.modules]
         fls = [out.tables.file(path) for path in p.tables.files]
