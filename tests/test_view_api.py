@@ -457,3 +457,16 @@ def test_path_to_a_node_from_the_trace_call_path(view_server: BackgroundServer) 
     outside = next(r["key"] for r in other if r["key"] != path[0])
     status, body = get_text(s.url, f"/api/db/{LOOPS}/path", node=cp["node"], zoom=outside)
     assert status == 400 and "zoomed subtree" in json.loads(body)["error"]
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_find_within_a_zoomed_subtree(view_server: BackgroundServer, view: str) -> None:
+    s = view_server
+    everywhere = get_json(s.url, f"/api/db/{LOOPS}/find", view=view, q="func",
+                          limit=1000)["matches"]
+    zoom = everywhere[0][0]  # a child of the root holding at least one match
+    inside = get_json(s.url, f"/api/db/{LOOPS}/find", view=view, q="func", zoom=zoom,
+                      limit=1000)["matches"]
+    assert inside == [m[1:] for m in everywhere if m[0] == zoom and len(m) > 1]
+    assert get_json(s.url, f"/api/db/{LOOPS}/find", view=view, q="func", zoom=zoom,
+                    limit=1)["matches"] == inside[:1]

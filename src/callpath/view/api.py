@@ -23,6 +23,7 @@ from callpath.analysis.derived import load_derived, save_derived
 from callpath.analysis.flat import FlatView
 from callpath.analysis.formula import parse
 from callpath.analysis.navigate import FindOptions, find, hot_path, sorted_children
+from callpath.analysis.treeops import nearest_marked
 from callpath.errors import CallpathError
 from callpath.present import viewreport
 from callpath.view.rows import column_subset, columns_json, number, rows_json
@@ -198,13 +199,14 @@ def find_nodes(db: Database, params: Params, body: bytes) -> Any:
         view.expand_all(3)  # Find looks at materialized nodes, as `callpath report --find`
     start = b.start()
     top = _start_key(b)
+    hits = find(view, opts)
+    if start != 0:  # keep the matches inside the zoomed subtree: one vectorised pass
+        mark = np.zeros(len(view), dtype=bool)
+        mark[start] = True
+        hits = hits[nearest_marked(view.parent, mark)[hits] == start]
     matches = []
-    for n in find(view, opts).tolist():
-        if n == start:
-            continue
+    for n in hits[hits != start][:limit].tolist():
         path = view.path_to(int(n))
-        if start not in path:
-            continue
         path = path[path.index(start):]
         matches.append(_path_keys(b, top, path))
         if len(matches) >= limit:
