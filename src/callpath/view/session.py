@@ -111,8 +111,10 @@ class Database:
     path: Path
     exp: Experiment
     lock: threading.RLock = field(default_factory=threading.RLock)
-    _sources: LRU[tuple[object, ...], TreeSource] = field(default_factory=LRU)
-    _views: LRU[tuple[object, ...], tuple[View, NodeKeys]] = field(default_factory=LRU)
+    # a filtered source of a 10^6-node tree holds ~60 MB of columns, a view up to ~100 MB
+    _sources: LRU[tuple[object, ...], TreeSource] = field(default_factory=lambda: LRU(4))
+    _views: LRU[tuple[object, ...], tuple[View, NodeKeys]] = field(
+        default_factory=lambda: LRU(6))
     _columns: LRU[tuple[object, ...], ColumnSet] = field(default_factory=LRU)
     trace_cache: dict[str, object] = field(default_factory=dict)
     # views being built ahead of time (see :meth:`warm_up`), by view-cache key
@@ -131,7 +133,9 @@ class Database:
         source = self._sources.get(skey, lambda: self._make_source(state))
         vkey = (*skey, state.view)
         pending = self._warm.pop(vkey, None)
-        if pending is not None:  # being built in the background: wait for it, do not redo it
+        if pending is not None and not pending.cancel():
+            # being built in the background right now: wait for it rather than redo it (a
+            # build still queued behind others was cancelled: building it here is sooner)
             self._views.get(vkey, pending.result)
         view, keys = self._views.get(vkey, lambda: self._make_view(state, source))
         columns = self._columns.get((*skey, state.derived),
@@ -170,9 +174,12 @@ class Database:
         self._prefetch[key] = self._pool.submit(make)
 
     def take(self, key: str) -> object | None:
-        """The result of a :meth:`prefetch` (waiting for it), or None if there was none."""
+        """The result of a :meth:`prefetch` under way (waiting for it); None when there was
+        none, or it was still queued (then cancelled: the caller computes it sooner)."""
         fut = self._prefetch.pop(key, None)
-        return None if fut is None else fut.result()
+        if fut is None or fut.cancel():
+            return None
+        return fut.result()
 
     def _prebuild(self, name: str, source: TreeSource) -> tuple[View, NodeKeys]:
         view = make_view(name, source)
