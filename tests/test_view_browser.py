@@ -597,7 +597,7 @@ def test_trace_view(page: Any, view_server: Any) -> None:
     pg.press("#tr-depth", "Enter")
     pg.wait_for_function(
         "() => document.getElementById('tr-range').textContent.includes('depth 2/')")
-    pg.wait_for_timeout(300)
+    trace_painted(pg)
     colours = pg.evaluate("""() => { const c = document.getElementById('tr-canvas');
         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         const s = new Set();
@@ -656,9 +656,9 @@ def test_trace_view(page: Any, view_server: Any) -> None:
     pg.click("#tr-show-node")
     pg.wait_for_selector(".tv-row")
     idle(pg)
-    pg.wait_for_function("() => window.__callpath.tree.selected !== null")
+    pg.wait_for_function("(k) => { const s = window.__callpath.tree.selected;"
+                         " return s !== null && s.row.key === k; }", arg=node)
     assert pg.get_attribute("#view-tabs [data-view=top-down]", "aria-selected") == "true"
-    assert pg.evaluate("() => window.__callpath.tree.selected.row.key") == node
     shot(pg, "trace-to-top-down")
 
 
@@ -721,6 +721,9 @@ def test_wide_node_pages_and_virtual_rows(page: Any, wide_db: tuple[Path, str],
         # jump to the bottom: only the page holding the last rows is fetched
         pg.evaluate("() => { const s = window.__callpath.tree.scroller;"
                     " s.scrollTop = s.scrollHeight; }")
+        pg.wait_for_function("""() => { const t = window.__callpath.tree;
+            const r = [...document.querySelectorAll('.tv-row:not([hidden])')].pop();
+            return r && Number(r.dataset.index) === t.rows.length - 1; }""")
         idle(pg)
         loaded = len(model_rows(pg))
         assert 201 < loaded <= 201 + 400

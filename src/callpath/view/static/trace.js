@@ -349,13 +349,19 @@ export class TraceView {
     this.canvas.title = `${this.meta.contexts[a.ctx] ?? a.ctx} · ${fmtNs(a.t - this.meta.t0)}`;
     if (this.cursor) return; // a click pinned the call path and the depth view
     clearTimeout(this.hoverT);
-    this.hoverT = setTimeout(() => { this.depthView(a.ctx); this.callpath(a.ctx, a.t); }, 60);
+    this.hoverT = setTimeout(() => {
+      if (this.cursor) return; // pinned meanwhile
+      this.depthView(a.ctx);
+      this.callpath(a.ctx, a.t);
+    }, 60);
   }
 
   pick(x, y) {
     const a = this.at(x, y);
     if (!a) return;
+    clearTimeout(this.hoverT);
     this.cursor = a;
+    document.getElementById("tr-callpath").innerHTML = ""; // the new point's path replaces it
     this.depthView(a.ctx);
     this.callpath(a.ctx, a.t);
   }
