@@ -65,11 +65,6 @@ NODE_FLAG_IDLE = 2
 ID_NODE, ID_RANK, ID_THREAD = 1, 2, 3  # callpath.model.contexts.IdKind
 METRIC_CPU, METRIC_WALL = 0, 1
 
-# ---- samples as buffered in memory -------------------------------------------------------------
-FIELDS = 6  # time (ns, CLOCK_MONOTONIC), thread index, stack id, CPU ns, wall ns, flags
-FLAG_IDLE = 1
-FLAG_NATIVE = 2
-
 ENV_OUT = "CALLPATH_PY_OUT"
 ENV_FREQ = "CALLPATH_PY_FREQ"
 ENV_TRACE = "CALLPATH_PY_TRACE"
@@ -78,7 +73,7 @@ IDLE_CPU_SHARE = 20  # IDLE when cpu * 20 < wall, i.e. under 5% of one CPU
 OTHERS_BUDGET = 50  # sample other threads at most every 50 x the CPU time it took last time
 STACK_CACHE = 50_000  # entries of the offset-keyed stack cache before it is cleared
 FLUSH_NS = 1_000_000_000  # flush at least once a second ...
-FLUSH_SAMPLES = 4096  # ... or when this many thread-samples are buffered
+TRACE_FLUSH = 2 * 8192  # ... or when the trace holds this many samples (two integers each)
 
 _THIS_FILE = __file__
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -199,22 +194,25 @@ def _json_chunk(tag: int, obj: Any, slot: int = NO_THREAD) -> bytes:
 
 
 class _ThreadData:
-    """Per-thread state: sampling clocks, calling context tree, counters."""
+    """Per-thread state: sampling clocks, calling context tree, counters.
 
-    __slots__ = ("counts", "cpu", "first_mono", "ident", "idle", "index", "info", "native",
-                 "new_nodes", "nodes", "prev_cpu", "prev_t", "samples", "trace", "tree", "wall")
+    ``state`` is what the signal handler touches, a list for the cheapest access: the thread's
+    index, the time and CPU time of its previous sample, its unflushed samples aggregated by
+    sample key (``{key: [samples, cpu ns, wall ns]}``), and its unflushed trace (``time, key``
+    pairs). A sample key is ``(stack << 1 | NATIVE) << 1 | IDLE``.
+    """
+
+    __slots__ = ("cpu", "first_mono", "ident", "idle", "index", "info", "native", "new_nodes",
+                 "nodes", "samples", "state", "tree", "wall")
 
     def __init__(self, index: int, ident: int, cpu: int, t: int) -> None:
         self.index = index
         self.ident = ident
-        self.prev_t = t
-        self.prev_cpu = cpu
         self.first_mono = t
+        self.state: list[Any] = [index, t, cpu, {}, array.array("q")]
         self.tree: dict[tuple[int, int, int, int], int] = {}
         self.nodes = 1  # node 0 is the root
         self.new_nodes: list[bytes] = [_NODE.pack(-1, KIND_ROOT, 0, 0, -1, 0, 0)]
-        self.counts: dict[int, list[int]] = {}  # node -> [samples, cpu ns, wall ns] (unflushed)
-        self.trace: list[bytes] = []
         self.samples = self.idle = self.native = self.cpu = self.wall = 0
         self.info: dict[str, Any] = {}
 
@@ -249,23 +247,26 @@ class Sampler:
         """Fresh tables: each process's file stands alone (also after fork)."""
         self.pid = os.getpid()
         self.main_ident = _thread.get_ident()
-        # (id(code), f_lasti) per frame -> stack id; -1: a stack of the sampler itself
-        self.stacks: dict[tuple[int, ...], int] = {}
+        # Locations: a location is (code index, line, NATIVE), numbered in order of appearance.
+        # locs_of maps id(code) to the location of every byte offset of that code (None until
+        # first seen; the extra last entry, which f_lasti == -1 selects, is the first line).
+        self.locs_of: dict[int, list[int | None]] = {}
+        self.locs: list[tuple[int, int, int]] = []
+        self.loc_ids: dict[tuple[int, int, int], int] = {}
+        # locations per frame, leaf first -> stack << 1 | NATIVE; -1: the sampler's own stack
+        self.stacks: dict[tuple[int | None, ...], int] = {}
         self.line_stacks: dict[tuple[int, ...], int] = {}  # (code index, line) per frame -> id
-        self.line_memo: dict[tuple[int, int], int] = {}  # (code index, f_lasti) -> line
         self.n_stacks = 0
         self.code_index: dict[int, int] = {}  # id(code) -> index; codes[] keeps them alive
         self.codes: list[CodeType] = []
-        self.code_ops: list[bytes] = []
-        self.line_tables: list[tuple[list[int], list[int]] | None] = []
+        self.line_tables: list[tuple[list[int], list[int]]] = []
         self.codes_written = 0
-        self.pending_stacks: list[tuple[int, list[int]]] = []  # (stack id, [code idx, line]...)
+        self.pending_stacks: list[tuple[int, tuple[int, ...]]] = []  # (stack, (code, line)...)
         self.stack_paths: list[list[tuple[int, int]]] = []  # stack id -> root-first (code, line)
-        self.threads: dict[int, list[int]] = {}  # ident -> [index, prev t, prev cpu]
+        self.threads: dict[int, list[Any]] = {}  # ident -> the thread's handler state
         self.tdata: list[_ThreadData] = []
         self.new_threads: list[int] = []
         self.leaf_of: dict[tuple[int, int, int], int] = {}  # (thread, stack, idle) -> leaf node
-        self.buf = array.array("q")
         self.samples = 0
         self.dropped = 0
         self.busy = False
@@ -307,7 +308,7 @@ class Sampler:
             n = os.write(self.fd, data)
             data = data[n:]
 
-    def _thread_state(self, ident: int, cpu: int, t: int) -> list[int]:
+    def _thread_state(self, ident: int, cpu: int, t: int) -> list[Any]:
         """Register a thread the first time it is seen: index in order of appearance, name."""
         idx = len(self.tdata)
         td = _ThreadData(idx, ident, cpu, t)
@@ -327,24 +328,32 @@ class Sampler:
                    "name": name, "ident": ident}
         self.tdata.append(td)
         self.new_threads.append(idx)
-        state = [idx, t, cpu]
-        self.threads[ident] = state
-        return state
+        self.threads[ident] = td.state
+        return td.state
 
     # ---- the signal handler -------------------------------------------------------------------
 
     def make_handler(self) -> Callable[[int, FrameType | None], None]:
-        """The handler as a closure over local bindings (the fastest lookups CPython has)."""
+        """The handler as a closure over local bindings (the fastest lookups CPython has).
+
+        Every bytecode here runs about a thousand times a second with cold caches (the
+        program evicts them between samples), so the handler does only what cannot wait: read
+        two clocks, map each frame to a location with two subscripts (``locs_of[id(code)]
+        [f_lasti]``: recursion through different call sites of one line gives one key, not one
+        per combination), look the stack up, and add the sample to its thread's aggregate,
+        which is what gets written. Anything new (a code object, an offset, a stack) takes the
+        slow path once.
+        """
         stacks = self.stacks
-        buf = self.buf
-        threads = self.threads
+        locs_of = self.locs_of
         walk_new = self._new_stack
         mono = time.monotonic_ns
         tcpu = time.thread_time_ns
         n_others = _thread._count
-        call_ops = self.call_ops
-        code_index = self.code_index
-        code_ops = self.code_ops
+        st = self.threads[self.main_ident]
+        agg = st[3]
+        trace = st[4] if self.trace else None
+        share = IDLE_CPU_SHARE
         sampler = self
 
         def on_sample(signum: int, frame: FrameType | None) -> None:
@@ -354,42 +363,49 @@ class Sampler:
             sampler.busy = True
             try:
                 t = mono()
-                st = threads[sampler.main_ident]
                 c = tcpu()
-                key: list[int] = []
+                key: list[int | None] = []
                 ap = key.append
                 f: FrameType | None = frame
-                while f is not None:
-                    ap(id(f.f_code))
-                    ap(f.f_lasti)
-                    f = f.f_back
-                sid = stacks.get(tuple(key))
-                if sid is None:
-                    sid = walk_new(tuple(key), frame)
-                if sid < 0:  # the signal hit the sampler's own code (finishing, forking)
+                try:
+                    while f is not None:
+                        ap(locs_of[id(f.f_code)][f.f_lasti])
+                        f = f.f_back
+                    v = stacks.get(tuple(key))
+                except KeyError:  # a code object seen for the first time
+                    v = None
+                if v is None:
+                    v = walk_new(frame)
+                if v < 0:  # the signal hit the sampler's own code (finishing, forking)
                     return
-                wall = t - st[1]
                 dc = c - st[2]
-                flags = FLAG_IDLE if dc * IDLE_CPU_SHARE < wall else 0
-                ops = code_ops[code_index[key[0]]]
-                if 0 <= key[1] < len(ops) and ops[key[1]] in call_ops:
-                    flags |= FLAG_NATIVE
-                buf.extend((t, st[0], sid, dc, wall, flags))
+                wall = t - st[1]
+                k = v << 1 | (dc * share < wall)
+                r = agg.get(k)
+                if r is None:
+                    agg[k] = [1, dc, wall]
+                else:
+                    r[0] += 1
+                    r[1] += dc
+                    r[2] += wall
+                if trace is not None:
+                    trace.append(t)
+                    trace.append(k)
                 st[1] = t
-                n = 1
                 if n_others() and t - sampler.last_others >= sampler.others_gap:
                     # Many threads make this walk long: keep it under ~2% of the time by
                     # visiting them less often (their weights still cover every interval).
                     # Its cost is measured in CPU time, which preemption does not inflate.
                     c0 = tcpu()
-                    n += sampler._sample_others(t)
+                    sampler._sample_others(t)
                     sampler.others_gap = (tcpu() - c0) * OTHERS_BUDGET
                     sampler.last_others = t
-                sampler.samples += n
-                if len(buf) >= FLUSH_SAMPLES * FIELDS or t - sampler.last_flush >= FLUSH_NS:
+                if t - sampler.last_flush >= FLUSH_NS or (
+                        trace is not None and len(trace) >= TRACE_FLUSH):
                     sampler._flush_locked()
-                # the handler's own CPU time is the profiler's, not the program's
-                st[2] = tcpu()
+                # The handler's own CPU time is the profiler's, not the program's; it is taken
+                # as the handler's wall-clock time (reading a CPU clock costs 5 times more).
+                st[2] = c + mono() - t
             except BaseException:
                 # Never let the profiler raise into the user's code; give up after a few.
                 sampler.errors += 1
@@ -400,19 +416,16 @@ class Sampler:
 
         return on_sample
 
-    def _sample_others(self, t: int) -> int:
+    def _sample_others(self, t: int) -> None:
         """Sample every thread but the main one (which the handler sampled from its frame)."""
         threads = self.threads
         stacks = self.stacks
-        buf = self.buf
-        code_index = self.code_index
-        code_ops = self.code_ops
-        call_ops = self.call_ops
+        locs_of = self.locs_of
         cpu_of = time.clock_gettime_ns
         clock_of = time.pthread_getcpuclockid
         main = self.main_ident
+        trace = self.trace
         frames = sys._current_frames()
-        n = 0
         for ident, top in frames.items():
             if ident == main:
                 continue
@@ -424,97 +437,121 @@ class Sampler:
             if st is None or c < st[2]:  # new thread, or a new one reusing an ident
                 # its CPU clock started at zero; its wall time is counted from one period ago
                 st = self._thread_state(ident, 0, t - self.period_ns)
-            key: list[int] = []
+            key: list[int | None] = []
             ap = key.append
             f: FrameType | None = top
-            while f is not None:
-                ap(id(f.f_code))
-                ap(f.f_lasti)
-                f = f.f_back
-            sid = stacks.get(tuple(key))
-            if sid is None:
-                sid = self._new_stack(tuple(key), top)
-            if sid < 0:
+            try:
+                while f is not None:
+                    ap(locs_of[id(f.f_code)][f.f_lasti])
+                    f = f.f_back
+                v = stacks.get(tuple(key))
+            except KeyError:
+                v = None
+            if v is None:
+                v = self._new_stack(top)
+            if v < 0:
                 continue
-            wall = t - st[1]
             dc = c - st[2]
-            flags = FLAG_IDLE if dc * IDLE_CPU_SHARE < wall else 0
-            ops = code_ops[code_index[key[0]]]
-            if 0 <= key[1] < len(ops) and ops[key[1]] in call_ops:
-                flags |= FLAG_NATIVE
-            buf.extend((t, st[0], sid, dc, wall, flags))
+            wall = t - st[1]
+            k = v << 1 | (dc * IDLE_CPU_SHARE < wall)
+            r = st[3].get(k)
+            if r is None:
+                st[3][k] = [1, dc, wall]
+            else:
+                r[0] += 1
+                r[1] += dc
+                r[2] += wall
+            if trace:
+                st[4].append(t)
+                st[4].append(k)
             st[1] = t
             st[2] = c
-            n += 1
         if len(threads) > len(frames):
             for ident in [i for i in threads if i not in frames and i != main]:
                 del threads[ident]
-        return n
 
-    def _new_stack(self, key: tuple[int, ...], frame: FrameType) -> int:
-        """Slow path, on a miss of the offset-keyed cache: name the stack by its lines.
+    # ---- the slow path: new code objects, offsets and stacks ----------------------------------
 
-        Stacks are identified by (code, line) per frame. The handler's cache is keyed by byte
-        offsets (cheaper to read than lines), and recursion multiplies offset-distinct stacks
-        (``fib(n-1) + fib(n-2)``: two offsets per level, one line), so that cache is bounded
-        and cleared when full, while the line-keyed table only grows with new call paths.
+    def _register(self, co: CodeType) -> list[int | None]:
+        """Intern a code object (kept alive, so that its id stays unique) and its line table."""
+        ci = len(self.codes)
+        self.code_index[id(co)] = ci
+        self.codes.append(co)
+        starts: list[int] = []
+        lines: list[int] = []
+        for start, _end, line in co.co_lines():
+            starts.append(start)
+            lines.append(line if line else -1)  # None, or 0 (the module's RESUME)
+        self.line_tables.append((starts, lines))
+        table: list[int | None] = [None] * (len(co.co_code) + 1)
+        self.locs_of[id(co)] = table
+        return table
+
+    def _loc(self, co: CodeType, lasti: int) -> int:
+        """The location of a byte offset: its line, and whether it is a call (NATIVE)."""
+        ci = self.code_index[id(co)]
+        if lasti < 0:
+            line, native = co.co_firstlineno, 0
+        else:
+            starts, lines = self.line_tables[ci]
+            i = bisect_right(starts, lasti) - 1
+            line = lines[i] if i >= 0 else -1
+            if line < 0:
+                line = co.co_firstlineno
+            ops = co.co_code
+            native = 1 if lasti < len(ops) and ops[lasti] in self.call_ops else 0
+        loc = (ci, line, native)
+        lid = self.loc_ids.get(loc)
+        if lid is None:
+            lid = self.loc_ids[loc] = len(self.locs)
+            self.locs.append(loc)
+        return lid
+
+    def _new_stack(self, frame: FrameType) -> int:
+        """Slow path, on a miss of the handler's lookup: intern what is new, name the stack.
+
+        Returns ``stack << 1 | NATIVE`` (the leaf's location says whether it is inside a call),
+        or -1 for a stack whose leaf is the sampler itself. Stacks that differ only in the
+        NATIVE bit of their leaf share a stack id; the cache is bounded and cleared when full
+        (deep recursion of varying depth makes many), the line-keyed table only grows with new
+        call paths.
         """
-        if frame.f_code.co_filename == _THIS_FILE:
-            self.stacks[key] = -1
-            return -1
-        pairs: list[int] = []
+        key: list[int] = []
         f: FrameType | None = frame
-        code_index = self.code_index
-        line_memo = self.line_memo
+        locs_of = self.locs_of
         while f is not None:
             co = f.f_code
-            ci = code_index.get(id(co))
-            if ci is None:
-                ci = len(self.codes)
-                code_index[id(co)] = ci
-                self.codes.append(co)
-                self.code_ops.append(co.co_code)
-                self.line_tables.append(None)
+            table = locs_of.get(id(co))
+            if table is None:
+                table = self._register(co)
             lasti = f.f_lasti
-            line = line_memo.get((ci, lasti))
-            if line is None:
-                line = line_memo[(ci, lasti)] = self._line_of(ci, lasti)
-            pairs.append(ci)
-            pairs.append(line)
+            lid = table[lasti]
+            if lid is None:
+                lid = table[lasti] = self._loc(co, lasti)
+            key.append(lid)
             f = f.f_back
-        lkey = tuple(pairs)
-        sid = self.line_stacks.get(lkey)
-        if sid is None:
-            sid = self.n_stacks
-            self.n_stacks += 1
-            self.line_stacks[lkey] = sid
-            self.pending_stacks.append((sid, pairs))
+        tkey = tuple(key)
+        value = self.stacks.get(tkey)
+        if value is not None:
+            return value
+        if frame.f_code.co_filename == _THIS_FILE:
+            value = -1
+        else:
+            locs = self.locs
+            lkey = tuple(x for lid in key for x in locs[lid][:2])
+            sid = self.line_stacks.get(lkey)
+            if sid is None:
+                sid = self.n_stacks
+                self.n_stacks += 1
+                self.line_stacks[lkey] = sid
+                self.pending_stacks.append((sid, lkey))
+            value = sid << 1 | locs[key[0]][2]
         if len(self.stacks) >= STACK_CACHE:
             self.stacks.clear()  # in place: the handler holds this very dict
-        if len(line_memo) >= STACK_CACHE:
-            line_memo.clear()
-        self.stacks[key] = sid
-        return sid
+        self.stacks[tkey] = value
+        return value
 
     # ---- writing ------------------------------------------------------------------------------
-
-    def _line_of(self, ci: int, lasti: int) -> int:
-        """Source line of a byte offset, through the code object's line table (memoised)."""
-        table = self.line_tables[ci]
-        co = self.codes[ci]
-        if table is None:
-            starts: list[int] = []
-            lines: list[int] = []
-            for start, _end, line in co.co_lines():
-                starts.append(start)
-                lines.append(line if line else -1)  # None, or 0 (the module's RESUME)
-            table = (starts, lines)
-            self.line_tables[ci] = table
-        if lasti < 0:
-            return co.co_firstlineno
-        i = bisect_right(table[0], lasti) - 1
-        line = table[1][i] if i >= 0 else -1
-        return line if line >= 0 else co.co_firstlineno
 
     def _leaf(self, td: _ThreadData, sid: int, idle: int) -> int:
         """The thread's tree node for a stack (inserting its path); idle leaves are distinct."""
@@ -536,7 +573,10 @@ class Sampler:
         return node
 
     def _flush_locked(self) -> None:
-        """Turn buffered samples into tree nodes and counts; append them in one write."""
+        """Turn the aggregated samples into tree nodes and counts; append them in one write.
+
+        The work here is per distinct (thread, stack) since the last flush, not per sample.
+        """
         if self.fd < 0:
             return
         for sid, pairs in self.pending_stacks:
@@ -545,36 +585,7 @@ class Sampler:
             self.stack_paths[sid] = [(pairs[i], pairs[i + 1])
                                      for i in range(len(pairs) - 2, -1, -2)]
         self.pending_stacks = []
-        buf = self.buf
-        tdata = self.tdata
         leaf_of = self.leaf_of
-        trace = self.trace
-        touched = set()
-        for i in range(0, len(buf), FIELDS):
-            t, th, sid, cpu, wall, fl = buf[i:i + FIELDS]
-            idle = fl & FLAG_IDLE
-            td = tdata[th]
-            leaf = leaf_of.get((th, sid, idle))
-            if leaf is None:
-                leaf = self._leaf(td, sid, idle)
-            c = td.counts.get(leaf)
-            if c is None:
-                td.counts[leaf] = [1, cpu, wall]
-            else:
-                c[0] += 1
-                c[1] += cpu
-                c[2] += wall
-            td.samples += 1
-            td.cpu += cpu
-            td.wall += wall
-            if idle:
-                td.idle += 1
-            if fl & FLAG_NATIVE:
-                td.native += 1
-            if trace:
-                td.trace.append(_TRACE.pack(t, leaf, METRIC_CPU))
-            touched.add(th)
-        del buf[:]
         out: list[bytes] = []
         if self.codes_written < len(self.codes):
             rows = [[co.co_filename, getattr(co, "co_qualname", co.co_name), co.co_firstlineno]
@@ -582,21 +593,55 @@ class Sampler:
             self.codes_written = len(self.codes)
             out.append(_json_chunk(TAG_PYCODE, rows))
         for th in self.new_threads:
-            out.append(_json_chunk(TAG_THREAD, tdata[th].info, th))
+            out.append(_json_chunk(TAG_THREAD, self.tdata[th].info, th))
         self.new_threads = []
-        for th in sorted(touched):
-            td = tdata[th]
+        for td in self.tdata:
+            agg = td.state[3]
+            if not agg:
+                continue
+            th = td.index
+            items = list(agg.items())
+            agg.clear()  # in place: the handler holds this very dict
+            trace = td.state[4]
+            tr = trace.tolist() if len(trace) else []
+            del trace[:]
+            counts: dict[int, list[int]] = {}
+            leaf_by_key: dict[int, int] = {}
+            for k, (n, cpu, wall) in items:
+                idle = k & 1
+                sid = k >> 2
+                leaf = leaf_of.get((th, sid, idle))
+                if leaf is None:
+                    leaf = self._leaf(td, sid, idle)
+                leaf_by_key[k] = leaf
+                c = counts.get(leaf)
+                if c is None:
+                    counts[leaf] = [n, cpu, wall]
+                else:
+                    c[0] += n
+                    c[1] += cpu
+                    c[2] += wall
+                td.samples += n
+                td.cpu += cpu
+                td.wall += wall
+                if idle:
+                    td.idle += n
+                if k & 2:
+                    td.native += n
+                self.samples += n
             if td.new_nodes:
                 out.append(_chunk(TAG_NODES, b"".join(td.new_nodes), th))
                 td.new_nodes = []
-            rows_b = [_COUNT.pack(node, METRIC_CPU, n, float(cpu))
+            # a sum can only be negative when the handler's own time (taken as wall-clock
+            # time) was preempted and the thread then went idle: nothing was spent there
+            rows_b = [_COUNT.pack(node, METRIC_CPU, n, float(max(cpu, 0)))
                       + _COUNT.pack(node, METRIC_WALL, n, float(wall))
-                      for node, (n, cpu, wall) in td.counts.items()]
+                      for node, (n, cpu, wall) in counts.items()]
             out.append(_chunk(TAG_COUNTS, b"".join(rows_b), th))
-            td.counts = {}
-            if td.trace:
-                out.append(_chunk(TAG_TRACE, b"".join(td.trace), th))
-                td.trace = []
+            if tr:
+                out.append(_chunk(TAG_TRACE, b"".join(
+                    _TRACE.pack(tr[i], leaf_by_key[tr[i + 1]], METRIC_CPU)
+                    for i in range(0, len(tr), 2)), th))
             out.append(_json_chunk(TAG_STATS, self._stats(td), th))
         if out:
             self._write(b"".join(out))
