@@ -470,3 +470,20 @@ def test_find_within_a_zoomed_subtree(view_server: BackgroundServer, view: str) 
     assert inside == [m[1:] for m in everywhere if m[0] == zoom and len(m) > 1]
     assert get_json(s.url, f"/api/db/{LOOPS}/find", view=view, q="func", zoom=zoom,
                     limit=1)["matches"] == inside[:1]
+
+
+def test_csv_of_a_large_expansion_by_post_and_by_a_long_url(view_server: BackgroundServer
+                                                            ) -> None:
+    s = view_server
+    opened = keys_to_depth(s, LOOPS, 12)
+    _, want = get_text(s.url, f"/api/db/{LOOPS}/csv", expanded=opened)
+    # the same keys repeated make a URL of ~0.5 MB: the server still reads it
+    status, text = get_text(s.url, f"/api/db/{LOOPS}/csv", expanded=opened * 300)
+    assert status == 200 and text == want
+    import urllib.request
+
+    req = urllib.request.Request(f"{s.url}/api/db/{LOOPS}/csv",
+                                 data=json.dumps({"expanded": opened}).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req) as r:
+        assert r.read().decode() == want

@@ -305,6 +305,13 @@ def csv_text(db: Database, params: Params, body: bytes) -> str:
     desc = _descending(params)
     exp_keys = parse_json_param(params, "expanded") or []
     col_keys = parse_json_param(params, "columns") or []
+    if body:  # POST: the lists in the body (a fully expanded tree does not fit in a URL)
+        doc = _body_json(body)
+        if not isinstance(doc, dict):
+            raise CallpathError("request body: expected {\"expanded\": [KEY...], "
+                                "\"columns\": [COL...]}")
+        exp_keys = doc.get("expanded", exp_keys) or []
+        col_keys = doc.get("columns", col_keys) or []
     for name, val in (("expanded", exp_keys), ("columns", col_keys)):
         if not isinstance(val, list) or not all(isinstance(k, str) for k in val):
             raise CallpathError(f"parameter {name!r}: expected a JSON list of keys")

@@ -105,7 +105,8 @@ class ViewerApp:
         }
         for name, fn in gets.items():
             routes.append(Route(f"/api/db/{{db}}/{name}", self._endpoint(fn)))
-        routes.append(Route("/api/db/{db}/csv", self._endpoint(api.csv_text, csv=True)))
+        routes.append(Route("/api/db/{db}/csv", self._endpoint(api.csv_text, csv=True),
+                            methods=["GET", "POST"]))
         for name, fn in {"derived/check": api.derived_check,
                          "derived/save": api.derived_save}.items():
             routes.append(Route(f"/api/db/{{db}}/{name}", self._endpoint(fn),

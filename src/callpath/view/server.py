@@ -22,6 +22,8 @@ from callpath.view.app import STATIC_DIR, make_app
 from callpath.view.security import is_loopback, new_token
 from callpath.view.session import Database, open_databases
 
+MAX_HEAD = 4 << 20  # request line and headers: a URL holding a big state still fits
+
 
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port`` (port 0: any free port)."""
@@ -59,7 +61,8 @@ def _uvicorn_server(dbs: list[Database], host: str, token: str | None,  # type: 
 
     app = make_app(dbs, token=token, loopback=is_loopback(host), static_dir=static_dir)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=2)
+                            timeout_graceful_shutdown=2,
+                            h11_max_incomplete_event_size=MAX_HEAD)
     return uvicorn.Server(config)
 
 
