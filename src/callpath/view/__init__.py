@@ -5,6 +5,6 @@ aggregation happens here, in numpy, and the browser (``static/``) only draws wha
 sent. Modules: :mod:`state` (the view state carried in every request), :mod:`keys` (opaque
 node keys that survive a restart), :mod:`session` (opened databases and the cache of built
 views), :mod:`rows` (JSON rows and columns), :mod:`api` (the handlers), :mod:`traces` (trace
-sampling), :mod:`security` (token, static files), :mod:`app` (the ASGI application) and
-:mod:`server` (binding and running uvicorn).
+sampling), :mod:`sources` (which source files may be shown), :mod:`security` (token, static
+files), :mod:`app` (the ASGI application) and :mod:`server` (binding and running uvicorn).
 """

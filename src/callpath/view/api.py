@@ -248,7 +248,6 @@ def source(db: Database, params: Params, body: bytes) -> Any:
     if real is None:
         raise NotFound(f"source file {path}: not copied into the database and not readable "
                        "at its recorded path")
-    import os
     return {"file": os.path.basename(path) or path, "path": path, "line": line,
             "lines": read_lines(real, path)}
 
