@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
