@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -291,6 +292,8 @@ def test_the_command_prints_a_url_with_a_token_for_a_non_loopback_bind(dbs: list
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready, "callpath view printed nothing in 120 s"
         line = proc.stdout.readline()
         m = re.search(r"http://[^:/]+:(\d+)/\?token=([A-Za-z0-9_-]+)", line)
         assert m, line
