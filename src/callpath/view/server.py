@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import sys
 import threading
@@ -117,8 +118,20 @@ def _open(paths: list[str]) -> list[Database]:
     return dbs
 
 
+def _has_display() -> bool:
+    """Whether a graphical browser could show up. Without a display (an SSH session on a
+    login node) Python's webbrowser would fall back to a console browser such as w3m,
+    which would take over the terminal the server prints to."""
+    if sys.platform.startswith(("linux", "freebsd", "openbsd", "netbsd")):
+        return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    return True
+
+
 def _open_browser(url: str) -> None:
     """Open a browser tab when one is available; never block, never fail."""
+    if not _has_display():
+        return
+
     def go() -> None:
         with contextlib.suppress(Exception):
             import webbrowser
