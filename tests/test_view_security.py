@@ -313,3 +313,44 @@ def test_the_command_prints_a_url_with_a_token_for_a_non_loopback_bind(dbs: list
 
 def test_static_dir_default_is_the_package_folder() -> None:
     assert STATIC_DIR.name == "static" and STATIC_DIR.parent.name == "view"
+
+
+def test_a_browser_is_opened_only_where_a_display_exists(dbs: list[Path], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    from callpath.view.server import _has_display
+
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    if sys.platform.startswith("linux"):
+        assert not _has_display()  # a login node over SSH: no console browser in our tty
+    monkeypatch.setenv("DISPLAY", ":0")
+    assert _has_display()
+    # with a display, the browser named by $BROWSER gets the URL
+    marker = tmp_path / "opened.txt"
+    fake = tmp_path / "browser.sh"
+    fake.write_text(f"#!/bin/sh\necho \"$1\" > {marker}\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), DISPLAY=":0", BROWSER=f"{fake} %s")
+    proc = subprocess.Popen([sys.executable, "-m", "callpath", "view", str(dbs[0]), "--port",
+                             str(_free_port())], stdout=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready
+        url = re.search(r"http://\S+", proc.stdout.readline())
+        assert url
+        for _ in range(2400):
+            if marker.exists() and marker.read_text().strip():
+                break
+            time.sleep(0.05)
+        assert marker.read_text().strip() == url.group(0)
+    finally:
+        kill_group(proc)  # type: ignore[arg-type]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
