@@ -10,13 +10,15 @@ profile block and a transposed copy in memory cost 7.5 GB for 256 execution cont
    metric, profile, value) are appended to one bucket file per range of context ids. Only
    one block is alive at a time.
 2. **Transpose** (per run of buckets, in a worker): the bucket files of one context range
-   are read from every spool, sorted by (context, metric) with a stable sort (the spools
-   are in profile order, so profiles stay ascending inside a pair: exactly ``cct.db``'s
-   order) and encoded into ``cct.db`` blocks. A bucket holds a few million values at most.
-3. **Assembly** (in the caller): headers and index arrays follow from the sizes the workers
-   report; the encoded pieces are position independent (8-byte aligned chunks of profile
-   blocks, 4-byte multiple context blocks), so they are concatenated behind the headers
-   with ``copy_file_range`` (an in-kernel copy) and the files are byte-identical to the ones
+   are read from every spool and put in (context, metric) order, profiles ascending inside
+   a pair (the spools are in profile order), which is ``cct.db``'s order, then encoded and
+   written in place: the spools counted each context's values and metrics, so every
+   block's offset is known before the transpose starts. A bucket holds about a million
+   values, and is removed once read.
+3. **Assembly** (in the caller): ``cct.db``'s header and index come from those counts;
+   ``profile.db``'s from the sizes the spools report, and the spools (8-byte aligned runs
+   of profile blocks, so position independent) are concatenated behind the summary block
+   with ``copy_file_range`` (an in-kernel copy). The files are byte-identical to the ones
    written from memory.
 
 Forked workers inherit the job through :data:`STATE` (set before mapping), so the value
@@ -28,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -195,7 +197,79 @@ class Spool:
     p_ctxs: I64
     buckets: list[Path | None]  # per bucket: its records (BUCKET_RECORD), if any
     runs: I64  # [k, b]: how many records of profile ``profiles[k]`` bucket ``b`` holds
-    top_ctx: int  # 1 + the largest context id with a value (0 if none)
+    pairs: PairCounts  # of the transposed profiles
+
+    @property
+    def top_ctx(self) -> int:
+        """1 + the largest context id with a transposed value (0 if none)."""
+        return self.pairs.top
+
+
+class PairCounts:
+    """Per context id: how many values it has, and which metrics have one, over the profiles
+    added; from these ``cct.db``'s layout is known before it is transposed, so the
+    transposing workers write their pieces in place. Metric ids get columns as they appear."""
+
+    def __init__(self, rows: int) -> None:
+        self.values = np.zeros(rows, dtype=np.int64)
+        self.col_of = np.full(1 << 16, -1, dtype=np.int64)
+        self.ids: list[int] = []
+        self.present = np.zeros((rows, 0), dtype=bool)
+        self.top = 0
+
+    def add(self, ctx: npt.NDArray[np.uint32], metric: npt.NDArray[np.uint16]) -> None:
+        """The values of one profile (sorted by context)."""
+        if not len(ctx):
+            return
+        self.top = max(self.top, int(ctx[-1]) + 1)
+        rows = len(self.values)
+        if self.top > rows:
+            rows = max(self.top, rows + rows // 4)
+            self.values = np.concatenate([self.values,
+                                          np.zeros(rows - len(self.values), np.int64)])
+            grow = np.zeros((rows - len(self.present), self.present.shape[1]), dtype=bool)
+            self.present = np.concatenate([self.present, grow])
+        seen = np.zeros(1 << 16, dtype=bool)
+        seen[metric] = True
+        new = np.flatnonzero(seen & (self.col_of < 0))
+        if len(new):
+            self.col_of[new] = len(self.ids) + np.arange(len(new))
+            self.ids += new.tolist()
+            self.present = np.concatenate(
+                [self.present, np.zeros((len(self.present), len(new)), dtype=bool)], axis=1)
+        self.values += np.bincount(ctx, minlength=rows)
+        self.present[ctx, self.col_of[metric]] = True
+
+
+@dataclass
+class ContextLayout:
+    """Where each context's block lies in ``cct.db`` (from the spools' :class:`PairCounts`)."""
+
+    n_values: I64
+    n_metrics: I64
+    start: I64  # n_slots + 1 offsets from the first block
+
+    @classmethod
+    def of(cls, spools: list[Spool], n_slots: int) -> ContextLayout:
+        ids = sorted({i for sp in spools for i in sp.pairs.ids})
+        col = {m: j for j, m in enumerate(ids)}
+        n_values = np.zeros(n_slots, dtype=np.int64)
+        present = np.zeros((n_slots, len(ids)), dtype=bool)
+        for sp in spools:
+            pc = sp.pairs
+            r = min(len(pc.values), n_slots)
+            n_values[:r] += pc.values[:r]
+            if pc.ids:
+                cols = np.array([col[m] for m in pc.ids], dtype=np.int64)
+                present[:r, cols] |= pc.present[:r]
+        n_metrics = present.sum(axis=1).astype(np.int64)
+        if np.any(n_metrics > 0xFFFF):
+            raise CallpathError("a context has more than 65535 metrics")
+        # block of a context: values (12 B each), metric indices (10 B each), padding to 4
+        size = 12 * n_values + 10 * n_metrics + 2 * (n_metrics & 1)
+        start = np.zeros(n_slots + 1, dtype=np.int64)
+        np.cumsum(size, out=start[1:])
+        return cls(n_values, n_metrics, start)
 
 
 @dataclass
@@ -204,7 +278,7 @@ class _Job:
     directory: Path  # for the temporary files
     transposed: npt.NDArray[np.bool_]  # per profile: its values go to cct.db
     bounds: I64  # context ids where buckets start (+ an open end)
-    spools: list[Spool] = field(default_factory=list)
+    rows: int  # context ids expected (more are counted if they come)
 
 
 def bucket_bounds(n_slots: int, n_profiles: int, n_metric_ids: int) -> I64:
@@ -219,9 +293,9 @@ def bucket_bounds(n_slots: int, n_profiles: int, n_metric_ids: int) -> I64:
 
 
 def spool_profiles(source: ValueSource, directory: Path, transposed: npt.NDArray[np.bool_],
-                   bounds: I64) -> list[Spool]:
+                   bounds: I64, n_slots: int) -> list[Spool]:
     """Phase 1 over profiles ``1 ..``: spools in profile order."""
-    STATE["job"] = _Job(source, directory, transposed, bounds)
+    STATE["job"] = _Job(source, directory, transposed, bounds, n_slots)
     try:
         items = list(range(1, len(transposed)))
         if not items:
@@ -243,7 +317,7 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
     n = len(profiles)
     runs = np.zeros((n, nb), dtype=np.int64)
     nv, pv, nc, pc = (np.zeros(n, dtype=np.int64) for _ in range(4))
-    top = 0
+    pairs = PairCounts(job.rows)
     pos = 0
     try:
         with open(path, "wb") as f:
@@ -256,7 +330,7 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
                 if not job.transposed[i] or not len(blk.values):
                     continue
                 cv = blk.ctx_of_values()
-                top = max(top, int(cv[-1]) + 1)
+                pairs.add(cv, blk.metric_ids)
                 cut = np.searchsorted(cv, job.bounds)
                 for b in np.flatnonzero(cut[1:] > cut[:-1]).tolist():
                     lo, hi = int(cut[b]), int(cut[b + 1])
@@ -279,30 +353,20 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
             if bf is not None:
                 bf.close()
     return Spool(np.asarray(profiles, dtype=np.int64), path, pos, nv, pv, nc, pc,
-                 bucket_paths, runs, top)
+                 bucket_paths, runs, pairs)
 
 
 # ==== phase 2: transpose the buckets ====================================================
 
 
-@dataclass
-class Piece:
-    """Encoded ``cct.db`` blocks of contexts ``c0 .. c1-1`` (small; from a worker)."""
-
-    c0: int
-    c1: int
-    path: Path
-    size: int
-    n_values: I64  # per context of the range
-    n_metrics: I64
-    groups: list[Any]  # what ``on_groups`` returned, per transposed unit
-
-
-def transpose_buckets(source: ValueSource, directory: Path, spools: list[Spool],
-                      bounds: I64, n_slots: int) -> list[Piece]:
-    """Phase 2: ``cct.db`` blocks of contexts ``0 .. n_slots-1``, in pieces (context order).
-    Adjacent buckets are transposed together up to :data:`VALUES_PER_BUCKET` values."""
+def transpose_buckets(source: ValueSource, spools: list[Spool], bounds: I64,
+                      layout: ContextLayout, cct_db: Path, data_base: int) -> list[Any]:
+    """Phase 2: the ``cct.db`` blocks of every context written in place into ``cct_db``
+    (blocks from ``data_base``, at the offsets of ``layout``), by pieces of adjacent buckets
+    of up to :data:`VALUES_PER_BUCKET` values; bucket files are removed once read. Returns
+    what ``on_groups`` said of each piece, in context order."""
     nb = len(bounds) - 1
+    n_slots = len(layout.n_values)
     b = bounds.copy()
     b[-1] = max(n_slots, int(b[-2]))
     counts = (np.sum([s.runs.sum(axis=0) for s in spools], axis=0) if spools
@@ -315,28 +379,25 @@ def transpose_buckets(source: ValueSource, directory: Path, spools: list[Spool],
             start, acc = k, 0
         acc += int(counts[k])
     units.append((start, nb))
-    STATE["transpose"] = (source, directory, spools, b, units)
+    STATE["transpose"] = (source, spools, b, units, layout, cct_db, data_base)
     try:
         got = source.parallel(_transpose_chunk, list(range(len(units))))
-        return [p for p in got if p is not None]
+        return [g for part in got for g in part]
     finally:
         STATE.pop("transpose", None)
 
 
-def _transpose_chunk(unit_ids: Sequence[int]) -> Piece | None:
+def _transpose_chunk(unit_ids: Sequence[int]) -> list[Any]:
     source: ValueSource
     spools: list[Spool]
-    source, directory, spools, bounds, units = STATE["transpose"]
-    if not len(unit_ids):
-        return None
-    u0, u1 = int(unit_ids[0]), int(unit_ids[-1])
-    c0, c1 = int(bounds[units[u0][0]]), int(bounds[units[u1][1]])
-    path = directory / f"contexts-{c0}.spool"
-    nv_parts, nm_parts, groups = [], [], []
-    size = 0
-    with open(path, "wb") as f:
+    layout: ContextLayout
+    source, spools, bounds, units, layout, cct_db, data_base = STATE["transpose"]
+    groups = []
+    fd = os.open(cct_db, os.O_WRONLY)
+    try:
         for u in unit_ids:
             b0, b1 = units[int(u)]
+            c0, c1 = int(bounds[b0]), min(int(bounds[b1]), len(layout.n_values))
             parts, run_prof, run_len = [], [], []
             for sp in spools:  # in profile order; inside a spool, bucket by bucket
                 for b in range(b0, b1):
@@ -344,6 +405,7 @@ def _transpose_chunk(unit_ids: Sequence[int]) -> Piece | None:
                     if bp is None:
                         continue
                     parts.append(np.fromfile(bp, dtype=BUCKET_RECORD))
+                    bp.unlink()
                     have = sp.runs[:, b] > 0
                     run_prof.append(sp.profiles[have])
                     run_len.append(sp.runs[have, b])
@@ -351,17 +413,27 @@ def _transpose_chunk(unit_ids: Sequence[int]) -> Piece | None:
             del parts
             ps = np.concatenate(run_prof) if run_prof else np.zeros(0, np.int64)
             ls = np.concatenate(run_len) if run_len else np.zeros(0, np.int64)
-            t = _transpose(rec, ps, ls, int(bounds[b0]), int(bounds[b1]))
+            t = _transpose(rec, ps, ls, c0, c1)
             del rec
-            buf, nv, nm = encode_contexts(t, int(bounds[b0]), int(bounds[b1]))
+            buf, nv, nm = encode_contexts(t, c0, c1)
+            if not (np.array_equal(nv, layout.n_values[c0:c1])
+                    and np.array_equal(nm, layout.n_metrics[c0:c1])):
+                raise CallpathError(f"contexts {c0}..{c1 - 1}: the transposed values do not "
+                                    "match the counts taken while spooling")
             if source.on_groups is not None:
                 groups.append(source.on_groups(t))
             del t
-            _write(f, buf)
-            size += buf.nbytes
-            nv_parts.append(nv)
-            nm_parts.append(nm)
-    return Piece(c0, c1, path, size, np.concatenate(nv_parts), np.concatenate(nm_parts), groups)
+            _pwrite(fd, buf, data_base + int(layout.start[c0]))
+    finally:
+        os.close(fd)
+    return groups
+
+
+def _pwrite(fd: int, buf: npt.NDArray[Any], at: int) -> None:
+    view = memoryview(np.ascontiguousarray(buf).view(np.uint8).reshape(-1).data)
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], at + done)
 
 
 def _transpose(rec: npt.NDArray[Any], run_prof: I64, run_len: I64, c0: int, c1: int) -> Groups:

@@ -12,10 +12,11 @@ Python loop over values, and none over contexts either:
   flex sub-fields are computed for all nodes at once and stored into one array of u64 words.
 - ``profile.db`` and ``cct.db`` are streamed (:mod:`callpath.formats.v4.stream`): each
   profile's block is written to a spool file as soon as it is produced, and its values go to
-  bucket files by context range, which are then sorted one at a time into ``cct.db``'s order;
-  headers come from the sizes, the pieces are copied behind them. Memory stays bounded by a
-  block and a bucket, and an experiment that computes its blocks on demand (``callpath prof``)
-  has them computed, spooled and transposed in parallel workers.
+  bucket files by context range, which are then put in ``cct.db``'s order one at a time and
+  written in place (their offsets follow from counts taken while spooling); the spools are
+  copied behind ``profile.db``'s headers. Memory stays bounded by a block and a bucket, and
+  an experiment that computes its blocks on demand (``callpath prof``) has them computed,
+  spooled and transposed in parallel workers.
 
 Files are written under temporary names in the target directory and renamed into place only
 once all of them are complete, so a failure never leaves a half-written database behind the
@@ -226,26 +227,21 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
         n_ids = len({i.prop_metric_id for m in exp.metrics for i in m.scope_insts})
         bounds = stream.bucket_bounds(n0, int(transposed.sum()), n_ids)
         spool_dir.mkdir(exist_ok=True)
-        spools = stream.spool_profiles(source, spool_dir, transposed, bounds)
+        spools = stream.spool_profiles(source, spool_dir, transposed, bounds, n0)
         n_slots = max([n0, *(sp.top_ctx for sp in spools)])
         if n_slots > 0xFFFFFFFF:
             raise CallpathError(f"{n_slots} contexts; v4 allows at most 2^32-1")
         tree = _TreeLayout.build(exp, n_slots)
         with open(temp("meta.db"), "wb") as f:
             f.write(_meta_db(exp, files, tree))
-        pieces = stream.transpose_buckets(source, spool_dir, spools, bounds, tree.n_slots)
-        for sp in spools:
-            for bp in sp.buckets:
-                if bp is not None:
-                    bp.unlink()
+        layout = stream.ContextLayout.of(spools, tree.n_slots)
         with open(temp("cct.db"), "wb") as f:
-            _write_cct_db(f, pieces, tree.n_slots)
-        for pc in pieces:
-            pc.path.unlink()
+            data_base = _write_cct_db(f, layout)
+        groups = stream.transpose_buckets(source, spools, bounds, layout, temps["cct.db"],
+                                          data_base)
         if summary is None:
             assert source.summary is not None
-            summary = stream.sorted_block(
-                source.summary([g for pc in pieces for g in pc.groups]), 0)
+            summary = stream.sorted_block(source.summary(groups), 0)
             if len(summary.ctx_ids) and int(summary.ctx_ids[-1]) >= n_slots:
                 raise CallpathError(f"the summary profile has a value at context "
                                     f"{int(summary.ctx_ids[-1])}, beyond the {n_slots} "
@@ -780,33 +776,22 @@ def _write_profile_db(f: BinaryIO, exp: Experiment, summary: ProfileBlock,
 # ==== cct.db ============================================================================
 
 
-def _write_cct_db(f: BinaryIO, pieces: list[stream.Piece], n_slots: int) -> None:
-    """The context index from the pieces' counts, then the pieces' encoded blocks copied
-    behind it in context order (contexts without a piece have no values)."""
+def _write_cct_db(f: BinaryIO, layout: stream.ContextLayout) -> int:
+    """The header, the context index and the footer, the file sized for the blocks, which
+    the transposing workers write in place (:func:`stream.transpose_buckets`). Returns the
+    offset of the first block."""
+    n_slots = len(layout.n_values)
     header_size = 0x10 + 16
     p_section = _align(header_size)
     p_array = _align(p_section + 0x0D)
     section_size = p_array + n_slots * CONTEXT_INFO.itemsize - p_section
     data_base = _align(p_section + section_size)
-    n_values = np.zeros(n_slots, dtype=np.int64)
-    n_metrics = np.zeros(n_slots, dtype=np.int64)
-    for pc in pieces:
-        hi = min(pc.c1, n_slots)
-        n_values[pc.c0:hi] = pc.n_values[:hi - pc.c0]
-        n_metrics[pc.c0:hi] = pc.n_metrics[:hi - pc.c0]
-    block_size = 12 * n_values + 10 * n_metrics + 2 * (n_metrics & 1)
-    block_start = np.zeros(n_slots + 1, dtype=np.int64)
-    np.cumsum(block_size, out=block_start[1:])
-    block_start += data_base
     info = np.zeros(n_slots, CONTEXT_INFO)
-    info["nValues"] = n_values
-    info["pValues"] = block_start[:-1]
-    info["nMetrics"] = n_metrics
-    info["pMetricIndices"] = block_start[:-1] + 12 * n_values
-    for pc in pieces:
-        if pc.size:
-            stream.append_file(f, pc.path, int(block_start[pc.c0]), pc.size)
-    end = int(block_start[-1])
+    info["nValues"] = layout.n_values
+    info["pValues"] = layout.start[:-1] + data_base
+    info["nMetrics"] = layout.n_metrics
+    info["pMetricIndices"] = layout.start[:-1] + data_base + 12 * layout.n_values
+    end = data_base + int(layout.start[-1])
     f.seek(end)
     f.write(_footer(b"ctxt", end))
     f.seek(0)
@@ -816,6 +801,7 @@ def _write_cct_db(f: BinaryIO, pieces: list[stream.Piece], n_slots: int) -> None
             + bytes([CONTEXT_INFO.itemsize]))
     f.seek(p_array)
     _write(f, info)
+    return data_base
 
 
 # ==== trace.db ==========================================================================
