@@ -14,12 +14,25 @@ shared machine hits every configuration alike. Four times are taken per run:
 - *tree CPU*: the CPU time of every process of the command (``RUSAGE_CHILDREN``): the tool's own
   processes included, start-up and post-processing too.
 
+Two reference configurations show what any in-process sampler at the same rate costs on this
+machine: *empty handler* arms the sampler's own timer (a POSIX timer on ``CLOCK_MONOTONIC``
+signalling the main thread) with a Python handler that does nothing, and *callpath bootstrap*
+runs the program under the launcher and bootstrap with a timer that never fires (``-F 0.001``).
+
 Medians, and ratios to the plain run's medians, are printed as one table. py-spy and pyinstrument
 are installed on first use into ``bench/.env-pyprof`` (a virtualenv of their own: peers to
 measure against, never dependencies of callpath); a tool that cannot be installed or run (py-spy
 needs ptrace) is reported as such and skipped.
 
     .venv/bin/python bench/measure_python.py [--repeat 5] [--seconds 3] [--only callpath]
+    .venv/bin/python bench/measure_python.py --decompose [--repeat 5]
+
+``--decompose`` measures the cost of sampling at 1 kHz (and 100 Hz) in-process instead, far more
+precisely than whole runs can on a shared machine: one process alternates blocks of the
+workload (about 0.1 s each) with the timer armed and disarmed, 30 pairs, and reports the ratio of
+CPU time armed/disarmed for a signal whose handler is a C function that does nothing (the
+interrupt and the signal alone), an empty Python handler, and callpath's handler; the rounds of
+the three are interleaved.
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ from typing import NamedTuple
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 PEER_ENV = BENCH / ".env-pyprof"
+SAMPLER = REPO / "src" / "callpath" / "measure" / "python" / "sampler.py"
 PEERS = ["py-spy==0.4.3", "pyinstrument==5.1.3"]
 
 WORKLOAD = '''
@@ -74,13 +88,87 @@ def loops(n):
         s += i * i % 7
     return s
 
-def main(scale):
-    t0, c0 = time.perf_counter(), time.process_time()
+def work(scale):
     for _ in range(int(scale)):
         fib(22); vectors(60_000); words(60_000); loops(150_000)
+
+def main(scale):
+    t0, c0 = time.perf_counter(), time.process_time()
+    work(scale)
     print(f"WORK {time.perf_counter() - t0:.6f} CPU {time.process_time() - c0:.6f}")
 
-main(float(sys.argv[1]))
+if __name__ == "__main__":
+    main(float(sys.argv[1]))
+'''
+
+# Runs the workload (argv: HZ WORKLOAD SCALE) with the sampler's own timer signalling an empty
+# Python handler: the floor under any in-process signal-driven sampler at that rate.
+EMPTY_HANDLER = '''
+import importlib.util, runpy, signal, sys
+spec = importlib.util.spec_from_file_location("_s", SAMPLER)
+s = importlib.util.module_from_spec(spec); spec.loader.exec_module(s)
+def empty(signum, frame):
+    pass
+signal.signal(signal.SIGPROF, empty)
+timer = s._Timer(signal.SIGPROF)
+timer.start(int(1e9 / float(sys.argv[1])), empty)
+sys.argv = sys.argv[2:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    timer.stop()
+'''
+
+# One process, alternating blocks of work with the timer armed and disarmed (argv: MODE HZ
+# PAIRS WORKLOAD_DIR CHUNK OUT); prints the ratio of the CPU time of the armed blocks to that of
+# the disarmed ones, and the signals per CPU-second.
+DECOMPOSE = '''
+import ctypes, importlib.util, os, signal, struct, sys, time
+mode, hz, pairs, wdir, chunk, out = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), \\
+    sys.argv[4], float(sys.argv[5]), sys.argv[6]
+sys.path.insert(0, wdir)
+import workload
+spec = importlib.util.spec_from_file_location("_s", SAMPLER)
+s = importlib.util.module_from_spec(spec); spec.loader.exec_module(s)
+count = [0]
+if mode == "c":
+    # libc's abs(int) as the handler: a C function that returns at once
+    libc = ctypes.CDLL(None)
+    act = ctypes.create_string_buffer(256)  # struct sigaction: handler, 128-byte mask, flags
+    struct.pack_into("<Q", act, 0, ctypes.cast(libc.abs, ctypes.c_void_p).value)
+    struct.pack_into("<i", act, 136, 0x10000000)  # SA_RESTART
+    if libc.sigaction(signal.SIGPROF, act, None) != 0:
+        sys.exit("sigaction failed")
+    handler = None
+elif mode == "empty":
+    def handler(signum, frame):
+        count[0] += 1
+    signal.signal(signal.SIGPROF, handler)
+else:
+    sampler = s.Sampler(out, hz, False)
+    handler = sampler.make_handler()
+    signal.signal(signal.SIGPROF, handler)
+    sampler._open()
+timer = s._Timer(signal.SIGPROF)
+period = int(1e9 / hz)
+workload.work(chunk)
+armed = disarmed = 0
+for p in range(pairs):
+    for on in ((False, True) if p % 2 else (True, False)):
+        if on:
+            timer.start(period, handler)
+        c0 = time.process_time_ns()
+        workload.work(chunk)
+        c = time.process_time_ns() - c0
+        timer.stop()
+        if on:
+            armed += c
+        else:
+            disarmed += c
+if mode == "callpath":
+    sampler.finish("exit", 0)
+    count[0] = sampler.samples
+print("RATIO", armed / disarmed, "RATE", count[0] / (armed / 1e9) if mode != "c" else 0)
 '''
 
 
@@ -112,10 +200,13 @@ def configurations(script: Path, scale: float, tmp: Path,
     py = sys.executable
     w = [str(script), str(scale)]
     cfg: dict[str, list[str]] = {"plain": [py, *w]}
+    launcher = ["env", f"PYTHONPATH={REPO / 'src'}", py, "-m", "callpath.measure.python", "-q"]
+    cfg["callpath bootstrap"] = [*launcher, "-o", str(tmp / "cp-0-{i}"), "-F", "0.001", *w]
+    empty = EMPTY_HANDLER.replace("SAMPLER", repr(str(SAMPLER)))
     for hz in (100, 1000):
-        cfg[f"callpath {hz} Hz"] = [
-            "env", f"PYTHONPATH={REPO / 'src'}", py, "-m", "callpath.measure.python", "-q",
-            "-o", str(tmp / f"cp-{hz}-{{i}}"), "-F", str(hz), *w]
+        cfg[f"empty handler {hz} Hz"] = [py, "-c", empty, str(hz), *w]
+        cfg[f"callpath {hz} Hz"] = [*launcher, "-o", str(tmp / f"cp-{hz}-{{i}}"), "-F", str(hz),
+                                    *w]
     if peer is not None:
         spy = str(peer.parent / "py-spy")
         for hz in (100, 1000):
@@ -151,14 +242,60 @@ def run_once(cmd: list[str]) -> Sample | str:
     return Sample(float(words[0]), float(words[2]), total, tree)
 
 
+DECOMPOSE_MODES = {"c": "C handler (signal only)", "empty": "empty Python handler",
+                   "callpath": "callpath handler"}
+
+
+def decompose(tmp: Path, repeat: int, pairs: int = 30) -> None:
+    """In-process costs of sampling: ratios of armed to disarmed CPU time, per handler."""
+    (tmp / "workload.py").write_text(WORKLOAD)
+    src = DECOMPOSE.replace("SAMPLER", repr(str(SAMPLER)))
+    out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                          "import workload, time; t = time.process_time(); workload.work(3); "
+                          "print(time.process_time() - t)", str(tmp)],
+                         capture_output=True, text=True, check=True)
+    chunk = max(1, round(0.1 / (float(out.stdout) / 3)))  # about 0.1 s per block
+    rows: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for i in range(repeat):
+        for hz in (1000, 100):
+            for mode in DECOMPOSE_MODES:
+                r = subprocess.run([sys.executable, "-c", src, mode, str(hz), str(pairs),
+                                    str(tmp), str(chunk), str(tmp / f"dec-{mode}-{hz}-{i}")],
+                                   capture_output=True, text=True, check=False)
+                if "RATIO" not in r.stdout:
+                    print(f"  {mode} {hz} Hz failed: {r.stderr.strip()[-200:]}", file=sys.stderr)
+                    continue
+                words = r.stdout.split()
+                rows.setdefault((mode, hz), []).append((float(words[1]), float(words[3])))
+                print(f"  round {i + 1}/{repeat} {mode} {hz} Hz: {words[1]}", file=sys.stderr)
+    print(f"in-process cost of sampling: CPU time with the timer armed / disarmed, {pairs} "
+          f"alternating pairs of ~0.1 s blocks per run, medians of {repeat} runs; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    print(f"{'handler':28s} {'rate':>7s} {'cost':>7s} {'runs':>30s}  samples/CPU-s")
+    for (mode, hz), rs in rows.items():
+        ratios = [r for r, _ in rs]
+        rates = [q for _, q in rs if q]
+        print(f"{DECOMPOSE_MODES[mode]:28s} {hz:5d}Hz {statistics.median(ratios) - 1:7.2%} "
+              f"{' '.join(f'{r:.3f}' for r in ratios):>30s}  "
+              f"{statistics.median(rates) if rates else float('nan'):.0f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--decompose", action="store_true",
+                    help="in-process cost of the signal, an empty handler and callpath's handler")
     ap.add_argument("--seconds", type=float, default=3.0, help="plain duration of the workload")
     ap.add_argument("--only", action="append", default=[],
                     help="run only configurations whose name starts with this (and plain)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-pyrun-"))
+    if args.decompose:
+        try:
+            decompose(tmp, args.repeat)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return 0
     try:
         script = tmp / "workload.py"
         script.write_text(WORKLOAD)

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -429,6 +430,53 @@ def test_format_constants_agree_with_measdir() -> None:
     assert S.NODE_FLAG_IDLE == measdir.NodeFlag.IDLE
     assert (S.ID_NODE, S.ID_RANK, S.ID_THREAD) == (IdKind.NODE, IdKind.RANK, IdKind.THREAD)
     assert S.mpi_rank({"PMI_RANK": "7"}) == measdir.rank_from_environ({"PMI_RANK": "7"}) == 7
+
+
+def test_handler_keys_stacks_by_line_and_flags_calls(tmp_path: Path) -> None:
+    """The signal handler, called directly with real frames (so nothing depends on timing):
+    recursion through two call sites of one line (``fib(n - 1) + fib(n - 2)``) gives one stack
+    per depth and leaf line, not one per combination of call sites, so its cache stays small; a
+    leaf stopped inside a call to C is NATIVE, one that called Python is not; every sample
+    reaches the file, its counts and its trace."""
+    from callpath.measure.python import sampler as S
+    smp = S.Sampler(str(tmp_path), 1000.0, True)
+    smp._open()
+    handler = smp.make_handler()
+
+    def fib(n: int) -> int:
+        if n == 1:
+            any(map(handler, [signal.SIGPROF], [sys._getframe()]))  # called from C
+            return 1
+        if n == 0:
+            handler(signal.SIGPROF, sys._getframe())  # called from Python
+            return 1
+        return fib(n - 1) + fib(n - 2)
+
+    def leaves(n: int, depth: int, out: list[tuple[int, int]]) -> None:
+        if n < 2:
+            out.append((n, depth))
+        else:
+            leaves(n - 1, depth + 1, out)
+            leaves(n - 2, depth + 1, out)
+
+    expected: list[tuple[int, int]] = []
+    leaves(14, 0, expected)
+    assert fib(14) == len(expected) == 610
+    smp.finish("exit", 0)
+    assert smp.n_stacks == len(smp.stacks) == len(set(expected)) < 20
+    assert smp.samples == 610 and smp.dropped == 0 and smp.errors == 0
+    (t,) = measdir.read_process(smp.path).threads
+    n_native = sum(1 for n, _ in expected if n == 1)
+    assert t.stats["samples"] == 610 and t.stats["native_samples"] == n_native
+    cpu = t.samples[:, S.METRIC_CPU]
+    nodes = np.flatnonzero(cpu)
+    assert int(cpu.sum()) == 610
+    # (a preempted sample is IDLE, a distinct leaf of the same path: compare paths)
+    paths = {tuple(int(t.nodes["address"][i]) for i in t.path_of(int(n))) for n in nodes}
+    assert len(paths) == len(set(expected))
+    first = fib.__code__.co_firstlineno
+    assert {int(a) for a in t.nodes["address"][nodes]} == {first + 2, first + 5}
+    assert len(t.trace) == 610 and set(t.trace["node"].tolist()) == set(nodes.tolist())
 
 
 # ----------------------------------------------------------------------------------- structure

@@ -7,10 +7,11 @@ of callpath does not have:
   numpy): the bootstrap in ``shim/sitecustomize.py`` loads this file by path, before the user's
   code, in every Python process of the measured program tree;
 - the signal handler does the least work that keeps the data exact: a walk from its ``frame``
-  argument appending ``(id(code), f_lasti)`` pairs, one dict lookup for the whole stack, one
-  ``array.extend`` of six integers per thread. Code objects are interned (and kept alive, so their
-  ids stay unique) only when a stack is seen for the first time; byte offsets become line numbers,
-  and stacks become calling-context-tree nodes, when data is flushed;
+  argument mapping each frame to an interned location (``locs_of[id(code)][f_lasti]``: code,
+  line and whether the offset is a call), one dict lookup of the whole stack, and one update of
+  the thread's aggregate for that stack. New code objects, offsets and stacks take a slow path
+  once (code objects are kept alive, so their ids stay unique); tree nodes are made when data is
+  flushed, per distinct stack rather than per sample;
 - the data must survive ``sys.exit``, exceptions, ``os._exit``, ``SIGTERM`` and fork without exec:
   whole chunks are appended to the process's file at least once a second, before a fork, and at
   exit.
