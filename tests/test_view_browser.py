@@ -612,7 +612,8 @@ def test_trace_view(page: Any, view_server: Any) -> None:
     pg.wait_for_selector("#tr-callpath li")
     frames = pg.eval_on_selector_all("#tr-callpath li", "els => els.map(e => e.textContent)")
     assert frames[0] in ("application thread", "main thread")
-    assert "THREAD" in pg.inner_text("#tr-depth-ctx")
+    pg.wait_for_function("() => document.getElementById('tr-depth-ctx').textContent"
+                         ".includes('THREAD')")  # the depth view of that context arrived
     before = pg.inner_text("#tr-range")
     # rubber-band zoom on the middle half of the time axis
     pg.mouse.move(box["x"] + box["width"] * 0.25, box["y"] + 5)
