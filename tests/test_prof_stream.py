@@ -44,3 +44,49 @@ def test_streamed_summary_equals_the_in_memory_one(tmp_path: Path) -> None:
         assert np.array_equal(a.values, b.values), i
     # the stats columns are there: more summary metric ids than propagated ones
     assert int(db.values[0].metric_ids.max()) >= 4 * 4 * len(exp.metrics)
+
+
+def test_samples_spilled_or_in_memory_give_the_same_database(tmp_path: Path) -> None:
+    """What ``--mpi`` does without MPI: each share reduced with its samples spilled, then
+    brought into memory (as they travel to rank 0), merged and written; byte-identical to
+    ``-j 1``. No spill directory is left behind."""
+    import tempfile
+
+    from callpath.attribute import hpctk, samples
+    from callpath.attribute.build import finish
+    from callpath.attribute.forked import STATE
+    from callpath.attribute.hpctk import load_structures
+    from callpath.attribute.reduce import merge
+    from callpath.formats.v4.writer import write_v4
+
+    meas = shared_path("hpctoolkit", "meas", "loops-cputime-t.m")
+    run_cli("prof", str(meas), "-j", "1", "-o", str(tmp_path / "j1"), check=True)
+    files = sorted(meas.glob("*.hpcrun"))
+    before = set(Path(tempfile.gettempdir()).glob("callpath-prof-*"))
+    STATE["structures"] = load_structures(sorted((meas / "structs").glob("*.hpcstruct")))
+    parts = []
+    try:
+        for share in (files[:1], files[1:]):
+            d = samples.spill_directory()
+            STATE["spill"] = d
+            try:
+                part = hpctk.reduce_hpcrun_files(share)
+                assert all(th.samples.data is None for th in part.threads)  # spilled
+                for th in part.threads:
+                    th.samples = th.samples.in_memory()
+            finally:
+                samples.remove_directory(d)
+            parts.append(part)
+    finally:
+        STATE.pop("structures", None)
+        STATE.pop("spill", None)
+    part = merge(parts)
+    exp = finish(part.tb, part.tables, part.threads, part.metrics, title=part.program,
+                 description="callpath prof of HPCToolkit measurements")
+    write_v4(exp, tmp_path / "mpi", copy_sources=True)
+    for name in DB_FILES:
+        assert (tmp_path / "j1" / name).exists() == (tmp_path / "mpi" / name).exists()
+        if (tmp_path / "j1" / name).exists():
+            assert (tmp_path / "j1" / name).read_bytes() == \
+                (tmp_path / "mpi" / name).read_bytes(), name
+    assert set(Path(tempfile.gettempdir()).glob("callpath-prof-*")) == before

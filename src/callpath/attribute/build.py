@@ -3,6 +3,7 @@ metrics per execution context, the summary profile, traces. Shared by every inpu
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from callpath.attribute.metrics import (
     stats_columns,
     summary_block,
 )
+from callpath.attribute.samples import Samples, release
 from callpath.attribute.tree import TreeBuilder
 from callpath.formats.v4.stream import Groups, Mapper, ValueSource, serial
 from callpath.model import (
@@ -57,15 +59,27 @@ class Tables:
 
 @dataclass
 class ThreadData:
-    """One execution context: builder nodes of its samples (``anchor``), metric index and
-    value of each, and its trace (sample times and builder nodes) if recorded."""
+    """One execution context: its samples (builder node, metric index and value of each,
+    usually spilled to disk: :mod:`callpath.attribute.samples`) and its trace (sample times
+    and builder nodes) if recorded. Merging partial reductions renumbers nodes and metrics
+    through ``node_map`` and ``metric_map`` instead of rewriting the samples."""
 
     ids: tuple[Identifier, ...]
-    anchor: npt.NDArray[np.int64]
-    metric: npt.NDArray[np.int64]
-    value: npt.NDArray[np.float64]
+    samples: Samples
     trace_times: npt.NDArray[np.uint64] | None = None
     trace_nodes: npt.NDArray[np.int64] | None = None
+    node_map: npt.NDArray[np.int64] | None = None
+    metric_map: npt.NDArray[np.int64] | None = None
+
+    def arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                              npt.NDArray[np.float64]]:
+        """Node, metric and value of every sample, renumbered."""
+        a, m, v = self.samples.arrays()
+        if self.node_map is not None:
+            a = self.node_map[a]
+        if self.metric_map is not None:
+            m = self.metric_map[m]
+        return a, m, v
 
 
 def sort_keys(tb: TreeBuilder, t: Tables) -> list[tuple[object, ...]]:
@@ -137,6 +151,8 @@ class ContextValues:
         self.stats = stats
         self.threads = threads
         self.new_index = new_index
+        # the spill files close when the experiment is gone
+        weakref.finalize(self, release, [th.samples for th in threads])
         self.point_sums = [np.zeros(self.n) for _ in range(nm)]
         for th in threads:
             points = self.points(th)
@@ -145,8 +161,9 @@ class ContextValues:
 
     def points(self, th: ThreadData) -> list[npt.NDArray[np.float64]]:
         """Per metric, the node-ordered point values of one execution context."""
-        a = self.new_index[th.anchor]
-        return [np.bincount(a[th.metric == k], weights=th.value[th.metric == k],
+        anchor, metric, value = th.arrays()
+        a = self.new_index[anchor]
+        return [np.bincount(a[metric == k], weights=value[metric == k],
                             minlength=self.n).astype(np.float64) for k in range(self.nm)]
 
     def block(self, i: int) -> ProfileBlock:
@@ -191,8 +208,8 @@ def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
     for pi, th in enumerate(ordered):
         contexts.append(ExecutionContext(pi + 1, th.ids))
         if th.trace_times is not None and th.trace_nodes is not None:
-            lines.append(TraceLine(pi + 1, th.trace_times,
-                                   cct.ctx_id[new_index[th.trace_nodes]]))
+            nodes = th.trace_nodes if th.node_map is None else th.node_map[th.trace_nodes]
+            lines.append(TraceLine(pi + 1, th.trace_times, cct.ctx_id[new_index[nodes]]))
     traces = None
     nonempty = [t for t in lines if len(t.timestamps)]
     if nonempty:

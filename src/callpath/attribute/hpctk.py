@@ -26,6 +26,7 @@ import numpy.typing as npt
 from callpath.attribute.build import Tables, ThreadData, finish
 from callpath.attribute.forked import STATE
 from callpath.attribute.reduce import Partial, run_units, run_units_mpi, writer_mapper
+from callpath.attribute.samples import spill
 from callpath.attribute.walk import Walker
 from callpath.errors import CallpathError
 from callpath.formats import hpcrun as hr
@@ -279,8 +280,9 @@ def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
         frame = walker.frame_ids(kind, gmod, ip, lambda k, m, a: 0 if k == -1 else make(k, m, a))
         anchor = walker.anchors(parent, frame, 0)
         th = ThreadData(_identifiers(prof.id_tuple),
-                        anchor[index_of(prof.value_node, "a metric value")],
-                        local[prof.value_mid], prof.value.astype(np.float64))
+                        spill(STATE.get("spill"), anchor[index_of(prof.value_node,
+                                                                  "a metric value")],
+                              local[prof.value_mid], prof.value.astype(np.float64)))
         tf = f.with_suffix(".hpctrace")
         if tf.exists():
             tr = hr.read_hpctrace(tf)

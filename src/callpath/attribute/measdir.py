@@ -38,6 +38,7 @@ from callpath.attribute.hpctk import (
     load_structures,
 )
 from callpath.attribute.reduce import Partial, run_units, run_units_mpi, writer_mapper
+from callpath.attribute.samples import spill
 from callpath.attribute.walk import Walker
 from callpath.errors import CallpathError, FormatError
 from callpath.formats import measdir as md
@@ -239,7 +240,7 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
             met = np.concatenate([vcols, cols + nm]).astype(np.int64)
             val = np.concatenate([th.values[vrows, vcols] * scale[vcols],
                                   th.samples[rows, cols].astype(np.float64)])
-            td = ThreadData(th.ids, an, met, val)
+            td = ThreadData(th.ids, spill(STATE.get("spill"), an, met, val))
             if len(th.trace):
                 order = np.argsort(th.trace["time"], kind="stable")
                 tr = th.trace[order]

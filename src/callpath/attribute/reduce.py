@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
+from callpath.attribute import samples
 from callpath.attribute.build import Tables, ThreadData
-from callpath.attribute.forked import map_chunks
+from callpath.attribute.forked import STATE, map_chunks
 from callpath.attribute.tree import TreeBuilder
 from callpath.errors import CallpathError
 from callpath.formats.v4.stream import Mapper, serial
@@ -61,8 +63,18 @@ def writer_mapper(workers: int, mpi: bool) -> Mapper:
 
 def run_units(fn: Callable[[Sequence[U]], Partial], units: Sequence[U],
               workers: int) -> Partial:
-    """``fn`` over ``units`` in ``workers`` forked processes (contiguous chunks), merged."""
-    return merge(map_chunks(fn, units, workers))
+    """``fn`` over ``units`` in ``workers`` forked processes (contiguous chunks), merged;
+    the threads' samples are spilled to files (``STATE["spill"]``) that this process keeps
+    open (:mod:`callpath.attribute.samples`)."""
+    d = samples.spill_directory()
+    STATE["spill"] = d
+    try:
+        part = merge(map_chunks(fn, units, workers))
+        samples.adopt([th.samples for th in part.threads])
+        return part
+    finally:
+        STATE.pop("spill", None)
+        samples.remove_directory(d)
 
 
 def run_units_mpi(fn: Callable[[Sequence[U]], Partial], units: Sequence[U]) -> Partial | None:
@@ -79,10 +91,17 @@ def run_units_mpi(fn: Callable[[Sequence[U]], Partial], units: Sequence[U]) -> P
     bounds = np.linspace(0, len(units), size + 1).round().astype(int)
     err: str | None = None
     part: Partial | None = None
+    d = samples.spill_directory()
+    STATE["spill"] = d
     try:
         part = fn(units[bounds[rank]:bounds[rank + 1]])
+        for th in part.threads:  # to travel to rank 0
+            th.samples = th.samples.in_memory()
     except CallpathError as e:
         err = str(e)
+    finally:
+        STATE.pop("spill", None)
+        samples.remove_directory(d)
     parts = comm.gather((part, err), root=0)
     if rank != 0:
         return None
@@ -121,7 +140,13 @@ def merge(parts: Sequence[Partial]) -> Partial:
             out.tb.entry_points[new] = p.tb.entry_points[old]
         for th in p.threads:
             out.threads.append(ThreadData(
-                th.ids, node_map[th.anchor], mets[th.metric] if len(mets) else th.metric,
-                th.value, th.trace_times,
-                node_map[th.trace_nodes] if th.trace_nodes is not None else None))
+                th.ids, th.samples, th.trace_times, th.trace_nodes,
+                _compose(th.node_map, node_map),
+                _compose(th.metric_map, mets) if len(mets) else th.metric_map))
     return out
+
+
+def _compose(inner: npt.NDArray[np.int64] | None, outer: npt.NDArray[np.int64]
+             ) -> npt.NDArray[np.int64]:
+    """The renumbering ``outer`` after ``inner`` (if any)."""
+    return outer if inner is None else outer[inner]
