@@ -487,3 +487,35 @@ def test_csv_of_a_large_expansion_by_post_and_by_a_long_url(view_server: Backgro
                                  headers={"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(req) as r:
         assert r.read().decode() == want
+
+
+def test_traces_with_an_empty_line_and_unknown_contexts(view_server: BackgroundServer) -> None:
+    """A context with no samples and samples of context ids the tree does not have: blank
+    pixels and empty call paths, never an error."""
+    import dataclasses
+
+    from callpath.model import TraceLine, Traces
+    from callpath.view import traces
+    from callpath.view.session import Database
+
+    exp = view_server.dbs[LOOPS].exp
+    good = int(exp.cct.ctx_id[len(exp.cct) - 1])
+    lines = [TraceLine(1, np.zeros(0, np.uint64), np.zeros(0, np.uint32)),
+             TraceLine(2, np.array([100, 200, 300], np.uint64),
+                       np.array([good, 4_000_000, 0], np.uint32))]
+    db = Database(9, view_server.dbs[LOOPS].path,
+                  dataclasses.replace(exp, traces=Traces(50, 400, lines)))
+    with db.lock:
+        frame = traces.frame(db, {"width": "7", "height": "2", "depth": "1"}, b"")
+        grid = np.frombuffer(base64.b64decode(frame["grid"]), "<i4").reshape(2, 7)
+        assert (grid[0] == -1).all()
+        # columns of 50 ns from 50: midpoints 75, 125, ..., 375; the known sample holds over
+        # [100, 200) (125 and 175), an unknown context over [200, 300), then idle (id 0)
+        assert (grid[1] >= 0).tolist() == [False, True, True, False, False, False, False]
+        assert traces.callpath(db, {"ctx": "0", "t": "120"}, b"")["frames"] == []
+        assert traces.callpath(db, {"ctx": "1", "t": "250"}, b"")["frames"] == []
+        assert traces.callpath(db, {"ctx": "1", "t": "150"}, b"")["frames"]
+        st = traces.stats(db, {}, b"")["procedures"]
+        assert sum(p["time_ns"] for p in st) == 100
+        traces.summary(db, {"width": "5"}, b"")
+        traces.depth(db, {"ctx": "0", "width": "5"}, b"")

@@ -240,6 +240,8 @@ def midpoints(t0: int, t1: int, width: int) -> I64:
 def sample_at(ti: TraceIndex, row: int, times: I64) -> I32:
     """The u index of the sample in effect at each time of one row (-1: none)."""
     ts = ti.times[row]
+    if not len(ts):  # a context whose trace is empty
+        return np.full(len(times), -1, dtype=np.int32)
     i = np.searchsorted(ts, times, side="right") - 1
     out: I32 = np.where(i >= 0, ti.samples[row][np.maximum(i, 0)], -1).astype(np.int32)
     return out
