@@ -368,27 +368,26 @@ class Sampler:
                 key: list[int | None] = []
                 ap = key.append
                 f: FrameType | None = frame
+                # (subscripts, not .get: they are specialised bytecodes, not method calls)
                 try:
                     while f is not None:
                         ap(locs_of[id(f.f_code)][f.f_lasti])
                         f = f.f_back
-                    v = stacks.get(tuple(key))
-                except KeyError:  # a code object seen for the first time
-                    v = None
-                if v is None:
+                    v = stacks[tuple(key)]
+                except KeyError:  # a new code object or stack (a new offset: key holds None)
                     v = walk_new(frame)
                 if v < 0:  # the signal hit the sampler's own code (finishing, forking)
                     return
                 dc = c - st[2]
                 wall = t - st[1]
                 k = v << 1 | (dc * share < wall)
-                r = agg.get(k)
-                if r is None:
-                    agg[k] = [1, dc, wall]
-                else:
+                try:
+                    r = agg[k]
                     r[0] += 1
                     r[1] += dc
                     r[2] += wall
+                except KeyError:
+                    agg[k] = [1, dc, wall]
                 if trace is not None:
                     trace.append(t)
                     trace.append(k)
