@@ -167,7 +167,11 @@ def build_index(db: Database) -> TraceIndex:
     lut[u_ctx] = np.arange(len(u_ctx), dtype=np.int32)
     times, samples, labels, cindex = [], [], [], []
     for ln in lines:
-        times.append(ln.timestamps.astype(np.int64))
+        ts = ln.timestamps
+        # ns since the epoch stay below 2^63: read uint64 as int64 in place (no copy of a
+        # trace that may be hundreds of MB)
+        times.append(ts.view(np.int64) if ts.dtype == np.uint64 and (
+            not len(ts) or int(ts[-1]) < 1 << 63) else ts.astype(np.int64))
         samples.append(lut[np.minimum(ln.ctx_ids, slots)])
         p = pos.get(ln.prof_index)
         cindex.append(-1 if p is None else p)
