@@ -193,12 +193,14 @@ def main() -> None:
             print(f"generated {args.contexts} contexts x ~{args.paths} call paths "
                   f"({total} samples) in {time.perf_counter() - t:.1f} s")
         results: dict[int, list[Run]] = {}
+        load = [os.getloadavg()[0]]
         # alternate -j 1 and -j 2 so that both see the same background load
         for _ in range(args.repeat):
             for j in (1, 2):
                 results.setdefault(j, []).append(_timed(
                     [sys.executable, "-m", "callpath", "prof", str(meas), "-j", str(j), "-o",
                      str(base / f"j{j}.d")]))
+                load.append(os.getloadavg()[0])
         med: dict[int, float] = {}
         for j, runs in results.items():
             med[j] = statistics.median(r.wall for r in runs)
@@ -208,6 +210,8 @@ def main() -> None:
                   f"memory of the process tree: RSS {max(r.rss for r in runs) / 1024:.0f} MiB, "
                   f"PSS {max(r.pss for r in runs) / 1024:.0f} MiB; largest process "
                   f"{max(r.max_rss for r in runs) / 1024:.0f} MiB")
+        print(f"load average (1 min) before and after each run: "
+              f"{', '.join(f'{x:.1f}' for x in load)} on {os.cpu_count()} cores")
         ratios = [b.wall / a.wall for a, b in zip(results[1], results[2], strict=True)]
         same = all((base / "j1.d" / f).read_bytes() == (base / "j2.d" / f).read_bytes()
                    for f in ("meta.db", "profile.db", "cct.db"))
