@@ -227,7 +227,6 @@ def _read_tree(f: BinFile, slo: int, ssz: int, fns: tuple[int, int, int],
                      "name": ("<u8", 0x18)}, "entry points")
     if n_entries and not (lo <= p_entries and p_entries + n_entries * sz_entry <= hi):
         raise FormatError(f.path, "entry points lie outside the context tree section", p_entries)
-    buf = f.mm
     max_records = csz // 0x20 + 1  # each context record takes at least 32 bytes
 
     # Level-by-level walk. Level 0 = root (implicit), level 1 = entry points.
@@ -245,32 +244,14 @@ def _read_tree(f: BinFile, slo: int, ssz: int, fns: tuple[int, int, int],
         has = np.nonzero(sizes)[0]
         if len(has) == 0:
             break
-        offs: list[int] = []
-        pars: list[int] = []
-        for k in has.tolist():
-            start = int(ptrs[k])
-            end = start + int(sizes[k])
-            if start < lo or end > hi or start % 8:
-                raise FormatError(f.path, f"children array [{start:#x}, {end:#x}) is outside the "
-                                  "context tree section or misaligned", start)
-            par = first_global + k
-            off = start
-            while off < end:
-                offs.append(off)
-                pars.append(par)
-                if off + 0x20 > end:
-                    raise FormatError(f.path, "context record overruns its children array", off)
-                off += 0x20 + (buf[off + 0x17] << 3)
-            if off != end:
-                raise FormatError(f.path, "context record overruns its children array", off)
-            if len(offs) + total > max_records:
-                raise FormatError(f.path, "context tree has more records than its section can "
-                                  "hold (a cycle in the children pointers?)", start)
-        o = np.asarray(offs, dtype=np.int64)
+        o, par_arr = _walk_children(f, ptrs[has].astype(np.int64),
+                                    sizes[has].astype(np.int64), lo, hi,
+                                    max_records - total)
+        pars_np = first_global + has[par_arr]
         words = _gather_words(f, o, 4)
         ctx_words.append(words)
         level_offsets_ctx.append(o)
-        lvl_parent.append(np.asarray(pars, dtype=np.int64))
+        lvl_parent.append(pars_np.astype(np.int64))
         lvl_offsets.append(o)
         first_global = total
         total += len(o)
@@ -373,6 +354,72 @@ def _read_tree(f: BinFile, slo: int, ssz: int, fns: tuple[int, int, int],
         depth=np.repeat(np.arange(len(level_sizes), dtype=np.int64), level_sizes)[order],
         subtree_end=(pos + size)[order],
     )
+
+
+SERIAL_TAIL = 16  # arrays still being walked when the walk goes on one array at a time
+
+
+def _walk_children(f: BinFile, start: I64, size: I64, lo: int, hi: int, room: int
+                   ) -> tuple[I64, I64]:
+    """The records of many children arrays: ``(offsets, array index of each)``, grouped
+    by array in array order, each array's records in file order.
+
+    Records have variable length (32 bytes plus 8 per flex word, the count at byte 0x17),
+    so an array must be walked record by record; all arrays of a level are walked together,
+    one vectorised step per record rank. When only a few long arrays remain (a node with
+    very many children), they are finished one at a time, which costs what a loop costs."""
+    end = start + size
+    bad = (start < lo) | (end > hi) | (start % 8 != 0)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise FormatError(f.path, f"children array [{int(start[k]):#x}, {int(end[k]):#x}) is "
+                          "outside the context tree section or misaligned", int(start[k]))
+    buf = f.buf
+    cur = start.copy()
+    act = np.arange(len(start), dtype=np.int64)
+    got_off: list[I64] = []
+    got_arr: list[I64] = []
+    count = 0
+    while len(act) > SERIAL_TAIL:
+        o = cur[act]
+        e = end[act]
+        if np.any(o + 0x20 > e):
+            raise FormatError(f.path, "context record overruns its children array",
+                              int(o[np.argmax(o + 0x20 > e)]))
+        got_off.append(o)
+        got_arr.append(act)
+        count += len(o)
+        if count > room:
+            raise FormatError(f.path, "context tree has more records than its section can "
+                              "hold (a cycle in the children pointers?)", int(o[0]))
+        nxt = o + 0x20 + (buf[o + 0x17].astype(np.int64) << 3)
+        if np.any(nxt > e):
+            raise FormatError(f.path, "context record overruns its children array",
+                              int(nxt[np.argmax(nxt > e)]))
+        cur[act] = nxt
+        act = act[nxt < e]
+    for k in act.tolist():  # the few long arrays left
+        off, stop = int(cur[k]), int(end[k])
+        offs: list[int] = []
+        while off < stop:
+            offs.append(off)
+            if off + 0x20 > stop:
+                raise FormatError(f.path, "context record overruns its children array", off)
+            off += 0x20 + (int(buf[off + 0x17]) << 3)
+        if off != stop:
+            raise FormatError(f.path, "context record overruns its children array", off)
+        count += len(offs)
+        if count > room:
+            raise FormatError(f.path, "context tree has more records than its section can "
+                              "hold (a cycle in the children pointers?)", int(start[k]))
+        got_off.append(np.asarray(offs, dtype=np.int64))
+        got_arr.append(np.full(len(offs), k, dtype=np.int64))
+    if not got_off:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    offs_all = np.concatenate(got_off)
+    arr_all = np.concatenate(got_arr)
+    order = np.argsort(arr_all, kind="stable")  # by array, rank order kept within one
+    return offs_all[order], arr_all[order]
 
 
 def _gather_words(f: BinFile, offsets: I64, count: int) -> npt.NDArray[np.uint64]:
