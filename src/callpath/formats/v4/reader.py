@@ -264,9 +264,13 @@ def _read_tree(f: BinFile, slo: int, ssz: int, fns: tuple[int, int, int],
     # Preorder positions: subtree sizes bottom-up, then positions top-down, level by level.
     bounds = np.concatenate([[0], np.cumsum(level_sizes)]).astype(np.int64)
     size = np.ones(n, dtype=np.int64)
-    for lv in range(len(level_sizes) - 1, 0, -1):
+    for lv in range(len(level_sizes) - 1, 1, -1):
         a, b = bounds[lv], bounds[lv + 1]
-        np.add.at(size, parent_bfs[a:b], size[a:b])
+        # a level's parents all lie in the level above: a bincount over that level only
+        pa, pb = bounds[lv - 1], bounds[lv]
+        size[pa:pb] += np.bincount(parent_bfs[a:b] - pa, weights=size[a:b],
+                                   minlength=int(pb - pa)).astype(np.int64)
+    size[0] += int(size[bounds[1]:bounds[2]].sum()) if len(level_sizes) > 1 else 0
     pos = np.zeros(n, dtype=np.int64)
     for lv in range(1, len(level_sizes)):
         a, b = bounds[lv], bounds[lv + 1]
