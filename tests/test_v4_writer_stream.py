@@ -65,6 +65,7 @@ def test_any_split_gives_the_same_files(experiment: Experiment, tmp_path: Path,
     plain = _files(tmp_path / "plain.d")
     monkeypatch.setattr(stream, "VALUES_PER_BUCKET", 7)
     monkeypatch.setattr(stream, "MAX_BUCKETS", 5)
+    monkeypatch.setattr(stream, "SPOOL_BUFFER", 64)
     for name, mapper in [("chunks", _in_chunks(1)), ("chunks3", _in_chunks(3)),
                          ("forked", functools.partial(map_chunks, workers=2))]:
         exp = _with_source(experiment, stream.ValueSource(experiment.values.__getitem__,

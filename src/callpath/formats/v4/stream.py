@@ -60,7 +60,8 @@ BUCKET_RECORD = np.dtype([("ctx", "<u4"), ("metric", "<u2"), ("value", "<f8")])
 
 VALUES_PER_BUCKET = 1 << 20  # target size of a transposed piece (values): its arrays stay
 #                               below glibc's mmap threshold, so they are reused, not faulted in
-MAX_BUCKETS = 128  # bucket files open per spool
+MAX_BUCKETS = 128  # bucket files per spool
+SPOOL_BUFFER = 1 << 25  # bytes of bucket records a spool gathers before writing them
 
 
 def serial(fn: Callable[[Sequence[int]], Any], items: Sequence[int]) -> list[Any]:
@@ -313,45 +314,54 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
     path = job.directory / f"profiles-{first}.spool"
     nb = len(job.bounds) - 1
     bucket_paths: list[Path | None] = [None] * nb
-    bucket_files: list[BinaryIO | None] = [None] * nb
+    pending: list[list[npt.NDArray[Any]]] = [[] for _ in range(nb)]
+    n_pending = 0
     n = len(profiles)
     runs = np.zeros((n, nb), dtype=np.int64)
     nv, pv, nc, pc = (np.zeros(n, dtype=np.int64) for _ in range(4))
     pairs = PairCounts(job.rows)
     pos = 0
-    try:
-        with open(path, "wb") as f:
-            for k, i in enumerate(profiles):
-                blk = sorted_block(job.source.block(int(i)), int(i))
-                pv[k], pc[k], pos = write_profile_block(f, pos, blk)
-                nv[k], nc[k] = len(blk.values), len(blk.ctx_ids)
-                if len(blk.ctx_ids) > 0xFFFFFFFF:
-                    raise CallpathError(f"profile {i}: too many contexts for v4")
-                if not job.transposed[i] or not len(blk.values):
-                    continue
-                cv = blk.ctx_of_values()
-                pairs.add(cv, blk.metric_ids)
-                cut = np.searchsorted(cv, job.bounds)
-                for b in np.flatnonzero(cut[1:] > cut[:-1]).tolist():
-                    lo, hi = int(cut[b]), int(cut[b + 1])
-                    rec = np.empty(hi - lo, BUCKET_RECORD)
-                    rec["ctx"] = cv[lo:hi]
-                    rec["metric"] = blk.metric_ids[lo:hi]
-                    rec["value"] = blk.values[lo:hi]
-                    bf = bucket_files[b]
-                    if bf is None:
-                        bp = job.directory / f"bucket-{b}.{first}.spool"
-                        bucket_paths[b] = bp
-                        bf = bucket_files[b] = open(bp, "wb")  # noqa: SIM115
-                    _write(bf, rec)
-                    runs[k, b] = hi - lo
-            pad = _align(pos) - pos
-            f.write(bytes(pad))
-            pos += pad
-    finally:
-        for bf in bucket_files:
-            if bf is not None:
-                bf.close()
+
+    def flush() -> None:
+        # records wait in memory up to SPOOL_BUFFER bytes: few, large writes however small
+        # the profiles are
+        for b, parts in enumerate(pending):
+            if parts:
+                bp = bucket_paths[b] or job.directory / f"bucket-{b}.{first}.spool"
+                bucket_paths[b] = bp
+                with open(bp, "ab") as bf:
+                    for part in parts:
+                        _write(bf, part)
+                parts.clear()
+
+    with open(path, "wb") as f:
+        for k, i in enumerate(profiles):
+            blk = sorted_block(job.source.block(int(i)), int(i))
+            pv[k], pc[k], pos = write_profile_block(f, pos, blk)
+            nv[k], nc[k] = len(blk.values), len(blk.ctx_ids)
+            if len(blk.ctx_ids) > 0xFFFFFFFF:
+                raise CallpathError(f"profile {i}: too many contexts for v4")
+            if not job.transposed[i] or not len(blk.values):
+                continue
+            cv = blk.ctx_of_values()
+            pairs.add(cv, blk.metric_ids)
+            rec = np.empty(len(cv), BUCKET_RECORD)
+            rec["ctx"] = cv
+            rec["metric"] = blk.metric_ids
+            rec["value"] = blk.values
+            cut = np.searchsorted(cv, job.bounds)
+            for b in np.flatnonzero(cut[1:] > cut[:-1]).tolist():
+                lo, hi = int(cut[b]), int(cut[b + 1])
+                pending[b].append(rec[lo:hi])
+                runs[k, b] = hi - lo
+            n_pending += rec.nbytes
+            if n_pending > SPOOL_BUFFER:
+                flush()
+                n_pending = 0
+        flush()
+        pad = _align(pos) - pos
+        f.write(bytes(pad))
+        pos += pad
     return Spool(np.asarray(profiles, dtype=np.int64), path, pos, nv, pv, nc, pc,
                  bucket_paths, runs, pairs)
 
