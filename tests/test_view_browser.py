@@ -275,12 +275,16 @@ def test_profile_view(page: Any, view_server: Any, view: str, tmp_path: Path) ->
     for ftype, cli in (("self", "self"), ("descendants", "descendants"),
                        ("all", "self-and-descendants")):
         pg.click("#tb-filters")
-        while pg.locator("#flt-list tr td input").count():  # delete the previous filter
+        if pg.locator("#flt-list tr td input").count():  # edit the previous filter's type
             pg.click("#flt-list tr:first-child td:nth-child(2)")
-            pg.click("#flt-delete")
-        pg.fill("#flt-pattern", procedure)
-        pg.select_option("#flt-type", ftype)
-        pg.click("#flt-add")
+            assert pg.input_value("#flt-pattern") == procedure
+            pg.select_option("#flt-type", ftype)
+            pg.click("#flt-edit")
+        else:
+            pg.fill("#flt-pattern", procedure)
+            pg.select_option("#flt-type", ftype)
+            pg.click("#flt-add")
+        assert pg.locator("#flt-list tr").count() == 1
         pg.click("#flt-ok")
         pg.wait_for_selector(".badge:has-text('Filters')")
         idle(pg)
@@ -294,9 +298,15 @@ def test_profile_view(page: Any, view_server: Any, view: str, tmp_path: Path) ->
         if ftype == "all" and view == "top-down":
             assert procedure not in csv
         shot(pg, f"{view}-filter-{ftype}")
-    # disable the filter: the tree is back to the unfiltered one
+    # disable the filter (then delete it): the tree is back to the unfiltered one
     pg.click("#tb-filters")
     pg.uncheck("#flt-list input[type=checkbox]")
+    pg.click("#flt-ok")
+    pg.wait_for_selector(".badge:has-text('Filters')", state="detached")
+    pg.click("#tb-filters")
+    pg.click("#flt-list tr:first-child td:nth-child(2)")
+    pg.click("#flt-delete")
+    assert pg.locator("#flt-list tr td input").count() == 0
     pg.click("#flt-ok")
     pg.wait_for_selector(".badge:has-text('Filters')", state="detached")
     idle(pg)

@@ -130,16 +130,17 @@ export function openFiltersDialog(ctx) {
       en.type = "checkbox"; en.checked = f.enabled;
       en.setAttribute("aria-label", `enable filter ${f.pattern}`);
       en.onchange = () => { f.enabled = en.checked; };
-      const td1 = document.createElement("td"); td1.append(en, " ", f.pattern);
+      const td0 = document.createElement("td"); td0.append(en);
+      const td1 = document.createElement("td"); td1.textContent = f.pattern;
       const td2 = document.createElement("td"); td2.textContent = TYPE_NAMES[f.type] || f.type;
-      tr.append(td1, td2);
+      tr.append(td0, td1, td2);
       tr.onclick = (e) => {
         if (e.target === en) return;
         chosen = i; pattern.value = f.pattern; type.value = f.type; draw();
       };
       list.appendChild(tr);
     });
-    if (!filters.length) list.innerHTML = '<tr><td colspan="2" class="muted">No filters</td></tr>';
+    if (!filters.length) list.innerHTML = '<tr><td colspan="3" class="muted">No filters</td></tr>';
   };
   draw();
   pattern.value = "";
