@@ -230,16 +230,16 @@ class PairCounts:
                                           np.zeros(rows - len(self.values), np.int64)])
             grow = np.zeros((rows - len(self.present), self.present.shape[1]), dtype=bool)
             self.present = np.concatenate([self.present, grow])
-        seen = np.zeros(1 << 16, dtype=bool)
-        seen[metric] = True
-        new = np.flatnonzero(seen & (self.col_of < 0))
+        ids = np.flatnonzero(np.bincount(metric))
+        new = ids[self.col_of[ids] < 0]
         if len(new):
             self.col_of[new] = len(self.ids) + np.arange(len(new))
             self.ids += new.tolist()
             self.present = np.concatenate(
                 [self.present, np.zeros((len(self.present), len(new)), dtype=bool)], axis=1)
         self.values += np.bincount(ctx, minlength=rows)
-        self.present[ctx, self.col_of[metric]] = True
+        width = self.present.shape[1]
+        self.present.reshape(-1)[ctx.astype(np.int64) * width + self.col_of[metric]] = True
 
 
 @dataclass
@@ -455,33 +455,40 @@ def _transpose(rec: npt.NDArray[Any], run_prof: I64, run_len: I64, c0: int, c1: 
     The runs of one profile can be split (a profile's records of several buckets), but then
     they follow each other and hold different pairs, so counting stays right."""
     n = len(rec)
-    ctx = rec["ctx"].astype(np.int64)
+    ctx = rec["ctx"]
     met = rec["metric"]
     if n and (int(ctx.min()) < c0 or int(ctx.max()) >= c1):
         raise CallpathError(f"a value of a context outside {c0}..{c1 - 1} is in its range")
-    prof = np.repeat(run_prof.astype(np.uint32), run_len)
-    present = np.zeros(1 << 16, dtype=bool)
-    present[met] = True
-    mids = np.flatnonzero(present)
+    top = int(met.max()) + 1 if n else 1
+    if top <= 64:  # metric ids are few and small: they are their own columns
+        mids = np.arange(top)
+        col: npt.NDArray[Any] = met
+    else:
+        present = np.zeros(1 << 16, dtype=bool)
+        present[met] = True
+        mids = np.flatnonzero(present)
+        col = (np.cumsum(present) - 1)[met]
     m = max(len(mids), 1)
     width = c1 - c0
     if width * m <= max(4 * n, 1 << 20):
-        col = (np.cumsum(present) - 1)[met]
-        key = (ctx - c0) * m + col
+        key = (ctx.astype(np.int64) - c0) * m
+        key += col
         del col
         counts = np.bincount(key, minlength=width * m)
         start = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=start[1:])
         seen = start[:-1].copy()
         pos = np.empty(n, dtype=np.int64)
+        out_prof = np.empty(n, dtype=np.uint32)
         ends = np.cumsum(run_len)
-        for a, b in zip((ends - run_len).tolist(), ends.tolist(), strict=True):
+        for p, a, b in zip(run_prof.tolist(), (ends - run_len).tolist(), ends.tolist(),
+                           strict=True):
             k = key[a:b]
-            pos[a:b] = seen[k]
+            where = seen[k]
+            pos[a:b] = where
+            out_prof[where] = p
             seen[k] += 1
         del key, seen
-        out_prof = np.empty(n, dtype=np.uint32)
-        out_prof[pos] = prof
         out_val = np.empty(n, dtype=np.float64)
         out_val[pos] = rec["value"]
         nz = np.flatnonzero(counts)
@@ -492,7 +499,7 @@ def _transpose(rec: npt.NDArray[Any], run_prof: I64, run_len: I64, c0: int, c1: 
         key64 = (ctx.astype(np.uint64) << np.uint64(16)) | met.astype(np.uint64)
         order = np.argsort(key64, kind="stable")
         key64 = key64[order]
-        out_prof = prof[order]
+        out_prof = np.repeat(run_prof.astype(np.uint32), run_len)[order]
         out_val = np.asarray(rec["value"])[order]
         new = np.ones(n, dtype=bool)
         new[1:] = key64[1:] != key64[:-1]
