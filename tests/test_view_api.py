@@ -519,3 +519,19 @@ def test_traces_with_an_empty_line_and_unknown_contexts(view_server: BackgroundS
         assert sum(p["time_ns"] for p in st) == 100
         traces.summary(db, {"width": "5"}, b"")
         traces.depth(db, {"ctx": "0", "width": "5"}, b"")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-50, 50), max_size=200), st.lists(st.integers(-60, 60), max_size=40))
+def test_trace_search_equals_searchsorted(stamps: list[int], queries: list[int]) -> None:
+    """The coarse-index search of the trace view gives exactly numpy's searchsorted answer,
+    with duplicate timestamps, times before the first and after the last sample, on a
+    strided view like trace.db's interleaved records."""
+    from callpath.view.traces import COARSE, last_at_or_before
+
+    rec = np.zeros(len(stamps), dtype=[("t", "<i8"), ("ctx", "<u4")])  # 12-byte records
+    rec["t"] = np.sort(np.array(stamps, dtype=np.int64))
+    ts = rec["t"]
+    times = np.array(queries, dtype=np.int64)
+    got = last_at_or_before(ts, np.ascontiguousarray(ts[::COARSE]), times)
+    assert got.tolist() == (np.searchsorted(ts, times, side="right") - 1).tolist()
