@@ -65,7 +65,6 @@ def test_any_split_gives_the_same_files(experiment: Experiment, tmp_path: Path,
     plain = _files(tmp_path / "plain.d")
     monkeypatch.setattr(stream, "VALUES_PER_BUCKET", 7)
     monkeypatch.setattr(stream, "MAX_BUCKETS", 5)
-    monkeypatch.setattr(stream, "SPOOL_BUFFER", 64)
     for name, mapper in [("chunks", _in_chunks(1)), ("chunks3", _in_chunks(3)),
                          ("forked", functools.partial(map_chunks, workers=2))]:
         exp = _with_source(experiment, stream.ValueSource(experiment.values.__getitem__,
@@ -131,7 +130,7 @@ def runs(draw: st.DrawFn) -> tuple[Any, ...]:
     n_prof = draw(st.integers(0, 6))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
-    recs, prof, lens = [], [], []
+    ctxs, mets, vals, prof, lens = [], [], [], [], []
     for p in range(n_prof):
         k = int(rng.integers(0, 40))
         ctx = rng.integers(c0, c0 + width, size=k)
@@ -141,25 +140,24 @@ def runs(draw: st.DrawFn) -> tuple[Any, ...]:
         for part in (key[:cut], key[cut:]):
             if len(part) == 0:
                 continue
-            r = np.empty(len(part), stream.BUCKET_RECORD)
-            r["ctx"] = part >> np.uint64(16)
-            r["metric"] = part & np.uint64(0xFFFF)
-            r["value"] = rng.standard_normal(len(part))
-            recs.append(r)
+            ctxs.append((part >> np.uint64(16)).astype(np.uint32))
+            mets.append((part & np.uint64(0xFFFF)).astype(np.uint16))
+            vals.append(rng.standard_normal(len(part)))
             prof.append(p + 1)
             lens.append(len(part))
-    rec = np.concatenate(recs) if recs else np.zeros(0, stream.BUCKET_RECORD)
-    return rec, np.array(prof, dtype=np.int64), np.array(lens, dtype=np.int64), c0, c0 + width
+    def cat(parts: list[np.ndarray], dt: type) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(0, dt)
+    return (cat(ctxs, np.uint32), cat(mets, np.uint16), cat(vals, np.float64),
+            np.array(prof, dtype=np.int64), np.array(lens, dtype=np.int64), c0, c0 + width)
 
 
 @settings(max_examples=60, deadline=None)
 @given(runs())
 def test_transpose_is_a_stable_sort(case: tuple[Any, ...]) -> None:
-    rec, run_prof, run_len, c0, c1 = case
-    g = stream._transpose(rec, run_prof, run_len, c0, c1)
+    c, m, val, run_prof, run_len, c0, c1 = case
+    g = stream._transpose(c, m, val, run_prof, run_len, c0, c1)
     prof = np.repeat(run_prof, run_len)
-    ctx, met, p, v = _reference(rec["ctx"].astype(np.int64), rec["metric"].astype(np.int64),
-                                prof, rec["value"])
+    ctx, met, p, v = _reference(c.astype(np.int64), m.astype(np.int64), prof, val)
     sizes = np.diff(g.starts)
     assert np.array_equal(np.repeat(g.ctx, sizes), ctx)
     assert np.array_equal(np.repeat(g.metric, sizes), met)

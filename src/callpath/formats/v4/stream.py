@@ -5,16 +5,16 @@ profile block and a transposed copy in memory cost 7.5 GB for 256 execution cont
 200,000-context tree, so values are streamed through files instead:
 
 1. **Spool** (per chunk of profiles, in a worker when a :data:`Mapper` forks): each profile's
-   block is produced (e.g. computed on demand by ``callpath prof``), written at once in its
-   ``profile.db`` form to the chunk's spool file, and its records for ``cct.db`` (context,
-   metric, profile, value) are appended to one bucket file per range of context ids. Only
-   one block is alive at a time.
-2. **Transpose** (per run of buckets, in a worker): the bucket files of one context range
-   are read from every spool and put in (context, metric) order, profiles ascending inside
-   a pair (the spools are in profile order), which is ``cct.db``'s order, then encoded and
-   written in place: the spools counted each context's values and metrics, so every
-   block's offset is known before the transpose starts. A bucket holds about a million
-   values, and is removed once read.
+   block is produced (e.g. computed on demand by ``callpath prof``) and written at once in
+   its ``profile.db`` form to the chunk's spool file; what is kept is small: where the
+   block's values cross fixed context-id boundaries ("buckets"), and per context how many
+   values and which metrics it has. Only one block is alive at a time.
+2. **Transpose** (per run of buckets, in a worker): the values of one context range are
+   read back from every spool (two ``pread`` per profile: its context index and its values
+   in the range) and put in (context, metric) order, profiles ascending inside a pair (the
+   spools are in profile order), which is ``cct.db``'s order, then encoded and written in
+   place: from the counts every block's offset is known before the transpose starts. A
+   piece holds about a million values.
 3. **Assembly** (in the caller): ``cct.db``'s header and index come from those counts;
    ``profile.db``'s from the sizes the spools report, and the spools (8-byte aligned runs
    of profile blocks, so position independent) are concatenated behind the summary block
@@ -55,13 +55,10 @@ PROFILE_VALUE = np.dtype([("metricId", "<u2"), ("value", "<f8")])  # 10 bytes
 PROFILE_INDEX = np.dtype([("ctxId", "<u4"), ("startIndex", "<u8")])  # 12 bytes
 CONTEXT_VALUE = np.dtype([("profIndex", "<u4"), ("value", "<f8")])  # 12 bytes
 CONTEXT_INDEX = np.dtype([("metricId", "<u2"), ("startIndex", "<u8")])  # 10 bytes
-#: a value on its way to cct.db (packed, 14 bytes; its profile is known from the run it is in)
-BUCKET_RECORD = np.dtype([("ctx", "<u4"), ("metric", "<u2"), ("value", "<f8")])
 
 VALUES_PER_BUCKET = 1 << 20  # target size of a transposed piece (values): its arrays stay
 #                               below glibc's mmap threshold, so they are reused, not faulted in
-MAX_BUCKETS = 128  # bucket files per spool
-SPOOL_BUFFER = 1 << 25  # bytes of bucket records a spool gathers before writing them
+MAX_BUCKETS = 256  # context ranges a profile's values are cut into for the transpose
 
 
 def serial(fn: Callable[[Sequence[int]], Any], items: Sequence[int]) -> list[Any]:
@@ -196,9 +193,14 @@ class Spool:
     p_values: I64  # relative to the spool's start
     n_ctxs: I64
     p_ctxs: I64
-    buckets: list[Path | None]  # per bucket: its records (BUCKET_RECORD), if any
-    runs: I64  # [k, b]: how many records of profile ``profiles[k]`` bucket ``b`` holds
+    cut_ctx: I64  # [k, b]: where bucket b starts in profile k's context index
+    cut_val: I64  # [k, b]: ... and in its values (all 0 for a profile not in cct.db)
     pairs: PairCounts  # of the transposed profiles
+
+    @property
+    def runs(self) -> I64:
+        """[k, b]: how many values of profile ``profiles[k]`` bucket ``b`` holds."""
+        return np.diff(self.cut_val, axis=1)
 
     @property
     def top_ctx(self) -> int:
@@ -313,27 +315,12 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
     first = int(profiles[0])
     path = job.directory / f"profiles-{first}.spool"
     nb = len(job.bounds) - 1
-    bucket_paths: list[Path | None] = [None] * nb
-    pending: list[list[npt.NDArray[Any]]] = [[] for _ in range(nb)]
-    n_pending = 0
     n = len(profiles)
-    runs = np.zeros((n, nb), dtype=np.int64)
+    cut_ctx = np.zeros((n, nb + 1), dtype=np.int64)
+    cut_val = np.zeros((n, nb + 1), dtype=np.int64)
     nv, pv, nc, pc = (np.zeros(n, dtype=np.int64) for _ in range(4))
     pairs = PairCounts(job.rows)
     pos = 0
-
-    def flush() -> None:
-        # records wait in memory up to SPOOL_BUFFER bytes: few, large writes however small
-        # the profiles are
-        for b, parts in enumerate(pending):
-            if parts:
-                bp = bucket_paths[b] or job.directory / f"bucket-{b}.{first}.spool"
-                bucket_paths[b] = bp
-                with open(bp, "ab") as bf:
-                    for part in parts:
-                        _write(bf, part)
-                parts.clear()
-
     with open(path, "wb") as f:
         for k, i in enumerate(profiles):
             blk = sorted_block(job.source.block(int(i)), int(i))
@@ -343,27 +330,15 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
                 raise CallpathError(f"profile {i}: too many contexts for v4")
             if not job.transposed[i] or not len(blk.values):
                 continue
-            cv = blk.ctx_of_values()
-            pairs.add(cv, blk.metric_ids)
-            rec = np.empty(len(cv), BUCKET_RECORD)
-            rec["ctx"] = cv
-            rec["metric"] = blk.metric_ids
-            rec["value"] = blk.values
-            cut = np.searchsorted(cv, job.bounds)
-            for b in np.flatnonzero(cut[1:] > cut[:-1]).tolist():
-                lo, hi = int(cut[b]), int(cut[b + 1])
-                pending[b].append(rec[lo:hi])
-                runs[k, b] = hi - lo
-            n_pending += rec.nbytes
-            if n_pending > SPOOL_BUFFER:
-                flush()
-                n_pending = 0
-        flush()
+            pairs.add(blk.ctx_of_values(), blk.metric_ids)
+            cut = np.searchsorted(blk.ctx_ids, job.bounds)
+            cut_ctx[k] = cut
+            cut_val[k] = np.append(blk.starts.astype(np.int64), len(blk.values))[cut]
         pad = _align(pos) - pos
         f.write(bytes(pad))
         pos += pad
     return Spool(np.asarray(profiles, dtype=np.int64), path, pos, nv, pv, nc, pc,
-                 bucket_paths, runs, pairs)
+                 cut_ctx, cut_val, pairs)
 
 
 # ==== phase 2: transpose the buckets ====================================================
@@ -373,8 +348,8 @@ def transpose_buckets(source: ValueSource, spools: list[Spool], bounds: I64,
                       layout: ContextLayout, cct_db: Path, data_base: int) -> list[Any]:
     """Phase 2: the ``cct.db`` blocks of every context written in place into ``cct_db``
     (blocks from ``data_base``, at the offsets of ``layout``), by pieces of adjacent buckets
-    of up to :data:`VALUES_PER_BUCKET` values; bucket files are removed once read. Returns
-    what ``on_groups`` said of each piece, in context order."""
+    of up to :data:`VALUES_PER_BUCKET` values read back from the spools. Returns what
+    ``on_groups`` said of each piece, in context order."""
     nb = len(bounds) - 1
     n_slots = len(layout.n_values)
     b = bounds.copy()
@@ -404,27 +379,14 @@ def _transpose_chunk(unit_ids: Sequence[int]) -> list[Any]:
     source, spools, bounds, units, layout, cct_db, data_base = STATE["transpose"]
     groups = []
     fd = os.open(cct_db, os.O_WRONLY)
+    spool_fds = [os.open(sp.path, os.O_RDONLY) for sp in spools]
     try:
         for u in unit_ids:
             b0, b1 = units[int(u)]
             c0, c1 = int(bounds[b0]), min(int(bounds[b1]), len(layout.n_values))
-            parts, run_prof, run_len = [], [], []
-            for sp in spools:  # in profile order; inside a spool, bucket by bucket
-                for b in range(b0, b1):
-                    bp = sp.buckets[b]
-                    if bp is None:
-                        continue
-                    parts.append(np.fromfile(bp, dtype=BUCKET_RECORD))
-                    bp.unlink()
-                    have = sp.runs[:, b] > 0
-                    run_prof.append(sp.profiles[have])
-                    run_len.append(sp.runs[have, b])
-            rec = np.concatenate(parts) if parts else np.zeros(0, BUCKET_RECORD)
-            del parts
-            ps = np.concatenate(run_prof) if run_prof else np.zeros(0, np.int64)
-            ls = np.concatenate(run_len) if run_len else np.zeros(0, np.int64)
-            t = _transpose(rec, ps, ls, c0, c1)
-            del rec
+            ctx, met, val, run_prof, run_len = _read_range(spools, spool_fds, b0, b1)
+            t = _transpose(ctx, met, val, run_prof, run_len, c0, c1)
+            del ctx, met, val
             buf, nv, nm = encode_contexts(t, c0, c1)
             if not (np.array_equal(nv, layout.n_values[c0:c1])
                     and np.array_equal(nm, layout.n_metrics[c0:c1])):
@@ -436,7 +398,51 @@ def _transpose_chunk(unit_ids: Sequence[int]) -> list[Any]:
             _pwrite(fd, buf, data_base + int(layout.start[c0]))
     finally:
         os.close(fd)
+        for sfd in spool_fds:
+            os.close(sfd)
     return groups
+
+
+def _read_range(spools: list[Spool], fds: list[int], b0: int, b1: int
+                ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint16],
+                           npt.NDArray[np.float64], I64, I64]:
+    """The values of buckets ``b0 .. b1-1`` of every profile, read from the spools (two
+    reads per profile: its context index and its values in the range), in profile order:
+    context, metric and value of each, and the runs (profile, length)."""
+    ctx_parts, met_parts, val_parts, run_prof, run_len = [], [], [], [], []
+    for sp, sfd in zip(spools, fds, strict=True):
+        v0, v1 = sp.cut_val[:, b0], sp.cut_val[:, b1]
+        i0, i1 = sp.cut_ctx[:, b0], sp.cut_ctx[:, b1]
+        for k in np.flatnonzero(v1 > v0).tolist():
+            nval, nidx = int(v1[k] - v0[k]), int(i1[k] - i0[k])
+            idx = np.frombuffer(_pread(sfd, PROFILE_INDEX.itemsize * nidx,
+                                       int(sp.p_ctxs[k]) + PROFILE_INDEX.itemsize * int(i0[k])),
+                                dtype=PROFILE_INDEX)
+            vals = np.frombuffer(_pread(sfd, PROFILE_VALUE.itemsize * nval,
+                                        int(sp.p_values[k])
+                                        + PROFILE_VALUE.itemsize * int(v0[k])),
+                                 dtype=PROFILE_VALUE)
+            counts = np.diff(np.append(idx["startIndex"].astype(np.int64), int(v1[k])))
+            ctx_parts.append(np.repeat(idx["ctxId"], counts))
+            met_parts.append(vals["metricId"])
+            val_parts.append(vals["value"])
+            run_prof.append(int(sp.profiles[k]))
+            run_len.append(nval)
+    if not ctx_parts:
+        return (np.zeros(0, np.uint32), np.zeros(0, np.uint16), np.zeros(0, np.float64),
+                np.zeros(0, np.int64), np.zeros(0, np.int64))
+    return (np.concatenate(ctx_parts), np.concatenate(met_parts), np.concatenate(val_parts),
+            np.array(run_prof, dtype=np.int64), np.array(run_len, dtype=np.int64))
+
+
+def _pread(fd: int, n: int, at: int) -> bytes:
+    out = os.pread(fd, n, at)
+    while len(out) < n:
+        more = os.pread(fd, n - len(out), at + len(out))
+        if not more:
+            raise CallpathError("a spool file ended early")
+        out += more
+    return out
 
 
 def _pwrite(fd: int, buf: npt.NDArray[Any], at: int) -> None:
@@ -446,17 +452,17 @@ def _pwrite(fd: int, buf: npt.NDArray[Any], at: int) -> None:
         done += os.pwrite(fd, view[done:], at + done)
 
 
-def _transpose(rec: npt.NDArray[Any], run_prof: I64, run_len: I64, c0: int, c1: int) -> Groups:
-    """Records of contexts ``c0 .. c1-1`` in runs (one per profile; a run is sorted by
+def _transpose(ctx: npt.NDArray[np.uint32], met: npt.NDArray[np.uint16],
+               val: npt.NDArray[np.float64], run_prof: I64, run_len: I64, c0: int, c1: int
+               ) -> Groups:
+    """Values of contexts ``c0 .. c1-1`` in runs (one per profile; a run is sorted by
     (context, metric) and has each pair once) → the pairs in (context, metric) order with
     their values in profile order. Where the range × its metrics is small enough for a
     dense count (always, unless metric ids are many), each record's place is its pair's
     start plus the number of earlier runs that have the pair: no sort, linear time.
-    The runs of one profile can be split (a profile's records of several buckets), but then
-    they follow each other and hold different pairs, so counting stays right."""
-    n = len(rec)
-    ctx = rec["ctx"]
-    met = rec["metric"]
+    The runs of one profile can be split, but then they follow each other and hold
+    different pairs, so counting stays right."""
+    n = len(ctx)
     if n and (int(ctx.min()) < c0 or int(ctx.max()) >= c1):
         raise CallpathError(f"a value of a context outside {c0}..{c1 - 1} is in its range")
     top = int(met.max()) + 1 if n else 1
@@ -490,7 +496,7 @@ def _transpose(rec: npt.NDArray[Any], run_prof: I64, run_len: I64, c0: int, c1: 
             seen[k] += 1
         del key, seen
         out_val = np.empty(n, dtype=np.float64)
-        out_val[pos] = rec["value"]
+        out_val[pos] = val
         nz = np.flatnonzero(counts)
         g_ctx = (nz // m + c0).astype(np.uint32)
         g_met = mids[nz % m].astype(np.uint16)
@@ -500,7 +506,7 @@ def _transpose(rec: npt.NDArray[Any], run_prof: I64, run_len: I64, c0: int, c1: 
         order = np.argsort(key64, kind="stable")
         key64 = key64[order]
         out_prof = np.repeat(run_prof.astype(np.uint32), run_len)[order]
-        out_val = np.asarray(rec["value"])[order]
+        out_val = np.asarray(val)[order]
         new = np.ones(n, dtype=bool)
         new[1:] = key64[1:] != key64[:-1]
         first = np.flatnonzero(new)
