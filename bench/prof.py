@@ -13,6 +13,7 @@ Usage: .venv/bin/python bench/prof.py [--contexts 256] [--paths 20000] [--repeat
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -171,6 +172,26 @@ def _timed(cmd: list[str]) -> Run:
     return Run(wall, ru.ru_utime + ru.ru_stime, peak[0], peak[1], ru.ru_maxrss)
 
 
+def _spin(_: int) -> float:
+    """About a second of CPU-bound numpy work; its wall time."""
+    t = time.perf_counter()
+    a = np.random.default_rng(0).random(2_000_000)
+    for _ in range(60):
+        np.sort(a)
+    return time.perf_counter() - t
+
+
+def cores_available() -> float:
+    """How many cores two CPU-bound processes actually get together right now (2.0 on an
+    idle 2-core machine; 1.0 when other jobs leave the equivalent of one core): what a
+    2-worker speed-up can be, at most, at this moment."""
+    one = _spin(0)
+    t = time.perf_counter()
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        pool.map(_spin, [0, 1])
+    return 2 * one / (time.perf_counter() - t)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", type=int, default=256)
@@ -194,6 +215,7 @@ def main() -> None:
                   f"({total} samples) in {time.perf_counter() - t:.1f} s")
         results: dict[int, list[Run]] = {}
         load = [os.getloadavg()[0]]
+        cores = [cores_available()]
         # alternate -j 1 and -j 2 so that both see the same background load
         for _ in range(args.repeat):
             for j in (1, 2):
@@ -201,6 +223,7 @@ def main() -> None:
                     [sys.executable, "-m", "callpath", "prof", str(meas), "-j", str(j), "-o",
                      str(base / f"j{j}.d")]))
                 load.append(os.getloadavg()[0])
+            cores.append(cores_available())
         med: dict[int, float] = {}
         for j, runs in results.items():
             med[j] = statistics.median(r.wall for r in runs)
@@ -212,6 +235,8 @@ def main() -> None:
                   f"{max(r.max_rss for r in runs) / 1024:.0f} MiB")
         print(f"load average (1 min) before and after each run: "
               f"{', '.join(f'{x:.1f}' for x in load)} on {os.cpu_count()} cores")
+        print(f"cores two CPU-bound processes got together (before the runs and after each "
+              f"pair): {', '.join(f'{c:.2f}' for c in cores)} (2.00 = two idle cores)")
         ratios = [b.wall / a.wall for a, b in zip(results[1], results[2], strict=True)]
         same = all((base / "j1.d" / f).read_bytes() == (base / "j2.d" / f).read_bytes()
                    for f in ("meta.db", "profile.db", "cct.db"))
