@@ -368,13 +368,14 @@ class Sampler:
                 key: list[int | None] = []
                 ap = key.append
                 f: FrameType | None = frame
-                # (subscripts, not .get: they are specialised bytecodes, not method calls)
+                # Subscripts, not .get: they are specialised bytecodes, not method calls. A
+                # miss is a new code object or stack (a new offset puts None in the key).
                 try:
                     while f is not None:
                         ap(locs_of[id(f.f_code)][f.f_lasti])
                         f = f.f_back
                     v = stacks[tuple(key)]
-                except KeyError:  # a new code object or stack (a new offset: key holds None)
+                except (KeyError, IndexError):
                     v = walk_new(frame)
                 if v < 0:  # the signal hit the sampler's own code (finishing, forking)
                     return
@@ -445,7 +446,7 @@ class Sampler:
                     ap(locs_of[id(f.f_code)][f.f_lasti])
                     f = f.f_back
                 v = stacks.get(tuple(key))
-            except KeyError:
+            except (KeyError, IndexError):
                 v = None
             if v is None:
                 v = self._new_stack(top)
@@ -525,9 +526,12 @@ class Sampler:
             if table is None:
                 table = self._register(co)
             lasti = f.f_lasti
-            lid = table[lasti]
-            if lid is None:
-                lid = table[lasti] = self._loc(co, lasti)
+            if -1 <= lasti < len(table) - 1:
+                lid = table[lasti]
+                if lid is None:
+                    lid = table[lasti] = self._loc(co, lasti)
+            else:  # not an offset of this code (no CPython does this): just name it
+                lid = self._loc(co, lasti)
             key.append(lid)
             f = f.f_back
         tkey = tuple(key)
