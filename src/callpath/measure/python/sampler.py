@@ -249,13 +249,13 @@ class Sampler:
         self.pid = os.getpid()
         self.main_ident = _thread.get_ident()
         # Locations: a location is (code index, line, NATIVE), numbered in order of appearance.
-        # locs_of maps id(code) to the location of every byte offset of that code (None until
-        # first seen; the extra last entry, which f_lasti == -1 selects, is the first line).
-        self.locs_of: dict[int, list[int | None]] = {}
+        # locs_of maps id(code) to {byte offset: location} for the offsets seen so far (-1, a
+        # frame that has not started, is the first line).
+        self.locs_of: dict[int, dict[int, int]] = {}
         self.locs: list[tuple[int, int, int]] = []
         self.loc_ids: dict[tuple[int, int, int], int] = {}
         # locations per frame, leaf first -> stack << 1 | NATIVE; -1: the sampler's own stack
-        self.stacks: dict[tuple[int | None, ...], int] = {}
+        self.stacks: dict[tuple[int, ...], int] = {}
         self.line_stacks: dict[tuple[int, ...], int] = {}  # (code index, line) per frame -> id
         self.n_stacks = 0
         self.code_index: dict[int, int] = {}  # id(code) -> index; codes[] keeps them alive
@@ -365,17 +365,17 @@ class Sampler:
             try:
                 t = mono()
                 c = tcpu()
-                key: list[int | None] = []
+                key: list[int] = []
                 ap = key.append
                 f: FrameType | None = frame
                 # Subscripts, not .get: they are specialised bytecodes, not method calls. A
-                # miss is a new code object or stack (a new offset puts None in the key).
+                # miss is a new code object, offset or stack.
                 try:
                     while f is not None:
                         ap(locs_of[id(f.f_code)][f.f_lasti])
                         f = f.f_back
                     v = stacks[tuple(key)]
-                except (KeyError, IndexError):
+                except KeyError:
                     v = walk_new(frame)
                 if v < 0:  # the signal hit the sampler's own code (finishing, forking)
                     return
@@ -438,7 +438,7 @@ class Sampler:
             if st is None or c < st[2]:  # new thread, or a new one reusing an ident
                 # its CPU clock started at zero; its wall time is counted from one period ago
                 st = self._thread_state(ident, 0, t - self.period_ns)
-            key: list[int | None] = []
+            key: list[int] = []
             ap = key.append
             f: FrameType | None = top
             try:
@@ -446,7 +446,7 @@ class Sampler:
                     ap(locs_of[id(f.f_code)][f.f_lasti])
                     f = f.f_back
                 v = stacks.get(tuple(key))
-            except (KeyError, IndexError):
+            except KeyError:
                 v = None
             if v is None:
                 v = self._new_stack(top)
@@ -473,7 +473,7 @@ class Sampler:
 
     # ---- the slow path: new code objects, offsets and stacks ----------------------------------
 
-    def _register(self, co: CodeType) -> list[int | None]:
+    def _register(self, co: CodeType) -> dict[int, int]:
         """Intern a code object (kept alive, so that its id stays unique) and its line table."""
         ci = len(self.codes)
         self.code_index[id(co)] = ci
@@ -484,7 +484,7 @@ class Sampler:
             starts.append(start)
             lines.append(line if line else -1)  # None, or 0 (the module's RESUME)
         self.line_tables.append((starts, lines))
-        table: list[int | None] = [None] * (len(co.co_code) + 1)
+        table: dict[int, int] = {}
         self.locs_of[id(co)] = table
         return table
 
@@ -526,12 +526,9 @@ class Sampler:
             if table is None:
                 table = self._register(co)
             lasti = f.f_lasti
-            if -1 <= lasti < len(table) - 1:
-                lid = table[lasti]
-                if lid is None:
-                    lid = table[lasti] = self._loc(co, lasti)
-            else:  # not an offset of this code (no CPython does this): just name it
-                lid = self._loc(co, lasti)
+            lid = table.get(lasti)
+            if lid is None:
+                lid = table[lasti] = self._loc(co, lasti)
             key.append(lid)
             f = f.f_back
         tkey = tuple(key)
