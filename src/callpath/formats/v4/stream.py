@@ -17,9 +17,9 @@ profile block and a transposed copy in memory cost 7.5 GB for 256 execution cont
    piece holds about a million values.
 3. **Assembly** (in the caller): ``cct.db``'s header and index come from those counts;
    ``profile.db``'s from the sizes the spools report, and the spools (8-byte aligned runs
-   of profile blocks, so position independent) are concatenated behind the summary block
-   with ``copy_file_range`` (an in-kernel copy). The files are byte-identical to the ones
-   written from memory.
+   of profile blocks, so position independent) are copied behind the summary block by the
+   workers, each spool at its offset (``copy_file_range``: an in-kernel copy). The files
+   are byte-identical to the ones written from memory.
 
 Forked workers inherit the job through :data:`STATE` (set before mapping), so the value
 source, which may hold a whole tree, is never pickled; only small results come back.
@@ -566,29 +566,51 @@ def _records_at(buf: npt.NDArray[np.uint8], size: int, step: int) -> npt.NDArray
 # ==== phase 3: assembly =================================================================
 
 
-def append_file(dst: BinaryIO, src: Path, at: int, size: int) -> None:
-    """Copy ``size`` bytes of ``src`` into ``dst`` at ``at`` (in the kernel where it can)."""
-    dst.flush()
-    with open(src, "rb") as s:
+def copy_spools(parallel: Mapper, dst: Path, spools: list[Spool], at: list[int]) -> None:
+    """Copy every spool into ``dst`` at its offset, the spools shared among the workers of
+    ``parallel`` (the copies are independent; each is done in the kernel where it can)."""
+    STATE["copy"] = (dst, spools, at)
+    try:
+        if spools:
+            parallel(_copy_chunk, list(range(len(spools))))
+    finally:
+        STATE.pop("copy", None)
+
+
+def _copy_chunk(which: Sequence[int]) -> None:
+    spools: list[Spool]
+    dst, spools, at = STATE["copy"]
+    fd = os.open(dst, os.O_WRONLY)
+    try:
+        for k in which:
+            _copy_file(spools[k].path, fd, at[k], spools[k].size)
+    finally:
+        os.close(fd)
+
+
+def _copy_file(src: Path, fd: int, at: int, size: int) -> None:
+    """``size`` bytes of ``src`` to ``fd`` at ``at``: ``copy_file_range``, else reads and
+    ``pwrite``."""
+    sfd = os.open(src, os.O_RDONLY)
+    try:
         done = 0
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             while done < size:
-                n = os.copy_file_range(s.fileno(), dst.fileno(), size - done, done, at + done)
+                n = os.copy_file_range(sfd, fd, size - done, done, at + done)
                 if n <= 0:
                     break
                 done += n
-        except (OSError, AttributeError):
-            pass
-        if done < size:
-            s.seek(done)
-            dst.seek(at + done)
-            while done < size:
-                chunk = s.read(min(1 << 24, size - done))
-                if not chunk:
-                    raise CallpathError(f"{src}: spool file ended early")
-                dst.write(chunk)
-                done += len(chunk)
-    dst.seek(at + size)
+        while done < size:
+            chunk = os.pread(sfd, min(1 << 24, size - done), done)
+            if not chunk:
+                raise CallpathError(f"{src}: spool file ended early")
+            view = memoryview(chunk)
+            while len(view):
+                n = os.pwrite(fd, view, at + done)
+                view = view[n:]
+                done += n
+    finally:
+        os.close(sfd)
 
 
 def remove_spools(directory: Path) -> None:

@@ -247,7 +247,7 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
                                     f"{int(summary.ctx_ids[-1])}, beyond the {n_slots} "
                                     "contexts of the database")
         with open(temp("profile.db"), "wb") as f:
-            _write_profile_db(f, exp, summary, spools)
+            _write_profile_db(f, exp, summary, spools, source.parallel, temps["profile.db"])
         if exp.traces is not None:
             with open(temp("trace.db"), "wb") as f:
                 _write_trace_db(f, exp.traces, len(exp.profiles))
@@ -715,7 +715,7 @@ def _context_section(base: int, exp: Experiment, tree: _TreeLayout, table: dict[
 
 
 def _write_profile_db(f: BinaryIO, exp: Experiment, summary: ProfileBlock,
-                      spools: list[stream.Spool]) -> None:
+                      spools: list[stream.Spool], parallel: stream.Mapper, path: Path) -> None:
     """Headers, identifier tuples and the summary block, then the spooled blocks of the other
     profiles copied behind them (each spool starts 8-byte aligned, so their pointers only
     move by the spool's position)."""
@@ -753,14 +753,18 @@ def _write_profile_db(f: BinaryIO, exp: Experiment, summary: ProfileBlock,
     pad = _align(pos) - pos
     f.write(bytes(pad))
     pos += pad
+    starts = []
     for sp in spools:
         at = sp.profiles
         info["nValues"][at] = sp.n_values
         info["pValues"][at] = sp.p_values + pos
         info["nCtxs"][at] = sp.n_ctxs
         info["pCtxIndices"][at] = sp.p_ctxs + pos
-        stream.append_file(f, sp.path, pos, sp.size)
+        starts.append(pos)
         pos += sp.size
+    f.flush()
+    stream.copy_spools(parallel, path, spools, starts)
+    f.seek(pos)
     f.write(_footer(b"prof", pos))
     f.seek(0)
     f.write(_file_header(b"prof", [(infos_size, p_infos), (tuples.size, tuples.base)]))
