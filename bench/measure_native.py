@@ -98,7 +98,7 @@ def main() -> int:
             print(f"{name:26} (perf is not installed)")
 
     # post-mortem unwinding throughput on the same program, with its two extra threads, at
-    # 4 kHz and 16 KiB stack copies (tens of thousands of samples: fixed costs amortised)
+    # 4 kHz and the default stack copies (tens of thousands of samples: fixed costs amortised)
     prog3 = [str(exe), str(args.iterations), "2"]
     out = tmp / "unwind"
     with open(os.devnull, "w") as devnull:  # the program's own output

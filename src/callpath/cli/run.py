@@ -30,9 +30,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="measurement directory (default: callpath-CMD-measurements[-N])")
     p.add_argument("--list-events", action="store_true",
                    help="list the events and whether this machine can open them")
-    p.add_argument("--stack-size", type=_stack_size, default=16384, metavar="BYTES",
-                   help="bytes of user stack copied per sample for unwinding (default 16384; "
-                   "Python interpreters need 32768)")
+    from callpath.measure.perf import DEFAULT_STACK_SIZE
+
+    p.add_argument("--stack-size", type=_stack_size, default=DEFAULT_STACK_SIZE, metavar="BYTES",
+                   help="bytes of user stack copied per sample for unwinding (default "
+                   f"{DEFAULT_STACK_SIZE}; "
+                   "raise it when the summary reports paths cut short: deep recursion, big "
+                   "stack frames, Python interpreters need 32768)")
     p.add_argument("--top", type=int, default=10, metavar="N",
                    help="procedures in the closing flat summary (0: none)")
     p.add_argument("-m", "--module", metavar="MODULE", default=None,

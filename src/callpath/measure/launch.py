@@ -49,7 +49,7 @@ class RunOptions:
     events: list[EventSpec]
     out: Path
     trace: bool = False
-    stack_size: int = 16384
+    stack_size: int = perf.DEFAULT_STACK_SIZE
     ring_pages: int = 0  # data pages per CPU ring; 0: 8 MiB, less beyond 8 CPUs (64 MiB in all)
     linger: float = 2.0     # seconds to keep measuring descendants after the program exits
     nice: int = 5           # the launcher yields the CPU to the program it measures
@@ -143,7 +143,7 @@ def _proc_facts(pid: int) -> dict[str, Any]:
 
 
 def ring_pages_for(ncpus: int) -> int:
-    """Data pages per CPU ring: 8 MiB (about 500 samples of 16 KiB, 0.5 s at 1 kHz), less
+    """Data pages per CPU ring: 8 MiB (about 1,000 samples of 8 KiB, 1 s at 1 kHz), less
     beyond 8 CPUs so that all rings together stay at 64 MiB; a power of two, at least 1 MiB."""
     budget = (64 << 20) // max(ncpus, 1)
     size = 1 << 20
