@@ -44,7 +44,9 @@ def browser() -> Iterator[Any]:
     exe = _chromium()
     with playwright_sync.sync_playwright() as p:
         try:
-            b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
+            # no sandbox as root in CI; /tmp instead of /dev/shm, which containers keep small
+            b = p.chromium.launch(executable_path=exe,
+                                  args=["--no-sandbox", "--disable-dev-shm-usage"])
         except Exception as e:  # any launch failure is a missing capability
             pytest.skip(f"Chromium at {exe} does not start headless: {str(e).splitlines()[0]}")
         yield b
