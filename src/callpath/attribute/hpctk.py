@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from callpath.attribute.build import Tables, ThreadData, finish
 from callpath.attribute.forked import STATE
-from callpath.attribute.reduce import Partial, run_units, run_units_mpi, writer_mapper
+from callpath.attribute.reduce import Partial, reduce_units, writer_mapper
 from callpath.attribute.samples import spill
 from callpath.attribute.walk import Walker
 from callpath.errors import CallpathError
@@ -189,15 +189,10 @@ def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
             structs += sorted((d / "structs").glob("*.hpcstruct"))
     if not files:
         raise CallpathError(f"no *.hpcrun files in {', '.join(map(str, measdirs))}")
-    STATE["structures"] = {} if ignore_structs else load_structures(structs)
-    try:
-        got = (run_units_mpi(reduce_hpcrun_files, files) if mpi
-               else run_units(reduce_hpcrun_files, files, workers))
-        if got is None:
-            return None
-        part = got
-    finally:
-        STATE.pop("structures", None)
+    part = reduce_units(reduce_hpcrun_files, files, workers, mpi,
+                        {"structures": {} if ignore_structs else load_structures(structs)})
+    if part is None:
+        return None
     return finish(part.tb, part.tables, part.threads, part.metrics,
                   title=title or part.program,
                   description="callpath prof of HPCToolkit measurements",

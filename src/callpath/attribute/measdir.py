@@ -37,7 +37,7 @@ from callpath.attribute.hpctk import (
     SymbolTable,
     load_structures,
 )
-from callpath.attribute.reduce import Partial, run_units, run_units_mpi, writer_mapper
+from callpath.attribute.reduce import Partial, reduce_units, writer_mapper
 from callpath.attribute.samples import spill
 from callpath.attribute.walk import Walker
 from callpath.errors import CallpathError, FormatError
@@ -108,19 +108,11 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
               x.description or x.event or x.name) for x in infos]
     names += [(f"{x.name} (samples)", f"samples of {x.event or x.name}") for x in infos]
     units = [f for d in measdirs for f in sorted(d.glob(md.PROCESS_GLOB), key=md._file_order)]
-    STATE["structures"] = {} if ignore_structs else load_structures(structs)
-    STATE["metrics"] = infos
-    STATE["names"] = names
-    STATE["ignore_structs"] = ignore_structs
-    try:
-        got = (run_units_mpi(reduce_process_files, units) if mpi
-               else run_units(reduce_process_files, units, workers))
-        if got is None:
-            return None
-        part = got
-    finally:
-        for k in ("structures", "metrics", "names", "ignore_structs"):
-            STATE.pop(k, None)
+    part = reduce_units(reduce_process_files, units, workers, mpi, {
+        "structures": {} if ignore_structs else load_structures(structs), "metrics": infos,
+        "names": names, "ignore_structs": ignore_structs})
+    if part is None:
+        return None
     if not part.threads:
         raise CallpathError(f"{measdirs[0]}: the measurement holds no execution contexts "
                             "(no process recorded a sample)")

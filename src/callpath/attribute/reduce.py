@@ -15,7 +15,7 @@ import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -59,6 +59,19 @@ def writer_mapper(workers: int, mpi: bool) -> Mapper:
     if mpi or workers <= 1:
         return serial
     return functools.partial(map_chunks, workers=workers)
+
+
+def reduce_units(fn: Callable[[Sequence[U]], Partial], units: Sequence[U], workers: int,
+                 mpi: bool, shared: dict[str, Any]) -> Partial | None:
+    """``fn`` over ``units`` across MPI ranks (``mpi``) or forked workers, with ``shared``
+    (structures, metric tables) in :data:`STATE` for them to inherit while it runs; None on
+    the MPI ranks other than 0."""
+    STATE.update(shared)
+    try:
+        return run_units_mpi(fn, units) if mpi else run_units(fn, units, workers)
+    finally:
+        for k in shared:
+            STATE.pop(k, None)
 
 
 def run_units(fn: Callable[[Sequence[U]], Partial], units: Sequence[U],

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from callpath.cli.run import fresh_path
 from callpath.errors import CallpathError
 
 
@@ -42,15 +43,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=run)
 
 
-def _fresh(base: str) -> Path:
-    p = Path(base)
-    n = 2
-    while p.exists():
-        p = Path(f"{base}-{n}")
-        n += 1
-    return p
-
-
 def run(args: argparse.Namespace) -> int:
     cmd = list(args.command)
     if cmd and cmd[0] == "--":
@@ -62,9 +54,9 @@ def run(args: argparse.Namespace) -> int:
         raise CallpathError(f"-d {args.depth}: expected a positive depth")
     python = args.python or cmd[0].endswith(".py")
     name = os.path.basename(cmd[0]).removesuffix(".py") or "program"
-    meas = Path(args.measurements) if args.measurements else _fresh(
+    meas = Path(args.measurements) if args.measurements else fresh_path(
         f"callpath-{name}-measurements")
-    db = Path(args.output) if args.output else _fresh(f"callpath-{name}-database")
+    db = Path(args.output) if args.output else fresh_path(f"callpath-{name}-database")
     status = _measure(cmd, meas, args, python)
     if not (meas / "measurement.json").is_file():
         raise CallpathError(f"{meas}: the measurement was not written (the program could not "

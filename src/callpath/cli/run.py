@@ -57,14 +57,19 @@ def _stack_size(s: str) -> int:
     return v
 
 
-def _default_output(cmd: list[str]) -> Path:
-    base = f"callpath-{os.path.basename(cmd[0]) or 'program'}-measurements"
+def fresh_path(base: str) -> Path:
+    """``base``, else ``base-2``, ``base-3``, ...: the first that does not exist, so that a
+    default output never overwrites an earlier measurement or database."""
     p = Path(base)
     n = 2
     while p.exists():
         p = Path(f"{base}-{n}")
         n += 1
     return p
+
+
+def _default_output(cmd: list[str]) -> Path:
+    return fresh_path(f"callpath-{os.path.basename(cmd[0]) or 'program'}-measurements")
 
 
 def _progress(msg: str) -> None:
