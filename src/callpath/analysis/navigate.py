@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from callpath.analysis.flat import FlatView
 from callpath.analysis.view import View
 from callpath.errors import CallpathError
 
@@ -19,16 +20,33 @@ I64 = npt.NDArray[np.int64]
 DEFAULT_HOT_THRESHOLD = 50.0
 
 
+def order_by(nodes: I64, values: F64, descending: bool = True) -> I64:
+    """``nodes`` ordered by ``values`` (ties keep their order); NaN (empty cells) last."""
+    if len(nodes) < 2:
+        return nodes
+    v = values[nodes]
+    key = np.where(np.isnan(v), -np.inf if descending else np.inf, v)
+    out: I64 = nodes[np.argsort(-key if descending else key, kind="stable")]
+    return out
+
+
 def sorted_children(view: View, node: int, values: F64 | None, *,
                     descending: bool = True) -> I64:
     """Children of ``node`` ordered by ``values`` (ties keep the view's order); NaN last."""
     kids = view.children(node)
-    if values is None or len(kids) < 2:
+    if values is None:
         return kids
-    v = values[kids]
-    key = np.where(np.isnan(v), -np.inf if descending else np.inf, v)
-    order = np.argsort(-key if descending else key, kind="stable")
-    return kids[order]
+    return order_by(kids, values, descending)
+
+
+def flattened_top(view: FlatView, start: int, levels: int, values: F64, *,
+                  descending: bool = True) -> I64:
+    """hpcviewer's flatten applied ``levels`` times to the children of ``start``: the scopes
+    shown at the top of a flattened Flat view, ordered by ``values``."""
+    top = view.children(start).tolist()
+    for _ in range(levels):
+        top = view.flatten(top)
+    return order_by(np.asarray(top, dtype=np.int64), values, descending)
 
 
 def hot_path(view: View, start: int, values_of: Callable[[], F64],

@@ -10,7 +10,8 @@ from typing import TextIO
 from callpath.analysis.columns import ColumnDef, ColumnSet
 from callpath.analysis.derived import DerivedMetric, load_derived, save_derived
 from callpath.analysis.filters import Filter, apply_filters, load_filters
-from callpath.analysis.navigate import FindOptions, expand, find, hot_path
+from callpath.analysis.flat import FlatView
+from callpath.analysis.navigate import FindOptions, expand, find, flattened_top, hot_path
 from callpath.analysis.source import select_contexts, tree_source
 from callpath.analysis.view import View
 from callpath.analysis.viewconfig import (
@@ -161,12 +162,10 @@ def build_report(exp: Experiment, args: argparse.Namespace, out: TextIO) -> int:
         top = start if args.hot_path < 0 else view.find_stable(args.hot_path)
         hot = hot_path(view, top, values, args.hot_threshold)
         rows = [(n, i) for i, n in enumerate(hot)]
-    elif args.flatten and args.view == "flat":
-        top = view.children(start).tolist()
-        for _ in range(args.flatten):
-            top = view.flatten(top)  # type: ignore[attr-defined]
+    elif args.flatten and isinstance(view, FlatView):
         vals = values()
-        top.sort(key=lambda n: -float(vals[n]) if not args.ascending else float(vals[n]))
+        top = flattened_top(view, start, args.flatten, vals,
+                            descending=not args.ascending).tolist()
         rows = [(start, 0)]
         sub_depth = None if args.depth is None else max(args.depth - 1, 0)
         for t in top:

@@ -23,7 +23,13 @@ from callpath.analysis.columns import ColumnDef, ColumnSet
 from callpath.analysis.derived import load_derived, save_derived
 from callpath.analysis.flat import FlatView
 from callpath.analysis.formula import parse
-from callpath.analysis.navigate import FindOptions, find, hot_path, sorted_children
+from callpath.analysis.navigate import (
+    FindOptions,
+    find,
+    flattened_top,
+    hot_path,
+    sorted_children,
+)
 from callpath.analysis.treeops import nearest_marked
 from callpath.errors import CallpathError
 from callpath.present import viewreport
@@ -80,16 +86,8 @@ def ordered_children(b: Built, node: int, col: ColumnDef, descending: bool) -> I
     view = b.view
     vals = b.columns.values(view, col)
     if isinstance(view, FlatView) and b.state.flatten and node == b.start():
-        top = view.children(node).tolist()
-        for _ in range(b.state.flatten):
-            top = view.flatten(top)
-        kids = np.asarray(top, dtype=np.int64)
-        vals = b.columns.values(view, col)
-        key = np.where(np.isnan(vals[kids]), -np.inf if descending else np.inf, vals[kids])
-        out: I64 = kids[np.argsort(-key if descending else key, kind="stable")]
-        return out
-    kids = sorted_children(view, node, vals, descending=descending)
-    return kids
+        return flattened_top(view, node, b.state.flatten, vals, descending=descending)
+    return sorted_children(view, node, vals, descending=descending)
 
 
 def _keys_of(b: Built, parent_key: str, parent: int, nodes: I64) -> list[str]:
