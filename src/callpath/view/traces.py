@@ -360,15 +360,15 @@ def callpath(db: Database, params: Params, body: bytes) -> Any:
     ti = trace_index(db)
     row = parse_int(params, "ctx", 0, lo=0, hi=len(ti.times) - 1)
     t = _time(params, "t", ti.t0)
-    u = int(sample_at(ti, row, np.array([t], dtype=np.int64))[0])
+    ts = ti.times[row]
+    i = int(last_at_or_before(ts, ti.coarse[row], np.array([t], dtype=np.int64))[0])
+    u = int(ti.samples[row][i]) if i >= 0 else -1
     if u < 0:
         return {"frames": [], "ctx": row, "t": t}
     frames = []
     for d in range(int(ti.u_fdepth[u])):
         names, _ = ti.at_depth(d)
         frames.append({"name": ti.names[int(names[u])], "depth": d})
-    ts = ti.times[row]
-    i = int(np.searchsorted(ts, t, side="right") - 1)
     ctx = int(ti.exp.cct.ctx_id[int(ti.u_nodes[u])])
     return {"frames": frames, "ctx": row, "t": t, "sample_time": int(ts[i]),
             "node": f"t{ctx}"}
@@ -400,8 +400,9 @@ def stats(db: Database, params: Params, body: bytes) -> Any:
     total = np.zeros(len(ti.names) + 1, dtype=np.float64)
     for r in range(w.c0, w.c1):
         ts = ti.times[r]
-        lo = max(int(np.searchsorted(ts, w.t0, side="right")) - 1, 0)
-        hi = int(np.searchsorted(ts, w.t1, side="left"))
+        # the sample in effect at t0, and one past the last sample before t1 (integer times)
+        at = last_at_or_before(ts, ti.coarse[r], np.array([w.t0, w.t1 - 1], dtype=np.int64))
+        lo, hi = max(int(at[0]), 0), int(at[1]) + 1
         if hi <= lo:
             continue
         start = np.maximum(ts[lo:hi], w.t0)
