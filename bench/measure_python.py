@@ -243,7 +243,7 @@ def run_once(cmd: list[str]) -> Sample | str:
 
 
 DECOMPOSE_MODES = {"c": "C handler (signal only)", "empty": "empty Python handler",
-                   "callpath": "callpath handler"}
+                   "callpath": "callpath handler, C walk", "callpath-py": "callpath, Python walk"}
 
 
 def decompose(tmp: Path, repeat: int, pairs: int = 30) -> None:
@@ -259,9 +259,10 @@ def decompose(tmp: Path, repeat: int, pairs: int = 30) -> None:
     for i in range(repeat):
         for hz in (1000, 100):
             for mode in DECOMPOSE_MODES:
+                env = dict(os.environ, CALLPATH_PY_WALK="python" if mode == "callpath-py" else "")
                 r = subprocess.run([sys.executable, "-c", src, mode, str(hz), str(pairs),
                                     str(tmp), str(chunk), str(tmp / f"dec-{mode}-{hz}-{i}")],
-                                   capture_output=True, text=True, check=False)
+                                   capture_output=True, text=True, check=False, env=env)
                 if "RATIO" not in r.stdout:
                     print(f"  {mode} {hz} Hz failed: {r.stderr.strip()[-200:]}", file=sys.stderr)
                     continue

@@ -120,13 +120,30 @@ def ok(run: Run, status: int = 0) -> None:
 # ----------------------------------------------------------------------------------- call paths
 
 
-def test_recursion_paths_and_lines(tmp_path: Path) -> None:
+def _c_walk_built() -> bool:
+    from callpath.measure.python import sampler as S
+    return S._c_walk()[0] is not None
+
+
+NO_C_WALK = "the C stack walk (_callpath_walk.c) was not built: no compiler or Python headers"
+WALKERS = [pytest.param("C", id="C-walk"), pytest.param("python", id="Python-walk")]
+
+
+def _walker_env(walker: str) -> dict[str, str]:
+    if walker == "C" and not _c_walk_built():
+        pytest.skip(NO_C_WALK)
+    return {"CALLPATH_PY_WALK": "python" if walker == "python" else ""}
+
+
+@pytest.mark.parametrize("walker", WALKERS)
+def test_recursion_paths_and_lines(tmp_path: Path, walker: str) -> None:
     depth = 6
-    run = measure(tmp_path, program("recursion.py"), str(depth))
+    run = measure(tmp_path, program("recursion.py"), str(depth), env=_walker_env(walker))
     ok(run)
     m = run.m
     assert m.header["status"] == "complete" and m.header["exit_status"] == 0
     [proc] = m.processes
+    assert proc.info["walker"].split()[0] == walker
     assert proc.complete and not proc.truncated
     [t] = proc.threads
     leaf_line = marked_line("recursion.py", "LEAF")
@@ -432,14 +449,19 @@ def test_format_constants_agree_with_measdir() -> None:
     assert S.mpi_rank({"PMI_RANK": "7"}) == measdir.rank_from_environ({"PMI_RANK": "7"}) == 7
 
 
-def test_handler_keys_stacks_by_line_and_flags_calls(tmp_path: Path) -> None:
+@pytest.mark.parametrize("walker", WALKERS)
+def test_handler_keys_stacks_by_line_and_flags_calls(tmp_path: Path, walker: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The signal handler, called directly with real frames (so nothing depends on timing):
     recursion through two call sites of one line (``fib(n - 1) + fib(n - 2)``) gives one stack
     per depth and leaf line, not one per combination of call sites, so its cache stays small; a
     leaf stopped inside a call to C is NATIVE, one that called Python is not; every sample
-    reaches the file, its counts and its trace."""
+    reaches the file, its counts and its trace. The same with either stack walk."""
     from callpath.measure.python import sampler as S
+    for k, v in _walker_env(walker).items():
+        monkeypatch.setenv(k, v)
     smp = S.Sampler(str(tmp_path), 1000.0, True)
+    assert smp.walker.split()[0] == walker
     smp._open()
     handler = smp.make_handler()
 

@@ -69,6 +69,7 @@ METRIC_CPU, METRIC_WALL = 0, 1
 ENV_OUT = "CALLPATH_PY_OUT"
 ENV_FREQ = "CALLPATH_PY_FREQ"
 ENV_TRACE = "CALLPATH_PY_TRACE"
+ENV_WALK = "CALLPATH_PY_WALK"  # "python": do not use the C stack walk even where it is built
 
 IDLE_CPU_SHARE = 20  # IDLE when cpu * 20 < wall, i.e. under 5% of one CPU
 OTHERS_BUDGET = 50  # sample other threads at most every 50 x the CPU time it took last time
@@ -106,6 +107,30 @@ def mpi_rank(env: Any = None) -> int | None:
 def _call_opcodes() -> frozenset[int]:
     import opcode
     return frozenset(v for k, v in opcode.opmap.items() if k.startswith(("CALL", "PRECALL")))
+
+
+def _c_walk() -> tuple[Callable[[FrameType, Any, Any], int | None] | None, str]:
+    """The C stack walk (``_callpath_walk.c``, built by ``pip install`` when a compiler and
+    Python's headers are there) for this interpreter, loaded by path like this module; else
+    None, and the handler walks in Python. Returns it and the walker's name for the metadata."""
+    if os.environ.get(ENV_WALK, "") == "python":
+        return None, "python (CALLPATH_PY_WALK=python)"
+    try:
+        import importlib.machinery
+        import importlib.util
+        here = os.path.dirname(os.path.abspath(__file__))
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(here, "_callpath_walk" + suffix)
+            if os.path.exists(path):
+                spec = importlib.util.spec_from_file_location("_callpath_walk", path)
+                if spec is None or spec.loader is None:
+                    break
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                return mod.stack_of, "C"
+    except (ImportError, OSError, AttributeError):
+        pass
+    return None, "python (no C walk built for this interpreter)"
 
 
 def _libc() -> Any:
@@ -231,6 +256,7 @@ class Sampler:
         self.rank = mpi_rank()
         self.call_ops = _call_opcodes()
         self.timer = _Timer(signal.SIGPROF)
+        self.c_walk, self.walker = _c_walk()
         self.mechanism = ""
         self.fd = -1
         self.path = ""
@@ -282,6 +308,7 @@ class Sampler:
             "argv": list(getattr(sys, "orig_argv", sys.argv)),
             "python": sys.version.split()[0], "implementation": sys.implementation.name,
             "frequency": self.frequency, "period_ns": self.period_ns, "trace": self.trace,
+            "walker": self.walker,
             "start_unix_ns": time.time_ns(), "start_mono_ns": self.t0,
             "cpu_at_start_ns": time.process_time_ns(),
         }
@@ -356,6 +383,7 @@ class Sampler:
         trace = st[4] if self.trace else None
         share = IDLE_CPU_SHARE
         sampler = self
+        c_walk = self.c_walk
 
         def on_sample(signum: int, frame: FrameType | None) -> None:
             if sampler.busy or frame is None:
@@ -365,18 +393,24 @@ class Sampler:
             try:
                 t = mono()
                 c = tcpu()
-                key: list[int] = []
-                ap = key.append
-                f: FrameType | None = frame
-                # Subscripts, not .get: they are specialised bytecodes, not method calls. A
-                # miss is a new code object, offset or stack.
-                try:
-                    while f is not None:
-                        ap(locs_of[id(f.f_code)][f.f_lasti])
-                        f = f.f_back
-                    v = stacks[tuple(key)]
-                except KeyError:
-                    v = walk_new(frame)
+                if c_walk is not None:
+                    # the same walk and lookups in C (_callpath_walk.c); None is a miss
+                    v = c_walk(frame, locs_of, stacks)
+                    if v is None:
+                        v = walk_new(frame)
+                else:
+                    key: list[int] = []
+                    ap = key.append
+                    f: FrameType | None = frame
+                    # Subscripts, not .get: they are specialised bytecodes, not method calls.
+                    # A miss is a new code object, offset or stack.
+                    try:
+                        while f is not None:
+                            ap(locs_of[id(f.f_code)][f.f_lasti])
+                            f = f.f_back
+                        v = stacks[tuple(key)]
+                    except KeyError:
+                        v = walk_new(frame)
                 if v < 0:  # the signal hit the sampler's own code (finishing, forking)
                     return
                 dc = c - st[2]
@@ -426,6 +460,7 @@ class Sampler:
         clock_of = time.pthread_getcpuclockid
         main = self.main_ident
         trace = self.trace
+        c_walk = self.c_walk
         frames = sys._current_frames()
         for ident, top in frames.items():
             if ident == main:
@@ -438,16 +473,19 @@ class Sampler:
             if st is None or c < st[2]:  # new thread, or a new one reusing an ident
                 # its CPU clock started at zero; its wall time is counted from one period ago
                 st = self._thread_state(ident, 0, t - self.period_ns)
-            key: list[int] = []
-            ap = key.append
-            f: FrameType | None = top
-            try:
-                while f is not None:
-                    ap(locs_of[id(f.f_code)][f.f_lasti])
-                    f = f.f_back
-                v = stacks.get(tuple(key))
-            except KeyError:
-                v = None
+            if c_walk is not None:
+                v = c_walk(top, locs_of, stacks)
+            else:
+                key: list[int] = []
+                ap = key.append
+                f: FrameType | None = top
+                try:
+                    while f is not None:
+                        ap(locs_of[id(f.f_code)][f.f_lasti])
+                        f = f.f_back
+                    v = stacks.get(tuple(key))
+                except KeyError:
+                    v = None
             if v is None:
                 v = self._new_stack(top)
             if v < 0:
@@ -751,6 +789,7 @@ class Sampler:
         signal.signal(self.timer.signo, self.handler)
         self._open()
         self.mechanism = self.timer.start(self.period_ns, self.handler)
+        self.process_info["mechanism"] = self.mechanism
 
 
 _SAMPLER: Sampler | None = None
