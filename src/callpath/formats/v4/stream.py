@@ -6,20 +6,26 @@ profile block and a transposed copy in memory cost 7.5 GB for 256 execution cont
 
 1. **Spool** (per chunk of profiles, in a worker when a :data:`Mapper` forks): each profile's
    block is produced (e.g. computed on demand by ``callpath prof``) and written at once in
-   its ``profile.db`` form to the chunk's spool file; what is kept is small: where the
-   block's values cross fixed context-id boundaries ("buckets"), and per context how many
-   values and which metrics it has. Only one block is alive at a time.
+   its ``profile.db`` form; what is kept is small: where the block's values cross fixed
+   context-id boundaries ("buckets"), and per context how many values and which metrics it
+   has. Only one block is alive at a time. The first chunk is written straight into
+   ``profile.db``, right behind its fixed-size headers (so one worker, or ``-j 1``, writes
+   every block exactly once, in place); the other chunks cannot know where they start
+   before the chunks ahead of them are done, so they go to spool files (8-byte aligned,
+   position independent).
 2. **Transpose** (per run of buckets, in a worker): the values of one context range are
-   read back from every spool (two ``pread`` per profile: its context index and its values
-   in the range) and put in (context, metric) order, profiles ascending inside a pair (the
-   spools are in profile order), which is ``cct.db``'s order, then encoded and written in
+   read back from ``profile.db`` and the spools (two ``pread`` per profile: its context
+   index and its values in the range) and put in (context, metric) order, profiles
+   ascending inside a pair, which is ``cct.db``'s order, then encoded and written in
    place: from the counts every block's offset is known before the transpose starts. A
-   piece holds about a million values.
+   piece holds about a million values. The bytes read from a spool are also written at
+   their final place in ``profile.db`` on the way (``pwrite``): every byte of a spooled
+   block is read for the transpose anyway, so this replaces a separate copy of the spools
+   (a second read of a gigabyte and its page-cache traffic).
 3. **Assembly** (in the caller): ``cct.db``'s header and index come from those counts;
-   ``profile.db``'s from the sizes the spools report, and the spools (8-byte aligned runs
-   of profile blocks, so position independent) are copied behind the summary block by the
-   workers, each spool at its offset (``copy_file_range``: an in-kernel copy). The files
-   are byte-identical to the ones written from memory.
+   ``profile.db``'s headers, and the summary block behind the other profiles' blocks, are
+   written last. The files are byte-identical to the ones written from memory, and do not
+   depend on how the profiles were split into chunks.
 
 Forked workers inherit the job through :data:`STATE` (set before mapping), so the value
 source, which may hold a whole tree, is never pickled; only small results come back.
@@ -187,7 +193,7 @@ class Spool:
     """What one chunk of profiles left on disk (small; comes back from a worker)."""
 
     profiles: I64  # profile indices, ascending
-    path: Path  # profile.db form of their blocks, from an 8-aligned origin
+    path: Path  # profile.db form of their blocks, from ``origin`` (8-aligned)
     size: int  # bytes, a multiple of 8
     n_values: I64
     p_values: I64  # relative to the spool's start
@@ -196,6 +202,18 @@ class Spool:
     cut_ctx: I64  # [k, b]: where bucket b starts in profile k's context index
     cut_val: I64  # [k, b]: ... and in its values (all 0 for a profile not in cct.db)
     pairs: PairCounts  # of the transposed profiles
+    origin: int = 0  # where the spool starts in ``path``
+    in_place: bool = False  # ``path`` is profile.db itself: nothing to copy
+    dest: int = -1  # where the spool goes in profile.db (set once the sizes are known)
+
+    def uncopied(self) -> I64:
+        """Positions ``k`` of the blocks that the transpose does not copy into profile.db
+        on its way (it copies the bucket ranges it reads; a profile not in ``cct.db``, or
+        with a context index but no value, has none): the caller copies them whole."""
+        if self.in_place:
+            return np.zeros(0, dtype=np.int64)
+        read = (self.cut_ctx[:, -1] == self.n_ctxs) & (self.cut_val[:, -1] == self.n_values)
+        return np.flatnonzero(~read & ((self.n_ctxs > 0) | (self.n_values > 0)))
 
     @property
     def runs(self) -> I64:
@@ -282,6 +300,7 @@ class _Job:
     transposed: npt.NDArray[np.bool_]  # per profile: its values go to cct.db
     bounds: I64  # context ids where buckets start (+ an open end)
     rows: int  # context ids expected (more are counted if they come)
+    first: tuple[Path, int] | None  # profile.db and where the first chunk goes in it
 
 
 def bucket_bounds(n_slots: int, n_profiles: int, n_metric_ids: int) -> I64:
@@ -296,9 +315,12 @@ def bucket_bounds(n_slots: int, n_profiles: int, n_metric_ids: int) -> I64:
 
 
 def spool_profiles(source: ValueSource, directory: Path, transposed: npt.NDArray[np.bool_],
-                   bounds: I64, n_slots: int) -> list[Spool]:
-    """Phase 1 over profiles ``1 ..``: spools in profile order."""
-    STATE["job"] = _Job(source, directory, transposed, bounds, n_slots)
+                   bounds: I64, n_slots: int, first: tuple[Path, int] | None = None
+                   ) -> list[Spool]:
+    """Phase 1 over profiles ``1 ..``: spools in profile order. With ``first`` (an existing
+    ``profile.db`` and an 8-aligned offset in it), the chunk of profile 1 is written there
+    in place; the other chunks go to files in ``directory``."""
+    STATE["job"] = _Job(source, directory, transposed, bounds, n_slots, first)
     try:
         items = list(range(1, len(transposed)))
         if not items:
@@ -313,7 +335,12 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
     if not len(profiles):
         return None
     first = int(profiles[0])
-    path = job.directory / f"profiles-{first}.spool"
+    in_place = job.first is not None and first == 1
+    origin = 0
+    if job.first is not None and in_place:
+        path, origin = job.first
+    else:
+        path = job.directory / f"profiles-{first}.spool"
     nb = len(job.bounds) - 1
     n = len(profiles)
     cut_ctx = np.zeros((n, nb + 1), dtype=np.int64)
@@ -321,7 +348,8 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
     nv, pv, nc, pc = (np.zeros(n, dtype=np.int64) for _ in range(4))
     pairs = PairCounts(job.rows)
     pos = 0
-    with open(path, "wb") as f:
+    with open(path, "r+b" if in_place else "wb") as f:
+        f.seek(origin)
         for k, i in enumerate(profiles):
             blk = sorted_block(job.source.block(int(i)), int(i))
             pv[k], pc[k], pos = write_profile_block(f, pos, blk)
@@ -338,18 +366,20 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
         f.write(bytes(pad))
         pos += pad
     return Spool(np.asarray(profiles, dtype=np.int64), path, pos, nv, pv, nc, pc,
-                 cut_ctx, cut_val, pairs)
+                 cut_ctx, cut_val, pairs, origin, in_place, origin if in_place else -1)
 
 
 # ==== phase 2: transpose the buckets ====================================================
 
 
 def transpose_buckets(source: ValueSource, spools: list[Spool], bounds: I64,
-                      layout: ContextLayout, cct_db: Path, data_base: int) -> list[Any]:
+                      layout: ContextLayout, cct_db: Path, data_base: int,
+                      profile_db: Path | None = None) -> list[Any]:
     """Phase 2: the ``cct.db`` blocks of every context written in place into ``cct_db``
     (blocks from ``data_base``, at the offsets of ``layout``), by pieces of adjacent buckets
-    of up to :data:`VALUES_PER_BUCKET` values read back from the spools. Returns what
-    ``on_groups`` said of each piece, in context order."""
+    of up to :data:`VALUES_PER_BUCKET` values read back from the spools. What is read from a
+    spool that is not in place is also written into ``profile_db`` at the spool's ``dest``.
+    Returns what ``on_groups`` said of each piece, in context order."""
     nb = len(bounds) - 1
     n_slots = len(layout.n_values)
     b = bounds.copy()
@@ -364,7 +394,9 @@ def transpose_buckets(source: ValueSource, spools: list[Spool], bounds: I64,
             start, acc = k, 0
         acc += int(counts[k])
     units.append((start, nb))
-    STATE["transpose"] = (source, spools, b, units, layout, cct_db, data_base)
+    if profile_db is None and any(not sp.in_place for sp in spools):
+        raise CallpathError("spooled profiles need the profile.db they are copied into")
+    STATE["transpose"] = (source, spools, b, units, layout, cct_db, data_base, profile_db)
     try:
         got = source.parallel(_transpose_chunk, list(range(len(units))))
         return [g for part in got for g in part]
@@ -376,15 +408,17 @@ def _transpose_chunk(unit_ids: Sequence[int]) -> list[Any]:
     source: ValueSource
     spools: list[Spool]
     layout: ContextLayout
-    source, spools, bounds, units, layout, cct_db, data_base = STATE["transpose"]
+    source, spools, bounds, units, layout, cct_db, data_base, profile_db = STATE["transpose"]
     groups = []
     fd = os.open(cct_db, os.O_WRONLY)
     spool_fds = [os.open(sp.path, os.O_RDONLY) for sp in spools]
+    copy_fd = (os.open(profile_db, os.O_WRONLY) if any(not sp.in_place for sp in spools)
+               else -1)
     try:
         for u in unit_ids:
             b0, b1 = units[int(u)]
             c0, c1 = int(bounds[b0]), min(int(bounds[b1]), len(layout.n_values))
-            ctx, met, val, run_prof, run_len = _read_range(spools, spool_fds, b0, b1)
+            ctx, met, val, run_prof, run_len = _read_range(spools, spool_fds, b0, b1, copy_fd)
             t = _transpose(ctx, met, val, run_prof, run_len, c0, c1)
             del ctx, met, val
             buf, nv, nm = encode_contexts(t, c0, c1)
@@ -400,28 +434,40 @@ def _transpose_chunk(unit_ids: Sequence[int]) -> list[Any]:
         os.close(fd)
         for sfd in spool_fds:
             os.close(sfd)
+        if copy_fd >= 0:
+            os.close(copy_fd)
     return groups
 
 
-def _read_range(spools: list[Spool], fds: list[int], b0: int, b1: int
+def _read_range(spools: list[Spool], fds: list[int], b0: int, b1: int, copy_fd: int = -1
                 ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint16],
                            npt.NDArray[np.float64], I64, I64]:
     """The values of buckets ``b0 .. b1-1`` of every profile, read from the spools (two
     reads per profile: its context index and its values in the range), in profile order:
-    context, metric and value of each, and the runs (profile, length)."""
+    context, metric and value of each, and the runs (profile, length). The bytes read from
+    a spool that is not in place are written to ``copy_fd`` (profile.db) at their final
+    place: the ranges of all the pieces together are every byte of every transposed block
+    but padding."""
     ctx_parts, met_parts, val_parts, run_prof, run_len = [], [], [], [], []
     for sp, sfd in zip(spools, fds, strict=True):
         v0, v1 = sp.cut_val[:, b0], sp.cut_val[:, b1]
         i0, i1 = sp.cut_ctx[:, b0], sp.cut_ctx[:, b1]
-        for k in np.flatnonzero(v1 > v0).tolist():
+        copy = not sp.in_place
+        if copy and sp.dest < 0:
+            raise CallpathError("a spool's place in profile.db is not known")
+        for k in np.flatnonzero((v1 > v0) | ((i1 > i0) if copy else False)).tolist():
             nval, nidx = int(v1[k] - v0[k]), int(i1[k] - i0[k])
-            idx = np.frombuffer(_pread(sfd, PROFILE_INDEX.itemsize * nidx,
-                                       int(sp.p_ctxs[k]) + PROFILE_INDEX.itemsize * int(i0[k])),
-                                dtype=PROFILE_INDEX)
-            vals = np.frombuffer(_pread(sfd, PROFILE_VALUE.itemsize * nval,
-                                        int(sp.p_values[k])
-                                        + PROFILE_VALUE.itemsize * int(v0[k])),
-                                 dtype=PROFILE_VALUE)
+            at_idx = int(sp.p_ctxs[k]) + PROFILE_INDEX.itemsize * int(i0[k])
+            at_val = int(sp.p_values[k]) + PROFILE_VALUE.itemsize * int(v0[k])
+            raw_idx = _pread(sfd, PROFILE_INDEX.itemsize * nidx, sp.origin + at_idx)
+            raw_val = _pread(sfd, PROFILE_VALUE.itemsize * nval, sp.origin + at_val)
+            if copy:
+                _pwrite_bytes(copy_fd, raw_idx, sp.dest + at_idx)
+                _pwrite_bytes(copy_fd, raw_val, sp.dest + at_val)
+            if not nval:
+                continue
+            idx = np.frombuffer(raw_idx, dtype=PROFILE_INDEX)
+            vals = np.frombuffer(raw_val, dtype=PROFILE_VALUE)
             counts = np.diff(np.append(idx["startIndex"].astype(np.int64), int(v1[k])))
             ctx_parts.append(np.repeat(idx["ctxId"], counts))
             met_parts.append(vals["metricId"])
@@ -446,7 +492,12 @@ def _pread(fd: int, n: int, at: int) -> bytes:
 
 
 def _pwrite(fd: int, buf: npt.NDArray[Any], at: int) -> None:
-    view = memoryview(np.ascontiguousarray(buf).view(np.uint8).reshape(-1).data)
+    _pwrite_bytes(fd, memoryview(np.ascontiguousarray(buf).view(np.uint8).reshape(-1).data),
+                  at)
+
+
+def _pwrite_bytes(fd: int, data: bytes | memoryview, at: int) -> None:
+    view = memoryview(data)
     done = 0
     while done < len(view):
         done += os.pwrite(fd, view[done:], at + done)
@@ -566,42 +617,38 @@ def _records_at(buf: npt.NDArray[np.uint8], size: int, step: int) -> npt.NDArray
 # ==== phase 3: assembly =================================================================
 
 
-def copy_spools(parallel: Mapper, dst: Path, spools: list[Spool], at: list[int]) -> None:
-    """Copy every spool into ``dst`` at its offset, the spools shared among the workers of
-    ``parallel`` (the copies are independent; each is done in the kernel where it can)."""
-    STATE["copy"] = (dst, spools, at)
+def copy_uncopied(dst: Path, spools: list[Spool]) -> None:
+    """Copy into ``dst`` (profile.db) the spooled blocks that the transpose did not copy
+    (:meth:`Spool.uncopied`: profiles outside ``cct.db``, context indices without values;
+    none in ``callpath prof``'s databases), each whole, at its final place."""
+    fd = -1
     try:
-        if spools:
-            parallel(_copy_chunk, list(range(len(spools))))
+        for sp in spools:
+            for k in sp.uncopied().tolist():
+                if fd < 0:
+                    fd = os.open(dst, os.O_WRONLY)
+                start = int(min(sp.p_values[k], sp.p_ctxs[k]))
+                end = int(sp.p_ctxs[k]) + PROFILE_INDEX.itemsize * int(sp.n_ctxs[k])
+                _copy_file(sp.path, fd, sp.dest + start, end - start, sp.origin + start)
     finally:
-        STATE.pop("copy", None)
+        if fd >= 0:
+            os.close(fd)
 
 
-def _copy_chunk(which: Sequence[int]) -> None:
-    spools: list[Spool]
-    dst, spools, at = STATE["copy"]
-    fd = os.open(dst, os.O_WRONLY)
-    try:
-        for k in which:
-            _copy_file(spools[k].path, fd, at[k], spools[k].size)
-    finally:
-        os.close(fd)
-
-
-def _copy_file(src: Path, fd: int, at: int, size: int) -> None:
-    """``size`` bytes of ``src`` to ``fd`` at ``at``: ``copy_file_range``, else reads and
-    ``pwrite``."""
+def _copy_file(src: Path, fd: int, at: int, size: int, start: int = 0) -> None:
+    """``size`` bytes of ``src`` from ``start`` to ``fd`` at ``at``: ``copy_file_range``,
+    else reads and ``pwrite``."""
     sfd = os.open(src, os.O_RDONLY)
     try:
         done = 0
         with contextlib.suppress(OSError, AttributeError):
             while done < size:
-                n = os.copy_file_range(sfd, fd, size - done, done, at + done)
+                n = os.copy_file_range(sfd, fd, size - done, start + done, at + done)
                 if n <= 0:
                     break
                 done += n
         while done < size:
-            chunk = os.pread(sfd, min(1 << 24, size - done), done)
+            chunk = os.pread(sfd, min(1 << 24, size - done), start + done)
             if not chunk:
                 raise CallpathError(f"{src}: spool file ended early")
             view = memoryview(chunk)

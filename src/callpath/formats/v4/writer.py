@@ -11,12 +11,14 @@ Python loop over values, and none over contexts either:
   the flags (flex words), so every record's position, every ``pChildren``/``szChildren`` and the
   flex sub-fields are computed for all nodes at once and stored into one array of u64 words.
 - ``profile.db`` and ``cct.db`` are streamed (:mod:`callpath.formats.v4.stream`): each
-  profile's block is written to a spool file as soon as it is produced, and its values go to
-  bucket files by context range, which are then put in ``cct.db``'s order one at a time and
-  written in place (their offsets follow from counts taken while spooling); the spools are
-  copied behind ``profile.db``'s headers. Memory stays bounded by a block and a bucket, and
-  an experiment that computes its blocks on demand (``callpath prof``) has them computed,
-  spooled and transposed in parallel workers.
+  profile's block is written as soon as it is produced, straight into ``profile.db`` behind
+  its fixed-size head for the first chunk of profiles, to a spool file for the others;
+  their values are then read back by context range, put in ``cct.db``'s order one range at
+  a time and written in place (offsets follow from counts taken while spooling), and the
+  spooled bytes are written into ``profile.db`` on the way. The summary block comes last
+  (it may depend on the transpose). Memory stays bounded by a block and a range, and an
+  experiment that computes its blocks on demand (``callpath prof``) has them computed,
+  written and transposed in parallel workers.
 
 Files are written under temporary names in the target directory and renamed into place only
 once all of them are complete, so a failure never leaves a half-written database behind the
@@ -226,8 +228,13 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
             n0 = max(n0, int(summary.ctx_ids[-1]) + 1)
         n_ids = len({i.prop_metric_id for m in exp.metrics for i in m.scope_insts})
         bounds = stream.bucket_bounds(n0, int(transposed.sum()), n_ids)
+        head = _ProfileHead.of(exp)
         spool_dir.mkdir(exist_ok=True)
-        spools = stream.spool_profiles(source, spool_dir, transposed, bounds, n0)
+        with open(temp("profile.db"), "wb"):
+            pass  # the first chunk of profiles is written into it behind the head
+        spools = stream.spool_profiles(source, spool_dir, transposed, bounds, n0,
+                                       (temps["profile.db"], head.data_base))
+        blocks_end = _place_spools(head, spools)
         n_slots = max([n0, *(sp.top_ctx for sp in spools)])
         if n_slots > 0xFFFFFFFF:
             raise CallpathError(f"{n_slots} contexts; v4 allows at most 2^32-1")
@@ -238,7 +245,9 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
         with open(temp("cct.db"), "wb") as f:
             data_base = _write_cct_db(f, layout)
         groups = stream.transpose_buckets(source, spools, bounds, layout, temps["cct.db"],
-                                          data_base)
+                                          data_base, temps["profile.db"])
+        stream.copy_uncopied(temps["profile.db"], spools)
+        stream.remove_spools(spool_dir)
         if summary is None:
             assert source.summary is not None
             summary = stream.sorted_block(source.summary(groups), 0)
@@ -246,8 +255,8 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
                 raise CallpathError(f"the summary profile has a value at context "
                                     f"{int(summary.ctx_ids[-1])}, beyond the {n_slots} "
                                     "contexts of the database")
-        with open(temp("profile.db"), "wb") as f:
-            _write_profile_db(f, exp, summary, spools, source.parallel, temps["profile.db"])
+        with open(temps["profile.db"], "r+b") as pf:
+            _write_profile_db(pf, head, summary, blocks_end)
         if exp.traces is not None:
             with open(temp("trace.db"), "wb") as f:
                 _write_trace_db(f, exp.traces, len(exp.profiles))
@@ -714,64 +723,89 @@ def _context_section(base: int, exp: Experiment, tree: _TreeLayout, table: dict[
 # ==== profile.db ========================================================================
 
 
-def _write_profile_db(f: BinaryIO, exp: Experiment, summary: ProfileBlock,
-                      spools: list[stream.Spool], parallel: stream.Mapper, path: Path) -> None:
-    """Headers, identifier tuples and the summary block, then the spooled blocks of the other
-    profiles copied behind them (each spool starts 8-byte aligned, so their pointers only
-    move by the spool's position)."""
-    profiles = exp.profiles
-    n = len(profiles)
-    header_size = 0x10 + 16 * 2
-    p_infos = _align(header_size)
-    p_array = _align(p_infos + 0x0D)
-    infos_size = p_array + n * PROFILE_INFO.itemsize - p_infos
-    # identifier tuples: every profile but the canonical summary one, in profile order
-    tuples = _Section(_align(p_infos + infos_size))
-    info = np.zeros(n, PROFILE_INFO)
-    for i, p in enumerate(profiles):
-        info[i]["flags"] = (p.flags & ~1) | int(p.is_summary)
-        if i == 0:
-            continue
-        tuples.align()
-        if len(p.ids) > 0xFFFF:
-            raise CallpathError(f"profile {i}: identifier tuple too long")
-        info[i]["pIdTuple"] = tuples.put(len(p.ids).to_bytes(2, "little") + bytes(6))
-        ids = np.zeros(len(p.ids), IDENTIFIER)
-        for k, ident in enumerate(p.ids):
-            if not (0 <= ident.kind <= 0xFF and 0 <= ident.logical_id <= 0xFFFFFFFF
-                    and 0 <= ident.physical_id < 1 << 64 and 0 <= ident.flags <= 0xFFFF):
-                raise CallpathError(f"profile {i}: identifier {ident} out of v4 range")
-            ids[k] = (ident.kind, ident.flags, ident.logical_id, ident.physical_id)
-        tuples.put(ids)
-    pos = _align(tuples.pos)
-    f.seek(pos)
-    p_values, p_ctx, pos = stream.write_profile_block(f, pos, summary)
-    if len(summary.ctx_ids) > 0xFFFFFFFF:
-        raise CallpathError("profile 0: too many contexts for v4")
-    info[0]["nValues"], info[0]["pValues"] = len(summary.values), p_values
-    info[0]["nCtxs"], info[0]["pCtxIndices"] = len(summary.ctx_ids), p_ctx
-    pad = _align(pos) - pos
-    f.write(bytes(pad))
-    pos += pad
-    starts = []
+@dataclass
+class _ProfileHead:
+    """``profile.db``'s fixed-size part, known before any block: the header, the profile
+    info array and the identifier tuples; the blocks start at ``data_base``."""
+
+    p_infos: int
+    p_array: int
+    infos_size: int
+    info: npt.NDArray[Any]
+    tuples: _Section
+
+    @property
+    def data_base(self) -> int:
+        return _align(self.tuples.pos)
+
+    @classmethod
+    def of(cls, exp: Experiment) -> _ProfileHead:
+        profiles = exp.profiles
+        n = len(profiles)
+        header_size = 0x10 + 16 * 2
+        p_infos = _align(header_size)
+        p_array = _align(p_infos + 0x0D)
+        infos_size = p_array + n * PROFILE_INFO.itemsize - p_infos
+        # identifier tuples: every profile but the canonical summary one, in profile order
+        tuples = _Section(_align(p_infos + infos_size))
+        info = np.zeros(n, PROFILE_INFO)
+        for i, p in enumerate(profiles):
+            info[i]["flags"] = (p.flags & ~1) | int(p.is_summary)
+            if i == 0:
+                continue
+            tuples.align()
+            if len(p.ids) > 0xFFFF:
+                raise CallpathError(f"profile {i}: identifier tuple too long")
+            info[i]["pIdTuple"] = tuples.put(len(p.ids).to_bytes(2, "little") + bytes(6))
+            ids = np.zeros(len(p.ids), IDENTIFIER)
+            for k, ident in enumerate(p.ids):
+                if not (0 <= ident.kind <= 0xFF and 0 <= ident.logical_id <= 0xFFFFFFFF
+                        and 0 <= ident.physical_id < 1 << 64 and 0 <= ident.flags <= 0xFFFF):
+                    raise CallpathError(f"profile {i}: identifier {ident} out of v4 range")
+                ids[k] = (ident.kind, ident.flags, ident.logical_id, ident.physical_id)
+            tuples.put(ids)
+        return cls(p_infos, p_array, infos_size, info, tuples)
+
+
+def _place_spools(head: _ProfileHead, spools: list[stream.Spool]) -> int:
+    """Give every spool its place in ``profile.db`` (back to back in profile order from the
+    head's ``data_base``; each starts 8-byte aligned, so their pointers only move by that
+    place) and fill in the info of their profiles. Returns the end of the last one."""
+    info = head.info
+    pos = head.data_base
     for sp in spools:
+        if sp.in_place and sp.origin != pos:
+            raise CallpathError("the first chunk of profiles was not written where it belongs")
+        sp.dest = pos
         at = sp.profiles
         info["nValues"][at] = sp.n_values
         info["pValues"][at] = sp.p_values + pos
         info["nCtxs"][at] = sp.n_ctxs
         info["pCtxIndices"][at] = sp.p_ctxs + pos
-        starts.append(pos)
         pos += sp.size
-    f.flush()
-    stream.copy_spools(parallel, path, spools, starts)
+    return pos
+
+
+def _write_profile_db(f: BinaryIO, head: _ProfileHead, summary: ProfileBlock, pos: int
+                      ) -> None:
+    """Finish ``profile.db`` (the other profiles' blocks are in place up to ``pos``): the
+    summary block behind them, the footer, the headers."""
+    if len(summary.ctx_ids) > 0xFFFFFFFF:
+        raise CallpathError("profile 0: too many contexts for v4")
     f.seek(pos)
+    p_values, p_ctx, pos = stream.write_profile_block(f, pos, summary)
+    info = head.info
+    info[0]["nValues"], info[0]["pValues"] = len(summary.values), p_values
+    info[0]["nCtxs"], info[0]["pCtxIndices"] = len(summary.ctx_ids), p_ctx
     f.write(_footer(b"prof", pos))
     f.seek(0)
-    f.write(_file_header(b"prof", [(infos_size, p_infos), (tuples.size, tuples.base)]))
-    f.seek(p_infos)
-    f.write(p_array.to_bytes(8, "little") + n.to_bytes(4, "little")
+    tuples = head.tuples
+    f.write(_file_header(b"prof", [(head.infos_size, head.p_infos),
+                                   (tuples.size, tuples.base)]))
+    f.seek(head.p_infos)
+    f.write(head.p_array.to_bytes(8, "little") + len(info).to_bytes(4, "little")
             + bytes([PROFILE_INFO.itemsize]))
-    f.seek(p_array)
+    f.seek(head.p_array)
     f.write(info.tobytes())
     f.seek(tuples.base)
     f.write(bytes(tuples.buf))
