@@ -7,13 +7,27 @@ HPCToolkit's pair of aliens — an outer ``A`` with the call site (``f``/``l``, 
 an inner ``A`` with the callee's name and its own file and line. The reader accepts files from
 ``hpcstruct`` and from us and folds those pairs back into one ALIEN scope of the model; an outer
 alien named ``<inline>`` (hpcstruct's guess for lines outside the procedure) stays as is.
+
+Parsing a large file costs a Python step per scope (libc's 27,000 scopes: 0.7 s, serial work
+before ``callpath prof`` can fork its workers), so the parsed arrays of files of at least
+:data:`CACHE_MIN_BYTES` are kept in ``$XDG_CACHE_HOME/callpath/parsed`` (default
+``~/.cache/callpath/parsed``), one ``.npz`` per file path, and reused while the file has the
+same path, size, modification time and content digest (the content is read and hashed on
+every use: a few milliseconds for megabytes). A cache entry that cannot be read, is
+truncated or corrupt (the ``.npz`` members carry CRCs) or does not match is ignored and
+rewritten; a cache directory that cannot be written is skipped. Either way the result is
+the parse's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import re
 from array import array
+from pathlib import Path
 from typing import IO, Any
 from xml.etree import ElementTree as ET
 from xml.sax.saxutils import quoteattr
@@ -227,11 +241,20 @@ def _int_attr(e: ET.Element, name: str, path: str, default: int = 0) -> int:
     return x
 
 
-def read_hpcstruct(path: str | os.PathLike[str]) -> list[Structure]:
-    """Load modules of a structure file (by ``hpcstruct`` or by us) as :class:`Structure`s."""
+def read_hpcstruct(path: str | os.PathLike[str], *, cache: bool = True) -> list[Structure]:
+    """Load modules of a structure file (by ``hpcstruct`` or by us) as :class:`Structure`s
+    (from the parse cache when ``cache`` and the file is large: see the module docstring)."""
     p = str(path)
+    data: bytes | None = None
+    ident: dict[str, Any] | None = None
+    if cache:
+        data, ident = _cache_ident(p)
+        if ident is not None:
+            got = _cache_load(ident)
+            if got is not None:
+                return got
     try:
-        root = ET.parse(p).getroot()
+        root = (ET.fromstring(data) if data is not None else ET.parse(p).getroot())
     except OSError as e:
         raise FormatError(p, f"cannot open: {e.strerror or e}") from None
     except ET.ParseError as e:
@@ -243,7 +266,94 @@ def read_hpcstruct(path: str | os.PathLike[str]) -> list[Structure]:
         if lm.tag != "LM":
             raise FormatError(p, f"<{lm.tag}> inside <HPCToolkitStructure>, expected <LM>")
         out.append(_read_lm(lm, p))
+    if ident is not None:
+        _cache_store(ident, out)
     return out
+
+
+# -- the parse cache ---------------------------------------------------------------------------
+
+CACHE_MIN_BYTES = 1 << 18  # smaller files parse in well under 10 ms: not worth an entry
+_CACHE_VERSION = 1  # bumped whenever the reader's result changes
+_ARRAYS = ("kind", "parent", "name", "link_name", "file", "line", "call_file", "call_line",
+           "target", "range_ptr", "range_lo", "range_hi", "map_lo", "map_hi", "map_scope")
+
+
+def parse_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "callpath" / "parsed"
+
+
+def _cache_ident(path: str) -> tuple[bytes | None, dict[str, Any] | None]:
+    """The file's content and its cache identity (None when it is too small to cache or
+    cannot be read here; the parse then reports the error)."""
+    try:
+        st = os.stat(path)
+        if st.st_size < CACHE_MIN_BYTES:
+            return None, None
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None, None
+    real = os.path.realpath(path)
+    return data, {"version": _CACHE_VERSION, "path": real, "size": len(data),
+                  "mtime_ns": st.st_mtime_ns,
+                  "digest": hashlib.blake2b(data, digest_size=20).hexdigest(),
+                  "entry": hashlib.blake2b(real.encode("utf-8", "surrogatepass"),
+                                           digest_size=12).hexdigest() + ".npz"}
+
+
+def _cache_load(ident: dict[str, Any]) -> list[Structure] | None:
+    """The cached parse, or None if there is none that matches and reads back whole."""
+    try:
+        with np.load(parse_cache_dir() / ident["entry"], allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode("utf-8"))
+            if not isinstance(meta, dict) or {k: meta.get(k) for k in ident} != ident:
+                return None
+            out = []
+            for i, m in enumerate(meta["modules"]):
+                cols = {k: z[f"{i}.{k}"] for k in _ARRAYS}
+                text = bytes(z[f"{i}.strings"]).decode("utf-8", "surrogatepass")
+                strings = text.split("\0") if m["n_strings"] else []
+                n = len(cols["kind"])
+                if (len(strings) != m["n_strings"] or len(cols["range_ptr"]) != n + 1
+                        or any(len(cols[k]) != n for k in _ARRAYS[:9])
+                        or not len(cols["range_lo"]) == len(cols["range_hi"])
+                        == int(cols["range_ptr"][-1])
+                        or not len(cols["map_lo"]) == len(cols["map_hi"])
+                        == len(cols["map_scope"])):
+                    return None
+                out.append(Structure(path=m["path"], build_id=m["build_id"], strings=strings,
+                                     has_calls=bool(m["has_calls"]), **cols))
+            return out
+    except Exception:  # any entry that does not read back whole means: parse instead
+        return None
+
+
+def _cache_store(ident: dict[str, Any], structs: list[Structure]) -> None:
+    """Write the entry (atomically: a temporary file renamed into place); skipped silently
+    where the cache directory cannot be written."""
+    d = parse_cache_dir()
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    mods = []
+    for i, st in enumerate(structs):
+        for k in _ARRAYS:
+            arrays[f"{i}.{k}"] = getattr(st, k)
+        arrays[f"{i}.strings"] = np.frombuffer(
+            "\0".join(st.strings).encode("utf-8", "surrogatepass"), dtype=np.uint8)
+        mods.append({"path": st.path, "build_id": st.build_id, "has_calls": st.has_calls,
+                     "n_strings": len(st.strings)})
+    meta = dict(ident, modules=mods)
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    tmp = d / f".{ident['entry']}.{os.getpid()}.tmp"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]
+        os.replace(tmp, d / ident["entry"])
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 _ALLOWED = {"LM": {"F", "P"}, "F": {"P", "L", "S"}, "P": {"P", "A", "L", "S", "C"},
