@@ -82,21 +82,14 @@ class ThreadData:
         return a, m, v
 
 
-def sort_keys(tb: TreeBuilder, t: Tables) -> list[tuple[object, ...]]:
-    """Content keys that order siblings independently of reading order."""
-    mods = list(t.modules)
-    fls = list(t.files)
-    fns = list(t.functions)
-    out: list[tuple[object, ...]] = []
-    for _par, kind, rel, fn, fl, line, mod, off in tb.keys:
-        out.append((kind, rel, fns[fn] if fn >= 0 else ("",), fls[fl] if fl >= 0 else "", line,
-                    mods[mod] if mod >= 0 else "", off))
-    return out
-
-
-def canonical_tables(tb: TreeBuilder, tables: Tables) -> Tables:
-    """Sort the tables by content and renumber the tree's references in place, so that the
-    database does not depend on the order in which contexts were met (workers, files)."""
+def canonical_tables(tb: TreeBuilder, tables: Tables
+                     ) -> tuple[Tables, npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Sort the tables by content and renumber the tree's references, so that the database
+    does not depend on the order in which contexts were met (workers, files). Returns the
+    tables, the tree's key columns renumbered (:meth:`TreeBuilder.columns`) and the order
+    key of siblings: kind, relation, function, file, line, module, offset, where function,
+    file and module are ranks of their content (a missing one first), so that siblings are
+    ordered by content."""
     mods = sorted(tables.modules)
     mod_map = np.array([mods.index(m) for m in tables.modules] + [-1], dtype=np.int64)
     fls = sorted(tables.files)
@@ -115,14 +108,27 @@ def canonical_tables(tb: TreeBuilder, tables: Tables) -> Tables:
         out.file(f)
     for i in order:
         out.function(*fn_new[i])
-    if len(tb.keys) > 1:
-        cols = np.array(tb.keys[1:], dtype=np.int64)
-        cols[:, 3] = fn_map[cols[:, 3]]
-        cols[:, 4] = file_map[cols[:, 4]]
-        cols[:, 6] = mod_map[cols[:, 6]]
-        tb.keys[1:] = [tuple(r) for r in cols.tolist()]
-        tb.index = {}
-    return out
+    cols = tb.columns()
+    if len(cols) > 1:
+        cols[1:, 3] = fn_map[cols[1:, 3]]
+        cols[1:, 4] = file_map[cols[1:, 4]]
+        cols[1:, 6] = mod_map[cols[1:, 6]]
+    # sibling order: a missing function sorts as ("",), a missing file or module as ""
+    fns = list(out.functions)
+    fn_rank = _ranks([*fns, ("",)])
+    file_rank = _ranks([*fls, ""])
+    mod_rank = _ranks([*mods, ""])
+    key = np.stack([cols[:, 1], cols[:, 2], fn_rank[cols[:, 3]], file_rank[cols[:, 4]],
+                    cols[:, 5], mod_rank[cols[:, 6]], cols[:, 7]], axis=1)
+    return out, cols, key
+
+
+def _ranks(items: list[Any]) -> npt.NDArray[np.int64]:
+    """Dense rank of each item among all (equal items, equal ranks); the last item is what
+    index -1 stands for."""
+    distinct = sorted(set(items))
+    rank = {x: r for r, x in enumerate(distinct)}
+    return np.array([rank[x] for x in items], dtype=np.int64)
 
 
 @dataclass
@@ -197,8 +203,8 @@ def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
     contexts ordered by identifier tuple, values propagated per execution context in that
     order, so the result does not depend on how the reduction was split. Its blocks are
     computed on demand; ``parallel`` maps the writer's work over forked workers."""
-    tables = canonical_tables(tb, tables)
-    cct, new_index = tb.freeze(sort_keys(tb, tables))
+    tables, cols, order_key = canonical_tables(tb, tables)
+    cct, new_index = tb.freeze(cols, order_key)
     nm = len(metric_names)
     order = sorted(range(len(threads)), key=lambda i: [(x.kind, x.logical_id, x.physical_id)
                                                        for x in threads[i].ids])

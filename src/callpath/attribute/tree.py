@@ -47,27 +47,26 @@ class TreeBuilder:
         self.entry_points[n] = entry_point
         return n
 
-    def freeze(self, sort_keys: list[tuple[object, ...]]) -> tuple[CCT, npt.NDArray[np.int64]]:
-        """The tree in preorder, and ``new_index[old_node]``. ``sort_keys[i]`` orders the
-        children of one parent (a content key, independent of reading order)."""
-        n = len(self.keys)
-        cols = np.array(self.keys, dtype=np.int64).reshape(n, 8)
+    def columns(self) -> npt.NDArray[np.int64]:
+        """The interned keys as an ``n × 8`` array (parent, kind, relation, function, file,
+        line, module, offset)."""
+        return np.array(self.keys, dtype=np.int64).reshape(len(self.keys), 8)
+
+    def freeze(self, cols: npt.NDArray[np.int64], order_key: npt.NDArray[np.int64]
+               ) -> tuple[CCT, npt.NDArray[np.int64]]:
+        """The tree in preorder, and ``new_index[old_node]``. ``cols`` are the key columns
+        (:meth:`columns`, tables renumbered as they should appear); ``order_key`` (``n × k``)
+        orders the children of one parent by its columns, left to right (a content key,
+        independent of reading order; ties keep creation order).
+
+        Vectorised: siblings sorted by one ``lexsort``, then subtree sizes bottom-up and
+        preorder positions top-down, one numpy step per tree level (not per node)."""
+        n = len(cols)
         parent = cols[:, 0]
-        kids: list[list[int]] = [[] for _ in range(n)]
-        for i in range(1, n):
-            kids[int(parent[i])].append(i)
-        order: list[int] = []
-        stack = [0]
-        while stack:
-            v = stack.pop()
-            order.append(v)
-            ks = kids[v]
-            if ks:
-                ks.sort(key=lambda c: sort_keys[c])
-                stack.extend(reversed(ks))
-        perm = np.asarray(order, dtype=np.int64)
-        new_index = np.empty(n, dtype=np.int64)
-        new_index[perm] = np.arange(n, dtype=np.int64)
+        pos = preorder_positions(parent, order_key)
+        perm = np.empty(n, dtype=np.int64)
+        perm[pos] = np.arange(n, dtype=np.int64)
+        new_index = pos
         c = cols[perm]
         kind = c[:, 1]
         rel = c[:, 2]
@@ -90,3 +89,40 @@ class TreeBuilder:
                                propagation=plain.astype(np.int64), entry_point=entry_point,
                                entry_names=names, flags=flags)
         return cct, new_index
+
+
+def preorder_positions(parent: npt.NDArray[np.int64], order_key: npt.NDArray[np.int64]
+                       ) -> npt.NDArray[np.int64]:
+    """Preorder position of every node of a tree given by ``parent`` (node 0 the root,
+    parents before children), children visited in the order of their ``order_key`` rows
+    (ties: lower index first)."""
+    n = len(parent)
+    pos = np.zeros(n, dtype=np.int64)
+    if n <= 1:
+        return pos
+    idx = np.arange(1, n, dtype=np.int64)
+    keys = [idx] + [order_key[1:, j] for j in range(order_key.shape[1] - 1, -1, -1)]
+    sib = np.lexsort([*keys, parent[1:]]) + 1  # children grouped by parent, in order
+    first = np.searchsorted(parent[sib], np.arange(n + 1))  # CSR over ``sib``
+    levels = []
+    level = np.zeros(1, dtype=np.int64)
+    while len(level):
+        counts = first[level + 1] - first[level]
+        total = int(counts.sum())
+        if not total:
+            break
+        ends = np.cumsum(counts)
+        at = np.repeat(first[level] - (ends - counts), counts) + np.arange(total)
+        level = sib[at]  # the next level, grouped by parent, siblings in order
+        levels.append(level)
+    size = np.ones(n, dtype=np.int64)
+    for kids in reversed(levels):
+        size += np.bincount(parent[kids], weights=size[kids], minlength=n).astype(np.int64)
+    for kids in levels:
+        # siblings before a child: the sizes of their subtrees, summed within the group
+        before = np.cumsum(size[kids]) - size[kids]
+        par = parent[kids]
+        group = np.flatnonzero(np.r_[True, par[1:] != par[:-1]])
+        start = np.repeat(before[group], np.diff(np.r_[group, len(kids)]))
+        pos[kids] = pos[par] + 1 + before - start
+    return pos
