@@ -25,14 +25,16 @@ measure against, never dependencies of callpath); a tool that cannot be installe
 needs ptrace) is reported as such and skipped.
 
     .venv/bin/python bench/measure_python.py [--repeat 5] [--seconds 3] [--only callpath]
-    .venv/bin/python bench/measure_python.py --decompose [--repeat 5]
+    .venv/bin/python bench/measure_python.py --decompose [--repeat 5] [--depth 0]
 
 ``--decompose`` measures the cost of sampling at 1 kHz (and 100 Hz) in-process instead, far more
 precisely than whole runs can on a shared machine: one process alternates blocks of the
 workload (about 0.1 s each) with the timer armed and disarmed, 30 pairs, and reports the ratio of
 CPU time armed/disarmed for a signal whose handler is a C function that does nothing (the
-interrupt and the signal alone), an empty Python handler, and callpath's handler; the rounds of
-the three are interleaved.
+interrupt and the signal alone), an empty Python handler, and callpath's handler with its C
+stack walk and with its Python one (``CALLPATH_PY_WALK=python``); the rounds are interleaved.
+``--depth N`` runs the workload under N extra Python frames, as in programs built on frameworks,
+whose stacks are 50-100 frames deep.
 """
 
 from __future__ import annotations
@@ -126,6 +128,11 @@ DECOMPOSE = '''
 import ctypes, importlib.util, os, signal, struct, sys, time
 mode, hz, pairs, wdir, chunk, out = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), \\
     sys.argv[4], float(sys.argv[5]), sys.argv[6]
+depth = int(sys.argv[7])
+
+def nest(n, fn, arg):
+    """fn(arg) under n more frames: the deep stacks of programs built on frameworks"""
+    return nest(n - 1, fn, arg) if n else fn(arg)
 sys.path.insert(0, wdir)
 import workload
 spec = importlib.util.spec_from_file_location("_s", SAMPLER)
@@ -158,14 +165,14 @@ for p in range(pairs):
         if on:
             timer.start(period, handler)
         c0 = time.process_time_ns()
-        workload.work(chunk)
+        nest(depth, workload.work, chunk)
         c = time.process_time_ns() - c0
         timer.stop()
         if on:
             armed += c
         else:
             disarmed += c
-if mode == "callpath":
+if mode.startswith("callpath"):
     sampler.finish("exit", 0)
     count[0] = sampler.samples
 print("RATIO", armed / disarmed, "RATE", count[0] / (armed / 1e9) if mode != "c" else 0)
@@ -246,7 +253,7 @@ DECOMPOSE_MODES = {"c": "C handler (signal only)", "empty": "empty Python handle
                    "callpath": "callpath handler, C walk", "callpath-py": "callpath, Python walk"}
 
 
-def decompose(tmp: Path, repeat: int, pairs: int = 30) -> None:
+def decompose(tmp: Path, repeat: int, depth: int, pairs: int = 30) -> None:
     """In-process costs of sampling: ratios of armed to disarmed CPU time, per handler."""
     (tmp / "workload.py").write_text(WORKLOAD)
     src = DECOMPOSE.replace("SAMPLER", repr(str(SAMPLER)))
@@ -261,7 +268,8 @@ def decompose(tmp: Path, repeat: int, pairs: int = 30) -> None:
             for mode in DECOMPOSE_MODES:
                 env = dict(os.environ, CALLPATH_PY_WALK="python" if mode == "callpath-py" else "")
                 r = subprocess.run([sys.executable, "-c", src, mode, str(hz), str(pairs),
-                                    str(tmp), str(chunk), str(tmp / f"dec-{mode}-{hz}-{i}")],
+                                    str(tmp), str(chunk), str(tmp / f"dec-{mode}-{hz}-{i}"),
+                                    str(depth)],
                                    capture_output=True, text=True, check=False, env=env)
                 if "RATIO" not in r.stdout:
                     print(f"  {mode} {hz} Hz failed: {r.stderr.strip()[-200:]}", file=sys.stderr)
@@ -271,6 +279,7 @@ def decompose(tmp: Path, repeat: int, pairs: int = 30) -> None:
                 print(f"  round {i + 1}/{repeat} {mode} {hz} Hz: {words[1]}", file=sys.stderr)
     print(f"in-process cost of sampling: CPU time with the timer armed / disarmed, {pairs} "
           f"alternating pairs of ~0.1 s blocks per run, medians of {repeat} runs; "
+          f"workload under {depth} extra frames; "
           f"load average {os.getloadavg()[0]:.2f}")
     print(f"{'handler':28s} {'rate':>7s} {'cost':>7s} {'runs':>30s}  samples/CPU-s")
     for (mode, hz), rs in rows.items():
@@ -286,6 +295,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--decompose", action="store_true",
                     help="in-process cost of the signal, an empty handler and callpath's handler")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="--decompose: run the workload under this many extra frames")
     ap.add_argument("--seconds", type=float, default=3.0, help="plain duration of the workload")
     ap.add_argument("--only", action="append", default=[],
                     help="run only configurations whose name starts with this (and plain)")
@@ -293,7 +304,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-pyrun-"))
     if args.decompose:
         try:
-            decompose(tmp, args.repeat)
+            decompose(tmp, args.repeat, args.depth)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return 0

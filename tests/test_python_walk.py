@@ -17,9 +17,10 @@ import pytest
 
 from callpath.measure.python import sampler as S
 
-STACK_OF, WALKER = S._c_walk()
+MODULE, WALKER = S._c_walk()
+STACK_OF = MODULE.stack_of if MODULE is not None else None
 pytestmark = pytest.mark.skipif(
-    STACK_OF is None, reason="the C stack walk (_callpath_walk.c) was not built: no compiler "
+    MODULE is None, reason="the C stack walk (_callpath_walk.c) was not built: no compiler "
     "or Python headers when callpath was installed")
 
 
@@ -85,8 +86,50 @@ def test_c_walk_agrees_with_python_walk(tmp_path: Path) -> None:
     assert python_walk(smp, frame) is None
 
 
+def test_cache_gives_the_answers_of_the_tables(tmp_path: Path) -> None:
+    """One thread's cache through a sequence of stacks that share prefixes of every length,
+    repeat, go deeper than its inline buffers, and change tables (as after a fork): every
+    answer equals the uncached walk's, including misses."""
+    assert MODULE is not None and STACK_OF is not None
+    smp = S.Sampler(str(tmp_path), 1000.0, False)
+    cache = MODULE.Cache()
+    frames = [f for _, f in frames_of_every_kind()]
+
+    def leaves(n: int, out: list[FrameType]) -> None:
+        out.append(sys._getframe())  # a leaf at every depth, and a second site on one line
+        if n:
+            leaves(n - 1, out); out.append(sys._getframe())  # noqa: E702
+    def chain_of(n: int) -> Iterator[list[FrameType]]:
+        # called from a generator, whose suspended frame ends the chains: the test's own
+        # frames go on running, so a walk through them would change between two calls
+        out: list[FrameType] = []
+        leaves(n, out)
+        yield out
+    chain = next(chain_of(200))
+    sequence = frames + chain + chain[::-1] + frames[::-1] + chain[::7] + frames
+    for f in sequence[: len(sequence) // 2]:  # half of them interned: the others miss
+        smp._new_stack(f)
+    for f in sequence:
+        assert STACK_OF(f, smp.locs_of, smp.stacks, cache) == STACK_OF(
+            f, smp.locs_of, smp.stacks), f
+    for f in sequence:
+        smp._new_stack(f)
+    for f in sequence + sequence[::-1]:
+        assert STACK_OF(f, smp.locs_of, smp.stacks, cache) == python_walk(smp, f) is not None
+    # new tables (a fork's reset): the cache must not answer from the old ones
+    fresh = S.Sampler(str(tmp_path / "fresh"), 1000.0, False)
+    for f in sequence:
+        assert STACK_OF(f, fresh.locs_of, fresh.stacks, cache) is None
+    # a cleared stack table (the sampler clears it when full) answers as before
+    v = [STACK_OF(f, smp.locs_of, smp.stacks, cache) for f in frames]
+    smp.stacks.clear()
+    assert [STACK_OF(f, smp.locs_of, smp.stacks) for f in frames] == [None] * len(frames)
+    assert [smp._new_stack(f) for f in frames] == v
+
+
 @pytest.mark.parametrize("args", [(), (None, {}, {}), (sys._getframe(), [], {}),
-                                  (sys._getframe(), {}, None), (1, 2, 3, 4)])
+                                  (sys._getframe(), {}, None), (sys._getframe(), {}, {}, 1),
+                                  (1, 2, 3, 4, 5)])
 def test_c_walk_rejects_wrong_arguments(args: tuple[Any, ...]) -> None:
     assert STACK_OF is not None
     call: Callable[..., Any] = STACK_OF

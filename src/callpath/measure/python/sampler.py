@@ -109,10 +109,11 @@ def _call_opcodes() -> frozenset[int]:
     return frozenset(v for k, v in opcode.opmap.items() if k.startswith(("CALL", "PRECALL")))
 
 
-def _c_walk() -> tuple[Callable[[FrameType, Any, Any], int | None] | None, str]:
+def _c_walk() -> tuple[Any, str]:
     """The C stack walk (``_callpath_walk.c``, built by ``pip install`` when a compiler and
     Python's headers are there) for this interpreter, loaded by path like this module; else
-    None, and the handler walks in Python. Returns it and the walker's name for the metadata."""
+    None, and the handler walks in Python. Returns its module and the walker's name for the
+    metadata."""
     if os.environ.get(ENV_WALK, "") == "python":
         return None, "python (CALLPATH_PY_WALK=python)"
     try:
@@ -127,7 +128,9 @@ def _c_walk() -> tuple[Callable[[FrameType, Any, Any], int | None] | None, str]:
                     break
                 mod = importlib.util.module_from_spec(spec)
                 spec.loader.exec_module(mod)
-                return mod.stack_of, "C"
+                if callable(getattr(mod, "stack_of", None)) and callable(getattr(mod, "Cache",
+                                                                                 None)):
+                    return mod, "C"
     except (ImportError, OSError, AttributeError):
         pass
     return None, "python (no C walk built for this interpreter)"
@@ -225,7 +228,8 @@ class _ThreadData:
     ``state`` is what the signal handler touches, a list for the cheapest access: the thread's
     index, the time and CPU time of its previous sample, its unflushed samples aggregated by
     sample key (``{key: [samples, cpu ns, wall ns]}``), and its unflushed trace (``time, key``
-    pairs). A sample key is ``(stack << 1 | NATIVE) << 1 | IDLE``.
+    pairs), and the C stack walk's cache of its previous stack (or None). A sample key is
+    ``(stack << 1 | NATIVE) << 1 | IDLE``.
     """
 
     __slots__ = ("cpu", "first_mono", "ident", "idle", "index", "info", "native", "new_nodes",
@@ -235,7 +239,7 @@ class _ThreadData:
         self.index = index
         self.ident = ident
         self.first_mono = t
-        self.state: list[Any] = [index, t, cpu, {}, array.array("q")]
+        self.state: list[Any] = [index, t, cpu, {}, array.array("q"), None]
         self.tree: dict[tuple[int, int, int, int], int] = {}
         self.nodes = 1  # node 0 is the root
         self.new_nodes: list[bytes] = [_NODE.pack(-1, KIND_ROOT, 0, 0, -1, 0, 0)]
@@ -256,7 +260,11 @@ class Sampler:
         self.rank = mpi_rank()
         self.call_ops = _call_opcodes()
         self.timer = _Timer(signal.SIGPROF)
-        self.c_walk, self.walker = _c_walk()
+        walk_module, self.walker = _c_walk()
+        self.c_walk: Callable[..., int | None] | None = (
+            walk_module.stack_of if walk_module is not None else None)
+        self.c_cache: Callable[[], Any] | None = (
+            walk_module.Cache if walk_module is not None else None)
         self.mechanism = ""
         self.fd = -1
         self.path = ""
@@ -356,6 +364,8 @@ class Sampler:
                    "name": name, "ident": ident}
         self.tdata.append(td)
         self.new_threads.append(idx)
+        if self.c_cache is not None:
+            td.state[5] = self.c_cache()
         self.threads[ident] = td.state
         return td.state
 
@@ -381,6 +391,7 @@ class Sampler:
         st = self.threads[self.main_ident]
         agg = st[3]
         trace = st[4] if self.trace else None
+        cache = st[5]
         share = IDLE_CPU_SHARE
         sampler = self
         c_walk = self.c_walk
@@ -395,7 +406,7 @@ class Sampler:
                 c = tcpu()
                 if c_walk is not None:
                     # the same walk and lookups in C (_callpath_walk.c); None is a miss
-                    v = c_walk(frame, locs_of, stacks)
+                    v = c_walk(frame, locs_of, stacks, cache)
                     if v is None:
                         v = walk_new(frame)
                 else:
@@ -474,7 +485,7 @@ class Sampler:
                 # its CPU clock started at zero; its wall time is counted from one period ago
                 st = self._thread_state(ident, 0, t - self.period_ns)
             if c_walk is not None:
-                v = c_walk(top, locs_of, stacks)
+                v = c_walk(top, locs_of, stacks, st[5])
             else:
                 key: list[int] = []
                 ap = key.append
