@@ -1,6 +1,7 @@
 """Benchmark of ``callpath run`` on a CPU-bound C program, against running it plain and under
-``perf record -g`` (when installed), at 1 kHz and 4 kHz; then post-mortem unwinding throughput
-against ``perf script`` on DWARF-mode data of the same program.
+``perf record -g`` and ``perf record --call-graph dwarf,8192`` (when installed), at 1 kHz and
+4 kHz; then post-mortem unwinding throughput against ``perf script`` on DWARF-mode data of the
+same program.
 
 Run-time overhead is the program's own elapsed time (it prints it), median of 5 runs with the
 configurations interleaved, as a ratio to the plain median measured in the same run. The total
@@ -69,6 +70,11 @@ def main() -> int:
         configs[f"perf record -g {hz} Hz"] = (
             [perf, "record", "-q", "-g", "-e", "cpu-clock", "-c", str(period), "-o",
              f"perf-{hz}-{{i}}.data", "--", *prog] if perf else None)
+        # like for like: perf's DWARF mode also copies 8 KiB of stack with every sample, as
+        # callpath does, to unwind code without frame pointers (-g follows frame pointers only)
+        configs[f"perf record dwarf {hz} Hz"] = (
+            [perf, "record", "-q", "--call-graph", "dwarf,8192", "-e", "cpu-clock", "-c",
+             str(period), "-o", f"perf-dwarf-{hz}-{{i}}.data", "--", *prog] if perf else None)
     env_path = str(ROOT / "src")
     os.environ["PYTHONPATH"] = env_path + os.pathsep + os.environ.get("PYTHONPATH", "")
     times: dict[str, list[float]] = {k: [] for k, v in configs.items() if v}
