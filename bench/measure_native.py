@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -42,13 +43,38 @@ def cpu_of(stdout: str) -> float:
                if len(w) == 3 and w[0] == "thread") / 1e9
 
 
-def run_once(cmd: list[str], tmp: Path) -> tuple[float, float, float]:
+#: share of complete call paths per configuration (from the runs' own outputs)
+COMPLETE: dict[str, list[float]] = {}
+
+
+def run_once(cmd: list[str], tmp: Path, name: str = "") -> tuple[float, float, float]:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=tmp)
     total = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    summary = re.search(r"(\d+) samples in .*? (\d+) partial call paths",
+                        " ".join(proc.stderr.split()))
+    if name and summary:
+        samples, partial = int(summary.group(1)), int(summary.group(2))
+        COMPLETE.setdefault(name, []).append(1 - partial / max(samples, 1))
     return elapsed_of(proc.stdout), cpu_of(proc.stdout), total
+
+
+def perf_complete(perf: str, data: Path) -> float:
+    """Share of a perf.data file's samples whose call path reaches the thread's root (``_start``
+    for this single-threaded program), from ``perf script``'s call chains."""
+    out = subprocess.run([perf, "script", "-i", str(data)], capture_output=True, text=True,
+                         check=True).stdout
+    n = complete = 0
+    for block in out.split("\n\n"):
+        frames = [ln.split() for ln in block.splitlines()[1:] if ln[:1].isspace()]
+        if not block.strip():
+            continue
+        n += 1
+        if frames and len(frames[-1]) >= 2 and frames[-1][1].split("+")[0] == "_start":
+            complete += 1
+    return complete / max(n, 1)
 
 
 def main() -> int:
@@ -84,7 +110,7 @@ def main() -> int:
         for name, cmd in configs.items():
             if cmd is None:
                 continue
-            e, c, t = run_once([c.replace("{i}", str(i)) for c in cmd], tmp)
+            e, c, t = run_once([c.replace("{i}", str(i)) for c in cmd], tmp, name)
             times[name].append(e)
             cpus[name].append(c)
             totals[name].append(t)
@@ -102,6 +128,15 @@ def main() -> int:
     for name in configs:
         if configs[name] is None:
             print(f"{name:26} (perf is not installed)")
+    # what the overhead buys: call paths that reach the thread's root (-O2, no frame pointers)
+    for name, cmd in configs.items():
+        if cmd is None or name == "plain":
+            continue
+        if name.startswith("perf"):
+            data = next(a for a in cmd if a.endswith(".data")).replace("{i}", "0")
+            COMPLETE[name] = [perf_complete(cmd[0], tmp / data)]
+        if name in COMPLETE:
+            print(f"{name:26} complete call paths {100 * statistics.median(COMPLETE[name]):5.1f}%")
 
     # post-mortem unwinding throughput on the same program, with its two extra threads, at
     # 4 kHz and the default stack copies (tens of thousands of samples: fixed costs amortised)
