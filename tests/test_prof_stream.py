@@ -46,6 +46,23 @@ def test_streamed_summary_equals_the_in_memory_one(tmp_path: Path) -> None:
     assert int(db.values[0].metric_ids.max()) >= 4 * 4 * len(exp.metrics)
 
 
+def test_block_bounds_are_exact_on_real_measurements() -> None:
+    """The bounds that let the writer place each chunk of profiles before computing it are
+    the blocks' exact sizes here (values are positive), so every chunk is written in place
+    with no move (``tests/test_v4_writer_stream.py`` covers wrong bounds)."""
+    from callpath.formats.v4.stream import sorted_block, value_source
+
+    for name in ("loops-cputime-t.m", "small.m"):
+        exp = prof_hpctoolkit([shared_path("hpctoolkit", "meas", name)], [], workers=1)
+        assert exp is not None
+        source = value_source(exp)
+        bound = source.bound
+        assert bound is not None
+        for i in range(1, len(exp.profiles)):
+            blk = sorted_block(source.block(i), i)
+            assert bound(i) == (len(blk.values), len(blk.ctx_ids)), (name, i)
+
+
 def test_samples_spilled_or_in_memory_give_the_same_database(tmp_path: Path) -> None:
     """What ``--mpi`` does without MPI: each share reduced with its samples spilled, then
     brought into memory (as they travel to rank 0), merged and written; byte-identical to

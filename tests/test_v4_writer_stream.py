@@ -66,14 +66,61 @@ def test_any_split_gives_the_same_files(experiment: Experiment, tmp_path: Path,
     plain = _files(tmp_path / "plain.d")
     monkeypatch.setattr(stream, "VALUES_PER_BUCKET", 7)
     monkeypatch.setattr(stream, "MAX_BUCKETS", 5)
-    for name, mapper in [("chunks", _in_chunks(1)), ("chunks3", _in_chunks(3)),
-                         ("forked", functools.partial(map_chunks, workers=2))]:
+    mappers: list[tuple[str, stream.Mapper]] = [
+        ("chunks", _in_chunks(1)), ("chunks3", _in_chunks(3)),
+        ("forked", functools.partial(map_chunks, workers=2))]
+    for name, mapper in mappers:
         exp = _with_source(experiment, stream.ValueSource(experiment.values.__getitem__,
                                                           mapper))
         write_v4(exp, tmp_path / f"{name}.d", copy_sources=False)
         assert _files(tmp_path / f"{name}.d") == plain, name
         assert [p.name for p in (tmp_path / f"{name}.d").iterdir()
                 if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("error", ["exact", "over", "under", "mixed"])
+def test_blocks_go_where_their_bounds_say(experiment: Experiment, tmp_path: Path, error: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """With size bounds, every chunk is written in place where the bounds predict: exact
+    bounds leave it there; a bound too large puts the chunks behind it elsewhere (they are
+    moved, and nothing is left where they were); a bound too small would overrun the next
+    chunk's place, so that chunk switches to a spool file. Always the same bytes."""
+    write_v4(experiment, tmp_path / "plain.d", copy_sources=False)
+    plain = _files(tmp_path / "plain.d")
+    monkeypatch.setattr(stream, "VALUES_PER_BUCKET", 7)
+    n = len(experiment.profiles)
+
+    def bound(i: int) -> tuple[int, int]:
+        blk = experiment.values[i]
+        nv, nc = len(blk.values), len(blk.ctx_ids)
+        if error == "over" or (error == "mixed" and i == n // 2):
+            return nv + 3, nc + 1
+        if error == "under" or (error == "mixed" and i == 1):
+            return max(nv - 3, 0), max(nc - 1, 0)
+        return nv, nc
+
+    seen: list[str] = []
+    place = stream.place_spools
+
+    def spy(spools: list[stream.Spool], *args: Any) -> int:
+        seen.extend("in place" if sp.in_place else "spooled" for sp in spools)
+        return place(spools, *args)
+
+    monkeypatch.setattr(stream, "place_spools", spy)
+    mappers: list[tuple[str, stream.Mapper]] = [
+        ("chunks1", _in_chunks(1)), ("chunks2", _in_chunks(2)),
+        ("forked", functools.partial(map_chunks, workers=2))]
+    for name, mapper in mappers:
+        seen.clear()
+        source = stream.ValueSource(experiment.values.__getitem__, mapper, bound=bound)
+        write_v4(_with_source(experiment, source), tmp_path / f"{name}.d", copy_sources=False)
+        assert _files(tmp_path / f"{name}.d") == plain, name
+        assert [p.name for p in (tmp_path / f"{name}.d").iterdir()
+                if p.name.startswith(".")] == []
+        if error == "exact":
+            assert seen and set(seen) == {"in place"}, name
+        if error == "under" and name == "chunks1" and n > 3:
+            assert "spooled" in seen
 
 
 def test_blocks_outside_cct_db_are_placed_too(tmp_path: Path,
@@ -99,8 +146,10 @@ def test_blocks_outside_cct_db_are_placed_too(tmp_path: Path,
     write_v4(exp, tmp_path / "plain.d", copy_sources=False)
     plain = _files(tmp_path / "plain.d")
     monkeypatch.setattr(stream, "VALUES_PER_BUCKET", 5)
-    for name, mapper in [("chunks1", _in_chunks(1)), ("chunks2", _in_chunks(2)),
-                         ("forked", functools.partial(map_chunks, workers=3))]:
+    mappers: list[tuple[str, stream.Mapper]] = [
+        ("chunks1", _in_chunks(1)), ("chunks2", _in_chunks(2)),
+        ("forked", functools.partial(map_chunks, workers=3))]
+    for name, mapper in mappers:
         write_v4(_with_source(exp, stream.ValueSource(blocks.__getitem__, mapper)),
                  tmp_path / f"{name}.d", copy_sources=False)
         assert _files(tmp_path / f"{name}.d") == plain, name

@@ -178,6 +178,11 @@ class ContextValues:
             return self.summary(self._groups_in_memory() if self.stats else [])
         return dense_block(self.prop.matrix(self.points(self.threads[i - 1])))
 
+    def bound(self, i: int) -> tuple[int, int]:
+        """Upper bounds of the value and context counts of profile ``i``'s block (``i`` > 0),
+        which let the writer place every block before it is computed."""
+        return self.prop.bound(self.points(self.threads[i - 1]))
+
     def summary(self, groups: list[Any]) -> ProfileBlock:
         """The summary block, given the :func:`group_stats` of every transposed piece."""
         cols = None
@@ -227,7 +232,7 @@ def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
                 for (name, mod, off, fl, line) in tables.functions]
     profs = [ExecutionContext(0, (), True, 1), *contexts]
     source = ValueSource(values.block, parallel, group_stats if stats else None,
-                         values.summary)
+                         values.summary, values.bound)
     return ReducedExperiment(cct=cct, metrics=metrics, scopes=list(SCOPES), profiles=profs,
                              values=BlockStore(len(profs), values.block),
                              n_ctx_slots=int(cct.ctx_id.max()) + 1,

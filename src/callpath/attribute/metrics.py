@@ -98,6 +98,34 @@ class Propagator:
         return out
 
 
+    def bound(self, points: list[npt.NDArray[np.float64]]) -> tuple[int, int]:
+        """Upper bounds of the value and context counts of :meth:`matrix`'s block (per
+        execution context), from where values can be: a metric's ``point`` values where it
+        has one, ``function`` and ``lex_aware`` where one flows to, ``execution`` at their
+        ancestors. Exact unless values cancel or vanish in rounding; propagating 0/1
+        indicators costs less than half of the block."""
+        cct = self.cct
+        rows = np.zeros(len(cct), dtype=bool)
+        n_values = 0
+        seen: tuple[npt.NDArray[np.bool_], int] | None = None  # metrics often share a pattern
+        for point in points:
+            nz = point != 0
+            if seen is not None and np.array_equal(nz, seen[0]):
+                n_values += seen[1]
+                continue
+            n_point = int(np.count_nonzero(nz))
+            count = 0
+            if n_point:
+                ind = nz.astype(np.float64)
+                execution = cct.inclusive(ind) > 0
+                count = n_point + 2 * int(np.count_nonzero(cct.exclusive(ind) > 0)) \
+                    + int(np.count_nonzero(execution))
+                rows |= execution
+            n_values += count
+            seen = (nz, count)
+        return n_values, int(np.count_nonzero(rows))
+
+
 def dense_block(matrix: npt.NDArray[np.float64]) -> ProfileBlock:
     """The profile block of a node × metric id matrix (the tree's context ids are its node
     indices): row-major nonzeros are already sorted by context, then metric."""

@@ -98,12 +98,25 @@ class ValueSource:
     transposed piece (:class:`Groups`) and its results, in context order, are handed to
     ``summary``, which then gives profile 0's block (statistics over the execution contexts
     come out of the transpose for free). Without ``summary``, profile 0 is ``block(0)``.
+
+    ``bound(i)``, if set, gives upper bounds of the value and context counts of profile
+    ``i``'s block, cheaper than the block: with them, every chunk of profiles is written
+    straight into ``profile.db`` at the place the bounds predict (exact when the bounds are;
+    a chunk found elsewhere is moved, see :func:`place_spools`).
     """
 
     block: Callable[[int], ProfileBlock]
     parallel: Mapper = serial
     on_groups: Callable[[Groups], Any] | None = None
     summary: Callable[[list[Any]], ProfileBlock] | None = None
+    bound: Callable[[int], tuple[int, int]] | None = None
+
+
+def block_size(n_values: int, n_ctxs: int) -> int:
+    """Bytes a block takes in ``profile.db`` from an 8-aligned start to the next one: values,
+    padding to 4, context index, padding to 8 (:func:`write_profile_block`)."""
+    return _align(_align(PROFILE_VALUE.itemsize * n_values, 4)
+                  + PROFILE_INDEX.itemsize * n_ctxs)
 
 
 def value_source(exp: Experiment) -> ValueSource:
@@ -301,6 +314,7 @@ class _Job:
     bounds: I64  # context ids where buckets start (+ an open end)
     rows: int  # context ids expected (more are counted if they come)
     first: tuple[Path, int] | None  # profile.db and where the first chunk goes in it
+    region: I64 | None = None  # per profile: where its block is predicted to start (+ end)
 
 
 def bucket_bounds(n_slots: int, n_profiles: int, n_metric_ids: int) -> I64:
@@ -320,27 +334,53 @@ def spool_profiles(source: ValueSource, directory: Path, transposed: npt.NDArray
     """Phase 1 over profiles ``1 ..``: spools in profile order. With ``first`` (an existing
     ``profile.db`` and an 8-aligned offset in it), the chunk of profile 1 is written there
     in place; the other chunks go to files in ``directory``."""
-    STATE["job"] = _Job(source, directory, transposed, bounds, n_slots, first)
+    job = STATE["job"] = _Job(source, directory, transposed, bounds, n_slots, first)
     try:
         items = list(range(1, len(transposed)))
         if not items:
             return []
+        if first is not None and source.bound is not None:
+            got = [g for g in source.parallel(_predict_chunk, items) if g is not None]
+            if got:  # more than one chunk: each goes where the bounds say
+                slots = np.zeros(len(transposed) + 1, dtype=np.int64)
+                for prof, size in got:
+                    slots[prof + 1] = size
+                job.region = first[1] + np.cumsum(slots)[1:]  # [i - 1]: start of profile i
         return [s for s in source.parallel(_spool_chunk, items) if s is not None]
     finally:
         STATE.pop("job", None)
 
 
+def _predict_chunk(profiles: Sequence[int]) -> tuple[I64, I64] | None:
+    """The bounded sizes of these profiles' blocks; None when this chunk is all of them
+    (one chunk is written in place from the start without predictions)."""
+    job: _Job = STATE["job"]
+    if len(profiles) == len(job.transposed) - 1:
+        return None
+    assert job.source.bound is not None
+    sizes = np.array([block_size(*job.source.bound(int(i))) for i in profiles],
+                     dtype=np.int64)
+    return np.asarray(profiles, dtype=np.int64), sizes
+
+
 def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
+    """Write the blocks of ``profiles``: in place in profile.db when this is the first chunk
+    or the bounds predicted where it starts (switching to a spool file if a block would
+    overrun the predicted region), else to a spool file."""
     job: _Job = STATE["job"]
     if not len(profiles):
         return None
     first = int(profiles[0])
-    in_place = job.first is not None and first == 1
+    limit = -1  # end of the region this chunk may fill in place (-1: no limit)
     origin = 0
-    if job.first is not None and in_place:
+    if job.first is not None and job.region is not None:
+        path, origin = job.first[0], int(job.region[first - 1])
+        limit = int(job.region[int(profiles[-1])])
+    elif job.first is not None and first == 1:
         path, origin = job.first
     else:
         path = job.directory / f"profiles-{first}.spool"
+    in_place = path != job.directory / f"profiles-{first}.spool"
     nb = len(job.bounds) - 1
     n = len(profiles)
     cut_ctx = np.zeros((n, nb + 1), dtype=np.int64)
@@ -348,14 +388,25 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
     nv, pv, nc, pc = (np.zeros(n, dtype=np.int64) for _ in range(4))
     pairs = PairCounts(job.rows)
     pos = 0
-    with open(path, "r+b" if in_place else "wb") as f:
+    f = open(path, "r+b" if in_place else "wb")  # noqa: SIM115 - may switch to a spool
+    try:
         f.seek(origin)
         for k, i in enumerate(profiles):
             blk = sorted_block(job.source.block(int(i)), int(i))
-            pv[k], pc[k], pos = write_profile_block(f, pos, blk)
-            nv[k], nc[k] = len(blk.values), len(blk.ctx_ids)
             if len(blk.ctx_ids) > 0xFFFFFFFF:
                 raise CallpathError(f"profile {i}: too many contexts for v4")
+            if in_place and limit >= 0 and (origin + pos
+                                            + block_size(len(blk.values), len(blk.ctx_ids))
+                                            > limit):
+                # the bounds were wrong: what was written moves to a spool, as does the rest
+                f.close()
+                spool = job.directory / f"profiles-{first}.spool"
+                f = open(spool, "w+b")  # noqa: SIM115
+                _copy_file(path, f.fileno(), 0, pos, origin)
+                f.seek(pos)
+                path, origin, in_place = spool, 0, False
+            pv[k], pc[k], pos = write_profile_block(f, pos, blk)
+            nv[k], nc[k] = len(blk.values), len(blk.ctx_ids)
             if not job.transposed[i] or not len(blk.values):
                 continue
             pairs.add(blk.ctx_of_values(), blk.metric_ids)
@@ -365,8 +416,38 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
         pad = _align(pos) - pos
         f.write(bytes(pad))
         pos += pad
+    finally:
+        f.close()
     return Spool(np.asarray(profiles, dtype=np.int64), path, pos, nv, pv, nc, pc,
                  cut_ctx, cut_val, pairs, origin, in_place, origin if in_place else -1)
+
+
+def place_spools(spools: list[Spool], base: int, profile_db: Path, directory: Path) -> int:
+    """Give every spool its place in ``profile_db`` (back to back in profile order from
+    ``base``; each starts 8-byte aligned, so its pointers only move by that place) and
+    return the end of the last. A chunk written in place elsewhere than its place (the
+    bounds overestimated a block before it) is moved to a spool file in ``directory``, and
+    ``profile_db`` is cut where the first such chunk begins (its blocks, and any behind it,
+    are written at their places by the transpose; what was there is not left behind)."""
+    pos = base
+    cut = -1
+    for sp in spools:
+        if sp.in_place and (cut >= 0 or sp.origin != pos):
+            cut = pos if cut < 0 else cut
+            spool = directory / f"profiles-{int(sp.profiles[0])}.spool"
+            fd = os.open(spool, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _copy_file(sp.path, fd, 0, sp.size, sp.origin)
+            finally:
+                os.close(fd)
+            sp.path, sp.origin, sp.in_place = spool, 0, False
+        elif not sp.in_place and cut < 0:
+            cut = pos
+        sp.dest = pos
+        pos += sp.size
+    if cut >= 0:
+        os.truncate(profile_db, cut)
+    return pos
 
 
 # ==== phase 2: transpose the buckets ====================================================

@@ -234,7 +234,9 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
             pass  # the first chunk of profiles is written into it behind the head
         spools = stream.spool_profiles(source, spool_dir, transposed, bounds, n0,
                                        (temps["profile.db"], head.data_base))
-        blocks_end = _place_spools(head, spools)
+        blocks_end = stream.place_spools(spools, head.data_base, temps["profile.db"],
+                                         spool_dir)
+        _fill_infos(head, spools)
         n_slots = max([n0, *(sp.top_ctx for sp in spools)])
         if n_slots > 0xFFFFFFFF:
             raise CallpathError(f"{n_slots} contexts; v4 allows at most 2^32-1")
@@ -767,23 +769,16 @@ class _ProfileHead:
         return cls(p_infos, p_array, infos_size, info, tuples)
 
 
-def _place_spools(head: _ProfileHead, spools: list[stream.Spool]) -> int:
-    """Give every spool its place in ``profile.db`` (back to back in profile order from the
-    head's ``data_base``; each starts 8-byte aligned, so their pointers only move by that
-    place) and fill in the info of their profiles. Returns the end of the last one."""
+def _fill_infos(head: _ProfileHead, spools: list[stream.Spool]) -> None:
+    """The info of the profiles in the spools, which have their places
+    (:func:`stream.place_spools`)."""
     info = head.info
-    pos = head.data_base
     for sp in spools:
-        if sp.in_place and sp.origin != pos:
-            raise CallpathError("the first chunk of profiles was not written where it belongs")
-        sp.dest = pos
         at = sp.profiles
         info["nValues"][at] = sp.n_values
-        info["pValues"][at] = sp.p_values + pos
+        info["pValues"][at] = sp.p_values + sp.dest
         info["nCtxs"][at] = sp.n_ctxs
-        info["pCtxIndices"][at] = sp.p_ctxs + pos
-        pos += sp.size
-    return pos
+        info["pCtxIndices"][at] = sp.p_ctxs + sp.dest
 
 
 def _write_profile_db(f: BinaryIO, head: _ProfileHead, summary: ProfileBlock, pos: int
