@@ -19,6 +19,13 @@ V4_DATABASES = ["small.d", "small.nostruct.d", "loops-cputime-t.d"]
 CPI_DB = DATA / "hatchet" / "hpctoolkit-cpi-database"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """callpath's caches (recovered and parsed structure) go to a directory of the test run,
+    for the run and every program it starts, never to the user's ~/.cache."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+
+
 def shared_path(*parts: str) -> Path:
     p = DATA.joinpath(*parts)
     if not p.exists():

@@ -58,9 +58,9 @@ def test_a_cached_read_equals_the_parse(name: str, cache: Path, tmp_path: Path) 
     assert not cache.exists()
     first = read_hpcstruct(f)  # parses, stores
     entry = _entry(cache)
-    stamp = entry.stat().st_mtime_ns
+    inode, stored = entry.stat().st_ino, entry.read_bytes()
     second = read_hpcstruct(f)  # from the entry
-    assert entry.stat().st_mtime_ns == stamp  # read, not rewritten
+    assert entry.stat().st_ino == inode and entry.read_bytes() == stored  # read, not rewritten
     assert_same(parsed, first)
     assert_same(parsed, second)
     assert parsed[0].map_lo.size and parsed[0].strings  # a real structure, not an empty one
@@ -126,6 +126,23 @@ def test_an_entry_of_another_file_is_not_taken(cache: Path, tmp_path: Path) -> N
     entry_b = next(p for p in cache.glob("*.npz") if p != entry_a)
     shutil.copy(entry_a, entry_b)
     assert_same(read_hpcstruct(b), read_hpcstruct(b, cache=False))
+
+
+def test_copies_share_one_entry_and_the_directory_stays_bounded(
+        cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `callpath profile` run writes its structure files anew: copies of one content
+    share an entry. Entries beyond the bound go, least recently used first; the newest stays."""
+    for i in range(3):
+        (tmp_path / f"run{i}").mkdir()
+        read_hpcstruct(shutil.copy(shared_path("hpctoolkit", "struct", FILES[1]),
+                                   tmp_path / f"run{i}" / FILES[1]))
+    (old,) = cache.glob("*.npz")
+    monkeypatch.setattr(hpcstruct, "CACHE_MAX_BYTES", old.stat().st_size + 1)
+    f = _copy(FILES[0], tmp_path)
+    parsed = read_hpcstruct(f)  # two entries would exceed the bound: the older goes
+    (new,) = cache.glob("*.npz")
+    assert new != old and not old.exists()
+    assert_same(read_hpcstruct(f), parsed)
 
 
 def test_an_unwritable_cache_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -19,11 +18,7 @@ DR = "inlines+loops-x86_64-gcc12-dr"
 
 
 def _env_cli(tmp: Path, *args: str) -> tuple[int, str, str]:
-    os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")
-    try:
-        p = run_cli("struct", *args)
-    finally:
-        del os.environ["XDG_CACHE_HOME"]
+    p = run_cli("struct", *args, env={"XDG_CACHE_HOME": str(tmp / "cache")})
     return p.returncode, p.stdout, p.stderr
 
 

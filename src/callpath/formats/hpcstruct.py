@@ -11,12 +11,13 @@ alien named ``<inline>`` (hpcstruct's guess for lines outside the procedure) sta
 Parsing a large file costs a Python step per scope (libc's 27,000 scopes: 0.7 s, serial work
 before ``callpath prof`` can fork its workers), so the parsed arrays of files of at least
 :data:`CACHE_MIN_BYTES` are kept in ``$XDG_CACHE_HOME/callpath/parsed`` (default
-``~/.cache/callpath/parsed``), one ``.npz`` per file path, and reused while the file has the
-same path, size, modification time and content digest (the content is read and hashed on
-every use: a few milliseconds for megabytes). A cache entry that cannot be read, is
-truncated or corrupt (the ``.npz`` members carry CRCs) or does not match is ignored and
-rewritten; a cache directory that cannot be written is skipped. Either way the result is
-the parse's.
+``~/.cache/callpath/parsed``), one ``.npz`` per distinct content: the entry is named by the
+content's digest (the file is read and hashed on every use: a few milliseconds for
+megabytes), so the structure files that every ``callpath profile`` run writes anew for the same
+libraries share one entry. The directory is kept under :data:`CACHE_MAX_BYTES` by deleting
+the entries used least recently. A cache entry that cannot be read, is truncated or corrupt
+(the ``.npz`` members carry CRCs) or does not match is ignored and rewritten; a cache
+directory that cannot be written is skipped. Either way the result is the parse's.
 """
 
 from __future__ import annotations
@@ -274,6 +275,7 @@ def read_hpcstruct(path: str | os.PathLike[str], *, cache: bool = True) -> list[
 # -- the parse cache ---------------------------------------------------------------------------
 
 CACHE_MIN_BYTES = 1 << 18  # smaller files parse in well under 10 ms: not worth an entry
+CACHE_MAX_BYTES = 1 << 28  # the directory's bound (libc's entry: 12 MB)
 _CACHE_VERSION = 1  # bumped whenever the reader's result changes
 _ARRAYS = ("kind", "parent", "name", "link_name", "file", "line", "call_file", "call_line",
            "target", "range_ptr", "range_lo", "range_hi", "map_lo", "map_hi", "map_scope")
@@ -295,18 +297,16 @@ def _cache_ident(path: str) -> tuple[bytes | None, dict[str, Any] | None]:
             data = f.read()
     except OSError:
         return None, None
-    real = os.path.realpath(path)
-    return data, {"version": _CACHE_VERSION, "path": real, "size": len(data),
-                  "mtime_ns": st.st_mtime_ns,
-                  "digest": hashlib.blake2b(data, digest_size=20).hexdigest(),
-                  "entry": hashlib.blake2b(real.encode("utf-8", "surrogatepass"),
-                                           digest_size=12).hexdigest() + ".npz"}
+    digest = hashlib.blake2b(data, digest_size=20).hexdigest()
+    return data, {"version": _CACHE_VERSION, "size": len(data), "digest": digest,
+                  "entry": digest[:32] + ".npz"}
 
 
 def _cache_load(ident: dict[str, Any]) -> list[Structure] | None:
     """The cached parse, or None if there is none that matches and reads back whole."""
+    entry = parse_cache_dir() / ident["entry"]
     try:
-        with np.load(parse_cache_dir() / ident["entry"], allow_pickle=False) as z:
+        with np.load(entry, allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode("utf-8"))
             if not isinstance(meta, dict) or {k: meta.get(k) for k in ident} != ident:
                 return None
@@ -325,9 +325,11 @@ def _cache_load(ident: dict[str, Any]) -> list[Structure] | None:
                     return None
                 out.append(Structure(path=m["path"], build_id=m["build_id"], strings=strings,
                                      has_calls=bool(m["has_calls"]), **cols))
-            return out
     except Exception:  # any entry that does not read back whole means: parse instead
         return None
+    with contextlib.suppress(OSError):
+        os.utime(entry)  # used now: the last to be pruned
+    return out
 
 
 def _cache_store(ident: dict[str, Any], structs: list[Structure]) -> None:
@@ -354,6 +356,30 @@ def _cache_store(ident: dict[str, Any], structs: list[Structure]) -> None:
     except (OSError, ValueError):
         with contextlib.suppress(OSError):
             tmp.unlink()
+        return
+    _cache_prune(d, CACHE_MAX_BYTES, ident["entry"])
+
+
+def _cache_prune(d: Path, limit: int, keep: str) -> None:
+    """Delete the entries used least recently, except ``keep`` (the one just written), until
+    the directory holds at most ``limit`` bytes (entries vanishing meanwhile, e.g. pruned by
+    another process, are fine)."""
+    entries = []
+    with contextlib.suppress(OSError):
+        for e in os.scandir(d):
+            with contextlib.suppress(OSError):
+                if e.name.endswith(".npz") and e.name != keep:
+                    st = e.stat()
+                    entries.append((st.st_mtime_ns, st.st_size, e.path))
+    total = sum(size for _, size, _ in entries)
+    with contextlib.suppress(OSError):
+        total += os.stat(d / keep).st_size
+    for _, size, path in sorted(entries):
+        if total <= limit:
+            break
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        total -= size
 
 
 _ALLOWED = {"LM": {"F", "P"}, "F": {"P", "L", "S"}, "P": {"P", "A", "L", "S", "C"},
