@@ -199,8 +199,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", type=Path, default=None, help="keep the data in this directory")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="prof-bench-"))
-    base = args.keep or tmp
+    tmp = args.keep or Path(tempfile.mkdtemp(prefix="prof-bench-"))
+    base = tmp
     base.mkdir(parents=True, exist_ok=True)
     try:
         struct_file = base / "libc.hpcstruct"
