@@ -1,7 +1,8 @@
-"""The C stack walk of the Python sampler (``_callpath_walk.c``) against the Python walk it
-replaces: for real frames of every kind (plain calls, deep recursion past its inline buffer,
-generators, coroutines, comprehensions, class bodies, a frame inside a call to C, threads), both
-give the same stack id, and the C walk reports a miss exactly when the Python one does."""
+"""The C stack walk of the Python sampler (``_callpath_walk.c``) against its Python walk
+(``sampler.py_stack_of``, used where the C one is not built): for real frames of every kind
+(plain calls, deep recursion past its inline buffer, generators, coroutines, comprehensions,
+class bodies, a frame inside a call to C, threads), both give the same stack id, and the C
+walk reports a miss exactly when the Python one does."""
 
 from __future__ import annotations
 
@@ -22,19 +23,6 @@ STACK_OF = MODULE.stack_of if MODULE is not None else None
 pytestmark = pytest.mark.skipif(
     MODULE is None, reason="the C stack walk (_callpath_walk.c) was not built: no compiler "
     "or Python headers when callpath was installed")
-
-
-def python_walk(smp: S.Sampler, frame: FrameType) -> int | None:
-    """The handler's Python walk (sampler.py), as a function."""
-    key: list[int] = []
-    f: FrameType | None = frame
-    try:
-        while f is not None:
-            key.append(smp.locs_of[id(f.f_code)][f.f_lasti])
-            f = f.f_back
-        return smp.stacks[tuple(key)]
-    except KeyError:
-        return None
 
 
 def frames_of_every_kind() -> Iterator[tuple[str, FrameType]]:
@@ -73,17 +61,18 @@ def test_c_walk_agrees_with_python_walk(tmp_path: Path) -> None:
     for name, frame in frames:
         # unseen: both miss; after the slow path interned it, both find the same stack
         assert STACK_OF(frame, smp.locs_of, smp.stacks) is None, name
-        assert python_walk(smp, frame) is None, name
+        assert S.py_stack_of(frame, smp.locs_of, smp.stacks) is None, name
         v = smp._new_stack(frame)
         assert v >= 0, name
-        assert STACK_OF(frame, smp.locs_of, smp.stacks) == python_walk(smp, frame) == v, name
+        assert STACK_OF(frame, smp.locs_of, smp.stacks) == v, name
+        assert S.py_stack_of(frame, smp.locs_of, smp.stacks) == v, name
     ids = [smp._new_stack(f) for _, f in frames]
     assert len(set(ids)) == len(ids)  # every kind is its own call path
     # a location missing from a known code object's table is a miss, not an error
     name, frame = frames[1]
     smp.locs_of[id(frame.f_code)].clear()
     assert STACK_OF(frame, smp.locs_of, smp.stacks) is None
-    assert python_walk(smp, frame) is None
+    assert S.py_stack_of(frame, smp.locs_of, smp.stacks) is None
 
 
 def test_cache_gives_the_answers_of_the_tables(tmp_path: Path) -> None:
@@ -115,7 +104,8 @@ def test_cache_gives_the_answers_of_the_tables(tmp_path: Path) -> None:
     for f in sequence:
         smp._new_stack(f)
     for f in sequence + sequence[::-1]:
-        assert STACK_OF(f, smp.locs_of, smp.stacks, cache) == python_walk(smp, f) is not None
+        v = S.py_stack_of(f, smp.locs_of, smp.stacks)
+        assert v is not None and STACK_OF(f, smp.locs_of, smp.stacks, cache) == v
     # new tables (a fork's reset): the cache must not answer from the old ones
     fresh = S.Sampler(str(tmp_path / "fresh"), 1000.0, False)
     for f in sequence:

@@ -136,6 +136,24 @@ def _c_walk() -> tuple[Any, str]:
     return None, "python (no C walk built for this interpreter)"
 
 
+def py_stack_of(frame: FrameType, locs_of: dict[int, dict[int, int]],
+                stacks: dict[tuple[int, ...], int], cache: Any = None) -> int | None:
+    """The stack walk in Python, where the C one (``_callpath_walk.stack_of``, same signature
+    and answer) is not built: ``stacks`` of the frames' locations leaf first, or None when a
+    code object, offset or stack is new (the slow path's business). ``cache`` is ignored.
+    Subscripts, not ``.get``: they are specialised bytecodes, not method calls."""
+    key: list[int] = []
+    ap = key.append
+    f: FrameType | None = frame
+    try:
+        while f is not None:
+            ap(locs_of[id(f.f_code)][f.f_lasti])
+            f = f.f_back
+        return stacks[tuple(key)]
+    except KeyError:
+        return None
+
+
 def _libc() -> Any:
     try:
         import ctypes
@@ -261,8 +279,8 @@ class Sampler:
         self.call_ops = _call_opcodes()
         self.timer = _Timer(signal.SIGPROF)
         walk_module, self.walker = _c_walk()
-        self.c_walk: Callable[..., int | None] | None = (
-            walk_module.stack_of if walk_module is not None else None)
+        self.stack_of: Callable[..., int | None] = (
+            walk_module.stack_of if walk_module is not None else py_stack_of)
         self.c_cache: Callable[[], Any] | None = (
             walk_module.Cache if walk_module is not None else None)
         self.mechanism = ""
@@ -394,7 +412,7 @@ class Sampler:
         cache = st[5]
         share = IDLE_CPU_SHARE
         sampler = self
-        c_walk = self.c_walk
+        stack_of = self.stack_of
 
         def on_sample(signum: int, frame: FrameType | None) -> None:
             if sampler.busy or frame is None:
@@ -404,24 +422,9 @@ class Sampler:
             try:
                 t = mono()
                 c = tcpu()
-                if c_walk is not None:
-                    # the same walk and lookups in C (_callpath_walk.c); None is a miss
-                    v = c_walk(frame, locs_of, stacks, cache)
-                    if v is None:
-                        v = walk_new(frame)
-                else:
-                    key: list[int] = []
-                    ap = key.append
-                    f: FrameType | None = frame
-                    # Subscripts, not .get: they are specialised bytecodes, not method calls.
-                    # A miss is a new code object, offset or stack.
-                    try:
-                        while f is not None:
-                            ap(locs_of[id(f.f_code)][f.f_lasti])
-                            f = f.f_back
-                        v = stacks[tuple(key)]
-                    except KeyError:
-                        v = walk_new(frame)
+                v = stack_of(frame, locs_of, stacks, cache)  # C or Python; None: a miss
+                if v is None:
+                    v = walk_new(frame)
                 if v < 0:  # the signal hit the sampler's own code (finishing, forking)
                     return
                 dc = c - st[2]
@@ -471,7 +474,7 @@ class Sampler:
         clock_of = time.pthread_getcpuclockid
         main = self.main_ident
         trace = self.trace
-        c_walk = self.c_walk
+        stack_of = self.stack_of
         frames = sys._current_frames()
         for ident, top in frames.items():
             if ident == main:
@@ -484,19 +487,7 @@ class Sampler:
             if st is None or c < st[2]:  # new thread, or a new one reusing an ident
                 # its CPU clock started at zero; its wall time is counted from one period ago
                 st = self._thread_state(ident, 0, t - self.period_ns)
-            if c_walk is not None:
-                v = c_walk(top, locs_of, stacks, st[5])
-            else:
-                key: list[int] = []
-                ap = key.append
-                f: FrameType | None = top
-                try:
-                    while f is not None:
-                        ap(locs_of[id(f.f_code)][f.f_lasti])
-                        f = f.f_back
-                    v = stacks.get(tuple(key))
-                except KeyError:
-                    v = None
+            v = stack_of(top, locs_of, stacks, st[5])
             if v is None:
                 v = self._new_stack(top)
             if v < 0:
