@@ -72,8 +72,17 @@ def serial(fn: Callable[[Sequence[int]], Any], items: Sequence[int]) -> list[Any
     return [fn(items)]
 
 
-def _align(n: int, a: int = 8) -> int:
+def align_up(n: int, a: int = 8) -> int:
+    """``n`` rounded up to a multiple of ``a`` (the format aligns sections and records)."""
     return (n + a - 1) // a * a
+
+
+def pad_to(f: BinaryIO, pos: int, a: int = 8) -> int:
+    """Write zeros from ``pos`` (the file's position) to the next multiple of ``a``; the new
+    position."""
+    pad = align_up(pos, a) - pos
+    f.write(bytes(pad))
+    return pos + pad
 
 
 @dataclass
@@ -115,7 +124,7 @@ class ValueSource:
 def block_size(n_values: int, n_ctxs: int) -> int:
     """Bytes a block takes in ``profile.db`` from an 8-aligned start to the next one: values,
     padding to 4, context index, padding to 8 (:func:`write_profile_block`)."""
-    return _align(_align(PROFILE_VALUE.itemsize * n_values, 4)
+    return align_up(align_up(PROFILE_VALUE.itemsize * n_values, 4)
                   + PROFILE_INDEX.itemsize * n_ctxs)
 
 
@@ -178,18 +187,13 @@ def write_profile_block(f: BinaryIO, pos: int, blk: ProfileBlock) -> tuple[int, 
     """Write one block at ``pos`` (the file's position) as ``profile.db`` lays it out:
     padding to 8 bytes, values, padding to 4, context index. Returns pValues, pCtxIndices and
     the new position (positions relative to any 8-byte aligned origin)."""
-    pad = _align(pos) - pos
-    f.write(bytes(pad))
-    pos += pad
+    pos = pad_to(f, pos)
     vals = np.empty(len(blk.values), PROFILE_VALUE)
     vals["metricId"] = blk.metric_ids
     vals["value"] = blk.values
     p_values = pos
     _write(f, vals)
-    pos += vals.nbytes
-    pad = _align(pos, 4) - pos
-    f.write(bytes(pad))
-    pos += pad
+    pos = pad_to(f, pos + vals.nbytes, 4)
     idx = np.empty(len(blk.ctx_ids), PROFILE_INDEX)
     idx["ctxId"] = blk.ctx_ids
     idx["startIndex"] = blk.starts
@@ -413,9 +417,7 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
             cut = np.searchsorted(blk.ctx_ids, job.bounds)
             cut_ctx[k] = cut
             cut_val[k] = np.append(blk.starts.astype(np.int64), len(blk.values))[cut]
-        pad = _align(pos) - pos
-        f.write(bytes(pad))
-        pos += pad
+        pos = pad_to(f, pos)
     finally:
         f.close()
     return Spool(np.asarray(profiles, dtype=np.int64), path, pos, nv, pv, nc, pc,

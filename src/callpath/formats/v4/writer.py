@@ -48,6 +48,8 @@ from callpath.formats.v4.stream import (  # noqa: F401  (the record layouts, nam
     CONTEXT_VALUE,
     PROFILE_INDEX,
     PROFILE_VALUE,
+    align_up,
+    pad_to,
 )
 from callpath.model.cct import HAS_FUNCTION, HAS_POINT, HAS_SRCLOC, EntryPoint, NodeKind
 from callpath.model.experiment import Experiment
@@ -104,10 +106,6 @@ ENTRY_NAMES = {EntryPoint.UNKNOWN: "unknown entry", EntryPoint.MAIN_THREAD: "mai
                EntryPoint.APPLICATION_THREAD: "application thread"}
 
 
-def _align(n: int, a: int = 8) -> int:
-    return (n + a - 1) // a * a
-
-
 def _encode(s: str, what: str) -> bytes:
     try:
         b = s.encode("utf-8")
@@ -128,7 +126,7 @@ def _file_header(fmt: bytes, sections: list[tuple[int, int]]) -> bytes:
 
 def _footer(fmt: bytes, pos: int) -> bytes:
     """Padding to an 8-byte boundary, then the footer (as hpcprof places it)."""
-    return bytes(_align(pos) - pos) + FOOTERS[fmt]
+    return bytes(align_up(pos) - pos) + FOOTERS[fmt]
 
 
 class _Section:
@@ -143,7 +141,7 @@ class _Section:
         return self.base + len(self.buf)
 
     def align(self, a: int = 8) -> int:
-        self.buf += bytes(_align(len(self.buf), a) - len(self.buf))
+        self.buf += bytes(align_up(len(self.buf), a) - len(self.buf))
         return self.pos
 
     def put(self, data: bytes | bytearray | memoryview | npt.NDArray[Any]) -> int:
@@ -463,7 +461,7 @@ def _meta_db(exp: Experiment, files: list[SourceFile], tree: _TreeLayout) -> byt
         pos = sec.base + sec.size
 
     # General Properties
-    gen = _Section(_align(pos))
+    gen = _Section(align_up(pos))
     hdr = gen.reserve(0x10)
     p_title = gen.put(_encode(exp.title, "title") + b"\0")
     p_desc = gen.put(_encode(exp.description, "description") + b"\0")
@@ -471,7 +469,7 @@ def _meta_db(exp: Experiment, files: list[SourceFile], tree: _TreeLayout) -> byt
     add(gen)
 
     # Identifier Names
-    idn = _Section(_align(pos))
+    idn = _Section(align_up(pos))
     hdr = idn.reserve(9)
     names = idn.strings(exp.id_names, "identifier name")
     idn.align()
@@ -481,10 +479,10 @@ def _meta_db(exp: Experiment, files: list[SourceFile], tree: _TreeLayout) -> byt
     add(idn)
 
     # Performance Metrics
-    add(_metrics_section(_align(pos), exp.metrics, exp.scopes))
+    add(_metrics_section(align_up(pos), exp.metrics, exp.scopes))
 
     # Common String Table
-    strs = _Section(_align(pos))
+    strs = _Section(align_up(pos))
     entry_names = [_entry_name(exp, int(e)) for e in tree.entries]
     table = strs.strings(entry_names, "entry point name")
     table.update(strs.strings([m.path for m in exp.modules], "load module path"))
@@ -493,7 +491,7 @@ def _meta_db(exp: Experiment, files: list[SourceFile], tree: _TreeLayout) -> byt
     add(strs)
 
     # Load Modules
-    mods = _Section(_align(pos))
+    mods = _Section(align_up(pos))
     hdr = mods.reserve(0x0E)
     rec = np.zeros(len(exp.modules), MODULE_SPEC)
     rec["flags"] = [m.flags for m in exp.modules]
@@ -504,7 +502,7 @@ def _meta_db(exp: Experiment, files: list[SourceFile], tree: _TreeLayout) -> byt
     add(mods)
 
     # Source Files
-    fsec = _Section(_align(pos))
+    fsec = _Section(align_up(pos))
     hdr = fsec.reserve(0x0E)
     rec = np.zeros(len(files), FILE_SPEC)
     rec["flags"] = [(f.flags & ~1) | int(f.copied) for f in files]
@@ -515,7 +513,7 @@ def _meta_db(exp: Experiment, files: list[SourceFile], tree: _TreeLayout) -> byt
     add(fsec)
 
     # Functions
-    fns = _Section(_align(pos))
+    fns = _Section(align_up(pos))
     hdr = fns.reserve(0x0E)
     p_fns = fns.align()
     fns.put(_function_records(exp, table, p_mods, p_files))
@@ -523,7 +521,7 @@ def _meta_db(exp: Experiment, files: list[SourceFile], tree: _TreeLayout) -> byt
     add(fns)
 
     # Context Tree
-    add(_context_section(_align(pos), exp, tree, table, entry_names, p_fns, p_files, p_mods))
+    add(_context_section(align_up(pos), exp, tree, table, entry_names, p_fns, p_files, p_mods))
 
     # Header order: General, IdNames, Metrics, Context, Strings, Modules, Files, Functions
     order = [0, 1, 2, 7, 3, 4, 5, 6]
@@ -738,18 +736,18 @@ class _ProfileHead:
 
     @property
     def data_base(self) -> int:
-        return _align(self.tuples.pos)
+        return align_up(self.tuples.pos)
 
     @classmethod
     def of(cls, exp: Experiment) -> _ProfileHead:
         profiles = exp.profiles
         n = len(profiles)
         header_size = 0x10 + 16 * 2
-        p_infos = _align(header_size)
-        p_array = _align(p_infos + 0x0D)
+        p_infos = align_up(header_size)
+        p_array = align_up(p_infos + 0x0D)
         infos_size = p_array + n * PROFILE_INFO.itemsize - p_infos
         # identifier tuples: every profile but the canonical summary one, in profile order
-        tuples = _Section(_align(p_infos + infos_size))
+        tuples = _Section(align_up(p_infos + infos_size))
         info = np.zeros(n, PROFILE_INFO)
         for i, p in enumerate(profiles):
             info[i]["flags"] = (p.flags & ~1) | int(p.is_summary)
@@ -815,10 +813,10 @@ def _write_cct_db(f: BinaryIO, layout: stream.ContextLayout) -> int:
     offset of the first block."""
     n_slots = len(layout.n_values)
     header_size = 0x10 + 16
-    p_section = _align(header_size)
-    p_array = _align(p_section + 0x0D)
+    p_section = align_up(header_size)
+    p_array = align_up(p_section + 0x0D)
     section_size = p_array + n_slots * CONTEXT_INFO.itemsize - p_section
-    data_base = _align(p_section + section_size)
+    data_base = align_up(p_section + section_size)
     info = np.zeros(n_slots, CONTEXT_INFO)
     info["nValues"] = layout.n_values
     info["pValues"] = layout.start[:-1] + data_base
@@ -842,12 +840,12 @@ def _write_cct_db(f: BinaryIO, layout: stream.ContextLayout) -> int:
 
 def _write_trace_db(f: BinaryIO, traces: Traces, n_profiles: int) -> None:
     header_size = 0x10 + 16
-    p_section = _align(header_size)
+    p_section = align_up(header_size)
     p_array = p_section + 0x20
     n = len(traces.lines)
     section_size = p_array + n * TRACE_HEADER.itemsize - p_section
     heads = np.zeros(n, TRACE_HEADER)
-    pos = _align(p_section + section_size)
+    pos = align_up(p_section + section_size)
     f.seek(pos)
     for k, line in enumerate(traces.lines):
         ts = np.asarray(line.timestamps, dtype=np.uint64)
@@ -858,9 +856,7 @@ def _write_trace_db(f: BinaryIO, traces: Traces, n_profiles: int) -> None:
             raise CallpathError(f"trace {k}: timestamps are not in increasing order")
         if not 0 <= line.prof_index < n_profiles:
             raise CallpathError(f"trace {k}: profile index {line.prof_index} does not exist")
-        pad = _align(pos) - pos
-        f.write(bytes(pad))
-        pos += pad
+        pos = pad_to(f, pos)
         el = np.empty(len(ts), TRACE_ELEM)
         el["timestamp"] = ts
         el["ctxId"] = cs
