@@ -25,14 +25,15 @@ measure against, never dependencies of callpath); a tool that cannot be installe
 needs ptrace) is reported as such and skipped.
 
     .venv/bin/python bench/measure_python.py [--repeat 5] [--seconds 3] [--only callpath]
-    .venv/bin/python bench/measure_python.py --decompose [--repeat 5] [--depth 0]
+    .venv/bin/python bench/measure_python.py --decompose [--repeat 5] [--depth 0] [--modes ...]
 
 ``--decompose`` measures the cost of sampling at 1 kHz (and 100 Hz) in-process instead, far more
 precisely than whole runs can on a shared machine: one process alternates blocks of the
 workload (about 0.1 s each) with the timer armed and disarmed, 30 pairs, and reports the ratio of
 CPU time armed/disarmed for a signal whose handler is a C function that does nothing (the
-interrupt and the signal alone), an empty Python handler, and callpath's handler with its C
-stack walk and with its Python one (``CALLPATH_PY_WALK=python``); the rounds are interleaved.
+interrupt and the signal alone), an empty Python handler, and callpath's handler: in C (the
+default), in Python with the C stack walk (``CALLPATH_PY_WALK=c-walk``) and all in Python
+(``CALLPATH_PY_WALK=python``); ``--modes`` picks some of them; the rounds are interleaved.
 ``--depth N`` runs the workload under N extra Python frames, as in programs built on frameworks,
 whose stacks are 50-100 frames deep.
 """
@@ -249,11 +250,13 @@ def run_once(cmd: list[str]) -> Sample | str:
     return Sample(float(words[0]), float(words[2]), total, tree)
 
 
-DECOMPOSE_MODES = {"c": "C handler (signal only)", "empty": "empty Python handler",
-                   "callpath": "callpath handler, C walk", "callpath-py": "callpath, Python walk"}
+DECOMPOSE_MODES = {"c": "C function (signal only)", "empty": "empty Python handler",
+                   "callpath": "callpath, C handler", "callpath-cwalk": "callpath, C walk",
+                   "callpath-py": "callpath, Python walk"}
+WALK_ENV = {"callpath": "", "callpath-cwalk": "c-walk", "callpath-py": "python"}
 
 
-def decompose(tmp: Path, repeat: int, depth: int, pairs: int = 30) -> None:
+def decompose(tmp: Path, repeat: int, depth: int, modes: list[str], pairs: int = 30) -> None:
     """In-process costs of sampling: ratios of armed to disarmed CPU time, per handler."""
     (tmp / "workload.py").write_text(WORKLOAD)
     src = DECOMPOSE.replace("SAMPLER", repr(str(SAMPLER)))
@@ -265,8 +268,8 @@ def decompose(tmp: Path, repeat: int, depth: int, pairs: int = 30) -> None:
     rows: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for i in range(repeat):
         for hz in (1000, 100):
-            for mode in DECOMPOSE_MODES:
-                env = dict(os.environ, CALLPATH_PY_WALK="python" if mode == "callpath-py" else "")
+            for mode in modes:
+                env = dict(os.environ, CALLPATH_PY_WALK=WALK_ENV.get(mode, ""))
                 r = subprocess.run([sys.executable, "-c", src, mode, str(hz), str(pairs),
                                     str(tmp), str(chunk), str(tmp / f"dec-{mode}-{hz}-{i}"),
                                     str(depth)],
@@ -295,6 +298,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--decompose", action="store_true",
                     help="in-process cost of the signal, an empty handler and callpath's handler")
+    ap.add_argument("--modes", default=",".join(DECOMPOSE_MODES),
+                    help="--decompose: the handlers to measure, comma-separated, of "
+                    + ", ".join(DECOMPOSE_MODES))
     ap.add_argument("--depth", type=int, default=0,
                     help="--decompose: run the workload under this many extra frames")
     ap.add_argument("--seconds", type=float, default=3.0, help="plain duration of the workload")
@@ -304,7 +310,12 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-pyrun-"))
     if args.decompose:
         try:
-            decompose(tmp, args.repeat, args.depth)
+            modes = [m for m in args.modes.split(",") if m]
+            unknown = [m for m in modes if m not in DECOMPOSE_MODES]
+            if unknown:
+                ap.error(f"--modes: unknown {', '.join(unknown)}; expected some of "
+                         f"{', '.join(DECOMPOSE_MODES)}")
+            decompose(tmp, args.repeat, args.depth, modes)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return 0

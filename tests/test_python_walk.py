@@ -6,16 +6,22 @@ walk reports a miss exactly when the Python one does."""
 
 from __future__ import annotations
 
+import array
 import asyncio
+import gc
+import signal
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import numpy as np
 import pytest
 
+from callpath.formats import measdir
 from callpath.measure.python import sampler as S
 
 MODULE, WALKER = S._c_walk()
@@ -125,3 +131,147 @@ def test_c_walk_rejects_wrong_arguments(args: tuple[Any, ...]) -> None:
     call: Callable[..., Any] = STACK_OF
     with pytest.raises(TypeError):
         call(*args)
+
+
+# ---- the C signal handler (_callpath_walk.Handler) ------------------------------------------
+
+def _sampler(path: Path, walk: str, monkeypatch: pytest.MonkeyPatch) -> S.Sampler:
+    monkeypatch.setenv(S.ENV_WALK, walk)
+    smp = S.Sampler(str(path), 1000.0, True)
+    smp._open()
+    return smp
+
+
+def _paths(smp: S.Sampler) -> dict[tuple[tuple[str, int], ...], int]:
+    """Samples per call path (code name and line, root first) in the file the sampler wrote,
+    idle or not (idleness depends on the clocks, the call paths do not)."""
+    proc = measdir.read_process(smp.path)
+    (t,) = proc.threads
+    names = [c.function for c in proc.pycode]
+    addr, mod = t.nodes["address"], t.nodes["module"]
+    out: dict[tuple[tuple[str, int], ...], int] = {}
+    for node in np.flatnonzero(t.samples[:, S.METRIC_CPU]):
+        key = tuple((names[mod[n]], int(addr[n])) for n in t.path_of(int(node))[1:])
+        out[key] = out.get(key, 0) + int(t.samples[node, S.METRIC_CPU])
+    assert sum(out.values()) == t.stats["samples"]
+    return out
+
+
+def test_c_handler_writes_what_the_python_handler_writes(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C handler and the Python one, given the same real frames (every kind, and a chain
+    of 200 with leaves at every depth), write the same call paths with the same numbers of
+    samples, and the same number of trace records."""
+    frames = [f for _, f in frames_of_every_kind()]
+
+    def leaves(n: int, out: list[FrameType]) -> None:
+        out.append(sys._getframe())
+        if n:
+            leaves(n - 1, out)
+
+    def chain_of(n: int) -> Iterator[list[FrameType]]:
+        out: list[FrameType] = []
+        leaves(n, out)
+        yield out
+    sequence = frames + next(chain_of(200)) * 2 + frames
+    written = []
+    for walk in ("", "python"):
+        smp = _sampler(tmp_path / (walk or "c"), walk, monkeypatch)
+        handler = smp.make_handler()
+        assert (type(handler).__name__ == "Handler") == (walk == "")
+        for f in sequence:
+            handler(signal.SIGPROF, f)
+        smp.finish("exit", 0)
+        assert smp.samples == len(sequence) and smp.errors == 0 and smp.dropped == 0
+        (t,) = measdir.read_process(smp.path).threads
+        assert len(t.trace) == len(sequence)
+        written.append(_paths(smp))
+    assert written[0] == written[1]
+    assert len(written[0]) == len(frames) + 201  # each kind of frame, each depth of the chain
+
+
+def test_c_handler_drains_into_the_aggregate(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    smp = _sampler(tmp_path, "", monkeypatch)
+    handler = smp.make_handler()
+    def suspended() -> Iterator[FrameType]:
+        yield sys._getframe()
+    frame = next(suspended())  # a stack that does not change between the calls
+    for _ in range(5):
+        handler(signal.SIGPROF, frame)
+    v = S.py_stack_of(frame, smp.locs_of, smp.stacks)
+    agg: dict[int, list[int]] = {}
+    trace = array.array("q")
+    assert smp._drain is not None
+    smp._drain(agg, trace)
+    # one stack; its samples are idle or not depending on the clocks (the key's low bit)
+    assert v is not None and {k >> 1 for k in agg} == {v}
+    assert sum(r[0] for r in agg.values()) == 5
+    assert all(r[2] > 0 for r in agg.values())  # wall-clock time between the calls
+    assert len(trace) == 10 and sorted(trace[1::2]) == sorted(
+        k for k, r in agg.items() for _ in range(r[0]))
+    assert sorted(trace[0::2]) == trace[0::2].tolist()  # times, in order
+    smp._drain(agg, trace)  # nothing new
+    assert sum(r[0] for r in agg.values()) == 5 and len(trace) == 10
+    for _ in range(3):
+        handler(signal.SIGPROF, frame)
+    keys = set(agg)
+    smp._drain(agg, None)  # merged into the rows of the same keys; no trace wanted
+    assert sum(r[0] for r in agg.values()) == 8 and len(trace) == 10
+    assert {k >> 1 for k in agg} == {v} and len(agg) <= 2 and keys <= set(agg)
+    smp.finish("exit", 0)
+
+
+def test_c_handler_drops_when_busy_and_counts_errors(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    smp = _sampler(tmp_path, "", monkeypatch)
+    handler = smp.make_handler()
+    smp.busy = True  # a flush, fork or exit in progress
+    handler(signal.SIGPROF, sys._getframe())
+    handler(signal.SIGPROF, None)  # no frame (a signal outside Python code)
+    smp.busy = False
+    assert smp.dropped == 2 and smp.samples == 0
+
+    def broken(frame: FrameType) -> int:
+        raise RuntimeError("slow path failed")
+    monkeypatch.setattr(smp, "_new_stack", broken)
+    stopped: list[bool] = []
+    monkeypatch.setattr(smp.timer, "stop", lambda: stopped.append(True))
+    for i in range(12):  # a new stack each time: every call takes the slow path
+        (lambda: handler(signal.SIGPROF, sys._getframe()))()
+        assert smp.errors == i + 1
+    assert stopped == [True, True]  # gave up after 10 errors (11th and 12th)
+    smp.finish("exit", 0)
+
+
+def test_c_handler_is_collected_with_its_sampler(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler holds its handler and the handler its sampler: the cycle is collectable
+    (a fork's child replaces both)."""
+    smp = _sampler(tmp_path, "", monkeypatch)
+    smp.handler = smp.make_handler()
+    ref = weakref.ref(smp)
+    smp.finish("exit", 0)
+    del smp
+    gc.collect()
+    assert ref() is None
+
+
+@pytest.mark.parametrize("args", [(), (1,), (1, 2, 3)])
+def test_c_handler_rejects_wrong_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           args: tuple[Any, ...]) -> None:
+    assert MODULE is not None
+    smp = _sampler(tmp_path, "", monkeypatch)
+    handler: Callable[..., Any] = smp.make_handler()
+    with pytest.raises(TypeError):
+        handler(*args)
+    with pytest.raises(TypeError):
+        MODULE.Handler(smp, [], {}, None, 0, 0, 0, False, 1, 1, 20, len)
+    with pytest.raises(TypeError):
+        MODULE.Handler(smp, {}, {}, 5, 0, 0, 0, False, 1, 1, 20, len)
+    with pytest.raises(TypeError):
+        MODULE.Handler(smp, {}, {}, None, 0, 0, 0, False, 1, 1, 20, 7)
+    assert smp._drain is not None
+    with pytest.raises(TypeError):
+        smp._drain([], None)
+    smp.finish("exit", 0)

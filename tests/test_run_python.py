@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 import numpy as np
 import pytest
@@ -126,24 +127,31 @@ def _c_walk_built() -> bool:
 
 
 NO_C_WALK = "the C stack walk (_callpath_walk.c) was not built: no compiler or Python headers"
-WALKERS = [pytest.param("C", id="C-walk"), pytest.param("python", id="Python-walk")]
+# (CALLPATH_PY_WALK, the sampler's `walker` up to the first parenthesis)
+WALKERS = [pytest.param(("", "C"), id="C-handler"),
+           pytest.param(("c-walk", "C walk"), id="C-walk"),
+           pytest.param(("python", "python"), id="Python-walk")]
 
 
-def _walker_env(walker: str) -> dict[str, str]:
-    if walker == "C" and not _c_walk_built():
+def _walker_env(walker: tuple[str, str]) -> dict[str, str]:
+    if walker[0] != "python" and not _c_walk_built():
         pytest.skip(NO_C_WALK)
-    return {"CALLPATH_PY_WALK": "python" if walker == "python" else ""}
+    return {"CALLPATH_PY_WALK": walker[0]}
+
+
+def _walker_is(name: str, walker: tuple[str, str]) -> bool:
+    return name.split(" (")[0] == walker[1]
 
 
 @pytest.mark.parametrize("walker", WALKERS)
-def test_recursion_paths_and_lines(tmp_path: Path, walker: str) -> None:
+def test_recursion_paths_and_lines(tmp_path: Path, walker: tuple[str, str]) -> None:
     depth = 6
     run = measure(tmp_path, program("recursion.py"), str(depth), env=_walker_env(walker))
     ok(run)
     m = run.m
     assert m.header["status"] == "complete" and m.header["exit_status"] == 0
     [proc] = m.processes
-    assert proc.info["walker"].split()[0] == walker
+    assert _walker_is(proc.info["walker"], walker)
     assert proc.complete and not proc.truncated
     [t] = proc.threads
     leaf_line = marked_line("recursion.py", "LEAF")
@@ -450,7 +458,7 @@ def test_format_constants_agree_with_measdir() -> None:
 
 
 @pytest.mark.parametrize("walker", WALKERS)
-def test_handler_keys_stacks_by_line_and_flags_calls(tmp_path: Path, walker: str,
+def test_handler_keys_stacks_by_line_and_flags_calls(tmp_path: Path, walker: tuple[str, str],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The signal handler, called directly with real frames (so nothing depends on timing):
     recursion through two call sites of one line (``fib(n - 1) + fib(n - 2)``) gives one stack
@@ -461,16 +469,19 @@ def test_handler_keys_stacks_by_line_and_flags_calls(tmp_path: Path, walker: str
     for k, v in _walker_env(walker).items():
         monkeypatch.setenv(k, v)
     smp = S.Sampler(str(tmp_path), 1000.0, True)
-    assert smp.walker.split()[0] == walker
+    assert _walker_is(smp.walker, walker)
     smp._open()
     handler = smp.make_handler()
 
+    def via_python(frame: FrameType) -> None:
+        handler(signal.SIGPROF, frame)
+
     def fib(n: int) -> int:
         if n == 1:
-            any(map(handler, [signal.SIGPROF], [sys._getframe()]))  # called from C
+            any(map(handler, [signal.SIGPROF], [sys._getframe()]))  # inside a call to C
             return 1
         if n == 0:
-            handler(signal.SIGPROF, sys._getframe())  # called from Python
+            via_python(sys._getframe())  # inside a call to a Python function
             return 1
         return fib(n - 1) + fib(n - 2)
 

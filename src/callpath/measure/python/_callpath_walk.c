@@ -105,33 +105,18 @@ grow(Site **sites, PyObject ***locs, Py_ssize_t *cap, Py_ssize_t need, int owned
     return 0;
 }
 
+/* The walk: stacks[locations of the frames, leaf first] (a new reference), Py_None (new
+ * reference) on a miss, NULL with an exception set on an error. The caller has checked the
+ * types; `cache` may be NULL. */
 static PyObject *
-stack_of(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+walk(PyObject *frame, PyObject *locs_of, PyObject *stacks, Cache *cache)
 {
-    (void)module;
-    if (nargs != 3 && nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "stack_of(frame, locs_of, stacks[, cache])");
-        return NULL;
-    }
-    PyObject *frame = args[0], *locs_of = args[1], *stacks = args[2];
-    Cache *cache = NULL;
-    if (!PyFrame_Check(frame) || !PyDict_CheckExact(locs_of) || !PyDict_CheckExact(stacks)) {
-        PyErr_SetString(PyExc_TypeError, "stack_of(frame, dict, dict[, Cache])");
-        return NULL;
-    }
-    if (nargs == 4 && args[3] != Py_None) {
-        if (!Py_IS_TYPE(args[3], &CacheType)) {
-            PyErr_SetString(PyExc_TypeError, "stack_of: the cache must be a Cache");
-            return NULL;
-        }
-        cache = (Cache *)args[3];
-        if (cache->locs_of != locs_of || cache->stacks != stacks) {
-            cache_clear_stack(cache);
-            Py_INCREF(locs_of);
-            Py_XSETREF(cache->locs_of, locs_of);
-            Py_INCREF(stacks);
-            Py_XSETREF(cache->stacks, stacks);
-        }
+    if (cache != NULL && (cache->locs_of != locs_of || cache->stacks != stacks)) {
+        cache_clear_stack(cache);
+        Py_INCREF(locs_of);
+        Py_XSETREF(cache->locs_of, locs_of);
+        Py_INCREF(stacks);
+        Py_XSETREF(cache->stacks, stacks);
     }
 
     /* 1. the frames' (code, f_lasti), leaf first */
@@ -252,6 +237,402 @@ done:
     return result;
 }
 
+static PyObject *
+stack_of(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "stack_of(frame, locs_of, stacks[, cache])");
+        return NULL;
+    }
+    PyObject *frame = args[0], *locs_of = args[1], *stacks = args[2];
+    if (!PyFrame_Check(frame) || !PyDict_CheckExact(locs_of) || !PyDict_CheckExact(stacks)) {
+        PyErr_SetString(PyExc_TypeError, "stack_of(frame, dict, dict[, Cache])");
+        return NULL;
+    }
+    Cache *cache = NULL;
+    if (nargs == 4 && args[3] != Py_None) {
+        if (!Py_IS_TYPE(args[3], &CacheType)) {
+            PyErr_SetString(PyExc_TypeError, "stack_of: the cache must be a Cache");
+            return NULL;
+        }
+        cache = (Cache *)args[3];
+    }
+    return walk(frame, locs_of, stacks, cache);
+}
+
+/* ---- the signal handler ---------------------------------------------------------------------
+ *
+ * Handler(sampler, locs_of, stacks, cache, t, cpu, last_flush, trace, flush_ns, trace_flush,
+ *         idle_share, count) is the main thread's SIGPROF handler in C: what sampler.py's
+ * make_handler() closure does, without running a bytecode on the fast path. Why: at 1 kHz the
+ * handler's cost is mostly cache misses, in the handler and in the program after it, and a
+ * Python function touches far more memory (its frame, its bytecode, boxed integers, a dict
+ * update with new int objects for every sum) than these few C structures. It is still an
+ * ordinary Python signal handler, called by the interpreter between bytecodes with the GIL
+ * held; nothing runs in signal context.
+ *
+ * Per sample: the two clocks, the walk above, and one update of an open-addressing table of
+ * (key, samples, CPU ns, wall ns) that drain() merges into the thread's aggregate dict when
+ * the sampler flushes. Anything new (a miss of the walk), other threads (when _thread._count()
+ * says there are some) and the periodic flush call back into the sampler's Python methods.
+ */
+
+#include <time.h>
+
+typedef struct {
+    long long key, n, cpu, wall;
+} Agg;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *sampler;
+    PyObject *locs_of, *stacks;
+    PyObject *cache; /* a Cache or None */
+    PyObject *count; /* _thread._count */
+    int trace, share, busy;
+    long long prev_t, prev_cpu, last_flush, flush_ns, trace_flush;
+    Agg *agg;
+    Py_ssize_t agg_cap, agg_used;
+    long long *tr;
+    Py_ssize_t tr_n, tr_cap;
+} Handler;
+
+static PyObject *s_busy, *s_dropped, *s_new_stack, *s_others, *s_flush, *s_error;
+
+static long long
+clock_ns(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int
+agg_grow(Handler *h)
+{
+    Py_ssize_t cap = h->agg_cap ? h->agg_cap * 2 : 256;
+    Agg *a = PyMem_Malloc(sizeof(Agg) * (size_t)cap);
+    if (a == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < cap; i++)
+        a[i].key = -1;
+    for (Py_ssize_t j = 0; j < h->agg_cap; j++) {
+        if (h->agg[j].key < 0)
+            continue;
+        size_t i = (size_t)(((unsigned long long)h->agg[j].key * 0x9E3779B97F4A7C15ULL) >> 32)
+                   & (size_t)(cap - 1);
+        while (a[i].key >= 0)
+            i = (i + 1) & (size_t)(cap - 1);
+        a[i] = h->agg[j];
+    }
+    PyMem_Free(h->agg);
+    h->agg = a;
+    h->agg_cap = cap;
+    return 0;
+}
+
+static int
+agg_add(Handler *h, long long key, long long cpu, long long wall)
+{
+    if (h->agg_used * 2 >= h->agg_cap && agg_grow(h) < 0)
+        return -1;
+    size_t mask = (size_t)(h->agg_cap - 1);
+    size_t i = (size_t)(((unsigned long long)key * 0x9E3779B97F4A7C15ULL) >> 32) & mask;
+    while (h->agg[i].key >= 0 && h->agg[i].key != key)
+        i = (i + 1) & mask;
+    Agg *r = &h->agg[i];
+    if (r->key < 0) {
+        r->key = key;
+        r->n = r->cpu = r->wall = 0;
+        h->agg_used++;
+    }
+    r->n++;
+    r->cpu += cpu;
+    r->wall += wall;
+    return 0;
+}
+
+static int
+trace_add(Handler *h, long long t, long long k)
+{
+    if (h->tr_n + 2 > h->tr_cap) {
+        Py_ssize_t cap = h->tr_cap ? h->tr_cap * 2 : 4096;
+        long long *tr = PyMem_Realloc(h->tr, sizeof(long long) * (size_t)cap);
+        if (tr == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        h->tr = tr;
+        h->tr_cap = cap;
+    }
+    h->tr[h->tr_n++] = t;
+    h->tr[h->tr_n++] = k;
+    return 0;
+}
+
+/* sampler.<name>(arg) with this handler marked busy (a signal meanwhile is dropped) */
+static PyObject *
+callout(Handler *h, PyObject *name, PyObject *arg)
+{
+    h->busy = 1;
+    PyObject *r = arg != NULL ? PyObject_CallMethodOneArg(h->sampler, name, arg)
+                              : PyObject_CallMethodNoArgs(h->sampler, name);
+    h->busy = 0;
+    return r;
+}
+
+static void
+dropped(Handler *h)
+{
+    PyObject *d = PyObject_GetAttr(h->sampler, s_dropped);
+    long long n = d != NULL ? PyLong_AsLongLong(d) : -1;
+    Py_XDECREF(d);
+    PyObject *d1 = n >= 0 ? PyLong_FromLongLong(n + 1) : NULL;
+    if (d1 == NULL || PyObject_SetAttr(h->sampler, s_dropped, d1) < 0)
+        PyErr_Clear();
+    Py_XDECREF(d1);
+}
+
+static PyObject *
+handler_call(Handler *h, PyObject *args, PyObject *kwds)
+{
+    if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != 2 || (kwds && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "Handler(signum, frame)");
+        return NULL;
+    }
+    PyObject *frame = PyTuple_GET_ITEM(args, 1);
+    int busy = h->busy;
+    if (!busy) {
+        PyObject *b = PyObject_GetAttr(h->sampler, s_busy);
+        busy = b == NULL ? 1 : PyObject_IsTrue(b);
+        Py_XDECREF(b);
+        if (busy < 0) {
+            PyErr_Clear();
+            busy = 1;
+        }
+    }
+    if (busy || !PyFrame_Check(frame)) {
+        dropped(h);
+        Py_RETURN_NONE;
+    }
+    h->busy = 1;
+    long long t = clock_ns(CLOCK_MONOTONIC);
+    long long c = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    PyObject *v = walk(frame, h->locs_of, h->stacks,
+                       h->cache == Py_None ? NULL : (Cache *)h->cache);
+    h->busy = 0;
+    if (v == Py_None) {
+        Py_DECREF(v);
+        v = callout(h, s_new_stack, frame);
+    }
+    if (v == NULL)
+        goto error;
+    long long sv = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (sv == -1 && PyErr_Occurred())
+        goto error;
+    if (sv < 0) /* the signal hit the sampler's own code */
+        Py_RETURN_NONE;
+    long long dc = c - h->prev_cpu, wall = t - h->prev_t;
+    long long k = sv << 1 | (dc * h->share < wall);
+    if (agg_add(h, k, dc, wall) < 0 || (h->trace && trace_add(h, t, k) < 0))
+        goto error;
+    h->prev_t = t;
+    PyObject *n = PyObject_CallNoArgs(h->count);
+    if (n == NULL)
+        goto error;
+    int others = PyObject_IsTrue(n);
+    Py_DECREF(n);
+    if (others) {
+        PyObject *tt = PyLong_FromLongLong(t);
+        PyObject *r = tt != NULL ? callout(h, s_others, tt) : NULL;
+        Py_XDECREF(tt);
+        if (r == NULL)
+            goto error;
+        Py_DECREF(r);
+    }
+    if (t - h->last_flush >= h->flush_ns || (h->trace && h->tr_n >= h->trace_flush)) {
+        h->last_flush = t;
+        PyObject *r = callout(h, s_flush, NULL);
+        if (r == NULL)
+            goto error;
+        Py_DECREF(r);
+    }
+    /* the handler's own CPU time is the profiler's: taken as its wall-clock time (reading a
+     * CPU clock costs five times more) */
+    h->prev_cpu = c + clock_ns(CLOCK_MONOTONIC) - t;
+    Py_RETURN_NONE;
+error:
+    /* never raise into the program: the sampler counts errors and gives up after a few */
+    PyErr_Clear();
+    {
+        PyObject *r = callout(h, s_error, NULL);
+        if (r == NULL)
+            PyErr_Clear();
+        Py_XDECREF(r);
+    }
+    Py_RETURN_NONE;
+}
+
+/* drain(agg, trace): add the samples aggregated since the last drain to `agg` ({key:
+ * [samples, cpu ns, wall ns]}, the thread's dict that the flush reads) and the trace's (time,
+ * key) pairs to `trace` (an array('q'), or None), and start over. */
+static PyObject *
+handler_drain(Handler *h, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "drain(dict, array or None)");
+        return NULL;
+    }
+    PyObject *agg = args[0], *trace = args[1];
+    for (Py_ssize_t j = 0; j < h->agg_cap; j++) {
+        Agg *a = &h->agg[j];
+        if (a->key < 0)
+            continue;
+        PyObject *key = PyLong_FromLongLong(a->key);
+        if (key == NULL)
+            return NULL;
+        PyObject *row = PyDict_GetItemWithError(agg, key);
+        if (row == NULL && PyErr_Occurred()) {
+            Py_DECREF(key);
+            return NULL;
+        }
+        long long add[3] = {a->n, a->cpu, a->wall};
+        if (row != NULL && PyList_Check(row) && PyList_GET_SIZE(row) == 3) {
+            for (int i = 0; i < 3; i++) {
+                PyObject *x = PyLong_FromLongLong(add[i]);
+                PyObject *s = x != NULL ? PyNumber_Add(PyList_GET_ITEM(row, i), x) : NULL;
+                Py_XDECREF(x);
+                if (s == NULL) {
+                    Py_DECREF(key);
+                    return NULL;
+                }
+                PyList_SetItem(row, i, s); /* steals s */
+            }
+        }
+        else {
+            PyObject *r = Py_BuildValue("[LLL]", add[0], add[1], add[2]);
+            if (r == NULL || PyDict_SetItem(agg, key, r) < 0) {
+                Py_XDECREF(r);
+                Py_DECREF(key);
+                return NULL;
+            }
+            Py_DECREF(r);
+        }
+        Py_DECREF(key);
+        a->key = -1;
+    }
+    h->agg_used = 0;
+    if (trace != Py_None && h->tr_n) {
+        PyObject *r = PyObject_CallMethod(trace, "frombytes", "y#", (const char *)h->tr,
+                                          (Py_ssize_t)(h->tr_n * (Py_ssize_t)sizeof(long long)));
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
+    h->tr_n = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+handler_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"sampler", "locs_of", "stacks", "cache", "t", "cpu", "last_flush",
+                         "trace", "flush_ns", "trace_flush", "idle_share", "count", NULL};
+    PyObject *sampler, *locs_of, *stacks, *cache, *count;
+    long long t, cpu, last_flush, flush_ns, trace_flush;
+    int trace, share;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!OLLLpLLiO:Handler", kw, &sampler,
+                                     &PyDict_Type, &locs_of, &PyDict_Type, &stacks, &cache, &t,
+                                     &cpu, &last_flush, &trace, &flush_ns, &trace_flush, &share,
+                                     &count))
+        return NULL;
+    if (cache != Py_None && !Py_IS_TYPE(cache, &CacheType)) {
+        PyErr_SetString(PyExc_TypeError, "Handler: the cache must be a Cache or None");
+        return NULL;
+    }
+    if (!PyCallable_Check(count)) {
+        PyErr_SetString(PyExc_TypeError, "Handler: count must be callable");
+        return NULL;
+    }
+    Handler *h = (Handler *)type->tp_alloc(type, 0);
+    if (h == NULL)
+        return NULL;
+    h->sampler = Py_NewRef(sampler);
+    h->locs_of = Py_NewRef(locs_of);
+    h->stacks = Py_NewRef(stacks);
+    h->cache = Py_NewRef(cache);
+    h->count = Py_NewRef(count);
+    h->prev_t = t;
+    h->prev_cpu = cpu;
+    h->last_flush = last_flush;
+    h->trace = trace;
+    h->flush_ns = flush_ns;
+    h->trace_flush = trace_flush;
+    h->share = share;
+    if (agg_grow(h) < 0) {
+        Py_DECREF(h);
+        return NULL;
+    }
+    return (PyObject *)h;
+}
+
+static int
+handler_traverse(Handler *h, visitproc visit, void *arg)
+{
+    Py_VISIT(h->sampler);
+    Py_VISIT(h->locs_of);
+    Py_VISIT(h->stacks);
+    Py_VISIT(h->cache);
+    Py_VISIT(h->count);
+    return 0;
+}
+
+static int
+handler_clear(Handler *h)
+{
+    Py_CLEAR(h->sampler);
+    Py_CLEAR(h->locs_of);
+    Py_CLEAR(h->stacks);
+    Py_CLEAR(h->cache);
+    Py_CLEAR(h->count);
+    return 0;
+}
+
+static void
+handler_dealloc(Handler *h)
+{
+    PyObject_GC_UnTrack(h);
+    handler_clear(h);
+    PyMem_Free(h->agg);
+    PyMem_Free(h->tr);
+    Py_TYPE(h)->tp_free((PyObject *)h);
+}
+
+static PyMethodDef handler_methods[] = {
+    {"drain", (PyCFunction)(void (*)(void))handler_drain, METH_FASTCALL,
+     "drain(agg, trace): move the samples aggregated since the last drain into agg (and the "
+     "trace's pairs into trace)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject HandlerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_callpath_walk.Handler",
+    .tp_basicsize = sizeof(Handler),
+    .tp_dealloc = (destructor)handler_dealloc,
+    .tp_call = (ternaryfunc)handler_call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)handler_traverse,
+    .tp_clear = (inquiry)handler_clear,
+    .tp_methods = handler_methods,
+    .tp_new = handler_new,
+    .tp_doc = "The main thread's SIGPROF handler in C (see the module's documentation).",
+};
+
 static PyMethodDef methods[] = {
     {"stack_of", (PyCFunction)(void (*)(void))stack_of, METH_FASTCALL,
      "stack_of(frame, locs_of, stacks[, cache]) -> stacks[locations of the frames, leaf first] "
@@ -268,7 +649,15 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__callpath_walk(void)
 {
-    if (PyType_Ready(&CacheType) < 0)
+    if (PyType_Ready(&CacheType) < 0 || PyType_Ready(&HandlerType) < 0)
+        return NULL;
+    s_busy = PyUnicode_InternFromString("busy");
+    s_dropped = PyUnicode_InternFromString("dropped");
+    s_new_stack = PyUnicode_InternFromString("_new_stack");
+    s_others = PyUnicode_InternFromString("_maybe_others");
+    s_flush = PyUnicode_InternFromString("_flush_locked");
+    s_error = PyUnicode_InternFromString("_handler_error");
+    if (!s_busy || !s_dropped || !s_new_stack || !s_others || !s_flush || !s_error)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
@@ -276,6 +665,12 @@ PyInit__callpath_walk(void)
     Py_INCREF(&CacheType);
     if (PyModule_AddObject(m, "Cache", (PyObject *)&CacheType) < 0) {
         Py_DECREF(&CacheType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&HandlerType);
+    if (PyModule_AddObject(m, "Handler", (PyObject *)&HandlerType) < 0) {
+        Py_DECREF(&HandlerType);
         Py_DECREF(m);
         return NULL;
     }

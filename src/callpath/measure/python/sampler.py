@@ -48,7 +48,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable
 from types import CodeType, FrameType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 # ---- the measurement-directory format (callpath.formats.measdir), version 1 --------------------
 FILE_MAGIC = b"CPMEAS\x00\x00"
@@ -69,7 +69,9 @@ METRIC_CPU, METRIC_WALL = 0, 1
 ENV_OUT = "CALLPATH_PY_OUT"
 ENV_FREQ = "CALLPATH_PY_FREQ"
 ENV_TRACE = "CALLPATH_PY_TRACE"
-ENV_WALK = "CALLPATH_PY_WALK"  # "python": do not use the C stack walk even where it is built
+# "python": the handler and the walk in Python even where the C ones are built; "c-walk": the
+# handler in Python, the walk in C (for measuring what each part costs)
+ENV_WALK = "CALLPATH_PY_WALK"
 
 IDLE_CPU_SHARE = 20  # IDLE when cpu * 20 < wall, i.e. under 5% of one CPU
 OTHERS_BUDGET = 50  # sample other threads at most every 50 x the CPU time it took last time
@@ -110,11 +112,13 @@ def _call_opcodes() -> frozenset[int]:
 
 
 def _c_walk() -> tuple[Any, str]:
-    """The C stack walk (``_callpath_walk.c``, built by ``pip install`` when a compiler and
-    Python's headers are there) for this interpreter, loaded by path like this module; else
-    None, and the handler walks in Python. Returns its module and the walker's name for the
-    metadata."""
-    if os.environ.get(ENV_WALK, "") == "python":
+    """The C stack walk and handler (``_callpath_walk.c``, built by ``pip install`` when a
+    compiler and Python's headers are there) for this interpreter, loaded by path like this
+    module; else None, and the handler walks in Python. Returns its module and the walker's
+    name for the metadata: ``C`` (C handler and walk), ``C walk`` (``CALLPATH_PY_WALK=c-walk``:
+    the handler in Python), or ``python`` with the reason."""
+    choice = os.environ.get(ENV_WALK, "")
+    if choice == "python":
         return None, "python (CALLPATH_PY_WALK=python)"
     try:
         import importlib.machinery
@@ -128,9 +132,9 @@ def _c_walk() -> tuple[Any, str]:
                     break
                 mod = importlib.util.module_from_spec(spec)
                 spec.loader.exec_module(mod)
-                if callable(getattr(mod, "stack_of", None)) and callable(getattr(mod, "Cache",
-                                                                                 None)):
-                    return mod, "C"
+                if all(callable(getattr(mod, name, None))
+                       for name in ("stack_of", "Cache", "Handler")):
+                    return mod, "C walk (CALLPATH_PY_WALK=c-walk)" if choice == "c-walk" else "C"
     except (ImportError, OSError, AttributeError):
         pass
     return None, "python (no C walk built for this interpreter)"
@@ -283,6 +287,8 @@ class Sampler:
             walk_module.stack_of if walk_module is not None else py_stack_of)
         self.c_cache: Callable[[], Any] | None = (
             walk_module.Cache if walk_module is not None else None)
+        self.c_handler: Callable[..., Any] | None = (
+            walk_module.Handler if walk_module is not None and self.walker == "C" else None)
         self.mechanism = ""
         self.fd = -1
         self.path = ""
@@ -323,6 +329,7 @@ class Sampler:
         self.samples = 0
         self.dropped = 0
         self.busy = False
+        self._drain: Callable[[dict[int, list[int]], Any], None] | None = None
         self.last_others = 0
         self.others_gap = 0
         self.t0 = time.monotonic_ns()
@@ -390,23 +397,35 @@ class Sampler:
     # ---- the signal handler -------------------------------------------------------------------
 
     def make_handler(self) -> Callable[[int, FrameType | None], None]:
-        """The handler as a closure over local bindings (the fastest lookups CPython has).
-
-        Every bytecode here runs about a thousand times a second with cold caches (the
-        program evicts them between samples), so the handler does only what cannot wait: read
-        two clocks, map each frame to a location with two subscripts (``locs_of[id(code)]
-        [f_lasti]``: recursion through different call sites of one line gives one key, not one
-        per combination), look the stack up, and add the sample to its thread's aggregate,
-        which is what gets written. Anything new (a code object, an offset, a stack) takes the
-        slow path once.
+        """The main thread's SIGPROF handler: the C one (``_callpath_walk.Handler``) where it
+        is built, else this closure. Both do the same per sample: read two clocks, map each
+        frame to a location (``locs_of[id(code)][f_lasti]``: recursion through different call
+        sites of one line gives one key, not one per combination), look the stack up, and add
+        the sample to the thread's aggregate, which is what gets written; anything new (a code
+        object, an offset, a stack) takes the slow path once, other threads and the periodic
+        flush are visited from here. The C handler aggregates in its own table, which
+        ``_flush_locked`` drains first.
         """
+        st = self.threads[self.main_ident]
+        if self.c_handler is not None:
+            h = self.c_handler(self, self.locs_of, self.stacks, st[5], st[1], st[2],
+                               self.last_flush, self.trace, FLUSH_NS, TRACE_FLUSH,
+                               IDLE_CPU_SHARE, _thread._count)
+            self._drain = h.drain
+            return cast(Callable[[int, FrameType | None], None], h)
+        self._drain = None
+        return self._py_handler(st)
+
+    def _py_handler(self, st: list[Any]) -> Callable[[int, FrameType | None], None]:
+        """The handler in Python, as a closure over local bindings (the fastest lookups
+        CPython has): every bytecode here runs about a thousand times a second with cold
+        caches (the program evicts them between samples)."""
         stacks = self.stacks
         locs_of = self.locs_of
         walk_new = self._new_stack
         mono = time.monotonic_ns
         tcpu = time.thread_time_ns
         n_others = _thread._count
-        st = self.threads[self.main_ident]
         agg = st[3]
         trace = st[4] if self.trace else None
         cache = st[5]
@@ -441,14 +460,8 @@ class Sampler:
                     trace.append(t)
                     trace.append(k)
                 st[1] = t
-                if n_others() and t - sampler.last_others >= sampler.others_gap:
-                    # Many threads make this walk long: keep it under ~2% of the time by
-                    # visiting them less often (their weights still cover every interval).
-                    # Its cost is measured in CPU time, which preemption does not inflate.
-                    c0 = tcpu()
-                    sampler._sample_others(t)
-                    sampler.others_gap = (tcpu() - c0) * OTHERS_BUDGET
-                    sampler.last_others = t
+                if n_others():
+                    sampler._maybe_others(t)
                 if t - sampler.last_flush >= FLUSH_NS or (
                         trace is not None and len(trace) >= TRACE_FLUSH):
                     sampler._flush_locked()
@@ -456,14 +469,28 @@ class Sampler:
                 # as the handler's wall-clock time (reading a CPU clock costs 5 times more).
                 st[2] = c + mono() - t
             except BaseException:
-                # Never let the profiler raise into the user's code; give up after a few.
-                sampler.errors += 1
-                if sampler.errors > 10:
-                    sampler.timer.stop()
+                sampler._handler_error()
             finally:
                 sampler.busy = False
 
         return on_sample
+
+    def _handler_error(self) -> None:
+        """Never let the profiler raise into the user's code; give up after a few errors."""
+        self.errors += 1
+        if self.errors > 10:
+            self.timer.stop()
+
+    def _maybe_others(self, t: int) -> None:
+        """Sample the other threads, unless the last walk of them was too recent: many
+        threads make it long, so it is kept under ~2% of the time by visiting them less often
+        (their weights still cover every interval). Its cost is measured in CPU time, which
+        preemption does not inflate."""
+        if t - self.last_others >= self.others_gap:
+            c0 = time.thread_time_ns()
+            self._sample_others(t)
+            self.others_gap = (time.thread_time_ns() - c0) * OTHERS_BUDGET
+            self.last_others = t
 
     def _sample_others(self, t: int) -> None:
         """Sample every thread but the main one (which the handler sampled from its frame)."""
@@ -620,6 +647,9 @@ class Sampler:
         """
         if self.fd < 0:
             return
+        if self._drain is not None:  # the C handler's samples of the main thread
+            main = self.tdata[0].state
+            self._drain(main[3], main[4] if self.trace else None)
         for sid, pairs in self.pending_stacks:
             while len(self.stack_paths) <= sid:
                 self.stack_paths.append([])
