@@ -2,7 +2,8 @@
 
 One workload (recursion, loops, method calls, string and dict work; a few seconds) is run plain
 and under each tool, ``--repeat`` times each (default 5), interleaved so that drifting load on a
-shared machine hits every configuration alike. Four times are taken per run:
+shared machine hits every configuration alike, in a new (seeded) order every round. Four times
+are taken per run, and one ratio per round (*paired*: work CPU over plain's in the same round):
 
 - *work*: the workload's own ``perf_counter`` around its computation (printed by the workload):
   the slowdown of the program itself, free of each tool's start-up and post-processing;
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import resource
 import shutil
 import statistics
@@ -330,26 +332,40 @@ def main() -> int:
             cfg = {k: v for k, v in cfg.items()
                    if k == "plain" or any(k.startswith(o) for o in args.only)}
         results: dict[str, list[Sample]] = {k: [] for k in cfg}
+        # work CPU / plain's work CPU in the same round: runs taken back to back share the
+        # machine's state of the moment, so the median of these ratios is steadier
+        paired: dict[str, list[float]] = {k: [] for k in cfg}
         failed: dict[str, str] = {}
         for i in range(args.repeat):
-            for name, template in cfg.items():
+            # a new order every round (seeded: the same for the same --repeat), so that no
+            # configuration always runs right after another or at the same place in the round
+            order = list(cfg)
+            random.Random(i).shuffle(order)
+            this_round: dict[str, Sample] = {}
+            for name in order:
                 if name in failed:
                     continue
-                r = run_once([a.replace("{i}", str(i)) for a in template])
+                r = run_once([a.replace("{i}", str(i)) for a in cfg[name]])
                 if isinstance(r, str):
                     failed[name] = r
                 else:
                     results[name].append(r)
+                    this_round[name] = r
                 print(f"  run {i + 1}/{args.repeat} {name}: {r}", file=sys.stderr)
+            if "plain" in this_round:
+                for name, r in this_round.items():
+                    if name != "plain":
+                        paired[name].append(r.work_cpu / this_round["plain"].work_cpu)
         fields = Sample._fields
         base = {f: statistics.median(getattr(x, f) for x in results["plain"]) for f in fields}
         print(f"workload: scale {scale:g}, plain {base['work']:.3f} s; medians of {args.repeat};"
               f" {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
         print("ratios to plain of the medians of: work = the workload's own wall-clock time; "
               "work CPU = its process's CPU time; total = the command's wall-clock time; tree "
-              "CPU = CPU time of every process of the command (the tool's included)")
+              "CPU = CPU time of every process of the command (the tool's included); paired = "
+              "median over rounds of work CPU / plain's work CPU in the same round")
         print(f"{'configuration':28s} {'work s':>8s} {'work':>7s} {'work CPU':>9s} "
-              f"{'total':>7s} {'tree CPU':>9s}")
+              f"{'total':>7s} {'tree CPU':>9s} {'paired':>7s}")
         for name, rs in results.items():
             if name in failed:
                 print(f"{name:28s} not run: {failed[name]}")
@@ -357,7 +373,8 @@ def main() -> int:
             med = {f: statistics.median(getattr(x, f) for x in rs) for f in fields}
             print(f"{name:28s} {med['work']:8.3f} {med['work'] / base['work']:7.3f} "
                   f"{med['work_cpu'] / base['work_cpu']:9.3f} {med['total'] / base['total']:7.3f}"
-                  f" {med['tree_cpu'] / base['tree_cpu']:9.3f}")
+                  f" {med['tree_cpu'] / base['tree_cpu']:9.3f} "
+                  f"{statistics.median(paired[name]) if paired[name] else 1.0:7.3f}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
