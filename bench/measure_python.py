@@ -2,8 +2,10 @@
 
 One workload (recursion, loops, method calls, string and dict work; a few seconds) is run plain
 and under each tool, ``--repeat`` times each (default 5), interleaved so that drifting load on a
-shared machine hits every configuration alike, in a new (seeded) order every round. Four times
-are taken per run, and one ratio per round (*paired*: work CPU over plain's in the same round):
+shared machine hits every configuration alike, in a new (seeded) order every round and with one
+``PYTHONHASHSEED`` per round for every configuration (the workload's speed depends on the seed
+by up to 10%). Four times are taken per run, and one ratio per round (*paired*: work CPU over
+plain's in the same round, same seed):
 
 - *work*: the workload's own ``perf_counter`` around its computation (printed by the workload):
   the slowdown of the program itself, free of each tool's start-up and post-processing;
@@ -239,10 +241,11 @@ class Sample(NamedTuple):
     tree_cpu: float  # CPU time of the whole command tree (the tool's own processes included)
 
 
-def run_once(cmd: list[str]) -> Sample | str:
+def run_once(cmd: list[str], hash_seed: int) -> Sample | str:
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    p = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                       env=dict(os.environ, PYTHONHASHSEED=str(hash_seed)))
     total = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0 or "WORK" not in p.stdout:
@@ -338,14 +341,17 @@ def main() -> int:
         failed: dict[str, str] = {}
         for i in range(args.repeat):
             # a new order every round (seeded: the same for the same --repeat), so that no
-            # configuration always runs right after another or at the same place in the round
+            # configuration always runs right after another or at the same place in the round;
+            # one string-hash seed per round for every configuration: the workload's speed
+            # depends on it by up to 10% (its dicts of strings), which is noise between rounds
+            # and must not be a difference between configurations of one round
             order = list(cfg)
             random.Random(i).shuffle(order)
             this_round: dict[str, Sample] = {}
             for name in order:
                 if name in failed:
                     continue
-                r = run_once([a.replace("{i}", str(i)) for a in cfg[name]])
+                r = run_once([a.replace("{i}", str(i)) for a in cfg[name]], hash_seed=i + 1)
                 if isinstance(r, str):
                     failed[name] = r
                 else:
