@@ -58,9 +58,19 @@ def test_block_bounds_are_exact_on_real_measurements() -> None:
         source = value_source(exp)
         bound = source.bound
         assert bound is not None
+        exact = {}
         for i in range(1, len(exp.profiles)):
             blk = sorted_block(source.block(i), i)
-            assert bound(i) == (len(blk.values), len(blk.ctx_ids)), (name, i)
+            exact[i] = (len(blk.values), len(blk.ctx_ids))
+            assert bound(i) == exact[i], (name, i)
+        # the bounds are kept per pattern of sampled nodes: asked again, in another order,
+        # they come from what was kept and still match; one entry per distinct pattern
+        values = bound.__self__  # type: ignore[attr-defined]
+        for i in reversed(range(1, len(exp.profiles))):
+            assert bound(i) == exact[i], (name, i)
+        patterns = {tuple(np.flatnonzero(p).tobytes() for p in values.points(th))
+                    for th in values.threads}
+        assert len(values._bounds) == len(patterns), name
 
 
 def test_samples_spilled_or_in_memory_give_the_same_database(tmp_path: Path) -> None:
