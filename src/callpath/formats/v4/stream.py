@@ -67,6 +67,19 @@ VALUES_PER_BUCKET = 1 << 20  # target size of a transposed piece (values): its a
 MAX_BUCKETS = 256  # context ranges a profile's values are cut into for the transpose
 
 
+def _write_lock() -> Any:
+    """One lock for the writes of all workers into one file (created before they fork).
+
+    ext4 holds a file's inode lock through each buffered ``write``, so two processes writing
+    one file take turns anyway, and the one waiting spins on that lock in the kernel, burning
+    its CPU; waiting on this lock instead sleeps."""
+    import multiprocessing
+    try:
+        return multiprocessing.get_context("fork").Lock()
+    except (ValueError, OSError):
+        return contextlib.nullcontext()
+
+
 def serial(fn: Callable[[Sequence[int]], Any], items: Sequence[int]) -> list[Any]:
     """The :data:`Mapper` that runs everything here, as one chunk."""
     return [fn(items)]
@@ -339,6 +352,7 @@ def spool_profiles(source: ValueSource, directory: Path, transposed: npt.NDArray
     ``profile.db`` and an 8-aligned offset in it), the chunk of profile 1 is written there
     in place; the other chunks go to files in ``directory``."""
     job = STATE["job"] = _Job(source, directory, transposed, bounds, n_slots, first)
+    STATE["write_lock"] = _write_lock()
     try:
         items = list(range(1, len(transposed)))
         if not items:
@@ -353,6 +367,7 @@ def spool_profiles(source: ValueSource, directory: Path, transposed: npt.NDArray
         return [s for s in source.parallel(_spool_chunk, items) if s is not None]
     finally:
         STATE.pop("job", None)
+        STATE.pop("write_lock", None)
 
 
 def _predict_chunk(profiles: Sequence[int]) -> tuple[I64, I64] | None:
@@ -409,7 +424,9 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
                 _copy_file(path, f.fileno(), 0, pos, origin)
                 f.seek(pos)
                 path, origin, in_place = spool, 0, False
-            pv[k], pc[k], pos = write_profile_block(f, pos, blk)
+            with STATE["write_lock"]:
+                pv[k], pc[k], pos = write_profile_block(f, pos, blk)
+                f.flush()
             nv[k], nc[k] = len(blk.values), len(blk.ctx_ids)
             if not job.transposed[i] or not len(blk.values):
                 continue
@@ -480,11 +497,13 @@ def transpose_buckets(source: ValueSource, spools: list[Spool], bounds: I64,
     if profile_db is None and any(not sp.in_place for sp in spools):
         raise CallpathError("spooled profiles need the profile.db they are copied into")
     STATE["transpose"] = (source, spools, b, units, layout, cct_db, data_base, profile_db)
+    STATE["write_lock"] = _write_lock()
     try:
         got = source.parallel(_transpose_chunk, list(range(len(units))))
         return [g for part in got for g in part]
     finally:
         STATE.pop("transpose", None)
+        STATE.pop("write_lock", None)
 
 
 def _transpose_chunk(unit_ids: Sequence[int]) -> list[Any]:
@@ -512,7 +531,8 @@ def _transpose_chunk(unit_ids: Sequence[int]) -> list[Any]:
             if source.on_groups is not None:
                 groups.append(source.on_groups(t))
             del t
-            _pwrite(fd, buf, data_base + int(layout.start[c0]))
+            with STATE["write_lock"]:
+                _pwrite(fd, buf, data_base + int(layout.start[c0]))
     finally:
         os.close(fd)
         for sfd in spool_fds:
