@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -80,6 +82,67 @@ def _write_lock() -> Any:
         return contextlib.nullcontext()
 
 
+class _Behind:
+    """Positional writes of one forked worker, done by a thread of its own under the write
+    lock, so that the worker computes its next block or piece while the last one is being
+    copied into the page cache (the other worker's writes to the same file come between).
+
+    ``write`` takes buffers that nothing modifies afterwards (every block and piece is made
+    anew) and keeps them until written; ``flush`` hands what was written since the last one
+    over as one job, at most two jobs waiting (bounded memory); ``close`` waits for all of
+    them and raises the first error."""
+
+    def __init__(self, f: BinaryIO | None, fd: int) -> None:
+        self.f = f  # closed by close(), if given
+        self.fd = fd
+        self.at = 0
+        self.pending: list[tuple[int, memoryview]] = []
+        self.jobs: queue.Queue[list[tuple[int, memoryview]] | None] = queue.Queue(maxsize=2)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def seek(self, at: int) -> None:
+        self.at = at
+
+    def write(self, data: bytes | memoryview) -> int:
+        view = memoryview(data).cast("B")
+        self.pending.append((self.at, view))
+        self.at += len(view)
+        return len(view)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.jobs.put(self.pending)
+            self.pending = []
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            if self.error is not None:
+                continue
+            try:
+                with STATE["write_lock"]:
+                    for at, view in job:
+                        _pwrite_bytes(self.fd, view, at)
+            except BaseException as e:  # raised again by close()
+                self.error = e
+
+    def close(self) -> None:
+        self.flush()
+        self.jobs.put(None)
+        self.thread.join()
+        if self.f is not None:
+            self.f.close()
+        if self.error is not None:
+            raise self.error
+
+
+def _in_worker() -> bool:
+    """Running in a forked worker of a :data:`Mapper` (not in the process that forks)."""
+    import multiprocessing
+    return multiprocessing.parent_process() is not None
+
+
 def serial(fn: Callable[[Sequence[int]], Any], items: Sequence[int]) -> list[Any]:
     """The :data:`Mapper` that runs everything here, as one chunk."""
     return [fn(items)]
@@ -90,7 +153,13 @@ def align_up(n: int, a: int = 8) -> int:
     return (n + a - 1) // a * a
 
 
-def pad_to(f: BinaryIO, pos: int, a: int = 8) -> int:
+class Sink(Protocol):
+    """Where blocks are written: a binary file, or a worker's :class:`_Behind`."""
+
+    def write(self, data: Any, /) -> int: ...
+
+
+def pad_to(f: Sink, pos: int, a: int = 8) -> int:
     """Write zeros from ``pos`` (the file's position) to the next multiple of ``a``; the new
     position."""
     pad = align_up(pos, a) - pos
@@ -189,14 +258,14 @@ def sorted_block(blk: ProfileBlock, index: int) -> ProfileBlock:
     return ProfileBlock(uc, first.astype(np.uint64), met[order], val[order])
 
 
-def _write(f: BinaryIO, arr: npt.NDArray[Any]) -> None:
+def _write(f: Sink, arr: npt.NDArray[Any]) -> None:
     """Write an array's bytes without an intermediate copy when it is contiguous."""
     a = np.ascontiguousarray(arr)
     if a.size:
         f.write(a.view(np.uint8).reshape(-1).data)
 
 
-def write_profile_block(f: BinaryIO, pos: int, blk: ProfileBlock) -> tuple[int, int, int]:
+def write_profile_block(f: Sink, pos: int, blk: ProfileBlock) -> tuple[int, int, int]:
     """Write one block at ``pos`` (the file's position) as ``profile.db`` lays it out:
     padding to 8 bytes, values, padding to 4, context index. Returns pValues, pCtxIndices and
     the new position (positions relative to any 8-byte aligned origin)."""
@@ -407,7 +476,9 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
     nv, pv, nc, pc = (np.zeros(n, dtype=np.int64) for _ in range(4))
     pairs = PairCounts(job.rows)
     pos = 0
-    f = open(path, "r+b" if in_place else "wb")  # noqa: SIM115 - may switch to a spool
+    f: Any = open(path, "r+b" if in_place else "wb")  # noqa: SIM115 - may switch to a spool
+    if in_place and _in_worker():
+        f = _Behind(f, f.fileno())
     try:
         f.seek(origin)
         for k, i in enumerate(profiles):
@@ -424,9 +495,13 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
                 _copy_file(path, f.fileno(), 0, pos, origin)
                 f.seek(pos)
                 path, origin, in_place = spool, 0, False
-            with STATE["write_lock"]:
+            if isinstance(f, _Behind):
                 pv[k], pc[k], pos = write_profile_block(f, pos, blk)
                 f.flush()
+            else:
+                with STATE["write_lock"]:
+                    pv[k], pc[k], pos = write_profile_block(f, pos, blk)
+                    f.flush()
             nv[k], nc[k] = len(blk.values), len(blk.ctx_ids)
             if not job.transposed[i] or not len(blk.values):
                 continue
@@ -513,6 +588,7 @@ def _transpose_chunk(unit_ids: Sequence[int]) -> list[Any]:
     source, spools, bounds, units, layout, cct_db, data_base, profile_db = STATE["transpose"]
     groups = []
     fd = os.open(cct_db, os.O_WRONLY)
+    behind = _Behind(None, fd) if _in_worker() else None
     spool_fds = [os.open(sp.path, os.O_RDONLY) for sp in spools]
     copy_fd = (os.open(profile_db, os.O_WRONLY) if any(not sp.in_place for sp in spools)
                else -1)
@@ -531,9 +607,17 @@ def _transpose_chunk(unit_ids: Sequence[int]) -> list[Any]:
             if source.on_groups is not None:
                 groups.append(source.on_groups(t))
             del t
-            with STATE["write_lock"]:
-                _pwrite(fd, buf, data_base + int(layout.start[c0]))
+            at = data_base + int(layout.start[c0])
+            if behind is not None:
+                behind.seek(at)
+                behind.write(np.ascontiguousarray(buf).view(np.uint8).reshape(-1).data)
+                behind.flush()
+            else:
+                with STATE["write_lock"]:
+                    _pwrite(fd, buf, at)
     finally:
+        if behind is not None:
+            behind.close()
         os.close(fd)
         for sfd in spool_fds:
             os.close(sfd)
