@@ -199,8 +199,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", type=Path, default=None, help="keep the data in this directory")
     args = ap.parse_args()
-    tmp = args.keep or Path(tempfile.mkdtemp(prefix="prof-bench-"))
-    base = tmp
+    base = args.keep or Path(tempfile.mkdtemp(prefix="prof-bench-"))
     base.mkdir(parents=True, exist_ok=True)
     try:
         struct_file = base / "libc.hpcstruct"
@@ -260,7 +259,7 @@ def main() -> None:
               f"databases identical: {same}")
     finally:
         if args.keep is None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -82,25 +82,30 @@ def _write_lock() -> Any:
         return contextlib.nullcontext()
 
 
-class _Behind:
-    """Positional writes of one forked worker, done by a thread of its own under the write
-    lock, so that the worker computes its next block or piece while the last one is being
-    copied into the page cache (the other worker's writes to the same file come between).
+class _Writer:
+    """Positional writes into one file descriptor (owned: ``close`` closes it), taking
+    ``lock`` around each batch: the write lock when the file is shared with other workers.
 
-    ``write`` takes buffers that nothing modifies afterwards (every block and piece is made
-    anew) and keeps them until written; ``flush`` hands what was written since the last one
-    over as one job, at most two jobs waiting (bounded memory); ``close`` waits for all of
-    them and raises the first error."""
+    ``write`` queues buffers that nothing modifies afterwards (every block and piece is made
+    anew) at the current position; ``flush`` writes what was queued since the last one as
+    one batch. With ``behind`` (a forked worker), a thread of the worker does the batches, so
+    that the worker computes its next block or piece while the last one is copied into the
+    page cache (the other worker's writes to the same file come between); at most two
+    batches wait (bounded memory). ``close`` writes what is left, waits, and raises the
+    first error."""
 
-    def __init__(self, f: BinaryIO | None, fd: int) -> None:
-        self.f = f  # closed by close(), if given
+    def __init__(self, fd: int, lock: Any, behind: bool = False) -> None:
         self.fd = fd
+        self.lock = lock
         self.at = 0
         self.pending: list[tuple[int, memoryview]] = []
-        self.jobs: queue.Queue[list[tuple[int, memoryview]] | None] = queue.Queue(maxsize=2)
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
+        self.jobs: queue.Queue[list[tuple[int, memoryview]] | None] | None = None
+        self.thread: threading.Thread | None = None
+        if behind:
+            self.jobs = queue.Queue(maxsize=2)
+            self.thread = threading.Thread(target=self._run, daemon=True)
+            self.thread.start()
 
     def seek(self, at: int) -> None:
         self.at = at
@@ -112,29 +117,45 @@ class _Behind:
         return len(view)
 
     def flush(self) -> None:
-        if self.pending:
-            self.jobs.put(self.pending)
-            self.pending = []
+        if not self.pending:
+            return
+        batch, self.pending = self.pending, []
+        if self.jobs is not None:
+            self.jobs.put(batch)
+        else:
+            self._write(batch)
+
+    def _write(self, batch: list[tuple[int, memoryview]]) -> None:
+        with self.lock:
+            for at, view in batch:
+                _pwrite_bytes(self.fd, view, at)
 
     def _run(self) -> None:
-        while (job := self.jobs.get()) is not None:
+        assert self.jobs is not None
+        while (batch := self.jobs.get()) is not None:
             if self.error is not None:
                 continue
             try:
-                with STATE["write_lock"]:
-                    for at, view in job:
-                        _pwrite_bytes(self.fd, view, at)
+                self._write(batch)
             except BaseException as e:  # raised again by close()
                 self.error = e
 
     def close(self) -> None:
-        self.flush()
-        self.jobs.put(None)
-        self.thread.join()
-        if self.f is not None:
-            self.f.close()
+        try:
+            self.flush()
+        finally:
+            if self.jobs is not None and self.thread is not None:
+                self.jobs.put(None)
+                self.thread.join()
+            os.close(self.fd)
         if self.error is not None:
             raise self.error
+
+
+def _create(path: Path) -> int:
+    """A new (or emptied) file for writing, as ``open(path, "wb")``; reading too, as the
+    spool a chunk moves to is read back by the transpose."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
 
 
 def _in_worker() -> bool:
@@ -154,7 +175,7 @@ def align_up(n: int, a: int = 8) -> int:
 
 
 class Sink(Protocol):
-    """Where blocks are written: a binary file, or a worker's :class:`_Behind`."""
+    """Where blocks are written: a binary file, or a :class:`_Writer`."""
 
     def write(self, data: Any, /) -> int: ...
 
@@ -476,9 +497,9 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
     nv, pv, nc, pc = (np.zeros(n, dtype=np.int64) for _ in range(4))
     pairs = PairCounts(job.rows)
     pos = 0
-    f: Any = open(path, "r+b" if in_place else "wb")  # noqa: SIM115 - may switch to a spool
-    if in_place and _in_worker():
-        f = _Behind(f, f.fileno())
+    # profile.db is shared with the other workers; a spool file is this chunk's alone
+    f = (_Writer(os.open(path, os.O_RDWR), STATE["write_lock"], behind=_in_worker())
+         if in_place else _Writer(_create(path), contextlib.nullcontext()))
     try:
         f.seek(origin)
         for k, i in enumerate(profiles):
@@ -491,17 +512,12 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
                 # the bounds were wrong: what was written moves to a spool, as does the rest
                 f.close()
                 spool = job.directory / f"profiles-{first}.spool"
-                f = open(spool, "w+b")  # noqa: SIM115
-                _copy_file(path, f.fileno(), 0, pos, origin)
+                f = _Writer(_create(spool), contextlib.nullcontext())
+                _copy_file(path, f.fd, 0, pos, origin)
                 f.seek(pos)
                 path, origin, in_place = spool, 0, False
-            if isinstance(f, _Behind):
-                pv[k], pc[k], pos = write_profile_block(f, pos, blk)
-                f.flush()
-            else:
-                with STATE["write_lock"]:
-                    pv[k], pc[k], pos = write_profile_block(f, pos, blk)
-                    f.flush()
+            pv[k], pc[k], pos = write_profile_block(f, pos, blk)
+            f.flush()
             nv[k], nc[k] = len(blk.values), len(blk.ctx_ids)
             if not job.transposed[i] or not len(blk.values):
                 continue
@@ -587,8 +603,7 @@ def _transpose_chunk(unit_ids: Sequence[int]) -> list[Any]:
     layout: ContextLayout
     source, spools, bounds, units, layout, cct_db, data_base, profile_db = STATE["transpose"]
     groups = []
-    fd = os.open(cct_db, os.O_WRONLY)
-    behind = _Behind(None, fd) if _in_worker() else None
+    out = _Writer(os.open(cct_db, os.O_WRONLY), STATE["write_lock"], behind=_in_worker())
     spool_fds = [os.open(sp.path, os.O_RDONLY) for sp in spools]
     copy_fd = (os.open(profile_db, os.O_WRONLY) if any(not sp.in_place for sp in spools)
                else -1)
@@ -607,18 +622,11 @@ def _transpose_chunk(unit_ids: Sequence[int]) -> list[Any]:
             if source.on_groups is not None:
                 groups.append(source.on_groups(t))
             del t
-            at = data_base + int(layout.start[c0])
-            if behind is not None:
-                behind.seek(at)
-                behind.write(np.ascontiguousarray(buf).view(np.uint8).reshape(-1).data)
-                behind.flush()
-            else:
-                with STATE["write_lock"]:
-                    _pwrite(fd, buf, at)
+            out.seek(data_base + int(layout.start[c0]))
+            _write(out, buf)
+            out.flush()
     finally:
-        if behind is not None:
-            behind.close()
-        os.close(fd)
+        out.close()
         for sfd in spool_fds:
             os.close(sfd)
         if copy_fd >= 0:
@@ -676,11 +684,6 @@ def _pread(fd: int, n: int, at: int) -> bytes:
             raise CallpathError("a spool file ended early")
         out += more
     return out
-
-
-def _pwrite(fd: int, buf: npt.NDArray[Any], at: int) -> None:
-    _pwrite_bytes(fd, memoryview(np.ascontiguousarray(buf).view(np.uint8).reshape(-1).data),
-                  at)
 
 
 def _pwrite_bytes(fd: int, data: bytes | memoryview, at: int) -> None:
