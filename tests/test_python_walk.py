@@ -275,3 +275,66 @@ def test_c_handler_rejects_wrong_arguments(tmp_path: Path, monkeypatch: pytest.M
     with pytest.raises(TypeError):
         smp._drain([], None)
     smp.finish("exit", 0)
+
+
+def _probe_live(smp: S.Sampler, seen: list[str], name: str) -> None:
+    """From a live frame: the walk of the interpreter's frame records, the walk through the
+    public C API and the Python walk give one stack id, which the slow path gave."""
+    assert MODULE is not None and STACK_OF is not None
+    frame = sys._getframe(1)
+    v = smp._new_stack(frame)
+    assert v >= 0, name
+    try:
+        records = MODULE.set_public_frames(False)
+        got_records = STACK_OF(frame, smp.locs_of, smp.stacks)
+        MODULE.set_public_frames(True)
+        got_public = STACK_OF(frame, smp.locs_of, smp.stacks)
+    finally:
+        MODULE.set_public_frames(False)
+    assert (got_records, got_public, S.py_stack_of(frame, smp.locs_of, smp.stacks)) == (
+        v, v, v), name
+    seen.append(name if records or sys.version_info >= (3, 13) else "")
+
+
+def test_frame_records_walk_agrees_with_public_walk_on_live_frames(tmp_path: Path) -> None:
+    """The C walk reads CPython's frame records (3.11, 3.12) where the frames are live, as
+    they are when the handler runs; checked from inside running frames of every kind (a
+    finished frame, as in the tests above, is walked through the public API)."""
+    smp = S.Sampler(str(tmp_path), 1000.0, False)
+    seen: list[str] = []
+
+    def probe(name: str) -> bool:
+        _probe_live(smp, seen, name)
+        return True
+
+    def deep(n: int) -> None:
+        if n:
+            deep(n - 1)
+        else:
+            probe(f"recursion {depth}")
+    for depth in (0, 63, 64, 65, 300):
+        deep(depth)
+
+    def gen() -> Iterator[int]:
+        probe("generator")
+        yield 1
+        probe("generator resumed")
+    list(gen())
+
+    async def inner() -> None:
+        probe("coroutine")
+        await asyncio.sleep(0)
+        probe("coroutine resumed")
+
+    async def outer() -> None:
+        await inner()
+    asyncio.run(outer())
+    assert [probe("comprehension") for _ in range(1)]
+
+    class Body:
+        probe("class body")
+    list(map(lambda _: probe("inside a call to C"), [0]))
+    t = threading.Thread(target=probe, args=("thread",))
+    t.start()
+    t.join()
+    assert len(seen) == 13 and all(seen), seen
