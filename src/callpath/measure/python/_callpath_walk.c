@@ -20,7 +20,8 @@
  * code object it has interned alive for as long as the tables it holds (the cache holds those
  * tables, and starts over when given others, as after a fork).
  *
- * Only public C API of CPython 3.11+ (PyFrame_GetCode, PyFrame_GetLasti, PyFrame_GetBack).
+ * Public C API of CPython 3.11+ (PyFrame_GetCode, PyFrame_GetLasti, PyFrame_GetBack), except
+ * the walk of the frame records below on 3.11 and 3.12.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
