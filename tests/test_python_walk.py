@@ -338,3 +338,18 @@ def test_frame_records_walk_agrees_with_public_walk_on_live_frames(tmp_path: Pat
     t.start()
     t.join()
     assert len(seen) == 13 and all(seen), seen
+
+
+@pytest.mark.parametrize("choice", ["", "c-public", "c-walk"])
+def test_walk_choice_picks_handler_and_frame_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  choice: str) -> None:
+    """CALLPATH_PY_WALK=c-public keeps the C handler and only changes how it walks frames;
+    c-walk puts the handler in Python."""
+    assert MODULE is not None
+    monkeypatch.setenv("CALLPATH_PY_WALK", choice)
+    try:
+        smp = S.Sampler(str(tmp_path), 1000.0, False)
+        assert (smp.c_handler is not None) == (choice != "c-walk"), smp.walker
+        assert ("public frame API" in smp.walker) == (choice == "c-public"), smp.walker
+    finally:
+        MODULE.set_public_frames(False)

@@ -293,7 +293,8 @@ class Sampler:
         self.c_cache: Callable[[], Any] | None = (
             walk_module.Cache if walk_module is not None else None)
         self.c_handler: Callable[..., Any] | None = (
-            walk_module.Handler if walk_module is not None and self.walker == "C" else None)
+            walk_module.Handler if walk_module is not None
+            and os.environ.get(ENV_WALK, "") != "c-walk" else None)
         self.mechanism = ""
         self.fd = -1
         self.path = ""
