@@ -97,7 +97,6 @@ class Propagator:
             out[:, N_SCOPES * k + 3] = cct.inclusive(point)
         return out
 
-
     def bound(self, points: list[npt.NDArray[np.float64]]) -> tuple[int, int]:
         """Upper bounds of the value and context counts of :meth:`matrix`'s block (per
         execution context), from where values can be: a metric's ``point`` values where it

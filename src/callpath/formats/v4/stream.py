@@ -158,6 +158,11 @@ def _create(path: Path) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
 
 
+def _spool_path(directory: Path, first: int) -> Path:
+    """The spool file of the chunk of profiles that starts at profile ``first``."""
+    return directory / f"profiles-{first}.spool"
+
+
 def _in_worker() -> bool:
     """Running in a forked worker of a :data:`Mapper` (not in the process that forks)."""
     import multiprocessing
@@ -482,14 +487,14 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
     first = int(profiles[0])
     limit = -1  # end of the region this chunk may fill in place (-1: no limit)
     origin = 0
+    in_place = True
     if job.first is not None and job.region is not None:
         path, origin = job.first[0], int(job.region[first - 1])
         limit = int(job.region[int(profiles[-1])])
     elif job.first is not None and first == 1:
         path, origin = job.first
     else:
-        path = job.directory / f"profiles-{first}.spool"
-    in_place = path != job.directory / f"profiles-{first}.spool"
+        path, in_place = _spool_path(job.directory, first), False
     nb = len(job.bounds) - 1
     n = len(profiles)
     cut_ctx = np.zeros((n, nb + 1), dtype=np.int64)
@@ -511,7 +516,7 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
                                             > limit):
                 # the bounds were wrong: what was written moves to a spool, as does the rest
                 f.close()
-                spool = job.directory / f"profiles-{first}.spool"
+                spool = _spool_path(job.directory, first)
                 f = _Writer(_create(spool), contextlib.nullcontext())
                 _copy_file(path, f.fd, 0, pos, origin)
                 f.seek(pos)
@@ -544,8 +549,8 @@ def place_spools(spools: list[Spool], base: int, profile_db: Path, directory: Pa
     for sp in spools:
         if sp.in_place and (cut >= 0 or sp.origin != pos):
             cut = pos if cut < 0 else cut
-            spool = directory / f"profiles-{int(sp.profiles[0])}.spool"
-            fd = os.open(spool, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            spool = _spool_path(directory, int(sp.profiles[0]))
+            fd = _create(spool)
             try:
                 _copy_file(sp.path, fd, 0, sp.size, sp.origin)
             finally:
