@@ -35,8 +35,7 @@ precisely than whole runs can on a shared machine: one process alternates blocks
 workload (about 0.1 s each) with the timer armed and disarmed, 30 pairs, and reports the ratio of
 CPU time armed/disarmed for a signal whose handler is a C function that does nothing (the
 interrupt and the signal alone), an empty Python handler, and callpath's handler: in C (the
-default), in C walking frames through the public C API (``CALLPATH_PY_WALK=c-public``), in
-Python with the C stack walk (``CALLPATH_PY_WALK=c-walk``) and all in Python
+default), in Python with the C stack walk (``CALLPATH_PY_WALK=c-walk``) and all in Python
 (``CALLPATH_PY_WALK=python``); ``--modes`` picks some of them; the rounds are interleaved.
 ``--depth N`` runs the workload under N extra Python frames, as in programs built on frameworks,
 whose stacks are 50-100 frames deep.
@@ -258,10 +257,8 @@ def run_once(cmd: list[str], hash_seed: int) -> Sample | str:
 
 DECOMPOSE_MODES = {"c": "C function (signal only)", "empty": "empty Python handler",
                    "callpath": "callpath, C handler", "callpath-cwalk": "callpath, C walk",
-                   "callpath-public": "callpath, C, public frame API",
                    "callpath-py": "callpath, Python walk"}
-WALK_ENV = {"callpath": "", "callpath-cwalk": "c-walk", "callpath-public": "c-public",
-            "callpath-py": "python"}
+WALK_ENV = {"callpath": "", "callpath-cwalk": "c-walk", "callpath-py": "python"}
 
 
 def decompose(tmp: Path, repeat: int, depth: int, modes: list[str], pairs: int = 30) -> None:

@@ -129,7 +129,6 @@ def _c_walk_built() -> bool:
 NO_C_WALK = "the C stack walk (_callpath_walk.c) was not built: no compiler or Python headers"
 # (CALLPATH_PY_WALK, the sampler's `walker` up to the first parenthesis)
 WALKERS = [pytest.param(("", "C"), id="C-handler"),
-           pytest.param(("c-public", "C"), id="C-handler-public-frame-API"),
            pytest.param(("c-walk", "C walk"), id="C-walk"),
            pytest.param(("python", "python"), id="Python-walk")]
 

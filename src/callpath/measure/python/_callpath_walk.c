@@ -20,8 +20,7 @@
  * code object it has interned alive for as long as the tables it holds (the cache holds those
  * tables, and starts over when given others, as after a fork).
  *
- * Public C API of CPython 3.11+ (PyFrame_GetCode, PyFrame_GetLasti, PyFrame_GetBack), except
- * the walk of the frame records below on 3.11 and 3.12.
+ * Only public C API of CPython 3.11+ (PyFrame_GetCode, PyFrame_GetLasti, PyFrame_GetBack).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -29,26 +28,6 @@
 #if PY_VERSION_HEX < 0x030B0000
 #error "callpath's stack walk needs CPython 3.11 or newer"
 #endif
-
-/* On CPython 3.11 and 3.12 the walk reads the interpreter's own frame records
- * (_PyInterpreterFrame: code, last instruction, previous) instead of calling
- * PyFrame_GetBack/GetCode. Why: PyFrame_GetBack creates a frame object for every caller that
- * has none, and in a program that calls and returns all the time (recursion, small methods)
- * most callers are new at every sample, so each sample allocated and later freed tens of
- * frame objects, and took a reference to every code object (a write to memory the program
- * had evicted). The records give the same frames (PyFrame_GetBack is the same walk: previous
- * frames, skipping incomplete ones) and the same offsets (PyFrame_GetLasti is the same
- * arithmetic). The walk runs with the GIL held between bytecodes, when the chain is whole.
- * Other versions, and CALLPATH_PY_WALK=c-public, use the public API. */
-#if PY_VERSION_HEX < 0x030D0000 && !defined(CALLPATH_PUBLIC_FRAMES)
-#define CALLPATH_RECORDS 1
-#define Py_BUILD_CORE 1
-#include "internal/pycore_frame.h"
-#undef Py_BUILD_CORE
-#endif
-
-/* 1: walk the frame records (where built in); 0: the public API (set_public_frames) */
-static int use_records = 1;
 
 #define SMALL 128
 
@@ -147,28 +126,7 @@ walk(PyObject *frame, PyObject *locs_of, PyObject *stacks, Cache *cache)
     PyObject **locs = small_locs; /* borrowed from the tables (which the caller holds) */
     Py_ssize_t n = 0, cap = SMALL;
     PyObject *result = NULL;
-    PyFrameObject *f = NULL;
-#ifdef CALLPATH_RECORDS
-    /* a frame that has finished (its record now belongs to the frame object) links to its
-     * callers through f_back: the public walk follows that */
-    if (use_records && ((PyFrameObject *)frame)->f_back == NULL
-        && ((PyFrameObject *)frame)->f_frame->owner != FRAME_OWNED_BY_FRAME_OBJECT) {
-        _PyInterpreterFrame *fr = ((PyFrameObject *)frame)->f_frame;
-        while (fr != NULL) {
-            if (n == cap && grow(&sites, &locs, &cap, n + 1, sites != small_sites) < 0)
-                goto done;
-            sites[n].code = fr->f_code;
-            int lasti = _PyInterpreterFrame_LASTI(fr);
-            sites[n].lasti = lasti < 0 ? -1 : lasti * (int)sizeof(_Py_CODEUNIT);
-            n++;
-            fr = fr->previous;
-            while (fr != NULL && _PyFrame_IsIncomplete(fr))
-                fr = fr->previous;
-        }
-        goto walked;
-    }
-#endif
-    f = (PyFrameObject *)frame;
+    PyFrameObject *f = (PyFrameObject *)frame;
     Py_INCREF(f);
     while (f != NULL) {
         if (n == cap && grow(&sites, &locs, &cap, n + 1, sites != small_sites) < 0)
@@ -182,9 +140,6 @@ walk(PyObject *frame, PyObject *locs_of, PyObject *stacks, Cache *cache)
         Py_DECREF(f);
         f = back;
     }
-#ifdef CALLPATH_RECORDS
-walked:
-#endif
 
     /* 2. the frames nearer the root that equal the previous stack's take its locations */
     Py_ssize_t same = 0;
@@ -678,26 +633,7 @@ static PyTypeObject HandlerType = {
     .tp_doc = "The main thread's SIGPROF handler in C (see the module's documentation).",
 };
 
-static PyObject *
-set_public_frames(PyObject *module, PyObject *arg)
-{
-    (void)module;
-    int public = PyObject_IsTrue(arg);
-    if (public < 0)
-        return NULL;
-    use_records = !public;
-#ifdef CALLPATH_RECORDS
-    return PyBool_FromLong(use_records);
-#else
-    return PyBool_FromLong(0);
-#endif
-}
-
 static PyMethodDef methods[] = {
-    {"set_public_frames", set_public_frames, METH_O,
-     "set_public_frames(flag) -> walks frame records: with a true flag, walk frames through "
-     "the public C API (PyFrame_GetBack) even where the interpreter's frame records can be "
-     "read; returns whether the walk now reads the records"},
     {"stack_of", (PyCFunction)(void (*)(void))stack_of, METH_FASTCALL,
      "stack_of(frame, locs_of, stacks[, cache]) -> stacks[locations of the frames, leaf first] "
      "or None"},

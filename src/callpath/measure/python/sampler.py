@@ -70,8 +70,7 @@ ENV_OUT = "CALLPATH_PY_OUT"
 ENV_FREQ = "CALLPATH_PY_FREQ"
 ENV_TRACE = "CALLPATH_PY_TRACE"
 # "python": the handler and the walk in Python even where the C ones are built; "c-walk": the
-# handler in Python, the walk in C; "c-public": the C handler walking frames through the
-# public C API instead of the interpreter's frame records (for measuring what each part costs)
+# handler in Python, the walk in C (for measuring what each part costs)
 ENV_WALK = "CALLPATH_PY_WALK"
 
 IDLE_CPU_SHARE = 20  # IDLE when cpu * 20 < wall, i.e. under 5% of one CPU
@@ -117,8 +116,7 @@ def _c_walk() -> tuple[Any, str]:
     compiler and Python's headers are there) for this interpreter, loaded by path like this
     module; else None, and the handler walks in Python. Returns its module and the walker's
     name for the metadata: ``C`` (C handler and walk), ``C walk`` (``CALLPATH_PY_WALK=c-walk``:
-    the handler in Python), ``C (public frame API)`` (``CALLPATH_PY_WALK=c-public``), or
-    ``python`` with the reason."""
+    the handler in Python), or ``python`` with the reason."""
     choice = os.environ.get(ENV_WALK, "")
     if choice == "python":
         return None, "python (CALLPATH_PY_WALK=python)"
@@ -135,10 +133,7 @@ def _c_walk() -> tuple[Any, str]:
                 mod = importlib.util.module_from_spec(spec)
                 spec.loader.exec_module(mod)
                 if all(callable(getattr(mod, name, None))
-                       for name in ("stack_of", "Cache", "Handler", "set_public_frames")):
-                    if choice == "c-public":
-                        mod.set_public_frames(True)
-                        return mod, "C (public frame API: CALLPATH_PY_WALK=c-public)"
+                       for name in ("stack_of", "Cache", "Handler")):
                     return mod, "C walk (CALLPATH_PY_WALK=c-walk)" if choice == "c-walk" else "C"
     except (ImportError, OSError, AttributeError):
         pass
@@ -293,8 +288,7 @@ class Sampler:
         self.c_cache: Callable[[], Any] | None = (
             walk_module.Cache if walk_module is not None else None)
         self.c_handler: Callable[..., Any] | None = (
-            walk_module.Handler if walk_module is not None
-            and os.environ.get(ENV_WALK, "") != "c-walk" else None)
+            walk_module.Handler if walk_module is not None and self.walker == "C" else None)
         self.mechanism = ""
         self.fd = -1
         self.path = ""
