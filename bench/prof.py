@@ -2,6 +2,12 @@
 processes × 8 threads) with about 20,000 call paths each, attributed through the real structure
 of libc, timed with 1 and 2 workers (median of ``--repeat`` runs), with peak memory.
 
+The timed runs are not watched: peak memory comes from one more run per worker count whose
+process tree is sampled from /proc every 0.1 s. Reading ``smaps_rollup`` walks each process's
+page tables under its memory-map lock, and on two cores that are both busy at ``-j 2`` it took
+about a second from a 14 s run (it costs ``-j 1`` nothing: its second core is idle), which
+made the speed-up look worse than it is.
+
 The call paths are synthetic but shaped like an SPMD run: every thread has the same tree
 (depth 8, 20,000 leaves, frames at addresses inside libc's procedures, callers as return
 addresses, leaves as exact pcs) and its own sample counts, so the merged tree has one copy of
@@ -146,9 +152,10 @@ class Run:
     max_rss: int  # largest single process (KiB, from the kernel)
 
 
-def _timed(cmd: list[str]) -> Run:
-    """Run ``cmd``; its wall and CPU time, and the peak memory of its process tree sampled
-    from /proc every 0.1 s."""
+def _timed(cmd: list[str], watch: bool = False) -> Run:
+    """Run ``cmd``; its wall and CPU time, and with ``watch`` the peak memory of its process
+    tree sampled from /proc every 0.1 s (which takes CPU from the run: see the module's
+    docstring); without, only the largest process's peak (from the kernel)."""
     peak = [0, 0]
     done = threading.Event()
     t = time.perf_counter()
@@ -161,11 +168,13 @@ def _timed(cmd: list[str]) -> Run:
             done.wait(0.1)
 
     th = threading.Thread(target=sample, daemon=True)
-    th.start()
+    if watch:
+        th.start()
     _, status, ru = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t
     done.set()
-    th.join()
+    if watch:
+        th.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)}: exit status {proc.returncode}")
@@ -238,15 +247,23 @@ def main() -> None:
                      str(base / f"j{j}.d")]))
                 load.append(os.getloadavg()[0])
             cores.append(cores_available())
+        watched: dict[int, Run] = {}
+        for j in (1, 2):  # peak memory, from runs of their own (watching them costs time)
+            shutil.rmtree(base / f"m{j}.d", ignore_errors=True)
+            os.sync()
+            watched[j] = _timed([sys.executable, "-m", "callpath", "prof", str(meas), "-j",
+                                 str(j), "-o", str(base / f"m{j}.d")], watch=True)
+            shutil.rmtree(base / f"m{j}.d", ignore_errors=True)
         med: dict[int, float] = {}
         for j, runs in results.items():
             med[j] = statistics.median(r.wall for r in runs)
             cpu = statistics.median(r.cpu for r in runs)
+            w = watched[j]
             print(f"callpath prof -j {j}: {med[j]:6.1f} s wall, {cpu:6.1f} s CPU (medians of "
                   f"{args.repeat}; walls {', '.join(f'{r.wall:.1f}' for r in runs)}); peak "
-                  f"memory of the process tree: RSS {max(r.rss for r in runs) / 1024:.0f} MiB, "
-                  f"PSS {max(r.pss for r in runs) / 1024:.0f} MiB; largest process "
-                  f"{max(r.max_rss for r in runs) / 1024:.0f} MiB")
+                  f"memory of the process tree (a run of its own, {w.wall:.1f} s while "
+                  f"watched): RSS {w.rss / 1024:.0f} MiB, PSS {w.pss / 1024:.0f} MiB; largest "
+                  f"process {max(r.max_rss for r in [*runs, w]) / 1024:.0f} MiB")
         print(f"load average (1 min) before and after each run: "
               f"{', '.join(f'{x:.1f}' for x in load)} on {os.cpu_count()} cores")
         print(f"cores two CPU-bound processes got together (before the runs and after each "

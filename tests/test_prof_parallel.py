@@ -88,3 +88,19 @@ def test_mpirun_two_ranks(source: str, tmp_path: Path, request: pytest.FixtureRe
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("written to") == 1  # rank 0 alone writes
     _same_files(tmp_path / "one", tmp_path / "mpi")
+
+
+@pytest.mark.parametrize("which", [0, -1])
+def test_corrupt_file_in_any_share_is_one_line(which: int, tmp_path: Path) -> None:
+    """A truncated profile in the share of a forked worker (the first file) or of the parent
+    (the last) stops every -j with the same one-line error; a worker's error once hung the
+    multiprocessing pool (its exception could not be unpickled)."""
+    meas = tmp_path / "m"
+    shutil.copytree(shared_path("hpctoolkit", "meas", "loops-cputime-t.m"), meas)
+    bad = sorted(meas.glob("*.hpcrun"))[which]
+    bad.write_bytes(bad.read_bytes()[:300])
+    for j in ("1", "2", "3"):
+        p = run_cli("prof", str(meas), "-j", j, "-o", str(tmp_path / f"j{j}"))
+        assert p.returncode == 2, (j, p.stderr)
+        assert p.stderr.strip() == (f"callpath: error: {bad} at offset 0x124: bad footer "
+                                    "(expected magic 'HPCRUNsm')"), (j, p.stderr)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -67,3 +69,37 @@ def test_fork_map_results_and_errors() -> None:
         fork_map(_fails_on_two, [2, 1])  # raised in the child, reported by the parent
     with pytest.raises(RuntimeError, match="ZeroDivisionError: boom"):
         fork_map(_fails_on_two, [3, 1])
+
+
+def _dies_unless_last(x: int) -> int:
+    if x == 0:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer would
+    return x
+
+
+def test_fork_map_worker_killed_is_an_error() -> None:
+    """A child killed by a signal is reported (a multiprocessing pool would wait forever)."""
+    with pytest.raises(CallpathError, match=r"killed by signal 9 \(SIGKILL"):
+        fork_map(_dies_unless_last, [0, 1])
+
+
+def _sleeps_or_fails(arg: tuple[int, str]) -> int:
+    x, pidfile = arg
+    if x == 0:  # the child: says who it is, then would work for ten minutes
+        Path(pidfile).write_text(str(os.getpid()))
+        time.sleep(600)
+        return 0
+    while not Path(pidfile).exists():  # the parent's own item fails once the child runs
+        time.sleep(0.01)
+    raise CallpathError("last.so: corrupt")
+
+
+def test_fork_map_parent_failure_kills_the_children(tmp_path: Path) -> None:
+    pidfile = str(tmp_path / "child.pid")
+    t = time.monotonic()
+    with pytest.raises(CallpathError, match=r"last\.so: corrupt"):
+        fork_map(_sleeps_or_fails, [(0, pidfile), (1, pidfile)])
+    assert time.monotonic() - t < 60  # not the child's ten minutes
+    child = int(Path(pidfile).read_text())
+    with pytest.raises(ChildProcessError):  # killed and reaped: no zombie left
+        os.waitpid(child, os.WNOHANG)

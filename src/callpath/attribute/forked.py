@@ -2,15 +2,21 @@
 
 Forked, so that what the parent prepared (structures, the final tree) is shared copy-on-write
 through :data:`STATE` instead of being pickled to each worker; results come back in order.
+The parent does the last chunk itself while the workers do the others: it would only wait
+otherwise, and its result (a partial tree of half the contexts at ``-j 2``) is neither
+pickled nor unpickled. A worker that fails or dies is an error in the parent, not a hang
+(a ``multiprocessing`` pool waits forever for a worker killed by the out-of-memory killer,
+and for a result whose exception cannot be unpickled).
 """
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
+
+from callpath.structure.parallel import fork_map
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -26,13 +32,10 @@ def chunks(items: Sequence[T], n: int) -> list[Sequence[T]]:
 
 
 def map_chunks(fn: Callable[[Sequence[T]], R], items: Sequence[T], workers: int) -> list[R]:
-    """``[fn(chunk) for chunk in chunks(items, workers)]``, the chunks in forked workers."""
+    """``[fn(chunk) for chunk in chunks(items, workers)]``: the last chunk in this process,
+    the others in forked workers (:func:`~callpath.structure.parallel.fork_map`: a worker's
+    error is raised here, a worker killed by a signal is an error, never a hang)."""
     workers = max(1, min(workers, len(items)))
     if workers == 1:
         return [fn(items)]
-    try:
-        ctx = multiprocessing.get_context("fork")
-    except ValueError:  # no fork on this platform
-        return [fn(items)]
-    with ctx.Pool(workers) as pool:
-        return pool.map(fn, chunks(items, workers))
+    return fork_map(fn, list(chunks(items, workers)))

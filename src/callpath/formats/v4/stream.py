@@ -88,11 +88,11 @@ class _Writer:
 
     ``write`` queues buffers that nothing modifies afterwards (every block and piece is made
     anew) at the current position; ``flush`` writes what was queued since the last one as
-    one batch. With ``behind`` (a forked worker), a thread of the worker does the batches, so
-    that the worker computes its next block or piece while the last one is copied into the
-    page cache (the other worker's writes to the same file come between); at most two
-    batches wait (bounded memory). ``close`` writes what is left, waits, and raises the
-    first error."""
+    one batch. With ``behind`` (one of several processes writing), a thread of the process
+    does the batches, so that it computes its next block or piece while the last one is
+    copied into the page cache (the other worker's writes to the same file come between);
+    at most two batches wait (bounded memory). ``close`` writes what is left, waits, and
+    raises the first error."""
 
     def __init__(self, fd: int, lock: Any, behind: bool = False) -> None:
         self.fd = fd
@@ -161,12 +161,6 @@ def _create(path: Path) -> int:
 def _spool_path(directory: Path, first: int) -> Path:
     """The spool file of the chunk of profiles that starts at profile ``first``."""
     return directory / f"profiles-{first}.spool"
-
-
-def _in_worker() -> bool:
-    """Running in a forked worker of a :data:`Mapper` (not in the process that forks)."""
-    import multiprocessing
-    return multiprocessing.parent_process() is not None
 
 
 def serial(fn: Callable[[Sequence[int]], Any], items: Sequence[int]) -> list[Any]:
@@ -448,6 +442,8 @@ def spool_profiles(source: ValueSource, directory: Path, transposed: npt.NDArray
     in place; the other chunks go to files in ``directory``."""
     job = STATE["job"] = _Job(source, directory, transposed, bounds, n_slots, first)
     STATE["write_lock"] = _write_lock()
+    # with several processes writing, each writes from a thread of its own (see _Writer)
+    STATE["behind"] = source.parallel is not serial
     try:
         items = list(range(1, len(transposed)))
         if not items:
@@ -463,6 +459,7 @@ def spool_profiles(source: ValueSource, directory: Path, transposed: npt.NDArray
     finally:
         STATE.pop("job", None)
         STATE.pop("write_lock", None)
+        STATE.pop("behind", None)
 
 
 def _predict_chunk(profiles: Sequence[int]) -> tuple[I64, I64] | None:
@@ -503,7 +500,7 @@ def _spool_chunk(profiles: Sequence[int]) -> Spool | None:
     pairs = PairCounts(job.rows)
     pos = 0
     # profile.db is shared with the other workers; a spool file is this chunk's alone
-    f = (_Writer(os.open(path, os.O_RDWR), STATE["write_lock"], behind=_in_worker())
+    f = (_Writer(os.open(path, os.O_RDWR), STATE["write_lock"], behind=STATE["behind"])
          if in_place else _Writer(_create(path), contextlib.nullcontext()))
     try:
         f.seek(origin)
@@ -594,12 +591,15 @@ def transpose_buckets(source: ValueSource, spools: list[Spool], bounds: I64,
         raise CallpathError("spooled profiles need the profile.db they are copied into")
     STATE["transpose"] = (source, spools, b, units, layout, cct_db, data_base, profile_db)
     STATE["write_lock"] = _write_lock()
+    # with several processes writing, each writes from a thread of its own (see _Writer)
+    STATE["behind"] = source.parallel is not serial
     try:
         got = source.parallel(_transpose_chunk, list(range(len(units))))
         return [g for part in got for g in part]
     finally:
         STATE.pop("transpose", None)
         STATE.pop("write_lock", None)
+        STATE.pop("behind", None)
 
 
 def _transpose_chunk(unit_ids: Sequence[int]) -> list[Any]:
@@ -608,7 +608,7 @@ def _transpose_chunk(unit_ids: Sequence[int]) -> list[Any]:
     layout: ContextLayout
     source, spools, bounds, units, layout, cct_db, data_base, profile_db = STATE["transpose"]
     groups = []
-    out = _Writer(os.open(cct_db, os.O_WRONLY), STATE["write_lock"], behind=_in_worker())
+    out = _Writer(os.open(cct_db, os.O_WRONLY), STATE["write_lock"], behind=STATE["behind"])
     spool_fds = [os.open(sp.path, os.O_RDONLY) for sp in spools]
     copy_fd = (os.open(profile_db, os.O_WRONLY) if any(not sp.in_place for sp in spools)
                else -1)
