@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,7 +18,7 @@ from callpath.formats.hpcstruct import read_hpcstruct
 from callpath.structure.dwarf_lines import decode_line_tables
 from callpath.structure.model import Kind
 from callpath.structure.python_ast import structure_of_python
-from conftest import run_cli, shared_path
+from conftest import ROOT, run_cli, shared_path
 
 DR = "inlines+loops-x86_64-gcc12-dr"
 
@@ -196,3 +202,49 @@ def test_measdir_and_option_mistakes_are_one_line(tmp_path: Path) -> None:
     assert rc == 2 and "must be the only input" in err
     rc, _, err = _env_cli(tmp_path, str(binary), "-j", "0")
     assert rc == 2 and "-j 0" in err
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+def test_struct_worker_killed_is_one_line(tmp_path: Path) -> None:
+    """A worker process that dies (as under the out-of-memory killer) ends ``struct -j 2``
+    with a one-line error; a multiprocessing pool used to wait for it forever."""
+    libc = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
+    ld = next((p for p in (Path("/lib64/ld-linux-x86-64.so.2"),
+                           Path("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")) if p.exists()),
+              None)
+    if not libc.exists() or ld is None:
+        pytest.skip("libc.so.6 and the dynamic loader are needed at their Debian paths")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"),
+               PYTHONPATH=str(ROOT / "src"))
+    p = subprocess.Popen([sys.executable, "-m", "callpath", "struct", "-j", "2", "--no-cache",
+                          str(libc), str(ld), "-o", str(tmp_path / "out.hpcstruct")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        workers: list[int] = []
+        while not workers and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.05)
+            workers = _children(p.pid)
+        assert workers, "no worker process appeared"
+        os.kill(workers[0], signal.SIGKILL)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 2, err
+    assert err.strip().splitlines() == [
+        "callpath: error: a worker process of the structure analysis died (killed by a "
+        "signal; out of memory?)"], err

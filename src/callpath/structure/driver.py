@@ -15,6 +15,8 @@ import re
 import shutil
 import sys
 from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -229,11 +231,19 @@ def run_jobs(jobs: list[Job], workers: int,
     if sizes[big] > sum(sizes) - sizes[big]:
         jobs[big].threads = idle_cores(workers)
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    with ctx.Pool(min(workers, len(jobs))) as pool:
-        for r in pool.imap_unordered(run_job, [jobs[k] for k in order]):
-            results.append(r)
-            if progress:
-                progress(len(results), len(jobs), r)
+    # an executor, not a multiprocessing pool: a pool waits forever for a worker that the
+    # out-of-memory killer took, an executor says its pool broke
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as pool:
+        futures = [pool.submit(run_job, jobs[k]) for k in order]
+        try:
+            for f in as_completed(futures):
+                r = f.result()
+                results.append(r)
+                if progress:
+                    progress(len(results), len(jobs), r)
+        except BrokenProcessPool:
+            raise CallpathError("a worker process of the structure analysis died (killed by "
+                                "a signal; out of memory?)") from None
     # Results come back pickled (new Job objects): match them by path and name.
     index = {(r.job.path, r.job.name): r for r in results}
     return [index[(j.path, j.name)] for j in jobs]
