@@ -33,8 +33,10 @@ def _files(d: Path) -> dict[str, bytes]:
 
 
 def _in_chunks(size: int) -> stream.Mapper:
-    """A mapper that runs here, in chunks of ``size`` items (as many workers would split)."""
-    def mapper(fn: Callable[[Sequence[int]], Any], items: Sequence[int]) -> list[Any]:
+    """A mapper that runs here, in chunks of ``size`` items (as many workers would split;
+    the weights are a hint that a mapper may ignore)."""
+    def mapper(fn: Callable[[Sequence[int]], Any], items: Sequence[int], /,
+               weights: Sequence[float] | None = None) -> list[Any]:
         return [fn(items[i:i + size]) for i in range(0, len(items), size)]
     return mapper
 

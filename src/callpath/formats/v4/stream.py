@@ -51,9 +51,13 @@ from callpath.model.values import ProfileBlock
 
 I64 = npt.NDArray[np.int64]
 
-#: ``mapper(fn, items)`` = ``[fn(chunk) for chunk in <contiguous chunks of items>]``, the
-#: chunks in order; :func:`serial` runs one chunk in this process.
-Mapper = Callable[[Callable[[Sequence[int]], Any], Sequence[int]], list[Any]]
+class Mapper(Protocol):
+    """``mapper(fn, items, weights=None)`` = ``[fn(chunk) for chunk in <contiguous chunks of
+    items>]``, the chunks in order, of nearly equal total ``weights`` (the estimated cost of
+    each item; equal counts without); :func:`serial` runs one chunk in this process."""
+
+    def __call__(self, fn: Callable[[Sequence[int]], Any], items: Sequence[int], /,
+                 weights: Sequence[float] | None = None) -> list[Any]: ...
 
 #: What forked workers inherit: the job being written (set by :func:`spool_profiles` and
 #: :func:`transpose_buckets` around their mapping).
@@ -66,6 +70,8 @@ CONTEXT_INDEX = np.dtype([("metricId", "<u2"), ("startIndex", "<u8")])  # 10 byt
 
 VALUES_PER_BUCKET = 1 << 20  # target size of a transposed piece (values): its arrays stay
 #                               below glibc's mmap threshold, so they are reused, not faulted in
+#: what transposing a context costs, in values (see transpose_buckets)
+COST_PER_CONTEXT = 15
 MAX_BUCKETS = 256  # context ranges a profile's values are cut into for the transpose
 
 
@@ -163,8 +169,9 @@ def _spool_path(directory: Path, first: int) -> Path:
     return directory / f"profiles-{first}.spool"
 
 
-def serial(fn: Callable[[Sequence[int]], Any], items: Sequence[int]) -> list[Any]:
-    """The :data:`Mapper` that runs everything here, as one chunk."""
+def serial(fn: Callable[[Sequence[int]], Any], items: Sequence[int], /,
+           weights: Sequence[float] | None = None) -> list[Any]:
+    """The :class:`Mapper` that runs everything here, as one chunk."""
     return [fn(items)]
 
 
@@ -594,7 +601,15 @@ def transpose_buckets(source: ValueSource, spools: list[Spool], bounds: I64,
     # with several processes writing, each writes from a thread of its own (see _Writer)
     STATE["behind"] = source.parallel is not serial
     try:
-        got = source.parallel(_transpose_chunk, list(range(len(units))))
+        # a piece costs per value and per context (encoding each context's metric index):
+        # measured on bench/prof.py, 0.145 us a value and 2.2 us a context, so the pieces of
+        # the first contexts (the interior of the tree, with many contexts of few values)
+        # cost 20% more than as many pieces of leaves; equal shares of cost, not of pieces
+        ncx = [int(b[k1]) - int(b[k0]) for k0, k1 in units]
+        nvx = [int(counts[k0:k1].sum()) for k0, k1 in units]
+        got = source.parallel(_transpose_chunk, list(range(len(units))),
+                              weights=[v + COST_PER_CONTEXT * c for v, c in zip(nvx, ncx,
+                                                                                strict=True)])
         return [g for part in got for g in part]
     finally:
         STATE.pop("transpose", None)
