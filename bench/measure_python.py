@@ -17,10 +17,12 @@ plain's in the same round, same seed):
 - *tree CPU*: the CPU time of every process of the command (``RUSAGE_CHILDREN``): the tool's own
   processes included, start-up and post-processing too.
 
-Two reference configurations show what any in-process sampler at the same rate costs on this
-machine: *empty handler* arms the sampler's own timer (a POSIX timer on ``CLOCK_MONOTONIC``
-signalling the main thread) with a Python handler that does nothing, and *callpath bootstrap*
-runs the program under the launcher and bootstrap with a timer that never fires (``-F 0.001``).
+Three reference configurations show what any in-process sampler at the same rate costs on
+this machine: *signal only* arms the sampler's own timer (a POSIX timer on ``CLOCK_MONOTONIC``
+signalling the main thread) with a C function that returns at once as the handler (the
+interrupt and the signal alone), *empty handler* the same timer with a Python handler that
+does nothing, and *callpath bootstrap* runs the program under the launcher and bootstrap with
+a timer that never fires (``-F 0.001``).
 
 Medians, and ratios to the plain run's medians, are printed as one table. py-spy and pyinstrument
 are installed on first use into ``bench/.env-pyprof`` (a virtualenv of their own: peers to
@@ -126,6 +128,28 @@ finally:
     timer.stop()
 '''
 
+# Runs the workload (argv: HZ WORKLOAD SCALE) with the same timer signalling a C function that
+# returns at once (libc's abs, installed with sigaction): the interrupt and the signal alone,
+# what any sampler woken by a timer pays before it does anything.
+SIGNAL_ONLY = '''
+import ctypes, importlib.util, runpy, signal, struct, sys
+spec = importlib.util.spec_from_file_location("_s", SAMPLER)
+s = importlib.util.module_from_spec(spec); spec.loader.exec_module(s)
+libc = ctypes.CDLL(None)
+act = ctypes.create_string_buffer(256)  # struct sigaction: handler, 128-byte mask, flags
+struct.pack_into("<Q", act, 0, ctypes.cast(libc.abs, ctypes.c_void_p).value)
+struct.pack_into("<i", act, 136, 0x10000000)  # SA_RESTART
+if libc.sigaction(signal.SIGPROF, act, None) != 0:
+    sys.exit("sigaction failed")
+timer = s._Timer(signal.SIGPROF)
+timer.start(int(1e9 / float(sys.argv[1])), None)
+sys.argv = sys.argv[2:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    timer.stop()
+'''
+
 # One process, alternating blocks of work with the timer armed and disarmed (argv: MODE HZ
 # PAIRS WORKLOAD_DIR CHUNK OUT); prints the ratio of the CPU time of the armed blocks to that of
 # the disarmed ones, and the signals per CPU-second.
@@ -215,7 +239,9 @@ def configurations(script: Path, scale: float, tmp: Path,
     launcher = ["env", f"PYTHONPATH={REPO / 'src'}", py, "-m", "callpath.measure.python", "-q"]
     cfg["callpath bootstrap"] = [*launcher, "-o", str(tmp / "cp-0-{i}"), "-F", "0.001", *w]
     empty = EMPTY_HANDLER.replace("SAMPLER", repr(str(SAMPLER)))
+    bare = SIGNAL_ONLY.replace("SAMPLER", repr(str(SAMPLER)))
     for hz in (100, 1000):
+        cfg[f"signal only {hz} Hz"] = [py, "-c", bare, str(hz), *w]
         cfg[f"empty handler {hz} Hz"] = [py, "-c", empty, str(hz), *w]
         cfg[f"callpath {hz} Hz"] = [*launcher, "-o", str(tmp / f"cp-{hz}-{{i}}"), "-F", str(hz),
                                     *w]
