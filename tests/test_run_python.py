@@ -167,7 +167,9 @@ def test_recursion_paths_and_lines(tmp_path: Path, walker: tuple[str, str]) -> N
     for x in in_leaf:
         # the whole chain, with the line of every call site, outermost first
         assert list(x.frames[:-1]) == expected, x.frames
-        assert x.frames[-1][2] in range(leaf_line - 2, leaf_line + 1)
+        # in the loop (lines 7-9), or at the def line: the RESUME instruction that starts
+        # the call, where CPython also runs pending signal handlers (a sample in 3 calls)
+        assert x.frames[-1][2] in range(leaf_line - 3, leaf_line + 1)
     # the loop body line is the hottest of all
     by_line: dict[int, int] = {}
     for x in in_leaf:
