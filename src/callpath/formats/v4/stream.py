@@ -37,7 +37,7 @@ import contextlib
 import os
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -86,6 +86,19 @@ def _write_lock() -> Any:
         return multiprocessing.get_context("fork").Lock()
     except (ValueError, OSError):
         return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _shared_writes(source: ValueSource) -> Iterator[None]:
+    """While a phase maps its chunks: the write lock of the file they share, and whether
+    each process writes from a thread of its own (see :class:`_Writer`: when several write)."""
+    STATE["write_lock"] = _write_lock()
+    STATE["behind"] = source.parallel is not serial
+    try:
+        yield
+    finally:
+        STATE.pop("write_lock", None)
+        STATE.pop("behind", None)
 
 
 class _Writer:
@@ -448,25 +461,22 @@ def spool_profiles(source: ValueSource, directory: Path, transposed: npt.NDArray
     ``profile.db`` and an 8-aligned offset in it), the chunk of profile 1 is written there
     in place; the other chunks go to files in ``directory``."""
     job = STATE["job"] = _Job(source, directory, transposed, bounds, n_slots, first)
-    STATE["write_lock"] = _write_lock()
-    # with several processes writing, each writes from a thread of its own (see _Writer)
-    STATE["behind"] = source.parallel is not serial
     try:
-        items = list(range(1, len(transposed)))
-        if not items:
-            return []
-        if first is not None and source.bound is not None:
-            got = [g for g in source.parallel(_predict_chunk, items) if g is not None]
-            if got:  # more than one chunk: each goes where the bounds say
-                slots = np.zeros(len(transposed) + 1, dtype=np.int64)
-                for prof, size in got:
-                    slots[prof + 1] = size
-                job.region = first[1] + np.cumsum(slots)[1:]  # [i - 1]: start of profile i
-        return [s for s in source.parallel(_spool_chunk, items) if s is not None]
+        with _shared_writes(source):
+            items = list(range(1, len(transposed)))
+            if not items:
+                return []
+            if first is not None and source.bound is not None:
+                got = [g for g in source.parallel(_predict_chunk, items) if g is not None]
+                if got:  # more than one chunk: each goes where the bounds say
+                    slots = np.zeros(len(transposed) + 1, dtype=np.int64)
+                    for prof, size in got:
+                        slots[prof + 1] = size
+                    # [i - 1]: start of profile i
+                    job.region = first[1] + np.cumsum(slots)[1:]
+            return [s for s in source.parallel(_spool_chunk, items) if s is not None]
     finally:
         STATE.pop("job", None)
-        STATE.pop("write_lock", None)
-        STATE.pop("behind", None)
 
 
 def _predict_chunk(profiles: Sequence[int]) -> tuple[I64, I64] | None:
@@ -587,34 +597,31 @@ def transpose_buckets(source: ValueSource, spools: list[Spool], bounds: I64,
     counts = (np.sum([s.runs.sum(axis=0) for s in spools], axis=0) if spools
               else np.zeros(nb, dtype=np.int64))
     units: list[tuple[int, int]] = []
+    unit_values: list[int] = []
     start, acc = 0, 0
     for k in range(nb):
         if k > start and acc + int(counts[k]) > VALUES_PER_BUCKET:
             units.append((start, k))
+            unit_values.append(acc)
             start, acc = k, 0
         acc += int(counts[k])
     units.append((start, nb))
+    unit_values.append(acc)
     if profile_db is None and any(not sp.in_place for sp in spools):
         raise CallpathError("spooled profiles need the profile.db they are copied into")
+    # a piece costs per value and per context (encoding each context's metric index):
+    # measured on bench/prof.py, 0.145 us a value and 2.2 us a context, so the pieces of
+    # the first contexts (the interior of the tree, with many contexts of few values)
+    # cost 20% more than as many pieces of leaves; equal shares of cost, not of pieces
+    weights = [v + COST_PER_CONTEXT * (int(b[k1]) - int(b[k0]))
+               for v, (k0, k1) in zip(unit_values, units, strict=True)]
     STATE["transpose"] = (source, spools, b, units, layout, cct_db, data_base, profile_db)
-    STATE["write_lock"] = _write_lock()
-    # with several processes writing, each writes from a thread of its own (see _Writer)
-    STATE["behind"] = source.parallel is not serial
     try:
-        # a piece costs per value and per context (encoding each context's metric index):
-        # measured on bench/prof.py, 0.145 us a value and 2.2 us a context, so the pieces of
-        # the first contexts (the interior of the tree, with many contexts of few values)
-        # cost 20% more than as many pieces of leaves; equal shares of cost, not of pieces
-        ncx = [int(b[k1]) - int(b[k0]) for k0, k1 in units]
-        nvx = [int(counts[k0:k1].sum()) for k0, k1 in units]
-        got = source.parallel(_transpose_chunk, list(range(len(units))),
-                              weights=[v + COST_PER_CONTEXT * c for v, c in zip(nvx, ncx,
-                                                                                strict=True)])
-        return [g for part in got for g in part]
+        with _shared_writes(source):
+            got = source.parallel(_transpose_chunk, list(range(len(units))), weights=weights)
+            return [g for part in got for g in part]
     finally:
         STATE.pop("transpose", None)
-        STATE.pop("write_lock", None)
-        STATE.pop("behind", None)
 
 
 def _transpose_chunk(unit_ids: Sequence[int]) -> list[Any]:
