@@ -110,40 +110,40 @@ if __name__ == "__main__":
     main(float(sys.argv[1]))
 '''
 
-# Runs the workload (argv: HZ WORKLOAD SCALE) with the sampler's own timer signalling an empty
-# Python handler: the floor under any in-process signal-driven sampler at that rate.
-EMPTY_HANDLER = '''
+# Installs libc's abs(int) as the SIGPROF handler with sigaction: a C function that returns at
+# once, so that a signal costs only the interrupt and its delivery (shared by the scripts below).
+C_NOOP_HANDLER = '''
+def install_c_noop():
+    import ctypes, signal, struct
+    libc = ctypes.CDLL(None)
+    act = ctypes.create_string_buffer(256)  # struct sigaction: handler, 128-byte mask, flags
+    struct.pack_into("<Q", act, 0, ctypes.cast(libc.abs, ctypes.c_void_p).value)
+    struct.pack_into("<i", act, 136, 0x10000000)  # SA_RESTART
+    if libc.sigaction(signal.SIGPROF, act, None) != 0:
+        sys.exit("sigaction failed")
+'''
+
+# Runs the workload (argv: KIND HZ WORKLOAD SCALE) with the sampler's own timer signalling, for
+# KIND "empty", a Python handler that does nothing (the floor under any in-process
+# signal-driven sampler written in Python), for KIND "c" a C function that returns at once (the
+# interrupt and the signal alone, what any sampler woken by a timer pays before it does
+# anything).
+REFERENCE_HANDLER = '''
 import importlib.util, runpy, signal, sys
+C_NOOP_HANDLER
 spec = importlib.util.spec_from_file_location("_s", SAMPLER)
 s = importlib.util.module_from_spec(spec); spec.loader.exec_module(s)
 def empty(signum, frame):
     pass
-signal.signal(signal.SIGPROF, empty)
+if sys.argv[1] == "c":
+    install_c_noop()
+    handler = None
+else:
+    signal.signal(signal.SIGPROF, empty)
+    handler = empty
 timer = s._Timer(signal.SIGPROF)
-timer.start(int(1e9 / float(sys.argv[1])), empty)
-sys.argv = sys.argv[2:]
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-finally:
-    timer.stop()
-'''
-
-# Runs the workload (argv: HZ WORKLOAD SCALE) with the same timer signalling a C function that
-# returns at once (libc's abs, installed with sigaction): the interrupt and the signal alone,
-# what any sampler woken by a timer pays before it does anything.
-SIGNAL_ONLY = '''
-import ctypes, importlib.util, runpy, signal, struct, sys
-spec = importlib.util.spec_from_file_location("_s", SAMPLER)
-s = importlib.util.module_from_spec(spec); spec.loader.exec_module(s)
-libc = ctypes.CDLL(None)
-act = ctypes.create_string_buffer(256)  # struct sigaction: handler, 128-byte mask, flags
-struct.pack_into("<Q", act, 0, ctypes.cast(libc.abs, ctypes.c_void_p).value)
-struct.pack_into("<i", act, 136, 0x10000000)  # SA_RESTART
-if libc.sigaction(signal.SIGPROF, act, None) != 0:
-    sys.exit("sigaction failed")
-timer = s._Timer(signal.SIGPROF)
-timer.start(int(1e9 / float(sys.argv[1])), None)
-sys.argv = sys.argv[2:]
+timer.start(int(1e9 / float(sys.argv[2])), handler)
+sys.argv = sys.argv[3:]
 try:
     runpy.run_path(sys.argv[0], run_name="__main__")
 finally:
@@ -154,7 +154,8 @@ finally:
 # PAIRS WORKLOAD_DIR CHUNK OUT); prints the ratio of the CPU time of the armed blocks to that of
 # the disarmed ones, and the signals per CPU-second.
 DECOMPOSE = '''
-import ctypes, importlib.util, os, signal, struct, sys, time
+import importlib.util, os, signal, sys, time
+C_NOOP_HANDLER
 mode, hz, pairs, wdir, chunk, out = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), \\
     sys.argv[4], float(sys.argv[5]), sys.argv[6]
 depth = int(sys.argv[7])
@@ -168,13 +169,7 @@ spec = importlib.util.spec_from_file_location("_s", SAMPLER)
 s = importlib.util.module_from_spec(spec); spec.loader.exec_module(s)
 count = [0]
 if mode == "c":
-    # libc's abs(int) as the handler: a C function that returns at once
-    libc = ctypes.CDLL(None)
-    act = ctypes.create_string_buffer(256)  # struct sigaction: handler, 128-byte mask, flags
-    struct.pack_into("<Q", act, 0, ctypes.cast(libc.abs, ctypes.c_void_p).value)
-    struct.pack_into("<i", act, 136, 0x10000000)  # SA_RESTART
-    if libc.sigaction(signal.SIGPROF, act, None) != 0:
-        sys.exit("sigaction failed")
+    install_c_noop()
     handler = None
 elif mode == "empty":
     def handler(signum, frame):
@@ -223,6 +218,12 @@ def peer_python() -> Path | None:
     return py
 
 
+def _script(template: str) -> str:
+    """A script above, with the shared C handler and the sampler's path filled in."""
+    return (template.replace("C_NOOP_HANDLER", C_NOOP_HANDLER)
+            .replace("SAMPLER", repr(str(SAMPLER))))
+
+
 def calibrate(py: str, script: Path, seconds: float) -> float:
     """The workload scale that takes about ``seconds`` here."""
     out = subprocess.run([py, str(script), "3"], capture_output=True, text=True, check=True)
@@ -238,11 +239,10 @@ def configurations(script: Path, scale: float, tmp: Path,
     cfg: dict[str, list[str]] = {"plain": [py, *w]}
     launcher = ["env", f"PYTHONPATH={REPO / 'src'}", py, "-m", "callpath.measure.python", "-q"]
     cfg["callpath bootstrap"] = [*launcher, "-o", str(tmp / "cp-0-{i}"), "-F", "0.001", *w]
-    empty = EMPTY_HANDLER.replace("SAMPLER", repr(str(SAMPLER)))
-    bare = SIGNAL_ONLY.replace("SAMPLER", repr(str(SAMPLER)))
+    ref = _script(REFERENCE_HANDLER)
     for hz in (100, 1000):
-        cfg[f"signal only {hz} Hz"] = [py, "-c", bare, str(hz), *w]
-        cfg[f"empty handler {hz} Hz"] = [py, "-c", empty, str(hz), *w]
+        cfg[f"signal only {hz} Hz"] = [py, "-c", ref, "c", str(hz), *w]
+        cfg[f"empty handler {hz} Hz"] = [py, "-c", ref, "empty", str(hz), *w]
         cfg[f"callpath {hz} Hz"] = [*launcher, "-o", str(tmp / f"cp-{hz}-{{i}}"), "-F", str(hz),
                                     *w]
     if peer is not None:
@@ -290,7 +290,7 @@ WALK_ENV = {"callpath": "", "callpath-cwalk": "c-walk", "callpath-py": "python"}
 def decompose(tmp: Path, repeat: int, depth: int, modes: list[str], pairs: int = 30) -> None:
     """In-process costs of sampling: ratios of armed to disarmed CPU time, per handler."""
     (tmp / "workload.py").write_text(WORKLOAD)
-    src = DECOMPOSE.replace("SAMPLER", repr(str(SAMPLER)))
+    src = _script(DECOMPOSE)
     out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
                           "import workload, time; t = time.process_time(); workload.work(3); "
                           "print(time.process_time() - t)", str(tmp)],
