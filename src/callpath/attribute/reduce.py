@@ -82,7 +82,7 @@ def run_units(fn: Callable[[Sequence[U]], Partial], units: Sequence[U],
     d = samples.spill_directory()
     STATE["spill"] = d
     try:
-        part = merge(map_chunks(fn, units, workers))
+        part = merge(map_chunks(_sealed(fn), units, workers))
         samples.adopt([th.samples for th in part.threads])
         return part
     finally:
@@ -129,8 +129,8 @@ def merge(parts: Sequence[Partial]) -> Partial:
     """One partial from several, in order (execution contexts keep their order)."""
     if len(parts) == 1:
         return parts[0]
-    # the first partial is taken as it is (its contexts keep their numbers); only the others
-    # are re-interned into it, one Python step per distinct context
+    # the first partial's contexts keep their numbers; the others' trees are absorbed into
+    # it one level at a time (TreeBuilder.absorb), their tables re-interned
     out = parts[0]
     for p in parts[1:]:
         out.program = out.program or p.program
@@ -140,23 +140,30 @@ def merge(parts: Sequence[Partial]) -> Partial:
                                    fls[f] if f >= 0 else -1, line)
                for (name, m, off, f, line) in p.tables.functions]
         mets = np.array([out.metric(n, d) for n, d in p.metrics], dtype=np.int64)
-        node_map = np.zeros(len(p.tb.keys), dtype=np.int64)
-        node = out.tb.node
-        for i in range(1, len(p.tb.keys)):
-            par, kind, rel, fn, fl, line, mod, off = p.tb.keys[i]
-            node_map[i] = node(int(node_map[par]), kind, rel, fns[fn] if fn >= 0 else -1,
-                               fls[fl] if fl >= 0 else -1, line, mods[mod] if mod >= 0 else -1,
-                               off)
+        cols = p.tb.columns()
+        for c, new in ((3, fns), (4, fls), (6, mods)):
+            cols[:, c] = np.array([*new, -1], dtype=np.int64)[cols[:, c]]  # -1 stays -1
+        node_map = out.tb.absorb(cols)
         for old, name in p.tb.entry_names.items():
-            new = int(node_map[old])
-            out.tb.entry_names[new] = name
-            out.tb.entry_points[new] = p.tb.entry_points[old]
+            new_node = int(node_map[old])
+            out.tb.entry_names[new_node] = name
+            out.tb.entry_points[new_node] = p.tb.entry_points[old]
         for th in p.threads:
             out.threads.append(ThreadData(
                 th.ids, th.samples, th.trace_times, th.trace_nodes,
                 _compose(th.node_map, node_map),
                 _compose(th.metric_map, mets) if len(mets) else th.metric_map))
     return out
+
+
+def _sealed(fn: Callable[[Sequence[U]], Partial]) -> Callable[[Sequence[U]], Partial]:
+    """``fn``, its partial's tree sealed (:meth:`TreeBuilder.seal`) in the worker that built
+    it, where it costs no one else's time: what travels back and what is merged."""
+    def run(units: Sequence[U]) -> Partial:
+        part = fn(units)
+        part.tb.seal()
+        return part
+    return run
 
 
 def _compose(inner: npt.NDArray[np.int64] | None, outer: npt.NDArray[np.int64]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from callpath.attribute.tree import TreeBuilder
+from callpath.attribute.tree import TreeBuilder, levels
 
 I64 = npt.NDArray[np.int64]
 FRAME_BITS = 24  # frames per reduction: 16 M distinct (module, address) or (code, line)
@@ -98,16 +98,8 @@ class Walker:
         if n == 0:
             return anchor
         anchor[0] = root_anchor
-        level = np.array([0], dtype=np.int64)
-        # children of each level, by one pass of a CSR built from the parent array
-        order = np.argsort(parent[1:], kind="stable") + 1
-        starts = np.searchsorted(parent[order], np.arange(n + 1))
         node = self.tb.node
-        while len(level):
-            counts = starts[level + 1] - starts[level]
-            if counts.sum() == 0:
-                break
-            kids = order[np.repeat(starts[level], counts) + _ranges(counts)]
+        for kids in levels(parent):
             pa = anchor[parent[kids]]
             fr = frame[kids]
             key = (pa << FRAME_BITS) | fr
@@ -128,12 +120,5 @@ class Walker:
                     self.pairs.add(k, a)
                 got, hit = self.pairs.lookup(key)
             anchor[kids] = got
-            level = kids
         return anchor
 
-
-def _ranges(counts: I64) -> I64:
-    """0..c-1 for each c in ``counts``, concatenated."""
-    total = int(counts.sum())
-    ends = np.cumsum(counts)
-    return np.arange(total, dtype=np.int64) - np.repeat(ends - counts, counts)
