@@ -8,6 +8,20 @@ page tables under its memory-map lock, and on two cores that are both busy at ``
 about a second from a 14 s run (it costs ``-j 1`` nothing: its second core is idle), which
 made the speed-up look worse than it is.
 
+Two references measured in the same run say what two cores can give this job here:
+
+- **independent halves**: two ``callpath prof -j 1`` at once, each on half of the process
+  files, writing databases of their own (no shared file, no merge, nothing serial between
+  them). The ratio of their wall time to ``-j 1`` is the best a 2-worker split of this job
+  could do on this machine at this moment (memory bandwidth, page cache, hypervisor
+  included); ``-j 2`` against it is what callpath's coordination costs (the merge, the
+  serial steps, the workers taking turns on the shared files).
+- **page-cache writes**: 1.5 GB written in 6 MB ``pwrite`` calls by one process into one
+  file, by two processes into disjoint halves of one file, and by two processes into two
+  files. The kernel copies a buffered write into the page cache under the file's inode lock
+  (ext4, xfs), so two writers of one file take turns: a floor under ``-j 2``, whose workers
+  write ``profile.db`` and then ``cct.db`` (1.4 GB each) together.
+
 The call paths are synthetic but shaped like an SPMD run: every thread has the same tree
 (depth 8, 20,000 leaves, frames at addresses inside libc's procedures, callers as return
 addresses, leaves as exact pcs) and its own sample counts, so the merged tree has one copy of
@@ -201,6 +215,92 @@ def cores_available() -> float:
     return 2 * one / (time.perf_counter() - t)
 
 
+def split_halves(meas: Path, out: Path) -> list[Path]:
+    """Two measurement directories under ``out``, each with half of ``meas``'s process files
+    (the first and the second half in file order, as ``-j 2`` splits them; symbolic links)
+    and the same header and structures."""
+    files = sorted(meas.glob("*.cpm"))
+    cut = (len(files) + 1) // 2
+    dirs = []
+    for k, part in enumerate((files[:cut], files[cut:])):
+        d = out / f"half{k}.m"
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        shutil.copy(meas / md.HEADER_FILE, d / md.HEADER_FILE)
+        (d / "structs").symlink_to((meas / "structs").resolve())
+        for f in part:
+            (d / f.name).symlink_to(f.resolve())
+        dirs.append(d)
+    return dirs
+
+
+def _timed_together(cmds: list[list[str]]) -> Run:
+    """Run ``cmds`` at once; the wall time until the last ends, the CPU time of all."""
+    t = time.perf_counter()
+    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL) for c in cmds]
+    cpu = 0.0
+    max_rss = 0
+    for c, proc in zip(cmds, procs, strict=True):
+        _, status, ru = os.wait4(proc.pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"{' '.join(c)}: exit status {os.waitstatus_to_exitcode(status)}")
+        cpu += ru.ru_utime + ru.ru_stime
+        max_rss = max(max_rss, ru.ru_maxrss)
+    return Run(time.perf_counter() - t, cpu, 0, 0, max_rss)
+
+
+WRITE_BYTES = 1536 << 20
+WRITE_PIECE = 6 << 20
+
+
+def _write_share(path: Path, k: int, n: int, at: int) -> None:
+    """Write share ``k`` of ``n`` of :data:`WRITE_BYTES` into ``path`` from offset ``at``."""
+    buf = np.random.default_rng(k).integers(0, 255, WRITE_PIECE, dtype=np.uint8)
+    share = WRITE_BYTES // n
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for pos in range(0, share, WRITE_PIECE):
+            view = buf.data[:min(WRITE_PIECE, share - pos)]
+            done = 0
+            while done < len(view):
+                done += os.pwrite(fd, view[done:], at + pos + done)
+    finally:
+        os.close(fd)
+
+
+def write_rates(base: Path) -> dict[str, float]:
+    """Seconds to write :data:`WRITE_BYTES` into the page cache: one process, two processes
+    into one file, two into two files (each after the last test's file is gone and 3 s of
+    rest, so that its memory can go back to the host as a database's would)."""
+    out: dict[str, float] = {}
+    for name, files in (("one process", 1), ("two processes, one file", 1),
+                        ("two processes, two files", 2)):
+        writers = 1 if name == "one process" else 2
+        paths = [base / f"write-test-{i}.bin" for i in range(files)]
+        time.sleep(3)
+        t = time.perf_counter()
+        pids = []
+        for k in range(writers):
+            path = paths[k % files]
+            at = (k * (WRITE_BYTES // writers)) if files == 1 else 0
+            pid = os.fork()
+            if pid == 0:
+                code = 0
+                try:
+                    _write_share(path, k, writers, at)
+                except BaseException:
+                    code = 1
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+        ok = all(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 for pid in pids)
+        out[name] = time.perf_counter() - t if ok else float("nan")
+        for path in paths:
+            path.unlink(missing_ok=True)
+        os.sync()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", type=int, default=256)
@@ -232,6 +332,8 @@ def main() -> None:
         print(f"structure of libc: parse {cold:.2f} s, from the parse cache "
               f"{time.perf_counter() - t:.2f} s; every run below reads it from the cache")
         results: dict[int, list[Run]] = {}
+        halves: list[Run] = []
+        half_dirs = split_halves(meas, base)
         load = [os.getloadavg()[0]]
         cores = [cores_available()]
         # alternate -j 1 and -j 2 so that both see the same background load
@@ -246,6 +348,15 @@ def main() -> None:
                     [sys.executable, "-m", "callpath", "prof", str(meas), "-j", str(j), "-o",
                      str(base / f"j{j}.d")]))
                 load.append(os.getloadavg()[0])
+            outs = [base / f"half{k}.d" for k in range(2)]
+            for o in outs:
+                shutil.rmtree(o, ignore_errors=True)
+            os.sync()
+            halves.append(_timed_together(
+                [[sys.executable, "-m", "callpath", "prof", str(d), "-j", "1", "-o", str(o)]
+                 for d, o in zip(half_dirs, outs, strict=True)]))
+            for o in outs:
+                shutil.rmtree(o, ignore_errors=True)
             cores.append(cores_available())
         watched: dict[int, Run] = {}
         for j in (1, 2):  # peak memory, from runs of their own (watching them costs time)
@@ -274,6 +385,18 @@ def main() -> None:
         print(f"-j 2 / -j 1 wall time: {statistics.median(ratios):.2f} (median of the "
               f"ratios of runs taken back to back: {', '.join(f'{r:.2f}' for r in ratios)}); "
               f"databases identical: {same}")
+        hmed = statistics.median(r.wall for r in halves)
+        h_one = [h.wall / a.wall for a, h in zip(results[1], halves, strict=True)]
+        j2_h = [b.wall / h.wall for b, h in zip(results[2], halves, strict=True)]
+        print(f"independent halves (two prof -j 1 at once, half of the files each): "
+              f"{hmed:.1f} s wall, {statistics.median(r.cpu for r in halves):.1f} s CPU "
+              f"(walls {', '.join(f'{r.wall:.1f}' for r in halves)}); halves / -j 1: "
+              f"{statistics.median(h_one):.2f} ({', '.join(f'{r:.2f}' for r in h_one)}), "
+              f"the best a 2-way split gets here; -j 2 / halves: "
+              f"{statistics.median(j2_h):.2f} ({', '.join(f'{r:.2f}' for r in j2_h)})")
+        rates = write_rates(base)
+        print(f"page-cache writes of {WRITE_BYTES >> 20} MiB in {WRITE_PIECE >> 20} MiB "
+              f"pwrites: " + ", ".join(f"{k} {v:.2f} s" for k, v in rates.items()))
     finally:
         if args.keep is None:
             shutil.rmtree(base, ignore_errors=True)
