@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import mpi_launch
 from conftest import ROOT, run_cli, shared_path
 from test_prof_native import _perf_reason
 
@@ -60,8 +61,8 @@ def test_callpath_processes_in_parallel(two_processes: Path, tmp_path: Path) -> 
 
 
 def _mpi_reason() -> str | None:
-    if shutil.which("mpirun") is None:
-        return "mpirun is not installed (Debian: apt-get install openmpi-bin)"
+    if mpi_launch.mpirun() is None:
+        return "no mpirun (pip install 'callpath[mpi]' brings MPICH's)"
     try:
         import mpi4py  # noqa: F401
     except ImportError:
@@ -74,6 +75,8 @@ def test_mpirun_two_ranks(source: str, tmp_path: Path, request: pytest.FixtureRe
     reason = _mpi_reason()
     if reason is not None:
         pytest.skip(reason)
+    launcher = mpi_launch.mpirun()
+    assert launcher is not None
     if source == "hpctoolkit":
         meas = shared_path("hpctoolkit", "meas", "loops-cputime-t.m")
     else:
@@ -82,7 +85,7 @@ def test_mpirun_two_ranks(source: str, tmp_path: Path, request: pytest.FixtureRe
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1",
                PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run(["mpirun", "-n", "2", sys.executable, "-m", "callpath", "prof", "--mpi",
+    r = subprocess.run([launcher, "-n", "2", sys.executable, "-m", "callpath", "prof", "--mpi",
                         str(meas), "-o", str(tmp_path / "mpi")], capture_output=True, text=True,
                        env=env, timeout=300, check=False)
     assert r.returncode == 0, r.stderr
