@@ -3,8 +3,9 @@ partial tree, and the partial trees are merged into one.
 
 Work units (profile files) are split into contiguous chunks, one per worker; workers are
 forked, so the structures loaded once by the parent are shared copy-on-write instead of being
-parsed again. Merging re-interns each partial tree's contexts (one pass over its distinct
-contexts, far fewer than the call paths measured) and renumbers its samples. Because
+parsed again. Each worker seals its partial tree into one key array (cheap to send back),
+the trees are merged one tree level at a time (:meth:`TreeBuilder.absorb`), and the samples
+are renumbered through maps. Because
 :func:`callpath.attribute.build.finish` orders tables, siblings and execution contexts by
 content, the database does not depend on the number of workers.
 """
