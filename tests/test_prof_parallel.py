@@ -70,6 +70,15 @@ def _mpi_reason() -> str | None:
     return None
 
 
+def _mpirun_prof(launcher: str, meas: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1",
+               PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([launcher, "-n", "2", sys.executable, "-m", "callpath", "prof",
+                           "--mpi", str(meas), "-o", str(out)], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+
+
 @pytest.mark.parametrize("source", ["hpctoolkit", "callpath"])
 def test_mpirun_two_ranks(source: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     reason = _mpi_reason()
@@ -82,12 +91,7 @@ def test_mpirun_two_ranks(source: str, tmp_path: Path, request: pytest.FixtureRe
     else:
         meas = request.getfixturevalue("two_processes")
     run_cli("prof", str(meas), "-j", "1", "-o", str(tmp_path / "one"), check=True)
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1",
-               PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([launcher, "-n", "2", sys.executable, "-m", "callpath", "prof", "--mpi",
-                        str(meas), "-o", str(tmp_path / "mpi")], capture_output=True, text=True,
-                       env=env, timeout=300, check=False)
+    r = _mpirun_prof(launcher, meas, tmp_path / "mpi")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("written to") == 1  # rank 0 alone writes
     _same_files(tmp_path / "one", tmp_path / "mpi")
@@ -107,3 +111,25 @@ def test_corrupt_file_in_any_share_is_one_line(which: int, tmp_path: Path) -> No
         assert p.returncode == 2, (j, p.stderr)
         assert p.stderr.strip() == (f"callpath: error: {bad} at offset 0x124: bad footer "
                                     "(expected magic 'HPCRUNsm')"), (j, p.stderr)
+
+
+@pytest.mark.parametrize("which", [0, -1])
+def test_mpirun_corrupt_file_in_either_rank_is_one_line(which: int, tmp_path: Path) -> None:
+    """A truncated profile in rank 0's share (the first file) or rank 1's (the last): rank 0
+    hears every rank out, then ends the job with the one-line error of ``-j 1``; no rank is
+    left waiting, and no database is written."""
+    reason = _mpi_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    launcher = mpi_launch.mpirun()
+    assert launcher is not None
+    meas = tmp_path / "m"
+    shutil.copytree(shared_path("hpctoolkit", "meas", "loops-cputime-t.m"), meas)
+    bad = sorted(meas.glob("*.hpcrun"))[which]
+    bad.write_bytes(bad.read_bytes()[:300])
+    r = _mpirun_prof(launcher, meas, tmp_path / "mpi")
+    assert r.returncode != 0, r.stdout
+    lines = [x for x in r.stderr.splitlines() if x.startswith("callpath")]
+    assert lines == [f"callpath: error: {bad} at offset 0x124: bad footer (expected magic "
+                     "'HPCRUNsm')"], r.stderr
+    assert not (tmp_path / "mpi" / "meta.db").exists()

@@ -73,10 +73,11 @@ def test_block_bounds_are_exact_on_real_measurements() -> None:
         assert len(values._bounds) == len(patterns), name
 
 
-def test_samples_spilled_or_in_memory_give_the_same_database(tmp_path: Path) -> None:
-    """What ``--mpi`` does without MPI: each share reduced with its samples spilled, then
-    brought into memory (as they travel to rank 0), merged and written; byte-identical to
-    ``-j 1``. No spill directory is left behind."""
+def test_samples_respilled_by_the_receiving_rank_give_the_same_database(tmp_path: Path) -> None:
+    """What ``--mpi`` does, without MPI: each share reduced with its samples spilled by its
+    own rank; the other rank's samples read back and spilled again, one thread at a time,
+    into the receiving rank's spill (as rank 0 does when they arrive), then merged and
+    written; byte-identical to ``-j 1``. No spill directory is left behind."""
     import tempfile
 
     from callpath.attribute import hpctk, samples
@@ -91,23 +92,30 @@ def test_samples_spilled_or_in_memory_give_the_same_database(tmp_path: Path) -> 
     files = sorted(meas.glob("*.hpcrun"))
     before = set(Path(tempfile.gettempdir()).glob("callpath-prof-*"))
     STATE["structures"] = load_structures(sorted((meas / "structs").glob("*.hpcstruct")))
+    receiving = samples.spill_directory()
     parts = []
     try:
-        for share in (files[:1], files[1:]):
-            d = samples.spill_directory()
+        for k, share in enumerate((files[:1], files[1:])):
+            d = receiving if k == 0 else samples.spill_directory()
             STATE["spill"] = d
             try:
                 part = hpctk.reduce_hpcrun_files(share)
                 assert all(th.samples.data is None for th in part.threads)  # spilled
-                for th in part.threads:
-                    th.samples = th.samples.in_memory()
+                if k:
+                    held = [th.samples for th in part.threads]
+                    for th, s in zip(part.threads, held, strict=True):
+                        th.samples = samples.spill(receiving, *s.arrays())
+                    samples.release(held)
             finally:
-                samples.remove_directory(d)
+                if k:
+                    samples.remove_directory(d)
             parts.append(part)
+        part = merge(parts)
+        samples.adopt([th.samples for th in part.threads])
     finally:
         STATE.pop("structures", None)
         STATE.pop("spill", None)
-    part = merge(parts)
+        samples.remove_directory(receiving)
     exp = finish(part.tb, part.tables, part.threads, part.metrics, title=part.program,
                  description="callpath prof of HPCToolkit measurements")
     write_v4(exp, tmp_path / "mpi", copy_sources=True)

@@ -6,7 +6,8 @@ they grow with contexts × call paths (250 MB for the 256 threads of ``bench/pro
 each partial reduction appends them to a file in a spill directory as it produces them, and
 they are read back (``pread``: no memory map, so they never count in the resident set) one
 thread at a time. Forked workers inherit the open descriptors; the files are unlinked as
-soon as the process that merges the partials has opened them.
+soon as the process that merges the partials has opened them. Under MPI, rank 0 spills the
+samples that the other ranks send into its own file as they arrive.
 """
 
 from __future__ import annotations
@@ -60,10 +61,6 @@ class Samples:
         m = np.frombuffer(raw, dtype=np.int64, count=self.n, offset=8 * self.n)
         v = np.frombuffer(raw, dtype=np.float64, count=self.n, offset=16 * self.n)
         return a, m, v
-
-    def in_memory(self) -> Samples:
-        """The same samples held in memory (to send them to another MPI rank)."""
-        return Samples(self.n, tuple(x.copy() for x in self.arrays()))  # type: ignore[arg-type]
 
 
 def spill(directory: str | None, anchor: I64, metric: I64, value: F64) -> Samples:
