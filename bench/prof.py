@@ -33,6 +33,7 @@ Usage: .venv/bin/python bench/prof.py [--contexts 256] [--paths 20000] [--repeat
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
 import os
 import shutil
@@ -44,12 +45,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from callpath.formats import measdir as md
 from callpath.formats.hpcstruct import read_hpcstruct
 from callpath.model import Identifier, IdKind
+from callpath.structure.parallel import fork_map
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 THREADS_PER_PROCESS = 8
@@ -184,15 +187,21 @@ def _timed(cmd: list[str], watch: bool = False) -> Run:
     th = threading.Thread(target=sample, daemon=True)
     if watch:
         th.start()
-    _, status, ru = os.wait4(proc.pid, 0)
+    ru = _reap(cmd, proc)
     wall = time.perf_counter() - t
     done.set()
     if watch:
         th.join()
+    return Run(wall, ru.ru_utime + ru.ru_stime, peak[0], peak[1], ru.ru_maxrss)
+
+
+def _reap(cmd: list[str], proc: subprocess.Popen[bytes]) -> Any:
+    """Wait for ``proc`` (running ``cmd``); its resource usage. A failed run ends the bench."""
+    _, status, ru = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)}: exit status {proc.returncode}")
-    return Run(wall, ru.ru_utime + ru.ru_stime, peak[0], peak[1], ru.ru_maxrss)
+    return ru
 
 
 def _spin(_: int) -> float:
@@ -241,9 +250,7 @@ def _timed_together(cmds: list[list[str]]) -> Run:
     cpu = 0.0
     max_rss = 0
     for c, proc in zip(cmds, procs, strict=True):
-        _, status, ru = os.wait4(proc.pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"{' '.join(c)}: exit status {os.waitstatus_to_exitcode(status)}")
+        ru = _reap(c, proc)
         cpu += ru.ru_utime + ru.ru_stime
         max_rss = max(max_rss, ru.ru_maxrss)
     return Run(time.perf_counter() - t, cpu, 0, 0, max_rss)
@@ -253,11 +260,13 @@ WRITE_BYTES = 1536 << 20
 WRITE_PIECE = 6 << 20
 
 
-def _write_share(path: Path, k: int, n: int, at: int) -> None:
-    """Write share ``k`` of ``n`` of :data:`WRITE_BYTES` into ``path`` from offset ``at``."""
+def _write_share(k: int, paths: list[Path], writers: int) -> None:
+    """Writer ``k`` of ``writers``: its share of :data:`WRITE_BYTES`, into a file of its own
+    when there is one per writer, else into its part of the one file."""
     buf = np.random.default_rng(k).integers(0, 255, WRITE_PIECE, dtype=np.uint8)
-    share = WRITE_BYTES // n
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    share = WRITE_BYTES // writers
+    at = k * share if len(paths) == 1 else 0
+    fd = os.open(paths[k % len(paths)], os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         for pos in range(0, share, WRITE_PIECE):
             view = buf.data[:min(WRITE_PIECE, share - pos)]
@@ -271,30 +280,17 @@ def _write_share(path: Path, k: int, n: int, at: int) -> None:
 def write_rates(base: Path) -> dict[str, float]:
     """Seconds to write :data:`WRITE_BYTES` into the page cache: one process, two processes
     into one file, two into two files (each after the last test's file is gone and 3 s of
-    rest, so that its memory can go back to the host as a database's would)."""
+    rest, so that its memory can go back to the host as a database's would). The writers
+    run through ``fork_map`` (all but the last in a forked child)."""
     out: dict[str, float] = {}
-    for name, files in (("one process", 1), ("two processes, one file", 1),
-                        ("two processes, two files", 2)):
-        writers = 1 if name == "one process" else 2
+    for name, writers, files in (("one process", 1, 1), ("two processes, one file", 2, 1),
+                                 ("two processes, two files", 2, 2)):
         paths = [base / f"write-test-{i}.bin" for i in range(files)]
         time.sleep(3)
         t = time.perf_counter()
-        pids = []
-        for k in range(writers):
-            path = paths[k % files]
-            at = (k * (WRITE_BYTES // writers)) if files == 1 else 0
-            pid = os.fork()
-            if pid == 0:
-                code = 0
-                try:
-                    _write_share(path, k, writers, at)
-                except BaseException:
-                    code = 1
-                finally:
-                    os._exit(code)
-            pids.append(pid)
-        ok = all(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 for pid in pids)
-        out[name] = time.perf_counter() - t if ok else float("nan")
+        fork_map(functools.partial(_write_share, paths=paths, writers=writers),
+                 list(range(writers)))
+        out[name] = time.perf_counter() - t
         for path in paths:
             path.unlink(missing_ok=True)
         os.sync()

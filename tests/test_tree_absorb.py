@@ -98,7 +98,7 @@ def test_sealed_builder_pickles_as_one_array_and_interns_again() -> None:
     assert got.columns().tolist() == [list(k) for k in keys]
     assert got.entry_names == tb.entry_names and got.entry_points == tb.entry_points
     tb.seal()
-    assert len(tb) == len(keys)
+    assert tb.sealed is not None and tb.sealed.tolist() == [list(k) for k in keys]
     # interning into a sealed builder finds the old nodes and appends new ones after them
     assert tb.node(*keys[2]) == 2
     assert tb.node(0, 3, 0) == len(keys)

@@ -42,9 +42,6 @@ class TreeBuilder:
     entry_points: dict[int, int] = field(default_factory=dict)
     sealed: I64 | None = field(default=None, repr=False)
 
-    def __len__(self) -> int:
-        return len(self.sealed) if self.sealed is not None else len(self.keys)
-
     def node(self, parent: int, kind: int, relation: int, function: int = -1, file: int = -1,
              line: int = 0, module: int = -1, offset: int = 0) -> int:
         if self.sealed is not None:
