@@ -1,0 +1,379 @@
+"""Comparing experiments: the union of several calling context trees, with one metric column per
+input, written as an ordinary database (``callpath diff`` and ``callpath merge``).
+
+Two experiments rarely share context identifiers or addresses (two builds, two machines), so
+contexts are matched by *what they are*: the kind of scope, how it is reached, the procedure's
+name, the load module's and source file's base names, and the line (the call line of a call, the
+line of a loop or statement), chained along the path from the root. Every node gets a 64-bit hash
+of that chain, computed top-down one depth level at a time; the union tree is one ``np.unique``
+over the concatenated hashes (the first occurrence, i.e. the earliest input, represents a
+context), and its preorder comes from subtree sizes summed bottom-up and sibling offsets pushed
+top-down, again one vectorised step per level. Siblings that hash alike in one input are one
+context of the union (their values add, as the same context measured twice would).
+
+The result is an :class:`~callpath.model.Experiment` with, for each metric ``M`` and input ``t``,
+a measured metric ``M [t]`` holding that input's values (per execution context, so per-thread
+views still work; a context an input lacks has 0 there), and derived metrics saved beside the
+database the way ``callpath report --save-derived`` saves them: ``M [delta] (I|E)`` (new - base)
+and ``M [ratio] (I|E)`` (new / base) for a diff, ``M [spread] (I|E)`` (max - min) for a merge.
+Nothing downstream needs to know that the database is a comparison.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from callpath.analysis.derived import DerivedMetric
+from callpath.errors import CallpathError
+from callpath.model.cct import CCT, NodeKind
+from callpath.model.contexts import ExecutionContext, Identifier
+from callpath.model.experiment import (
+    Experiment,
+    build_experiment,
+    standard_metric,
+    standard_scopes,
+)
+from callpath.model.metrics import Combine, Metric
+from callpath.model.tables import Function, LoadModule, SourceFile
+from callpath.model.values import ProfileBlock
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+
+INPUT_KIND_NAME = "INPUT"  # identifier kind naming which input an execution context came from
+SCOPE_NAMES = ("point", "function", "execution")
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: U64) -> U64:
+    """splitmix64's finaliser: a bijective scramble of 64-bit words (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    out: U64 = x ^ (x >> np.uint64(31))
+    return out
+
+
+def _text_hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"),
+                                          digest_size=8).digest(), "little")
+
+
+def _table_hashes(names: Sequence[str]) -> U64:
+    """One hash per table entry, plus a trailing 0 for "absent" (index -1)."""
+    out = np.zeros(len(names) + 1, dtype=np.uint64)
+    if names:
+        out[:-1] = [_text_hash(n) for n in names]
+    return out
+
+
+def _base(path: str) -> str:
+    return os.path.basename(path.rstrip("/")) if path else ""
+
+
+def context_hashes(exp: Experiment) -> U64:
+    """A 64-bit identity per node (preorder), equal for contexts that are the same thing in two
+    experiments: the hash of the parent's identity and the node's own description (kind,
+    relation, procedure name, load module and file base names, line; never addresses or ids).
+    Computed top-down, one vectorised step per depth level."""
+    cct = exp.cct
+    fn_names = _table_hashes([f.name for f in exp.functions])
+    mod_names = _table_hashes([_base(m.path) for m in exp.modules])
+    file_names = _table_hashes([_base(f.path) for f in exp.files])
+    entry = np.zeros(len(cct), dtype=np.uint64)
+    for node, name in cct.entry_names.items():
+        entry[node] = _text_hash(name)
+    local = cct.kind.astype(np.uint64) | (cct.relation.astype(np.uint64) << np.uint64(8))
+    local = _mix(local ^ (cct.entry_point.astype(np.uint64) << np.uint64(16)))
+    local = _mix(local ^ fn_names[cct.function])
+    local = _mix(local ^ mod_names[cct.module] ^ entry)
+    local = _mix(local ^ file_names[cct.file])
+    local = _mix(local ^ (cct.line.astype(np.uint64) * _GOLD))
+    h = np.zeros(len(cct), dtype=np.uint64)
+    h[0] = local[0]
+    for nodes in _levels(cct.depth)[1:]:
+        h[nodes] = _mix(h[cct.parent[nodes]] * _GOLD ^ local[nodes])
+    return h
+
+
+def _levels(depth: I64) -> list[I64]:
+    """Nodes grouped by depth (level 0 first)."""
+    order = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2))
+    return [order[bounds[d]:bounds[d + 1]] for d in range(len(bounds) - 1)]
+
+
+@dataclass
+class UnionTree:
+    """The union of several trees: ``cct`` (preorder) and, per input, the union node of each of
+    its nodes (``maps[i][node]``); ``rep_input`` tells which input each union node came from."""
+
+    cct: CCT
+    maps: list[I64]
+    rep_input: I64
+    rep_node: I64
+
+
+def union_tree(inputs: Sequence[Experiment]) -> tuple[UnionTree, list[LoadModule],
+                                                      list[SourceFile], list[Function]]:
+    """The union calling context tree of ``inputs`` and its merged tables."""
+    hashes = [context_hashes(e) for e in inputs]
+    sizes = [len(h) for h in hashes]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    all_h = np.concatenate(hashes)
+    src_input = np.repeat(np.arange(len(inputs), dtype=np.int64), sizes)
+    src_node = np.arange(len(all_h), dtype=np.int64) - offsets[src_input]
+    _, first, inv = np.unique(all_h, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1).astype(np.int64)
+    n = len(first)
+    parents_all = np.concatenate([e.cct.parent for e in inputs])
+    depth_all = np.concatenate([e.cct.depth for e in inputs])
+    rep = first.astype(np.int64)  # union id -> index into the concatenation
+    rep_par = parents_all[rep]
+    u_parent = np.where(rep_par < 0, -1, inv[np.maximum(rep_par, 0) + offsets[src_input[rep]]])
+    if np.count_nonzero(u_parent < 0) != 1:
+        raise CallpathError("cannot compare: the databases' roots differ")
+    u_depth = depth_all[rep]
+    levels = _levels(u_depth)
+    if len(levels[0]) != 1:
+        raise CallpathError("cannot compare: the databases' roots differ")
+    # subtree sizes bottom-up, then each node's offset among its siblings (siblings in input
+    # order, then in preorder within an input), then preorder positions top-down
+    size = np.ones(n, dtype=np.int64)
+    for nodes in reversed(levels[1:]):
+        np.add.at(size, u_parent[nodes], size[nodes])
+    non_root = np.flatnonzero(u_parent >= 0)
+    order = non_root[np.lexsort((rep[non_root], u_parent[non_root]))]
+    csum = np.cumsum(size[order])
+    grp = u_parent[order]
+    starts = np.flatnonzero(np.r_[True, grp[1:] != grp[:-1]])
+    group_base = np.repeat(csum[starts] - size[order][starts], np.diff(np.r_[starts, len(order)]))
+    sib = np.zeros(n, dtype=np.int64)
+    sib[order] = csum - size[order] - group_base
+    pos = np.zeros(n, dtype=np.int64)
+    for nodes in levels[1:]:
+        pos[nodes] = pos[u_parent[nodes]] + 1 + sib[nodes]
+    by_pos = np.empty(n, dtype=np.int64)
+    by_pos[pos] = np.arange(n, dtype=np.int64)
+    rep_sorted = rep[by_pos]
+
+    modules, files, functions, fmaps = _merge_tables(inputs)
+
+    def col(name: str) -> npt.NDArray[np.generic]:
+        out: npt.NDArray[np.generic] = np.concatenate(
+            [getattr(e.cct, name) for e in inputs])[rep_sorted]
+        return out
+
+    def mapped(name: str, which: int) -> I64:
+        parts = [np.append(fm[which], -1)[getattr(e.cct, name)] for e, fm in zip(inputs, fmaps,
+                                                                                strict=True)]
+        out: I64 = np.concatenate(parts)[rep_sorted]
+        return out
+
+    parent_out = np.where(u_parent[by_pos] < 0, -1, pos[np.maximum(u_parent[by_pos], 0)])
+    rep_in = src_input[rep_sorted]
+    rep_nd = src_node[rep_sorted]
+    entry_names: dict[int, str] = {}
+    for i, e in enumerate(inputs):
+        for node, name in e.cct.entry_names.items():
+            u = int(pos[inv[offsets[i] + node]])
+            entry_names.setdefault(u, name)
+    cct = CCT(ctx_id=np.arange(n, dtype=np.uint32), parent=parent_out.astype(np.int64),
+              kind=col("kind").astype(np.uint8), relation=col("relation").astype(np.uint8),
+              flags=col("flags").astype(np.uint8), function=mapped("function", 2),
+              file=mapped("file", 1), line=col("line").astype(np.uint32),
+              module=mapped("module", 0), offset=col("offset").astype(np.uint64),
+              propagation=col("propagation").astype(np.uint16),
+              entry_point=col("entry_point").astype(np.uint16), entry_names=entry_names,
+              depth=u_depth[by_pos].astype(np.int64))
+    maps = [pos[inv[offsets[i]:offsets[i + 1]]] for i in range(len(inputs))]
+    return UnionTree(cct, maps, rep_in, rep_nd), modules, files, functions
+
+
+def _merge_tables(inputs: Sequence[Experiment]
+                  ) -> tuple[list[LoadModule], list[SourceFile], list[Function],
+                             list[tuple[I64, I64, I64]]]:
+    """Merged module, file and function tables (deduplicated by path and by name, module, file
+    and line), and per input the maps from its table indices to the merged ones. Copied sources
+    are named by their absolute path so that the writer copies them again."""
+    modules: list[LoadModule] = []
+    files: list[SourceFile] = []
+    functions: list[Function] = []
+    mod_ix: dict[str, int] = {}
+    file_ix: dict[str, int] = {}
+    fn_ix: dict[tuple[str, int, int, int], int] = {}
+    maps = []
+    for e in inputs:
+        mmap = np.empty(len(e.modules), dtype=np.int64)
+        for k, m in enumerate(e.modules):
+            mmap[k] = mod_ix.setdefault(m.path, len(modules))
+            if mmap[k] == len(modules):
+                modules.append(m)
+        fmap = np.empty(len(e.files), dtype=np.int64)
+        for k, f in enumerate(e.files):
+            if f.copied and e.path is not None:
+                f = SourceFile(str((Path(e.path) / f.path).resolve()), False, f.flags & ~1)
+            fmap[k] = file_ix.setdefault(f.path, len(files))
+            if fmap[k] == len(files):
+                files.append(f)
+        gmap = np.empty(len(e.functions), dtype=np.int64)
+        for k, g in enumerate(e.functions):
+            mod = int(mmap[g.module]) if g.module >= 0 else -1
+            fil = int(fmap[g.file]) if g.file >= 0 else -1
+            key = (g.name, mod, fil, g.line)
+            gmap[k] = fn_ix.setdefault(key, len(functions))
+            if gmap[k] == len(functions):
+                functions.append(Function(g.name, mod, g.offset, fil, g.line, g.flags,
+                                          g.has_name))
+        maps.append((mmap, fmap, gmap))
+    return modules, files, functions, maps
+
+
+# ---- values --------------------------------------------------------------------------------
+
+
+def _metric_names(inputs: Sequence[Experiment]) -> list[str]:
+    names: list[str] = []
+    for e in inputs:
+        for m in e.metrics:
+            if m.name not in names:
+                names.append(m.name)
+    return names
+
+
+def _input_blocks(exp: Experiment, node_map: I64, id_map: dict[int, int]
+                  ) -> list[tuple[tuple[Identifier, ...], int, ProfileBlock]]:
+    """The values of one input re-keyed to the union's contexts and the new metric ids: one
+    block per execution context (or one from the summary profile when it has none)."""
+    n2c = exp.node_of_ctx()
+    ctx_map = np.where(n2c >= 0, node_map[np.maximum(n2c, 0)], -1)
+    mid = np.full(1 << 16, -1, dtype=np.int64)
+    for old, new in id_map.items():
+        mid[old] = new
+
+    def remap(blk: ProfileBlock) -> ProfileBlock:
+        c = blk.ctx_of_values().astype(np.int64)
+        inside = c < len(ctx_map)
+        oc = np.where(inside, ctx_map[np.minimum(c, len(ctx_map) - 1)], -1)
+        om = mid[np.asarray(blk.metric_ids, dtype=np.int64)]
+        keep = (oc >= 0) & (om >= 0)
+        return ProfileBlock.from_triples(oc[keep], om[keep], np.asarray(blk.values)[keep])
+
+    out = [(p.ids, p.flags, remap(exp.values[p.index])) for p in exp.profiles
+           if not p.is_summary]
+    if out:
+        return out
+    return [((), 0, remap(exp.values[0]))]
+
+
+def compare(inputs: Sequence[Experiment], tags: Sequence[str], *, diff: bool
+            ) -> tuple[Experiment, list[DerivedMetric]]:
+    """The comparison of ``inputs`` (``tags`` name their columns) and its derived metrics:
+    delta and ratio of the second against the first when ``diff``, otherwise the spread."""
+    if len(inputs) < 2:
+        raise CallpathError("a comparison needs at least two databases")
+    if diff and len(inputs) != 2:
+        raise CallpathError("a diff compares exactly two databases (use merge for more)")
+    if len(set(tags)) != len(tags):
+        raise CallpathError(f"column tags must differ: {', '.join(tags)}")
+    union, modules, files, functions = union_tree(inputs)
+    scopes = standard_scopes()
+    names = _metric_names(inputs)
+    metrics: list[Metric] = []
+    id_maps: list[dict[int, int]] = [{} for _ in inputs]
+    summary_maps: list[dict[int, int]] = [{} for _ in inputs]
+    for name in names:
+        for i, e in enumerate(inputs):
+            j = len(metrics)
+            src = next((m for m in e.metrics if m.name == name), None)
+            metrics.append(standard_metric(
+                f"{name} [{tags[i]}]", 3 * j, scopes,
+                description=src.description if src else "", unit=src.unit if src else "",
+                period=src.period if src else 1.0))
+            if src is None:
+                continue
+            for k, scope in enumerate(SCOPE_NAMES):
+                pid = src.prop_id(e.scopes, scope)
+                if pid is not None:
+                    id_maps[i][pid] = 3 * j + k
+                sid = src.stat_id(e.scopes, scope, Combine.SUM)
+                if sid is not None:
+                    summary_maps[i][sid] = 3 * j + k
+    if 3 * len(metrics) > 0xFFFF:
+        raise CallpathError(f"{len(metrics)} metric columns; a database holds at most 21845")
+    id_names = list(inputs[0].id_names)
+    if INPUT_KIND_NAME not in id_names:
+        id_names.append(INPUT_KIND_NAME)
+    input_kind = id_names.index(INPUT_KIND_NAME)
+    contexts: list[ExecutionContext] = []
+    blocks: list[ProfileBlock] = []
+    for i, e in enumerate(inputs):
+        has_contexts = any(not p.is_summary for p in e.profiles)
+        kind_map = _kind_map(e.id_names, id_names)
+        for ids, flags, blk in _input_blocks(e, union.maps[i],
+                                             id_maps[i] if has_contexts else summary_maps[i]):
+            new_ids = (Identifier(input_kind, i),
+                       *(Identifier(kind_map[x.kind], x.logical_id, x.physical_id, x.flags)
+                         for x in ids))
+            contexts.append(ExecutionContext(len(contexts) + 1, new_ids, False, flags))
+            blocks.append(blk)
+    title = (f"{tags[1]} against {tags[0]}" if diff else "merge of " + ", ".join(tags))
+    exp = build_experiment(union.cct, metrics, scopes, contexts, blocks, modules=modules,
+                           files=files, functions=functions, id_names=id_names, title=title,
+                           description=f"callpath {'diff' if diff else 'merge'} of "
+                                       + ", ".join(str(e.path or t) for e, t in
+                                                   zip(inputs, tags, strict=True)))
+    return exp, derived_metrics(names, len(inputs), diff=diff)
+
+
+def _kind_map(src: list[str], dst: list[str]) -> dict[int, int]:
+    out = {}
+    for k, name in enumerate(src):
+        if name not in dst:
+            dst.append(name)
+        out[k] = dst.index(name)
+    return out
+
+
+def derived_metrics(names: Sequence[str], n_inputs: int, *, diff: bool) -> list[DerivedMetric]:
+    """Formulas over the comparison's columns: metric ``g * n_inputs + i`` is metric ``g`` of
+    input ``i``, so its inclusive column is ``$2(g*n+i)`` and its exclusive one the next."""
+    out: list[DerivedMetric] = []
+    for g, name in enumerate(names):
+        for scope, tag in ((0, "I"), (1, "E")):
+            cols = [f"${2 * (g * n_inputs + i) + scope}" for i in range(n_inputs)]
+            if diff:
+                out.append(DerivedMetric(f"{name} [delta] ({tag})", f"{cols[1]} - {cols[0]}"))
+                out.append(DerivedMetric(f"{name} [ratio] ({tag})", f"{cols[1]} / {cols[0]}",
+                                         "%.3f"))
+            else:
+                args = ", ".join(cols)
+                out.append(DerivedMetric(f"{name} [spread] ({tag})",
+                                         f"max({args}) - min({args})"))
+    return out
+
+
+def database_tags(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Column tags for a merge: each database's folder name, made unique with ``#2``, ``#3``."""
+    tags: list[str] = []
+    for p in paths:
+        base = Path(p).resolve().name or str(p)
+        tag, k = base, 2
+        while tag in tags:
+            tag, k = f"{base}#{k}", k + 1
+        tags.append(tag)
+    return tags
+
+
+__all__ = ["INPUT_KIND_NAME", "NodeKind", "UnionTree", "compare", "context_hashes",
+           "database_tags", "derived_metrics", "union_tree"]
