@@ -23,6 +23,8 @@ COMMANDS = {
     "report": "print a view of a database in the terminal",
     "filters": "manage the saved filters that elide tree nodes",
     "view": "open a database in the browser viewer (like hpcviewer)",
+    "diff": "compare two databases: base, new, delta, ratio",
+    "merge": "merge databases: one column per input and the spread",
 }
 
 
