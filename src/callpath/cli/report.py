@@ -8,6 +8,7 @@ the analysis layer which rows to show; :mod:`callpath.present.viewreport` format
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TextIO
 
@@ -103,6 +104,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--format", "-f", choices=("text", "json", "csv"), default="text")
     p.add_argument("--contexts", action="store_true",
                    help="list the execution contexts (threads, ranks) instead of a view")
+    p.add_argument("--notes", action="store_true",
+                   help="list the notes saved with the database (made in the viewer)")
     p.set_defaults(func=run)
 
 
@@ -129,6 +132,12 @@ def _percent(s: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from callpath.cli.report_build import build_report, print_view_configs
 
+    if args.notes:
+        from callpath.view.notes import load_notes, render_notes
+        if not os.path.isdir(args.database):
+            raise CallpathError(f"{args.database}: not a database directory")
+        render_notes(load_notes(args.database), sys.stdout, args.format)
+        return 0
     exp = callpath.open(args.database)
     out: TextIO = sys.stdout
     if args.contexts:

@@ -34,10 +34,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--port", type=_port, default=None,
                    help="port to listen on (default: 8765, or the next free one up to 8784)")
     p.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    p.add_argument("--share", action="store_true",
+                   help="open a live shared session and print its link and a read-only "
+                   "guest link (see docs/view.md, 'Shared sessions')")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from callpath.view.server import serve
 
-    return serve(args.databases, args.host, args.port, not args.no_browser)
+    return serve(args.databases, args.host, args.port, not args.no_browser,
+                 share=args.share)

@@ -19,12 +19,14 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from callpath.errors import CallpathError
-from callpath.view import api, security, traces
+from callpath.view import api, notes, security, traces
+from callpath.view import lines_api
 from callpath.view.session import Database
+from callpath.view.share import GUEST_COOKIE, ShareHub
 
 log = logging.getLogger("callpath.view")
 
@@ -42,16 +44,24 @@ def error(status: int, message: str) -> JSONResponse:
 class Guard:
     """Host check on loopback binds, token check on other binds (see :mod:`security`)."""
 
-    def __init__(self, app: ASGIApp, token: str | None, loopback: bool) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, loopback: bool,
+                 guest_ok: Callable[[str | None], bool] | None = None) -> None:
         self.app = app
         self.token = token
         self.loopback = loopback
+        self.guest_ok = guest_ok  # a shared session's read-only key (see view/share.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         request = Request(scope)
+        guest = self.guest_ok is not None and self.guest_ok(
+            request.query_params.get("guest") or request.cookies.get(GUEST_COOKIE))
+        scope["callpath_guest"] = guest
+        if guest and scope["method"] == "POST" and scope["path"].endswith(("/save", "/delete")):
+            await error(403, "read-only guest link: saving is not allowed")(scope, receive, send)
+            return
         if self.loopback:
             host = security.host_of(request.headers.get("host", ""))
             if host not in security.LOOPBACK_HOSTS and not security.is_loopback(host):
@@ -62,7 +72,7 @@ class Guard:
             given = (request.headers.get(security.TOKEN_HEADER)
                      or request.query_params.get("token")
                      or request.cookies.get(security.TOKEN_COOKIE))
-            if not security.token_matches(given, self.token):
+            if not security.token_matches(given, self.token) and not guest:
                 await error(403, "access token missing or wrong: open the URL with "
                             "?token=... that 'callpath view' printed")(scope, receive, send)
                 return
@@ -89,12 +99,16 @@ class ViewerApp:
         self.dbs = dbs
         self.token = token
         self.static_dir = static_dir
+        self.share = ShareHub(token, loopback)
         routes = [
             Route("/", self.index),
             Route("/static/{path:path}", self.static),
             Route("/api/databases", self.list_databases),
             Route("/api/filters", self.list_filters),
+            Route("/api/share/start", self.share.start_endpoint, methods=["POST"]),
+            WebSocketRoute("/api/share/ws", self.share.ws_endpoint),
         ]
+        note_gets, note_posts = notes.handlers(self.share.notify_threadsafe)
         gets: dict[str, Handler] = {
             "columns": api.columns, "children": api.children, "hotpath": api.hotpath,
             "find": api.find_nodes, "source": api.source, "contexts": api.contexts,
@@ -102,17 +116,20 @@ class ViewerApp:
             "trace/meta": traces.meta, "trace/frame": traces.frame,
             "trace/depth": traces.depth, "trace/callpath": traces.callpath,
             "trace/summary": traces.summary, "trace/stats": traces.stats,
+            **lines_api.GETS,  # the Lines tab (view/lines_api.py)
+            **note_gets,
         }
         for name, fn in gets.items():
             routes.append(Route(f"/api/db/{{db}}/{name}", self._endpoint(fn)))
         routes.append(Route("/api/db/{db}/csv", self._endpoint(api.csv_text, csv=True),
                             methods=["GET", "POST"]))
         for name, fn in {"derived/check": api.derived_check,
-                         "derived/save": api.derived_save}.items():
+                         "derived/save": api.derived_save, **note_posts}.items():
             routes.append(Route(f"/api/db/{{db}}/{name}", self._endpoint(fn),
                                 methods=["POST"]))
         self.app = Starlette(routes=routes, middleware=[
-            Middleware(Guard, token=token, loopback=loopback)],
+            Middleware(Guard, token=token, loopback=loopback,
+                       guest_ok=self.share.is_guest_key)],
             exception_handlers={404: _http_error, 405: _http_error})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -130,6 +147,11 @@ class ViewerApp:
         token = request.query_params.get("token")
         if self.token is not None and token:
             resp.set_cookie(security.TOKEN_COOKIE, token, httponly=True, samesite="strict")
+        guest = request.query_params.get("guest")
+        if guest and self.share.is_guest_key(guest):
+            resp.set_cookie(GUEST_COOKIE, guest, httponly=True, samesite="strict")
+        elif token or request.query_params.get("session"):
+            resp.delete_cookie(GUEST_COOKIE)
         return resp
 
     async def static(self, request: Request) -> Response:

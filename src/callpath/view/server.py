@@ -24,6 +24,7 @@ from callpath.view.security import is_loopback, new_token
 from callpath.view.session import Database, open_databases
 
 MAX_HEAD = 4 << 20  # request line and headers: a URL holding a big state still fits
+MAX_WS_MESSAGE = 128 << 10  # a shared session's message (view/share.py refuses > 64 KiB)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -63,12 +64,13 @@ def _uvicorn_server(dbs: list[Database], host: str, token: str | None,  # type: 
     app = make_app(dbs, token=token, loopback=is_loopback(host), static_dir=static_dir)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                             timeout_graceful_shutdown=2,
-                            h11_max_incomplete_event_size=MAX_HEAD)
+                            h11_max_incomplete_event_size=MAX_HEAD,
+                            ws_max_size=MAX_WS_MESSAGE)
     return uvicorn.Server(config)
 
 
 def serve(paths: list[str], host: str, port: int | None, open_browser: bool,
-          out: TextIO = sys.stdout) -> int:
+          out: TextIO = sys.stdout, share: bool = False) -> int:
     """``callpath view``: open the databases, bind, print the URL, serve until Ctrl-C."""
     dbs = _open(paths)
     if port is None:  # the default port, or the next free one
@@ -90,11 +92,17 @@ def serve(paths: list[str], host: str, port: int | None, open_browser: bool,
     if token:
         out.write("callpath view: the address is not loopback: the token in this URL is "
                   "required\n")
+    server = _uvicorn_server(dbs, host, token)
+    if share:  # a live session from the start (view/share.py)
+        links = server.config.app.share.links(server.config.app.share.create(),
+                                              url.split("?")[0])
+        url = links["link"]
+        out.write(f"callpath view: shared session: {links['link']}\n")
+        out.write(f"callpath view: read-only guest link: {links['guest_link']}\n")
     out.write("callpath view: press Ctrl-C to stop\n")
     out.flush()
     if open_browser:
         _open_browser(url)
-    server = _uvicorn_server(dbs, host, token)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:
@@ -149,6 +157,11 @@ class BackgroundServer:
     dbs: list[Database]
     _server: object
     _thread: threading.Thread
+
+    @property
+    def app(self):  # type: ignore[no-untyped-def]
+        """The :class:`callpath.view.app.ViewerApp` served (its ``share`` hub, for tests)."""
+        return self._server.config.app  # type: ignore[attr-defined]
 
     @property
     def url(self) -> str:
