@@ -7,7 +7,8 @@ launcher was killed before finishing.
 
 Address spaces (*images*) are followed through the sideband records in time order: ``exec``
 starts a new image of the pid (generation + 1) with an empty load map, ``fork`` of a new process
-starts one whose load map is a copy of its parent's, and executable ``mmap``s add modules.
+starts one whose load map is a copy of its parent's, and executable ``mmap``s change the load
+map in their own range only (``loadmap``: patched pages, libraries unloaded and replaced).
 """
 
 from __future__ import annotations
@@ -25,24 +26,15 @@ import numpy.typing as npt
 
 from callpath.errors import CallpathError, FormatError
 from callpath.formats import measdir
-from callpath.measure import cfi, records, unwind
+from callpath.measure import cfi, loadmap, records, recipes, unwind
 from callpath.measure.elfinfo import ElfInfo
 from callpath.measure.launch import PROCS_FILE, RAW_FILE
+from callpath.measure.loadmap import Mapping
 
 PROT_EXEC = 4
 STAGING = ".finishing"
 USER_LIMIT = 1 << 56  # user-space addresses are below (x86-64: 2^47, or 2^56 with LA57)
 _FILE_IDS: dict[str, int] = {}  # small integer per module file: part of the unwinder's keys
-
-
-@dataclass
-class Mapping:
-    time: int
-    start: int
-    end: int
-    pgoff: int
-    path: str
-    build_id: str
 
 
 @dataclass
@@ -78,6 +70,9 @@ class Result:
     bad: int
     flat: list[tuple[str, str, int]]  # (procedure, module, samples) of metric 0
     partial_reasons: dict[str, int]
+    #: frames found per source (CFI, recipes, ...) and the recipe analyses of this run
+    frame_sources: dict[str, int] = field(default_factory=dict)
+    recipe_log: list[recipes.Computed] = field(default_factory=list)
 
 
 def _images(side: list[records.Sideband]) -> tuple[list[Image], dict[int, list[tuple[int, int]]]]:
@@ -123,14 +118,9 @@ def _images(side: list[records.Sideband]) -> tuple[list[Image], dict[int, list[t
     return images, history
 
 
-def _module_map(img: Image, out: Path, vdso: str) -> tuple[unwind.ModuleMap, list[measdir.Module],
-                                                           list[str]]:
-    """Sorted, non-overlapping executable mappings (a later mapping hides older overlaps)."""
-    kept: list[Mapping] = []
-    for m in sorted(img.mappings, key=lambda m: m.time):
-        kept = [k for k in kept if k.end <= m.start or k.start >= m.end]
-        kept.append(m)
-    kept.sort(key=lambda m: m.start)
+def _module_map(kept: list[Mapping], out: Path,
+                vdso: str) -> tuple[unwind.ModuleMap, list[measdir.Module], list[str]]:
+    """The unwinder's map and the module records of one load map (``loadmap.pieces``)."""
     elves: list[ElfInfo | None] = []
     mods: list[measdir.Module] = []
     names: list[str] = []
@@ -162,6 +152,71 @@ def _module_map(img: Image, out: Path, vdso: str) -> tuple[unwind.ModuleMap, lis
                           np.array(bias, dtype=np.int64), elves,
                           np.array(file_ids, dtype=np.int64))
     return mm, mods, names
+
+
+def _unwind_epochs(img: Image, s: records.Samples, col: dict[str, int], words: Any,
+                   out: Path, vdso: str, compiler: cfi.Compiler,
+                   ) -> tuple[unwind.Frames, unwind.ModuleMap, list[measdir.Module], list[str]]:
+    """Unwind an image's samples, each with the load map of the time it was taken.
+
+    Returns the frames (module indices into one list of modules: every piece of every epoch,
+    each distinct piece once) and that list as a map for symbolisation.
+    """
+    eps = loadmap.epochs(img.mappings)
+    which = loadmap.epoch_of([t for t, _ in eps], s.time)
+    all_pieces: list[Mapping] = []
+    index: dict[tuple[int, int, int, str, str], int] = {}
+    parts: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], unwind.Frames]] = []
+    for e, (_t0, kept) in enumerate(eps):
+        glob: list[int] = []
+        for m in kept:
+            key = (m.start, m.end, m.pgoff, m.path, m.build_id)
+            if key not in index:
+                index[key] = len(all_pieces)
+                all_pieces.append(m)
+            glob.append(index[key])
+        sel = np.nonzero(which == e)[0] if len(eps) > 1 else np.arange(len(s), dtype=np.int64)
+        if not len(sel) and len(eps) > 1:
+            continue
+        mm, _mods, _names = _module_map(kept, out, vdso)
+        sub = s.take(sel) if len(eps) > 1 else s
+        saved_regs = sub.regs[:, [col[r] for r in ("bx", "bp", "r12", "r13", "r14", "r15")]]
+        fr = unwind.unwind_parallel(words, sub.regs[:, col["ip"]], sub.regs[:, col["sp"]],
+                                    saved_regs, sub.stack0, sub.stack_words, mm, compiler)
+        parts.append((sel, np.array(glob, dtype=np.int64), fr))
+    order = sorted(range(len(all_pieces)), key=lambda i: (all_pieces[i].start, i))
+    rank = np.empty(len(all_pieces), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    mm, mods, names = _module_map([all_pieces[i] for i in order], out, vdso)
+    if len(parts) == 1 and len(parts[0][0]) == len(s):
+        _sel, g, fr = parts[0]
+        fr.module = np.where(fr.module >= 0, rank[g][np.maximum(fr.module, 0)], -1)
+        return fr, mm, mods, names
+    n = len(s)
+    complete = np.zeros(n, dtype=bool)
+    nframes = np.zeros(n, dtype=np.int64)
+    reason = np.zeros(n, dtype=np.int64)
+    for sel, _glob, fr in parts:
+        complete[sel] = fr.complete
+        nframes[sel] = fr.nframes
+        reason[sel] = fr.reason
+    cat: Any = np.concatenate
+    return unwind.Frames(
+        cat([sel[fr.sample] for sel, _g, fr in parts]),
+        cat([fr.depth for _s, _g, fr in parts]),
+        cat([np.where(fr.module >= 0, rank[g][np.maximum(fr.module, 0)], -1)
+             for _s, g, fr in parts]),
+        cat([fr.address for _s, _g, fr in parts]), cat([fr.exact for _s, _g, fr in parts]),
+        complete, nframes, reason), mm, mods, names
+
+
+def unwind_mode() -> str:
+    """``CALLPATH_UNWIND``: ``cfi`` (default: CFI, recipes where it has none or fails),
+    ``recipes`` (recipes first: compares them with CFI on the same samples) or ``cfi-only``."""
+    mode = os.environ.get("CALLPATH_UNWIND", "cfi") or "cfi"
+    if mode not in cfi.MODES:
+        raise CallpathError(f"CALLPATH_UNWIND={mode}: expected one of {', '.join(cfi.MODES)}")
+    return mode
 
 
 def _build_tree(fr: unwind.Frames, n: int, thread_of: npt.NDArray[np.int64],
@@ -272,7 +327,8 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
     regs = list(raw_info["regs"])
     col = {r: regs.index(r) for r in ("ip", "sp", "bx", "bp", "r12", "r13", "r14", "r15")}
     table = cfi.RowTable()
-    compiler = cfi.Compiler(table)
+    store = recipes.RecipeStore()
+    compiler = cfi.Compiler(table, recipes=store.get, mode=unwind_mode())
     node_id = int(header.get("node_id", 0))
     trace = bool(raw_info.get("trace"))
     vdso = str(raw_info.get("vdso", ""))
@@ -294,13 +350,10 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
         sel = np.nonzero(img_of == ii)[0]
         if not len(sel):
             continue  # an image without samples (a fork that exec'd at once): no file
-        mm, mods, names = _module_map(img, out, vdso)
         s = sm.take(sel)
         if progress:
             progress(f"unwinding {len(s)} samples of process {img.pid}")
-        saved_regs = s.regs[:, [col[r] for r in ("bx", "bp", "r12", "r13", "r14", "r15")]]
-        fr = unwind.unwind_parallel(raw.words, s.regs[:, col["ip"]], s.regs[:, col["sp"]],
-                                    saved_regs, s.stack0, s.stack_words, mm, compiler)
+        fr, mm, mods, names = _unwind_epochs(img, s, col, raw.words, out, vdso, compiler)
         if len(s):
             # samples without user registers (kernel threads) cannot be unwound
             fr.complete &= s.has_regs
@@ -366,7 +419,9 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
     (out / PROCS_FILE).unlink(missing_ok=True)
     ranked = sorted(((k[0], k[1], v) for k, v in flat.items()), key=lambda x: -x[2])
     return Result(summaries, len(sm), total_partial, raw.lost, throttled, raw.bad_samples,
-                  ranked, reasons)
+                  ranked, reasons,
+                  {cfi.SOURCES[i]: v for i, v in enumerate(compiler.frame_sources) if v},
+                  store.log)
 
 
 def _flat(acc: dict[tuple[str, str], int], fr: unwind.Frames, s: records.Samples,
