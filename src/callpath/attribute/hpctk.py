@@ -25,6 +25,8 @@ import numpy.typing as npt
 
 from callpath.attribute.build import Tables, ThreadData, finish
 from callpath.attribute.forked import STATE
+from callpath.attribute.hpcrun_periods import scaled_values
+from callpath.attribute.kernelsyms import KernelSymbols, is_kernel_symbols
 from callpath.attribute.reduce import Partial, reduce_units, writer_mapper
 from callpath.attribute.samples import spill
 from callpath.attribute.walk import Walker
@@ -86,11 +88,13 @@ class ModuleMapper:
     """Maps addresses of one load module to structure steps, memoised per address."""
 
     def __init__(self, path: str, structure: Structure | None, tables: Tables,
-                 symbols: SymbolTable | None = None) -> None:
+                 symbols: SymbolTable | None = None,
+                 kernel: KernelSymbols | None = None) -> None:
         self.path = path
         self.s = structure
         self.t = tables
         self.symbols = symbols
+        self.kernel = kernel
         self.base = os.path.basename(path)
         self.cache: dict[int, tuple[Step, ...]] = {}
 
@@ -103,6 +107,11 @@ class ModuleMapper:
         if got is not None:
             return got
         lm = self.t.module(self.path)
+        ksym = self.kernel.find(ip & 0xFFFFFFFFFFFFFFFF) if self.kernel is not None else None
+        if ksym is not None:  # a kernel function, as hpcprof's KernelSymbols names it
+            kfn = self.t.function(ksym[1], lm, ksym[0], -1, 0)
+            self.cache[ip] = ((F, CALL, kfn, -1, 0, -1, 0),)
+            return self.cache[ip]
         scope = int(self.s.lookup(np.array([ip], dtype=np.uint64))[0]) if self.s else -1
         proc = self.symbols.find(ip) if self.symbols is not None and scope < 0 else None
         if proc is not None:
@@ -208,6 +217,7 @@ def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
     mappers: dict[int, ModuleMapper] = {}
     module_index: dict[str, int] = {}
     module_paths: list[str] = []
+    module_dirs: dict[str, Path] = {}  # a relative load module's measurement directory
     walker = Walker(tb, lambda: tb.entry(ENTRY_UNKNOWN, "partial call paths"))
 
     def make(kind: int, lm: int, ip: int) -> tuple[Step, ...] | int:
@@ -216,7 +226,9 @@ def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
             if mp is None:
                 path = module_paths[lm]
                 s = by_module.get(path) or by_module.get("base:" + os.path.basename(path))
-                mp = mappers[lm] = ModuleMapper(path, s, part.tables)
+                ks = (KernelSymbols.of_file(module_dirs[path] / path)
+                      if is_kernel_symbols(path) and path in module_dirs else None)
+                mp = mappers[lm] = ModuleMapper(path, s, part.tables, kernel=ks)
             return mp.steps(ip)
         if ip in (hr.PRIMARY_ROOT, hr.NO_ACTIVITY):
             return 0
@@ -260,6 +272,9 @@ def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
         lm_paths = {k: module_index.setdefault(v, len(module_index))
                     for k, v in prof.modules.items()}
         module_paths[:] = list(module_index)
+        for lm_path in prof.modules.values():
+            if not os.path.isabs(lm_path):
+                module_dirs.setdefault(lm_path, f.parent)
         known = np.isin(lm, np.fromiter(lm_paths, dtype=np.int64, count=len(lm_paths)))
         if np.any(~placeholder & ~known):
             bad = int(lm[~placeholder & ~known][0])
@@ -277,7 +292,7 @@ def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
         th = ThreadData(_identifiers(prof.id_tuple),
                         spill(STATE.get("spill"), anchor[index_of(prof.value_node,
                                                                   "a metric value")],
-                              local[prof.value_mid], prof.value.astype(np.float64)))
+                              local[prof.value_mid], scaled_values(prof)))
         tf = f.with_suffix(".hpctrace")
         if tf.exists():
             tr = hr.read_hpctrace(tf)

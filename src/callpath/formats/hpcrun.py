@@ -3,12 +3,14 @@
 Layout (HPCToolkit's ``hpcrun-fmt.h``; everything big-endian): a ``*.hpcrun`` file is a set of
 sections located by a 112-byte footer at the end of the file (14 × u64: start/end of the header,
 load map, CCT, metric table, identifier dictionary, sparse metrics, the footer start, and the
-magic ``HPCRUNsm``). Strings are ``u32 length`` + bytes. The CCT section is ``u64 count`` then
-fixed 19-byte nodes ``(i32 id, i32 parent, u16 lm_id, u64 ip, u8 flags)``; the sparse metrics
-are the execution context's identifier tuple, then ``u64 n_values, u32 n_nodes``, the
-``(u64 value bits, u16 metric id)`` pairs, and ``n_nodes + 1`` ``(u32 node id, u64 start)``
-rows (the last one is an end marker). Everything is decoded with numpy structured dtypes, not
-per value, because a thread's profile can hold millions of nodes.
+magic ``HPCRUNsm``). Strings are ``u32 length`` + bytes. A metric descriptor is name,
+description, 16 flag bytes, ``u64 period``, formula, format, ``u16 is_frequency``,
+``u16 is_multiplexed``, ``f64 threshold_mean``, ``u64 num_samples``. The CCT section is
+``u64 count`` then fixed 19-byte nodes ``(i32 id, i32 parent, u16 lm_id, u64 ip, u8 flags)``;
+the sparse metrics are the execution context's identifier tuple, then ``u64 n_values, u32
+n_nodes``, the ``(u64 value bits, u16 metric id)`` pairs, and ``n_nodes + 1`` ``(u32 node id,
+u64 start)`` rows (the last one is an end marker). Everything is decoded with numpy structured
+dtypes, not per value, because a thread's profile can hold millions of nodes.
 
 A ``*.hpctrace`` file is a 32-byte header (magic, version, endianness, u64 flags) then
 ``(u64 time ns, u32 cct node id)`` records.
@@ -45,19 +47,56 @@ BLOCK = np.dtype([("node", ">u4"), ("start", ">u8")])
 TRACE_REC = np.dtype([("time", ">u8"), ("node", ">u4")])
 
 
+#: metric value formats (``MetricFlags_ValFmt_t``): the 8 value bytes are a u64 or a double
+VALFMT_INT, VALFMT_REAL = 1, 2
+#: metric kinds (``MetricFlags_Ty_t``) that mark the current (byte-wise) flag layout
+TY_RAW, TY_FINAL = 1, 2
+
+
 @dataclass
 class HpcrunMetric:
+    """One metric descriptor (``metric_desc_t``). ``period`` is the factor hpcprof multiplies
+    every stored value by; ``is_frequency`` and the ``threshold_mean`` / ``num_samples`` /
+    ``is_multiplexed`` statistics are what hpcrun's perf-event source records about its
+    sampling, which hpcprof reads but does not apply to values (see
+    :mod:`callpath.attribute.hpcrun_periods`)."""
+
     name: str
     description: str
     is_int: bool
     period: int
+    value_format: int = VALFMT_REAL
+    kind: int = TY_RAW
+    show: int = 1
+    show_percent: bool = True
+    move2proc: bool = False
+    formula: str = ""
+    format: str = ""
+    is_frequency: bool = False
+    is_multiplexed: bool = False
+    threshold_mean: float = 0.0
+    num_samples: int = 0
+
+
+def _metric_flags(flags: bytes) -> tuple[int, int, int, bool, bool]:
+    """``(kind, value format, show, show percent, move2proc)`` of the 16 flag bytes, as
+    ``hpcrun_fmt_metricDesc_fread`` reads them: one byte per field (ty, valTy, valFmt,
+    move2proc, u16 partner, show, showPercent, then 8 unused bytes), unless the kind is neither
+    raw nor final or the unused bytes are not zero, which marks the older convention: two
+    big-endian u64 holding C bit-fields (ty:4, valTy:4, valFmt:4, partner:16, show:1,
+    showPercent:1, from the low bits up; that convention has no move2proc)."""
+    if flags[0] in (TY_RAW, TY_FINAL) and not any(flags[8:16]):
+        return flags[0], flags[2], flags[6], bool(flags[7]), bool(flags[3])
+    word = int.from_bytes(flags[:8], "big")
+    return (word & 0xF, (word >> 8) & 0xF, (word >> 28) & 1, bool((word >> 29) & 1), False)
 
 
 @dataclass
 class HpcrunProfile:
     """One thread's profile. ``node_*`` arrays follow the file's node order (parents first);
     values are flat: ``value_node[i]`` (a CCT node id) has ``value[i]`` of metric ``value_mid[i]``
-    (0-based into ``metrics``)."""
+    (0-based into ``metrics``), as stored: before hpcprof's scaling by the metric's period
+    (:func:`callpath.attribute.hpcrun_periods.scaled_values`)."""
 
     path: Path
     header: dict[str, str]
@@ -142,12 +181,21 @@ def read_hpcrun(path: str | Path) -> HpcrunProfile:
     for _ in range(c.u("I", "metric table")):
         name = c.string("metric name")
         desc = c.string("metric description")
-        flags = c.take(16, "metric flags")
+        at = c.pos
+        kind, valfmt, show, show_pct, move2proc = _metric_flags(c.take(16, "metric flags"))
+        if valfmt not in (VALFMT_INT, VALFMT_REAL):
+            # hpcprof rejects the whole file ("Invalid metric value format")
+            raise FormatError(str(p), f"metric {name!r}: value format {valfmt} is neither "
+                              f"{VALFMT_INT} (integer) nor {VALFMT_REAL} (real)", at)
         period = c.u("Q", "metric period")
-        c.string("metric formula")
-        c.string("metric format")
-        c.take(2 + 2 + 8 + 8, "metric auxiliary info")
-        metrics.append(HpcrunMetric(name, desc, flags[2] == 1, period))
+        formula = c.string("metric formula")
+        fmt = c.string("metric format")
+        is_freq, is_mux = c.u("H", "metric frequency flag"), c.u("H", "metric multiplex flag")
+        mean = struct.unpack(">d", c.take(8, "metric threshold mean"))[0]
+        n_samples = c.u("Q", "metric sample count")
+        metrics.append(HpcrunMetric(name, desc, valfmt == VALFMT_INT, period, valfmt, kind,
+                                    show, show_pct, move2proc, formula, fmt, is_freq != 0,
+                                    is_mux != 0, float(mean), n_samples))
     c = _Cursor(data, p, ds, de)
     id_names = {}
     if de > ds:
