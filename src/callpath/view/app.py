@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from callpath.errors import CallpathError
 from callpath.view import api, notes, security, traces
 from callpath.view import lines_api
+from callpath.view import flame_api
 from callpath.view.session import Database
 from callpath.view.share import GUEST_COOKIE, ShareHub
 
@@ -117,6 +118,7 @@ class ViewerApp:
             "trace/depth": traces.depth, "trace/callpath": traces.callpath,
             "trace/summary": traces.summary, "trace/stats": traces.stats,
             **lines_api.GETS,  # the Lines tab (view/lines_api.py)
+            **flame_api.GETS,  # flame graph and icicle (view/flame_api.py)
             **note_gets,
         }
         for name, fn in gets.items():
