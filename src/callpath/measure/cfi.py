@@ -14,12 +14,16 @@ and PLT stubs (their CFI is a DWARF expression of the pc; the two shapes ld emit
 from __future__ import annotations
 
 import bisect
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from callpath.measure.elfinfo import ElfInfo
+
+if TYPE_CHECKING:
+    from callpath.structure.unwind_recipes import Recipes
 
 # DWARF x86-64 register numbers
 RBX, RBP, RSP, R12, R13, R14, R15, RA = 3, 6, 7, 12, 13, 14, 15, 16
@@ -27,6 +31,14 @@ TRACKED = (RBX, RBP, R12, R13, R14, R15, RA)  # column order of RowTable.rule/of
 SAVED = TRACKED[:-1]
 RULE_SAME, RULE_OFFSET, RULE_UNDEF, RULE_UNKNOWN = 0, 1, 2, 3
 KIND_NONE, KIND_CFA, KIND_SIGNAL = 0, 1, 2
+# where the rule that found a frame came from (``Frames.source``, the run's summary)
+SRC_SAMPLE, SRC_CFI, SRC_RECIPE, SRC_RECIPE_FIX, SRC_SIGNAL, SRC_PLT = range(6)
+SOURCES = {SRC_SAMPLE: "sample registers", SRC_CFI: "CFI", SRC_RECIPE: "recipes",
+           SRC_RECIPE_FIX: "recipes where CFI failed", SRC_SIGNAL: "signal frames",
+           SRC_PLT: "PLT stubs"}
+#: how the unwinder chooses: CFI first (default); recipes first (to compare them with CFI on
+#: the same samples); CFI only (as before recipes existed)
+MODES = ("cfi", "recipes", "cfi-only")
 # struct ucontext on x86-64: uc_flags, uc_link, uc_stack (24), then mcontext gregs[23]:
 # R8 R9 R10 R11 R12 R13 R14 R15 RDI RSI RBP RBX RDX RAX RCX RSP RIP ...
 UC_GREGS = 40
@@ -63,16 +75,30 @@ class RowTable:
 
 
 class Compiler:
-    """pc → row id, memoised per (module file, link-time address)."""
+    """pc → row id, memoised per (module file, link-time address).
 
-    def __init__(self, table: RowTable) -> None:
+    With ``recipes`` (a module's unwind recipes, computed from its instructions) a pc without
+    usable CFI gets the recipe's row; ``mode`` (one of ``MODES``) may put recipes first.
+    """
+
+    def __init__(self, table: RowTable,
+                 recipes: Callable[[ElfInfo], Recipes | None] | None = None,
+                 mode: str = "cfi") -> None:
         self.table = table
         self._memo: dict[tuple[str, int], int] = {}
+        self._src: dict[tuple[str, int], tuple[int, int]] = {}
+        self._rmemo: dict[tuple[str, int], int] = {}
+        self._recipe_rows: dict[tuple[int, ...], int] = {}
         self._decoded: dict[int, tuple[list[int], list[Any], bool]] = {}
+        self.recipes = recipes if mode != "cfi-only" else None
+        self.mode = mode
         self.signal_row = table.add(KIND_SIGNAL, RSP, 0, (RULE_UNKNOWN,) * len(TRACKED),
                                     (0,) * len(TRACKED))
+        #: frames found per source (SRC_*), summed by ``unwind`` over every sample
+        self.frame_sources = [0] * len(SOURCES)
 
     def row(self, elf: ElfInfo, vaddr: int) -> int:
+        """The CFI row of a pc (0: none)."""
         key = (elf.path, vaddr)
         r = self._memo.get(key)
         if r is None:
@@ -82,6 +108,53 @@ class Compiler:
                 r = 0
             self._memo[key] = r
         return r
+
+    def recipe_row(self, elf: ElfInfo, vaddr: int) -> int:
+        """The row of the module's unwind recipe at a pc (0: no recipe)."""
+        if self.recipes is None:
+            return 0
+        key = (elf.path, vaddr)
+        r = self._rmemo.get(key)
+        if r is None:
+            r = 0
+            rec = self.recipes(elf)
+            if rec is not None:
+                import numpy as np
+                i = int(rec.lookup(np.array([vaddr], dtype=np.uint64))[0])
+                if i >= 0:
+                    r = self._recipe_table_row(tuple(int(x) for x in rec.rows[i]))
+            self._rmemo[key] = r
+        return r
+
+    def _recipe_table_row(self, rr: tuple[int, ...]) -> int:
+        r = self._recipe_rows.get(rr)
+        if r is None:
+            kind, reg, off, *saves = rr
+            if kind == 2:  # the program's entry point: the outermost frame
+                rules = (RULE_SAME,) * len(SAVED) + (RULE_UNDEF,)
+                r = self.table.add(KIND_CFA, RSP, 8, rules, (0,) * len(TRACKED))
+            else:
+                rules = (*tuple(RULE_OFFSET if v else RULE_SAME for v in saves), RULE_OFFSET)
+                r = self.table.add(KIND_CFA, reg, off, rules, (*saves, -8))
+            self._recipe_rows[rr] = r
+        return r
+
+    def row_source(self, elf: ElfInfo, vaddr: int) -> tuple[int, int]:
+        """(row, SRC_*) of a pc: CFI where it exists and recipes elsewhere (or the other way
+        round in mode ``recipes``)."""
+        key = (elf.path, vaddr)
+        got = self._src.get(key)
+        if got is None:
+            cfi_row = self.row(elf, vaddr)  # 0: no usable CFI (the only KIND_NONE row)
+            src = (SRC_SIGNAL if cfi_row == self.signal_row else
+                   SRC_PLT if elf.plt_section(vaddr) is not None else SRC_CFI)
+            if (cfi_row == 0 or self.mode == "recipes") and src == SRC_CFI:
+                rr = self.recipe_row(elf, vaddr)
+                got = (rr, SRC_RECIPE) if rr else (cfi_row, SRC_CFI)
+            else:
+                got = (cfi_row, src)
+            self._src[key] = got
+        return got
 
     def _compile(self, elf: ElfInfo, vaddr: int) -> int:
         plt = elf.plt_section(vaddr)

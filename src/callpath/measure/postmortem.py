@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from callpath.errors import CallpathError, FormatError
 from callpath.formats import measdir
-from callpath.measure import cfi, loadmap, records, recipes, unwind
+from callpath.measure import cfi, loadmap, recipes, records, unwind
 from callpath.measure.elfinfo import ElfInfo
 from callpath.measure.launch import PROCS_FILE, RAW_FILE
 from callpath.measure.loadmap import Mapping
@@ -154,6 +154,14 @@ def _module_map(kept: list[Mapping], out: Path,
     return mm, mods, names
 
 
+def _remap(module: npt.NDArray[np.int64],
+           table: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Module indices of an epoch's map → indices into the image's list (-1 stays -1)."""
+    if not len(table):
+        return np.full(len(module), -1, dtype=np.int64)
+    return np.where(module >= 0, table[np.maximum(module, 0)], -1)
+
+
 def _unwind_epochs(img: Image, s: records.Samples, col: dict[str, int], words: Any,
                    out: Path, vdso: str, compiler: cfi.Compiler,
                    ) -> tuple[unwind.Frames, unwind.ModuleMap, list[measdir.Module], list[str]]:
@@ -190,7 +198,7 @@ def _unwind_epochs(img: Image, s: records.Samples, col: dict[str, int], words: A
     mm, mods, names = _module_map([all_pieces[i] for i in order], out, vdso)
     if len(parts) == 1 and len(parts[0][0]) == len(s):
         _sel, g, fr = parts[0]
-        fr.module = np.where(fr.module >= 0, rank[g][np.maximum(fr.module, 0)], -1)
+        fr.module = _remap(fr.module, rank[g])
         return fr, mm, mods, names
     n = len(s)
     complete = np.zeros(n, dtype=bool)
@@ -204,8 +212,7 @@ def _unwind_epochs(img: Image, s: records.Samples, col: dict[str, int], words: A
     return unwind.Frames(
         cat([sel[fr.sample] for sel, _g, fr in parts]),
         cat([fr.depth for _s, _g, fr in parts]),
-        cat([np.where(fr.module >= 0, rank[g][np.maximum(fr.module, 0)], -1)
-             for _s, g, fr in parts]),
+        cat([_remap(fr.module, rank[g]) for _s, g, fr in parts]),
         cat([fr.address for _s, _g, fr in parts]), cat([fr.exact for _s, _g, fr in parts]),
         complete, nframes, reason), mm, mods, names
 

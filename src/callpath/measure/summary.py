@@ -45,6 +45,7 @@ def print_summary(out: Path, res: Result, run: RunResult | None, top: int,
                  f"({pct:.1f}%){why}.")
     if res.bad:
         parts.append(f"{res.bad} records could not be decoded.")
+    parts.extend(_unwind_sources(res))
     parts.append(f"Measurement directory: {out}")
     stream.write(textwrap.fill("callpath: " + " ".join(parts), width=100) + "\n")
     rows = sorted(res.threads, key=lambda t: -t.samples)
@@ -60,3 +61,21 @@ def print_summary(out: Path, res: Result, run: RunResult | None, top: int,
         for name, module, count in res.flat[:top]:
             stream.write(f"  {100.0 * count / total:6.2f}%  {count:8d}  {name}  [{module}]\n")
     stream.flush()
+
+
+def _unwind_sources(res: Result) -> list[str]:
+    """Which rules found the callers' frames, and what the recipe analyses cost."""
+    out = []
+    found = {k: v for k, v in res.frame_sources.items() if k != "sample registers"}
+    if found:
+        out.append("Caller frames found by " + ", ".join(
+            f"{k}: {v}" for k, v in sorted(found.items(), key=lambda x: -x[1])) + ".")
+    done = [c for c in res.recipe_log if not c.cached]
+    if done:
+        secs = sum(c.seconds for c in done)
+        mib = sum(c.text_bytes for c in done) / (1 << 20)
+        out.append(f"Unwind recipes computed for {len(done)} module"
+                   f"{'s' if len(done) != 1 else ''} in {secs:.2f} s "
+                   f"({1000 * secs / max(mib, 1e-9):.0f} ms per MiB of code); "
+                   f"{len(res.recipe_log) - len(done)} read from the cache.")
+    return out

@@ -53,6 +53,7 @@ class Frames:
     complete: npt.NDArray[np.bool_]  # per sample
     nframes: I64                     # per sample
     reason: I64                      # per sample: 0 complete, else a PARTIAL_* code
+    source: I64 | None = None        # per frame: cfi.SRC_* of the rule that found it
 
 
 PARTIAL_NO_INFO, PARTIAL_STACK, PARTIAL_NO_MODULE, PARTIAL_LOOP, PARTIAL_REGISTER = 1, 2, 3, 4, 5
@@ -98,6 +99,51 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
             return np.zeros(a.shape, dtype=np.uint64), ok & False
         return words[w], ok
 
+    def in_module(p: U64) -> npt.NDArray[np.bool_]:
+        """Whether return addresses fall in a mapped module (the call before them does)."""
+        if not len(mm.starts):
+            return np.zeros(len(p), dtype=bool)
+        q = p - np.uint64(1)
+        k = np.searchsorted(mm.starts, q, side="right").astype(np.int64) - 1
+        return (k >= 0) & (q < mm.ends[np.maximum(k, 0)]) & (p > 0)
+
+    def step(ai: I64, r: I64) -> tuple[Any, ...]:
+        """One frame up for the samples ``ai`` by the (KIND_CFA) rows ``r``: stop code,
+        outermost, and the caller's pc, sp, saved registers and their validity."""
+        _kind, cfa_reg, cfa_off, rule, off = compiler.table.arrays()
+        creg = cfa_reg[r]
+        base = sp[ai].copy()
+        base_ok = creg == cfi.RSP
+        for col, reg in enumerate(cfi.SAVED):
+            sel = creg == reg
+            if np.any(sel):
+                base = np.where(sel, saved[ai, col], base)
+                base_ok |= sel & valid[ai, col]
+        cfa = (base.astype(np.int64) + cfa_off[r]).astype(np.uint64)
+        ru, ro = rule[r], off[r]
+        ra_rule = ru[:, -1]
+        ra, ra_ok = load(ai, (cfa.astype(np.int64) + ro[:, -1]).astype(np.uint64))
+        bad_reg = ~base_ok
+        root = (ra_rule == cfi.RULE_UNDEF) & base_ok
+        st = np.where(bad_reg, PARTIAL_REGISTER, 0)
+        st = np.where(~root & ~bad_reg & ((ra_rule != cfi.RULE_OFFSET) | ~ra_ok),
+                      PARTIAL_STACK, st)
+        st = np.where((st == 0) & ~root & (cfa <= sp[ai]), PARTIAL_LOOP, st)
+        root |= (st == 0) & (ra == 0)
+        ns = len(cfi.SAVED)
+        addr2 = cfa.astype(np.int64)[:, None] + ro[:, :ns]
+        v2, ok2 = load(ai, addr2)
+        is_off = ru[:, :ns] == cfi.RULE_OFFSET
+        # a save slot below the stack pointer (epilogue rows) is stale: keep the value
+        stale = is_off & (addr2 < sp[ai].astype(np.int64)[:, None])
+        take = is_off & ~stale
+        old_s, old_v = saved[ai], valid[ai]
+        nsv = np.where(take, v2, old_s)
+        nvl = np.where(take, ok2, ((ru[:, :ns] == cfi.RULE_SAME) | stale) & old_v)
+        return st, root, np.where(root, np.uint64(0), ra), cfa, nsv, nvl
+
+    found = np.zeros(n, dtype=np.int64)  # SRC_* of the rule that found each current frame
+    out_src: list[I64] = []
     depth = 0
     while len(active):
         a = active
@@ -114,6 +160,7 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
         out_m.append(m)
         out_a.append(link)
         out_x.append(exact[a].copy())
+        out_src.append(found[a].copy())
         nframes[a] += 1
         # rows for the distinct (module, pc) of this step
         lk = np.where(inmod, (look.astype(np.int64) + bias), -1)
@@ -123,14 +170,21 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
         uk, first, inv = np.unique(key, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
         urow = np.zeros(len(uk), dtype=np.int64)
+        usrc = np.zeros(len(uk), dtype=np.int64)
         for j, (k, f0) in enumerate(zip(uk.tolist(), first.tolist(), strict=True)):
             if k < 0:
                 continue
             elf = mm.elves[int(m[f0])]
-            urow[j] = compiler.row(elf, int(lk[f0])) if elf is not None else 0
+            if elf is not None:
+                urow[j], usrc[j] = compiler.row_source(elf, int(lk[f0]))
+
+        def recipe_of(u: int, m: Any = m, lk: Any = lk, first: Any = first) -> int:
+            elf = mm.elves[int(m[first[u]])]
+            return compiler.recipe_row(elf, int(lk[first[u]])) if elf is not None else 0
+
         row = urow[inv]
-        kind, cfa_reg, cfa_off, rule, off = compiler.table.arrays()
-        rk = kind[row]
+        src = usrc[inv]
+        rk = compiler.table.arrays()[0][row]
         stop = np.zeros(len(a), dtype=np.int64)
         stop[~inmod] = PARTIAL_NO_MODULE
         stop[inmod & (rk == cfi.KIND_NONE)] = PARTIAL_NO_INFO
@@ -143,39 +197,30 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
         # ordinary frames
         c = np.nonzero((rk == cfi.KIND_CFA) & (stop == 0))[0]
         if len(c):
-            ai = a[c]
-            r = row[c]
-            creg = cfa_reg[r]
-            base = sp[ai].copy()
-            base_ok = creg == cfi.RSP
-            for col, reg in enumerate(cfi.SAVED):
-                sel = creg == reg
-                if np.any(sel):
-                    base = np.where(sel, saved[ai, col], base)
-                    base_ok |= sel & valid[ai, col]
-            cfa = (base.astype(np.int64) + cfa_off[r]).astype(np.uint64)
-            ru, ro = rule[r], off[r]
-            ra_rule = ru[:, -1]
-            ra, ra_ok = load(ai, (cfa.astype(np.int64) + ro[:, -1]).astype(np.uint64))
-            bad_reg = ~base_ok
-            root = (ra_rule == cfi.RULE_UNDEF) & base_ok
-            st = np.where(bad_reg, PARTIAL_REGISTER, 0)
-            st = np.where(~root & ~bad_reg & ((ra_rule != cfi.RULE_OFFSET) | ~ra_ok),
-                          PARTIAL_STACK, st)
-            st = np.where((st == 0) & ~root & (cfa <= sp[ai]), PARTIAL_LOOP, st)
-            root |= (st == 0) & (ra == 0)
-            ns = len(cfi.SAVED)
-            addr2 = cfa.astype(np.int64)[:, None] + ro[:, :ns]
-            v2, ok2 = load(ai, addr2)
-            is_off = ru[:, :ns] == cfi.RULE_OFFSET
-            # a save slot below the stack pointer (epilogue rows) is stale: keep the value
-            stale = is_off & (addr2 < sp[ai].astype(np.int64)[:, None])
-            take = is_off & ~stale
-            old_s, old_v = saved[ai], valid[ai]
-            new_saved[c] = np.where(take, v2, old_s)
-            new_valid[c] = np.where(take, ok2, ((ru[:, :ns] == cfi.RULE_SAME) | stale) & old_v)
-            new_pc[c] = ra
-            new_sp[c] = cfa
+            st, root, npc, nsp, nsv, nvl = step(a[c], row[c])
+            if compiler.recipes is not None:
+                # CFI that finds no return address in any module where a recipe does is
+                # demonstrably wrong there: the recipe's frame is taken instead
+                bad = np.nonzero((src[c] == cfi.SRC_CFI)
+                                 & ((st != 0) | (~root & ~in_module(npc))))[0]
+                if len(bad):
+                    rr = np.zeros(len(bad), dtype=np.int64)
+                    for j, u in enumerate(inv[c[bad]].tolist()):
+                        rr[j] = recipe_of(u)
+                    try_ = np.nonzero(rr > 0)[0]
+                    if len(try_):
+                        b = bad[try_]
+                        st2, root2, npc2, nsp2, nsv2, nvl2 = step(a[c[b]], rr[try_])
+                        good = (st2 == 0) & (root2 | in_module(npc2))
+                        g = b[good]
+                        st[g], root[g], npc[g], nsp[g] = st2[good], root2[good], npc2[good], \
+                            nsp2[good]
+                        nsv[g], nvl[g] = nsv2[good], nvl2[good]
+                        src[c[g]] = cfi.SRC_RECIPE_FIX
+            new_saved[c] = nsv
+            new_valid[c] = nvl
+            new_pc[c] = npc
+            new_sp[c] = nsp
             stop[c] = st
             done_ok[c] = root & (st == 0)
         # signal frames: registers come from the ucontext the kernel pushed at sp
@@ -206,6 +251,8 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
         saved[ac] = new_saved[cont]
         valid[ac] = new_valid[cont]
         exact[ac] = new_exact[cont]
+        src = np.where(rk == cfi.KIND_SIGNAL, cfi.SRC_SIGNAL, src)
+        found[ac] = src[cont]
         active = ac
         depth += 1
         if depth >= MAX_DEPTH and len(active):
@@ -214,11 +261,21 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
     cat: Any = np.concatenate
     if out_s:
         fr = Frames(cat(out_s), cat(out_d), cat(out_m), cat(out_a), cat(out_x), complete,
-                    nframes, reason)
+                    nframes, reason, cat(out_src))
     else:
         z = np.zeros(0, dtype=np.int64)
-        fr = Frames(z, z, z, z.astype(np.uint64), z.astype(bool), complete, nframes, reason)
+        fr = Frames(z, z, z, z.astype(np.uint64), z.astype(bool), complete, nframes, reason,
+                    z.copy())
+    count_sources(compiler, fr)
     return fr
+
+
+def count_sources(compiler: cfi.Compiler, fr: Frames) -> None:
+    """Add the frames' sources to the compiler's per-source totals (the run's summary)."""
+    if fr.source is not None and len(fr.source):
+        got = np.bincount(fr.source, minlength=len(cfi.SOURCES)).tolist()
+        for i, v in enumerate(got[:len(cfi.SOURCES)]):
+            compiler.frame_sources[i] += int(v)
 
 
 _SHARED: dict[str, Any] = {}
@@ -252,9 +309,13 @@ def unwind_parallel(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nw
             parts = [_unwind_part(bounds[0], bounds[1])] + [f.result() for f in futures]
     finally:
         _SHARED.clear()
+    for p in parts[1:]:  # the workers' counts stayed in their processes
+        count_sources(compiler, p)
     cat: Any = np.concatenate
     return Frames(cat([p.sample + bounds[i] for i, p in enumerate(parts)]),
                   cat([p.depth for p in parts]), cat([p.module for p in parts]),
                   cat([p.address for p in parts]), cat([p.exact for p in parts]),
                   cat([p.complete for p in parts]), cat([p.nframes for p in parts]),
-                  cat([p.reason for p in parts]))
+                  cat([p.reason for p in parts]),
+                  cat([p.source if p.source is not None else np.zeros(len(p.sample), np.int64)
+                       for p in parts]))

@@ -1,0 +1,506 @@
+"""Unwind recipes computed from machine code alone (hpcrun's binary analysis, PLDI 2009).
+
+For code without call-frame information (``-fno-asynchronous-unwind-tables``, hand-written
+assembly, stripped JIT-free binaries) the caller's frame is still recoverable from the
+instructions: every procedure starts with its return address at the stack pointer, and the
+few instructions that move the stack pointer or set up a frame pointer (push, pop, sub/add
+rsp, lea rsp, ``mov rbp, rsp``, ``and rsp, -N``, leave, enter) say where it is afterwards.
+
+Per procedure, the instructions are interpreted in address order over an abstract state: where
+the canonical frame address (CFA, the stack pointer before the call) is (``rsp + k`` or, once a
+frame pointer is set up, ``rbp + f``), and where rbx, rbp, r12–r15 were pushed (CFA-relative).
+Control flow decides the state where straight-line order cannot: after a ret, a tail-call jmp or
+any other instruction that does not fall through, the next instruction takes the state recorded
+at a direct branch to it (epilogues of multiple exits, cold blocks behind the ret), else the
+state at the procedure's last indirect jump (jump-table targets), else the state at its last
+conditional branch (the body's state). The passes repeat until no such state changes (two
+passes for almost every procedure). Code that gcc splits off (``foo.cold``, entered by a jmp
+from the hot part) starts in the state of that jmp instead of the entry state.
+
+Procedure bounds come from function symbols (and a separate debug file's), ``.eh_frame_hdr``
+entries, direct call targets, the ELF entry point and section starts, and — where no sized
+symbol covers the code, as in a stripped binary — the gaps after a ret/jmp (padding skipped)
+that no direct jump reaches, as the paper finds them.
+
+The result is a struct of arrays: sorted range starts and a row index per range into a small
+table of distinct rows (kind, CFA register, CFA offset, save offsets of rbx rbp r12–r15), so
+a lookup is one ``searchsorted``. Rows use DWARF register numbers like ``measure.cfi``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from callpath.structure.elf import ElfModule, find_debug_file, open_elf
+from callpath.structure.symbols import function_symbols
+
+#: Bumped when the analysis changes: cached recipes of another version are recomputed.
+VERSION = 1
+DW_RBP, DW_RSP = 6, 7
+#: columns of ``Recipes.rows``
+KIND, CFA_REG, CFA_OFF = 0, 1, 2
+SAVE_COLS = 3  # then one column per register of SAVED_NAMES: CFA-relative slot, 0 = not saved
+SAVED_NAMES = ("rbx", "rbp", "r12", "r13", "r14", "r15")
+NCOLS = SAVE_COLS + len(SAVED_NAMES)
+
+# abstract operations (one per instruction)
+(OP_NONE, OP_SP_ADD, OP_PUSH, OP_POP, OP_SP_LOST, OP_AND_SP, OP_FP_FROM_SP, OP_SP_FROM_FP,
+ OP_SP_FROM_FP_D, OP_LEAVE, OP_FP_LOST, OP_RET, OP_JMP, OP_IJMP, OP_JCC, OP_STOP, OP_ENTER,
+ OP_CALL) = range(18)
+_NO_FALL = (OP_RET, OP_JMP, OP_IJMP, OP_STOP)
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+_TABLES: dict[str, Any] = {}
+
+
+def _tables() -> dict[str, Any]:
+    """iced-x86 constants, looked up once (attribute access on the module costs)."""
+    if _TABLES:
+        return _TABLES
+    import iced_x86 as ix
+    R, M, K = ix.Register, ix.Mnemonic, ix.OpKind
+    saved = {R.RBX: 0, R.RBP: 1, R.R12: 2, R.R13: 3, R.R14: 4, R.R15: 5}
+    _TABLES.update(
+        ix=ix, RSP=R.RSP, RBP=R.RBP, saved=saved,
+        fp_regs={R.RBP, R.EBP, R.BP, R.BPL}, sp_regs={R.RSP, R.ESP, R.SP, R.SPL},
+        REG=K.REGISTER, MEM=K.MEMORY,
+        IMM={K.IMMEDIATE8, K.IMMEDIATE8TO64, K.IMMEDIATE32TO64, K.IMMEDIATE32, K.IMMEDIATE16},
+        PUSH=M.PUSH, POP=M.POP, SUB=M.SUB, ADD=M.ADD, LEA=M.LEA, MOV=M.MOV, AND=M.AND,
+        LEAVE=M.LEAVE, ENTER=M.ENTER, PUSHF=M.PUSHFQ, POPF=M.POPFQ, HLT=M.HLT, UD2=M.UD2,
+        INT3=M.INT3, NOP=M.NOP, CMP=M.CMP, TEST=M.TEST,
+        no_write={M.PUSH, M.CMP, M.TEST, M.BT}, interesting={
+            M.PUSH, M.POP, M.SUB, M.ADD, M.LEA, M.MOV, M.AND, M.LEAVE, M.ENTER, M.PUSHFQ,
+            M.POPFQ, M.HLT, M.UD2, M.INT3},
+        pad={M.NOP, M.INT3})
+    return _TABLES
+
+
+@dataclass
+class Decoded:
+    """Abstract operations of a code range: parallel lists in address order."""
+
+    ip: list[int]
+    nxt: list[int]
+    op: list[int]
+    arg: list[int]
+    pad: list[bool]
+
+
+def decode_ops(data: bytes, base: int) -> Decoded:
+    """One linear sweep: each instruction reduced to the operation that matters for unwinding
+    (most are ``OP_NONE``: they neither move the stack pointer nor touch the frame pointer)."""
+    t = _tables()
+    ix = t["ix"]
+    dec = ix.Decoder(64, data, ip=base)
+    ins = ix.Instruction()
+    ips: list[int] = []
+    nxts: list[int] = []
+    ops: list[int] = []
+    args: list[int] = []
+    pads: list[bool] = []
+    interesting, REG, RSP, RBP = t["interesting"], t["REG"], t["RSP"], t["RBP"]
+    fp_regs, sp_regs, saved, no_write = t["fp_regs"], t["sp_regs"], t["saved"], t["no_write"]
+    IMM, MEM = t["IMM"], t["MEM"]
+    PUSH, POP, SUB, ADD, LEA, MOV, AND = (t[k] for k in ("PUSH", "POP", "SUB", "ADD", "LEA",
+                                                         "MOV", "AND"))
+    LEAVE, ENTER, PUSHF, POPF, HLT, UD2, INT3 = (t[k] for k in ("LEAVE", "ENTER", "PUSHF",
+                                                               "POPF", "HLT", "UD2", "INT3"))
+    pad = t["pad"]
+    while dec.can_decode:
+        dec.decode_out(ins)
+        fc = ins.flow_control
+        mn = ins.mnemonic
+        op, arg = OP_NONE, 0
+        if fc == 0:  # Next
+            if mn in interesting:
+                k0 = ins.op0_kind if ins.op_count else -1
+                r0 = ins.op0_register if k0 == REG else -1
+                if mn == PUSH:
+                    op, arg = OP_PUSH, saved.get(r0, -1) if k0 == REG else -1
+                elif mn == POP:
+                    op, arg = OP_POP, saved.get(r0, -1) if k0 == REG else -1
+                    if r0 == RSP:
+                        op = OP_SP_LOST
+                elif mn == PUSHF:
+                    op, arg = OP_SP_ADD, 8
+                elif mn == POPF:
+                    op, arg = OP_SP_ADD, -8
+                elif mn == LEAVE:
+                    op = OP_LEAVE
+                elif mn == ENTER:
+                    op, arg = OP_ENTER, ins.immediate(0)
+                elif mn in (HLT, UD2, INT3):
+                    op = OP_STOP
+                elif r0 == RSP:
+                    k1 = ins.op1_kind
+                    if mn in (SUB, ADD) and k1 in IMM:
+                        v = _signed(ins.immediate(1))
+                        op, arg = OP_SP_ADD, (v if mn == SUB else -v)
+                    elif mn == AND and k1 in IMM:
+                        op = OP_AND_SP
+                    elif mn == MOV and k1 == REG and ins.op1_register == RBP:
+                        op = OP_SP_FROM_FP
+                    elif mn == LEA and k1 == MEM and ins.memory_index == 0:
+                        mb = ins.memory_base
+                        d = _signed(ins.memory_displacement)
+                        if mb == RSP:
+                            op, arg = OP_SP_ADD, -d
+                        elif mb == RBP:
+                            op, arg = OP_SP_FROM_FP_D, d
+                        else:
+                            op = OP_SP_LOST
+                    else:
+                        op = OP_SP_LOST
+                elif r0 in sp_regs:
+                    op = OP_SP_LOST
+                elif r0 == RBP and mn == MOV and ins.op1_kind == REG and \
+                        ins.op1_register == RSP:
+                    op = OP_FP_FROM_SP
+                elif r0 in fp_regs and mn not in no_write:
+                    op = OP_FP_LOST
+            elif ins.op_count and ins.op0_kind == REG and mn not in no_write:
+                r0 = ins.op0_register
+                if r0 in fp_regs:
+                    op = OP_FP_LOST
+                elif r0 in sp_regs:
+                    op = OP_SP_LOST
+        elif fc == 1:  # unconditional direct jump
+            op, arg = OP_JMP, ins.near_branch_target
+        elif fc == 2:  # indirect jump
+            op = OP_IJMP
+        elif fc == 3:
+            op, arg = OP_JCC, ins.near_branch_target
+        elif fc == 4:
+            op = OP_RET
+        elif fc == 5 or fc == 6:
+            op = OP_CALL
+            if fc == 5 and ins.op0_kind != MEM:
+                arg = ins.near_branch_target
+        elif fc == 9:  # exception (ud2 and the like)
+            op = OP_STOP
+        ips.append(ins.ip)
+        nxts.append(ins.next_ip)
+        ops.append(op)
+        args.append(arg)
+        pads.append(mn in pad or (mn == 0))  # 0: INVALID (padding bytes, data)
+    return Decoded(ips, nxts, ops, args, pads)
+
+
+# An abstract state: (k, f, saves) with CFA = rsp + k (k None: unknown) and, when f is not
+# None, CFA = rbp + f (the frame pointer is set up); saves: CFA-relative slots of rbx rbp
+# r12-r15 (0: not saved).
+State = tuple[int | None, int | None, tuple[int, ...]]
+ENTRY: State = (8, None, (0,) * len(SAVED_NAMES))
+
+
+def _row(s: State) -> tuple[int, ...]:
+    k, f, saves = s
+    if f is not None:
+        return (1, DW_RBP, f, *saves)
+    if k is not None:
+        return (1, DW_RSP, k, *saves)
+    return (0, 0, 0, *saves)
+
+
+def _step(s: State, op: int, arg: int) -> State:
+    """The state after one instruction."""
+    k, f, saves = s
+    if op == OP_SP_ADD:
+        return (k + arg if k is not None else None, f, saves)
+    if op == OP_PUSH:
+        if k is None:
+            return s
+        k += 8
+        if arg >= 0 and not saves[arg]:
+            saves = (*saves[:arg], -k, *saves[arg + 1:])
+        return (k, f, saves)
+    if op == OP_POP:
+        if arg >= 0 and k is not None and saves[arg] == -k:
+            saves = (*saves[:arg], 0, *saves[arg + 1:])
+        if arg == 1:  # pop rbp: the frame pointer is gone
+            f = None
+        return (k - 8 if k is not None else None, f, saves)
+    if op == OP_FP_FROM_SP:
+        return (k, k, saves)
+    if op == OP_SP_FROM_FP:
+        return (f if f is not None else None, f, saves)
+    if op == OP_SP_FROM_FP_D:
+        return (f - arg if f is not None else None, f, saves)
+    if op == OP_LEAVE:
+        if f is None:
+            return (None, None, saves)
+        k = f - 8
+        if saves[1] == -f:
+            saves = (*saves[:1], 0, *saves[2:])
+        return (k, None, saves)
+    if op == OP_ENTER:
+        if k is None:
+            return s
+        k += 8
+        if not saves[1]:
+            saves = (*saves[:1], -k, *saves[2:])
+        return (k + arg, k, saves)
+    if op in (OP_AND_SP, OP_SP_LOST):
+        return (None, f, saves)
+    if op == OP_FP_LOST:
+        return (k, None, saves)
+    return s
+
+
+def analyze_procedure(d: Decoded, i0: int, i1: int, entry: State = ENTRY,
+                      xjumps: dict[int, State] | None = None) -> list[tuple[int, State]]:
+    """States of the instructions ``d[i0:i1]`` (one procedure): (address, state) at every
+    change. ``xjumps`` collects the states of jumps that leave the procedure."""
+    ip, op, arg = d.ip, d.op, d.arg
+    lo = ip[i0]
+    hi = d.nxt[i1 - 1]
+    known: dict[int, State] = {}
+    out: list[tuple[int, State]] = []
+    for _pass in range(4):
+        changed = False
+        guessed: list[int] = []
+        out = []
+        s = entry
+        fall = True
+        last_ijmp: State | None = None
+        last_jcc: State | None = None
+        prev: State | None = None
+        for i in range(i0, i1):
+            a = ip[i]
+            if not fall:
+                got = known.get(a)
+                if got is None:
+                    got = last_ijmp or last_jcc or entry
+                    guessed.append(a)
+                s = got
+            if s is not prev:
+                out.append((a, s))
+                prev = s
+            o = op[i]
+            if o in (OP_NONE, OP_CALL):
+                fall = True
+                continue
+            if o in (OP_JCC, OP_JMP):
+                t = arg[i]
+                if lo <= t < hi:
+                    if t not in known:
+                        known[t] = s
+                        changed = True
+                elif xjumps is not None and t not in xjumps:
+                    xjumps[t] = s
+                if o == OP_JCC:
+                    last_jcc = s
+                fall = o == OP_JCC
+                continue
+            if o == OP_IJMP:
+                last_ijmp = s
+                fall = False
+                continue
+            if o in (OP_RET, OP_STOP):
+                fall = False
+                continue
+            s = _step(s, o, arg[i])
+            fall = True
+        if not changed or not any(g in known for g in guessed):
+            break
+    return out
+
+
+@dataclass
+class Recipes:
+    """Unwind recipes of one load module (link-time addresses)."""
+
+    path: str
+    build_id: str
+    starts: npt.NDArray[np.uint64]   # sorted range starts
+    rid: npt.NDArray[np.int32]       # row per range, -1: no recipe (outside every procedure)
+    rows: npt.NDArray[np.int64]      # (m, NCOLS) distinct rows
+    text_bytes: int
+    procedures: int
+    seconds: float                   # time the analysis took (not the cache read)
+
+    def lookup(self, addrs: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        """Row index of each address, -1 where there is no recipe."""
+        i = np.searchsorted(self.starts, np.asarray(addrs, dtype=np.uint64), side="right") - 1
+        r = np.where(i >= 0, self.rid[np.maximum(i, 0)], -1).astype(np.int64)
+        return np.where((r >= 0) & (self.rows[np.maximum(r, 0), KIND] >= 1), r, -1)
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(fh, starts=self.starts, rid=self.rid, rows=self.rows,
+                     meta=np.array([VERSION, self.text_bytes, self.procedures], np.int64),
+                     seconds=np.array([self.seconds]),
+                     ident=np.array([self.path, self.build_id]))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> Recipes | None:
+        """A cached analysis, or None if it is unreadable or of another version."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = z["meta"]
+                if int(meta[0]) != VERSION:
+                    return None
+                ident = [str(x) for x in z["ident"]]
+                return cls(ident[0], ident[1], z["starts"], z["rid"], z["rows"],
+                           int(meta[1]), int(meta[2]), float(z["seconds"][0]))
+        except (OSError, ValueError, KeyError, IndexError, EOFError):
+            return None
+
+
+def _eh_frame_starts(mod: ElfModule) -> list[int]:
+    """FDE start addresses from the sorted table of ``.eh_frame_hdr`` (usual encoding)."""
+    sec = mod.elf.get_section_by_name(".eh_frame_hdr")
+    if sec is None:
+        return []
+    data = sec.data()
+    if len(data) < 12 or data[0] != 1 or data[3] != 0x3B or data[2] != 0x03:
+        return []
+    count = int.from_bytes(data[8:12], "little")
+    if len(data) < 12 + 8 * count:
+        return []
+    table = np.frombuffer(data, dtype="<i4", count=2 * count, offset=12).reshape(-1, 2)
+    starts: list[int] = (table[:, 0].astype(np.int64) + int(sec["sh_addr"])).tolist()
+    return starts
+
+
+def _symbols(mod: ElfModule) -> list[tuple[int, int]]:
+    """(entry, size) of function symbols of the module and of its separate debug file."""
+    out = [(c.entry, c.size) for c in function_symbols(mod.elf, mod.path)]
+    dbg = find_debug_file(mod)
+    if dbg:
+        try:
+            dm = open_elf(dbg, require_code=False)
+        except Exception:  # an unreadable debug file only loses its symbols
+            return out
+        try:
+            out += [(c.entry, c.size) for c in function_symbols(dm.elf, mod.path)]
+        finally:
+            dm.close()
+    return out
+
+
+def _bounds(d: Decoded, lo: int, hi: int, starts: set[int], sized: list[tuple[int, int]],
+            jump_src: dict[int, list[int]]) -> list[int]:
+    """Procedure entries in one section: the known ``starts`` plus, in code no sized symbol
+    covers, the first instruction after a ret/jmp/hlt and its padding when no direct jump from
+    the code between the previous entry and the next one reaches it."""
+    entries = sorted(a for a in starts if lo <= a < hi)
+    cover_lo = [a for a, _ in sized]
+    cover_hi = [a + n for a, n in sized]
+
+    def covered(a: int) -> bool:
+        j = bisect.bisect_right(cover_lo, a) - 1
+        return j >= 0 and a < cover_hi[j]
+
+    extra: list[int] = []
+    ip, op, pad = d.ip, d.op, d.pad
+    n = len(ip)
+    i = 0
+    while i < n:
+        if op[i] in _NO_FALL:
+            j = i + 1
+            while j < n and pad[j]:
+                j += 1
+            if j < n and ip[j] not in starts and not covered(ip[j]):
+                a = ip[j]
+                e = bisect.bisect_right(entries, a)
+                prev_e = entries[e - 1] if e else lo
+                next_e = entries[e] if e < len(entries) else hi
+                if not any(prev_e <= s < next_e for s in jump_src.get(a, ())):
+                    extra.append(a)
+            i = j
+        else:
+            i += 1
+    return sorted(set(entries) | set(extra))
+
+
+def compute(path: str | os.PathLike[str]) -> Recipes:
+    """Analyse every executable section of the ELF file at ``path``."""
+    t0 = time.perf_counter()
+    mod = open_elf(path)
+    try:
+        sized = sorted({(a, n) for a, n in _symbols(mod) if n > 0})
+        starts = {a for a, _ in _symbols(mod)}
+        starts.update(_eh_frame_starts(mod))
+        starts.add(int(mod.elf.header["e_entry"]))
+        plt = [(s.addr, s.addr + s.size) for s in mod.text_sections if s.name.startswith(".plt")]
+        out_a: list[int] = []
+        out_r: list[int] = []
+        index: dict[tuple[int, ...], int] = {}
+        text = 0
+        nproc = 0
+        decoded = []
+        call_targets: set[int] = set()
+        jump_src: dict[int, list[int]] = {}
+        for sec in mod.text_sections:
+            if sec.name.startswith(".plt"):
+                continue  # PLT stubs have rules of their own (measure.cfi)
+            data = mod.elf.get_section_by_name(sec.name).data()
+            d = decode_ops(data, sec.addr)
+            decoded.append((sec, d))
+            text += sec.size
+            for o, a, src in zip(d.op, d.arg, d.ip, strict=True):
+                if o == OP_CALL and a:
+                    call_targets.add(a)
+                elif o in (OP_JMP, OP_JCC):
+                    jump_src.setdefault(a, []).append(src)
+            starts.add(sec.addr)
+        starts |= call_targets
+        procs: list[tuple[Decoded, int, int]] = []
+        for sec, d in decoded:
+            entries = _bounds(d, sec.addr, sec.addr + sec.size, starts, sized, jump_src)
+            idx = [bisect.bisect_left(d.ip, e) for e in entries] + [len(d.ip)]
+            for e, i0, i1 in zip(entries, idx, idx[1:], strict=False):
+                if i0 < i1 and d.ip[i0] == e:
+                    procs.append((d, i0, i1))
+        xjumps: dict[int, State] = {}
+        results = [analyze_procedure(d, i0, i1, ENTRY, xjumps) for d, i0, i1 in procs]
+        # parts entered by a jmp in another frame's state (gcc's foo.cold): redo from there
+        for n, (d, i0, i1) in enumerate(procs):
+            e = d.ip[i0]
+            st = xjumps.get(e)
+            if st is not None and st != ENTRY and e not in call_targets:
+                results[n] = analyze_procedure(d, i0, i1, st)
+        entry_point = int(mod.elf.header["e_entry"])
+        for (d, i0, i1), res in zip(procs, results, strict=True):
+            nproc += 1
+            outermost = d.ip[i0] == entry_point  # _start: no caller to find
+            for a, s in res:
+                row = _row(s) if not outermost else (2, DW_RSP, 8, *ENTRY[2])
+                r = index.setdefault(row, len(index))
+                if out_r and out_r[-1] == r and out_a[-1] < a:
+                    continue
+                out_a.append(a)
+                out_r.append(r)
+            end = d.nxt[i1 - 1]
+            out_a.append(end)
+            out_r.append(-1)
+        del plt
+    finally:
+        mod.close()
+    starts_a = np.array(out_a, dtype=np.uint64)
+    rid = np.array(out_r, dtype=np.int32)
+    order = np.argsort(starts_a, kind="stable")
+    starts_a, rid = starts_a[order], rid[order]
+    # a procedure's start replaces the end marker of the one before it at the same address
+    keep = np.ones(len(starts_a), dtype=bool)
+    if len(starts_a) > 1:
+        keep[:-1] = starts_a[1:] != starts_a[:-1]
+    rows = (np.array(sorted(index, key=index.__getitem__), dtype=np.int64).reshape(-1, NCOLS)
+            if index else np.zeros((0, NCOLS), dtype=np.int64))
+    return Recipes(str(path), mod.build_id or "", starts_a[keep], rid[keep], rows, text, nproc,
+                   time.perf_counter() - t0)
