@@ -9,6 +9,7 @@ import { arrange, reorder, openColumnsDialog } from "./columns.js";
 import { openDerivedDialog, openFiltersDialog, openThreadsDialog, openFindDialog } from "./dialogs.js";
 import { PlotDialog } from "./plot.js";
 import { TraceView } from "./trace.js";
+import { LinesView } from "./lines.js";
 
 const $ = (id) => document.getElementById(id);
 let databases = [];
@@ -96,6 +97,19 @@ trace.onShowNode = async (key) => {
   }
 };
 
+// the Lines tab (lines.js): its state is dbState(db).lines; from a line to its calling
+// context in Top-down goes through the trace's path-revealing code above
+const lines = new LinesView({ dbState, save: saveToUrl, info: (id) => databases.find((x) => x.id === id) || databases[0],
+                              showTopDown: (key) => trace.onShowNode(key) });
+async function showInLines(entry) {
+  const d = dbState(state.db);
+  await lines.showNode(state.db, viewQueryState(state.db), entry.row.key);
+  d.mode = "lines";
+  saveToUrl();
+  await showDb();
+}
+let shownDb = null;  // the database whose panes are on screen (the source pane follows it)
+
 function curView() { const d = dbState(state.db); return d.views[d.view]; }
 function dbInfo() { return databases.find((x) => x.id === state.db) || databases[0]; }
 
@@ -121,7 +135,7 @@ function drawViewTabs() {
   const d = dbState(state.db);
   $("trace-tab").hidden = !dbInfo().has_traces;
   for (const b of document.querySelectorAll("#view-tabs [role=tab]")) {
-    const on = d.mode === "trace" ? b.dataset.view === "trace" : b.dataset.view === d.view;
+    const on = d.mode === "trace" || d.mode === "lines" ? b.dataset.view === d.mode : b.dataset.view === d.view;
     b.setAttribute("aria-selected", on ? "true" : "false");
   }
   const flat = d.view === "flat";
@@ -161,7 +175,7 @@ document.getElementById("view-tabs").addEventListener("click", (e) => {
   const b = e.target.closest("[role=tab]");
   if (!b) return;
   const d = dbState(state.db);
-  if (b.dataset.view === "trace") d.mode = "trace";
+  if (b.dataset.view === "trace" || b.dataset.view === "lines") d.mode = b.dataset.view;
   else { d.mode = "profile"; d.view = b.dataset.view; }
   saveToUrl();
   showDb();
@@ -176,8 +190,17 @@ async function showDb() {
   drawViewTabs();
   drawBadges();
   const traceMode = d.mode === "trace";
-  $("profile").hidden = traceMode;
+  if (shownDb !== state.db) {  // another database: no pane may keep the previous one's file
+    shownDb = state.db;
+    source.clear();
+  }
+  $("profile").hidden = traceMode || d.mode === "lines";
   $("trace").hidden = !traceMode;
+  $("lines").hidden = d.mode !== "lines";
+  if (d.mode === "lines") {
+    await lines.open(state.db);
+    return;
+  }
   if (traceMode) {
     await trace.open(state.db, d.trace);
     return;
@@ -368,6 +391,7 @@ menu.addEventListener("click", (e) => {
     case "hot": hotPath(entry); break;
     case "zoom": zoomIn(entry); break;
     case "plot": openPlot(entry); break;
+    case "lines": showInLines(entry); break;
   }
 });
 
@@ -414,4 +438,5 @@ async function start() {
 
 // for tests and for debugging in the console
 window.__callpath = { state, tree, flushUrl, get columns() { return columns; }, trace, plot, source };
+window.__callpath.lines = lines;
 start();

@@ -75,6 +75,14 @@ export class SourcePane {
     this.render(doc);
   }
 
+  /** Forgets the file shown (another database was opened: its files are not this one's). */
+  clear() {
+    this.current = null;
+    this.req++;  // a request still in flight for the previous database is dropped
+    this.which.hidden = true;
+    this.empty("Select a scope to see its source.");
+  }
+
   empty(msg) {
     this.lines = [];
     this.body.dataset.line = "";

@@ -17,7 +17,8 @@ export function freshDb() {
   const views = {};
   for (const v of VIEWS) views[v] = freshView();
   return { view: "top-down", views, derived: null, threads: [], flatten: 0, mode: "profile",
-           trace: null, hot: 50 };
+           trace: null, hot: 50,
+           lines: null };  // the Lines tab: metric, grouping, window, overview (lines.js LINE_DEFAULTS)
 }
 
 export const state = {
@@ -67,14 +68,21 @@ export function saveToUrl() {
     pending = null;
     const url = `${location.pathname}${location.search}#s=${encodeURIComponent(JSON.stringify(state))}`;
     history.replaceState(null, "", url);
+    for (const fn of savedListeners) fn();
   }, 50);
 }
+
+// Called after each write of the state (shared sessions and pop-out windows send the change
+// on: share.js, popout.js, sync.js).
+const savedListeners = [];
+export function onStateSaved(fn) { savedListeners.push(fn); }
 
 /** Writes the URL at once (tests and "copy link" want it now). */
 export function flushUrl() {
   if (pending) { clearTimeout(pending); pending = null; }
   const url = `${location.pathname}${location.search}#s=${encodeURIComponent(JSON.stringify(state))}`;
   history.replaceState(null, "", url);
+  for (const fn of savedListeners) fn();
 }
 
 /** The server's view-state parameters for one database and view. */

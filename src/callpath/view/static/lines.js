@@ -1,0 +1,638 @@
+// lines.js — the Lines tab (PerfVisS, seeds/003): the cost of every source line in every
+// execution context, in linked panes: the compressed overview with its two rectangles, the
+// ranked procedures, the detailed heat map beside the source listing and the sorted
+// processor view (min/max bars), the 3-D profile (lines3d.js) and the assembler pane.
+//
+// The server aggregates everything (/api/db/{db}/lines/...); the page only draws the window on
+// screen. One cursor — (row of the line axis, context) plus the selected procedure — lives in
+// the per-database state (state.dbs[db].lines, kept in the URL) and every pane follows it.
+
+import { getJSON } from "./api.js";
+import { Surface3D } from "./lines3d.js";
+import { heat, NO_COST } from "./heat.js";
+
+export const LINE_DEFAULTS = {
+  metric: 0, group: "none", start: 0, count: 40, norm: "program", skip: 50, bin: 4,
+  reduce: "max", strip: 80, cbins: 64, n: 10, around: 2, row: null, ctx: null,
+  proc: null, all: false,
+};
+
+/** The lines state of a database state object, with defaults filled in. */
+export function linesState(d) {
+  if (!d.lines || typeof d.lines !== "object") d.lines = {};
+  for (const [k, v] of Object.entries(LINE_DEFAULTS)) if (!(k in d.lines)) d.lines[k] = v;
+  return d.lines;
+}
+
+const css = (c) => `rgb(${c[0]},${c[1]},${c[2]})`;
+const ink = (c) => (0.3 * c[0] + 0.59 * c[1] + 0.11 * c[2] > 140 ? "#000" : "#fff");
+
+/** Short numbers for cells: 3 significant digits. */
+export function fmt(v) {
+  if (v === null || v === undefined) return "";
+  if (v === 0) return "0";
+  const a = Math.abs(v);
+  if (a >= 1e5 || a < 1e-2) return v.toExponential(a < 1e-2 ? 1 : 2);
+  return String(Number(v.toPrecision(3)));
+}
+
+function decodeF32(b64) {
+  const bin = atob(b64);
+  const buf = new ArrayBuffer(bin.length);
+  const u8 = new Uint8Array(buf);
+  for (let i = 0; i < bin.length; i++) u8[i] = bin.charCodeAt(i);
+  return new Float32Array(buf);
+}
+
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+const ROW_H = 18;
+
+export class LinesView {
+  /**
+   * @param {object} hooks  dbState(db) -> the per-database state, save() (URL), info(db) ->
+   *   the /api/databases entry, showTopDown(key) (opens the Top-down tree at a node key)
+   */
+  constructor(hooks) {
+    this.hooks = hooks;
+    this.host = document.getElementById("lines");
+    this.db = null;
+    this.meta = null;
+    this.win = null;       // the last window document
+    this.ov = null;        // the last overview document
+    this.ranked = null;
+    this.seq = 0;
+    this.pending = 0;
+    this.build();
+    this.surface = new Surface3D(this.q("#ln-3d"));
+    new ResizeObserver(() => { if (!this.host.hidden && this.ov) this.drawOverview(); }).observe(this.q("#ln-ov-wrap"));
+  }
+
+  q(sel) { return this.host.querySelector(sel); }
+  get st() { return linesState(this.hooks.dbState(this.db)); }
+
+  setPending(d) { this.pending += d; this.host.dataset.pending = String(this.pending); }
+
+  async get(path, params, quiet = false) {
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(params)) if (v !== null && v !== undefined) q.set(k, String(v));
+    this.setPending(1);
+    try {
+      return await getJSON(`/api/db/${this.db}/lines/${path}?${q}`, { quiet });
+    } finally { this.setPending(-1); }
+  }
+
+  base() { const s = this.st; return { metric: s.metric, group: s.group }; }
+  ovParams() {
+    const s = this.st;
+    return { ...this.base(), skip: s.skip, bin: s.bin, reduce: s.reduce, strip: s.strip, cbins: s.cbins };
+  }
+
+  // ---- DOM ---------------------------------------------------------------------------------
+
+  build() {
+    const h = this.host;
+    h.innerHTML = `
+<div class="toolbar" role="toolbar" aria-label="lines controls">
+  <label class="inline">Metric <select id="ln-metric" aria-label="metric"></select></label>
+  <label class="inline">Contexts <select id="ln-group" aria-label="grouping of contexts">
+    <option value="none">each</option><option value="rank">threads of a rank summed</option>
+    <option value="node">ranks of a node summed</option></select></label>
+  <span class="sep"></span>
+  <label class="inline" title="lines in the detailed view">Lines <input id="ln-count" type="number" min="1" max="400" aria-label="lines in the detailed view"></label>
+  <label class="inline" title="normalise the colours to the hottest cell of the program or of the window">Normalise <select id="ln-norm" aria-label="normalise to">
+    <option value="program">program</option><option value="window">window</option></select></label>
+  <button type="button" id="ln-up" title="previous lines">▲</button>
+  <button type="button" id="ln-down" title="next lines">▼</button>
+  <span class="sep"></span>
+  <span class="muted">Overview:</span>
+  <label class="inline" title="skip runs of more than N lines without cost">skip &gt;<input id="ln-skip" type="number" min="0" aria-label="skip runs longer than"></label>
+  <label class="inline" title="lines per bin">bin <input id="ln-bin" type="number" min="1" aria-label="lines per bin"></label>
+  <label class="inline">by <select id="ln-reduce" aria-label="bin reduction"><option value="max">max</option><option value="sum">sum</option></select></label>
+  <label class="inline" title="bins per strip">strip <input id="ln-strip" type="number" min="1" aria-label="bins per strip"></label>
+  <label class="inline" title="at most this many context columns (contexts binned by max)">cols ≤<input id="ln-cbins" type="number" min="1" aria-label="context columns in the overview"></label>
+  <span class="sep"></span>
+  <label class="inline">Top <input id="ln-n" type="number" min="1" max="1000" aria-label="procedures ranked"></label>
+  <label class="inline" title="assembler: lines around the selected one">asm ±<input id="ln-around" type="number" min="0" max="50" aria-label="assembler lines around"></label>
+  <span id="ln-where" class="muted"></span>
+</div>
+<div class="ln-grid">
+  <section class="ln-left" aria-label="overview and ranked procedures">
+    <div class="ln-title">Overview <span id="ln-ov-info" class="muted"></span></div>
+    <div id="ln-ov-wrap" class="ln-ov-wrap"><canvas id="ln-overview" aria-label="overview of every line"></canvas></div>
+    <div class="ln-title">Ranked procedures</div>
+    <div class="ln-ranked-wrap"><table id="ln-ranked" class="ln-ranked" aria-label="ranked procedures">
+      <thead><tr id="ln-ranked-title" title="outline every listed procedure in the overview"><th>#</th><th>Procedure</th><th>File</th><th>Sum</th><th>%</th></tr></thead>
+      <tbody></tbody></table></div>
+  </section>
+  <section class="ln-center" aria-label="detailed view">
+    <div class="ln-title">Detail <span id="ln-win-info" class="muted"></span>
+      <span class="spacer"></span><button type="button" id="ln-topdown" title="open the Top-down tree at the selected line's hottest calling context">Calling contexts ▸ Top-down</button></div>
+    <div id="ln-detail" class="ln-detail" tabindex="0">
+      <div class="ln-heads">
+        <div class="ln-h-heat" id="ln-h-heat"></div><div class="ln-h-mm">min · max</div><div class="ln-h-src">Source</div>
+      </div>
+      <div class="ln-cols">
+        <div id="ln-heat" class="ln-heat" role="grid" aria-label="heat map: lines by contexts"></div>
+        <div id="ln-mm" class="ln-mm" aria-label="sorted processor view: minimum and maximum per line"></div>
+        <div id="ln-src" class="ln-src" aria-label="source listing"></div>
+      </div>
+    </div>
+  </section>
+  <section class="ln-right" aria-label="3-D profile, assembler and calling contexts">
+    <div class="ln-title">3-D profile <span class="muted">(drag to rotate, wheel to zoom)</span></div>
+    <canvas id="ln-3d" class="ln-3d" aria-label="3-D profile of the window"></canvas>
+    <div class="ln-title">Assembler <span id="ln-asm-info" class="muted"></span></div>
+    <div id="ln-asm" class="ln-asm" aria-label="assembler"></div>
+    <div class="ln-title">Calling contexts of the line</div>
+    <ol id="ln-ctxs" class="ln-ctxs"></ol>
+  </section>
+</div>`;
+    const num = (id, key, lo, hi) => {
+      const inp = this.q(`#${id}`);
+      inp.onchange = () => {
+        let v = Math.round(Number(inp.value));
+        if (!Number.isFinite(v)) v = LINE_DEFAULTS[key];
+        v = Math.max(lo, Math.min(hi, v));
+        inp.value = String(v);
+        this.st[key] = v;
+        this.hooks.save();
+        if (key === "count") this.refreshWindow();
+        else if (key === "n") this.refreshRanked();
+        else if (key === "around") this.refreshAsm();
+        else this.refreshOverview();
+      };
+    };
+    num("ln-count", "count", 1, 400);
+    num("ln-skip", "skip", 0, 1e9);
+    num("ln-bin", "bin", 1, 1e6);
+    num("ln-strip", "strip", 1, 1e6);
+    num("ln-cbins", "cbins", 1, 4096);
+    num("ln-n", "n", 1, 1000);
+    num("ln-around", "around", 0, 50);
+    this.q("#ln-reduce").onchange = (e) => { this.st.reduce = e.target.value; this.hooks.save(); this.refreshOverview(); };
+    this.q("#ln-norm").onchange = (e) => { this.st.norm = e.target.value; this.hooks.save(); this.drawWindow(); };
+    const reopen = () => { const s = this.st; s.row = null; s.ctx = null; s.proc = null; s.all = false; s.start = 0; this.hooks.save(); this.open(this.db); };
+    this.q("#ln-metric").onchange = (e) => { this.st.metric = Number(e.target.value); reopen(); };
+    this.q("#ln-group").onchange = (e) => { this.st.group = e.target.value; reopen(); };
+    this.q("#ln-up").onclick = () => this.moveWindow(this.st.start - this.st.count);
+    this.q("#ln-down").onclick = () => this.moveWindow(this.st.start + this.st.count);
+    this.q("#ln-topdown").onclick = () => this.toTopDown();
+    this.q("#ln-ranked-title").onclick = () => { const s = this.st; s.all = !s.all; s.proc = null; this.hooks.save(); this.refreshRects(); this.drawRanked(); };
+    this.q("#ln-ranked tbody").addEventListener("click", (e) => {
+      const tr = e.target.closest("tr[data-start]");
+      if (tr) this.selectProcedure(Number(tr.dataset.start), Number(tr.dataset.end), Number(tr.dataset.hot));
+    });
+    const pick = (e) => {
+      const r = e.target.closest("[data-row]");
+      if (!r) return;
+      const c = e.target.closest("[data-ctx]");
+      this.select(Number(r.dataset.row), c ? Number(c.dataset.ctx) : this.st.ctx);
+    };
+    for (const id of ["#ln-heat", "#ln-mm", "#ln-src"]) this.q(id).addEventListener("click", pick);
+    this.q("#ln-detail").addEventListener("keydown", (e) => {
+      const s = this.st;
+      if (s.row === null || !this.meta) return;
+      if (e.key === "ArrowDown" || e.key === "ArrowUp") {
+        e.preventDefault();
+        const r = Math.max(0, Math.min(this.meta.rows - 1, s.row + (e.key === "ArrowDown" ? 1 : -1)));
+        this.select(r, s.ctx, true);
+      }
+    });
+    const ov = this.q("#ln-overview");
+    ov.addEventListener("click", (e) => {
+      const b = ov.getBoundingClientRect();
+      const row = this.overviewRowAt(e.clientX - b.left, e.clientY - b.top);
+      if (row !== null) this.jumpTo(row);
+    });
+    this.q("#ln-ctxs").addEventListener("click", (e) => {
+      const li = e.target.closest("li[data-key]");
+      if (li) this.hooks.showTopDown(li.dataset.key);
+    });
+  }
+
+  syncInputs() {
+    const s = this.st;
+    const set = (id, v) => { this.q(`#${id}`).value = String(v); };
+    set("ln-count", s.count); set("ln-skip", s.skip); set("ln-bin", s.bin); set("ln-strip", s.strip);
+    set("ln-cbins", s.cbins); set("ln-n", s.n); set("ln-around", s.around);
+    set("ln-reduce", s.reduce); set("ln-norm", s.norm); set("ln-group", s.group);
+    const sel = this.q("#ln-metric");
+    const info = this.hooks.info(this.db);
+    sel.innerHTML = "";
+    for (const m of info.metrics) {
+      const o = el("option", null, m.name);
+      o.value = String(m.index);
+      sel.appendChild(o);
+    }
+    sel.value = String(s.metric);
+  }
+
+  // ---- loading -----------------------------------------------------------------------------
+
+  /** Shows database `db` at its saved lines state. */
+  async open(db) {
+    this.db = db;
+    const seq = ++this.seq;
+    const s = this.st;
+    const info = this.hooks.info(db);
+    if (!info.metrics.some((m) => m.index === s.metric)) s.metric = 0;
+    this.syncInputs();
+    let meta;
+    try {
+      meta = await this.get("meta", this.base());
+    } catch (e) {
+      if (seq === this.seq) this.clearPanes(e.message);
+      return;
+    }
+    if (seq !== this.seq) return;
+    this.meta = meta;
+    this.host.dataset.db = String(db);
+    s.start = Math.max(0, Math.min(s.start, Math.max(0, meta.rows - 1)));
+    if (s.row !== null && s.row >= meta.rows) s.row = null;
+    if (s.row === null && meta.hottest_row !== null && meta.hottest_row !== undefined && s.start === 0) {
+      s.row = meta.hottest_row;  // a first visit: start where the cost is
+      s.start = Math.max(0, s.row - Math.floor(s.count / 3));
+    }
+    this.q("#ln-h-heat").innerHTML = "";
+    for (let c = 0; c < meta.contexts.length; c++) {
+      const d = el("div", "ln-hcell", meta.short[c]);
+      d.title = meta.contexts[c];
+      this.q("#ln-h-heat").appendChild(d);
+    }
+    this.q("#ln-h-heat").style.setProperty("--nctx", String(meta.contexts.length));
+    this.q("#ln-heat").style.setProperty("--nctx", String(meta.contexts.length));
+    this.hooks.save();
+    await Promise.all([this.refreshOverview(), this.refreshWindow(), this.refreshRanked(), this.refreshAsm(), this.refreshContexts()]);
+  }
+
+  clearPanes(msg) {
+    for (const id of ["#ln-heat", "#ln-mm", "#ln-src", "#ln-asm", "#ln-ctxs"]) this.q(id).innerHTML = "";
+    this.q("#ln-ranked tbody").innerHTML = "";
+    this.q("#ln-asm").textContent = msg || "";
+  }
+
+  moveWindow(start) {
+    if (!this.meta) return;
+    const s = this.st;
+    s.start = Math.max(0, Math.min(start, Math.max(0, this.meta.rows - s.count)));
+    this.hooks.save();
+    this.refreshWindow();
+    this.refreshRects();
+  }
+
+  /** Moves the detailed view to show `row` (a third from its top) and selects it. */
+  jumpTo(row) {
+    const s = this.st;
+    s.start = Math.max(0, Math.min(row - Math.floor(s.count / 3), Math.max(0, this.meta.rows - s.count)));
+    this.select(row, s.ctx, false);
+    this.refreshWindow();
+  }
+
+  /** The one cursor: a line (and a context); every pane follows. */
+  select(row, ctx, follow = false) {
+    const s = this.st;
+    s.row = row;
+    s.ctx = ctx === undefined ? null : ctx;
+    s.proc = null;
+    s.all = false;
+    this.hooks.save();
+    if (follow && (row < s.start || row >= s.start + s.count)) {
+      s.start = Math.max(0, row < s.start ? row : row - s.count + 1);
+      this.refreshWindow();
+    } else {
+      this.drawWindow();
+    }
+    this.refreshRanked();
+    this.refreshAsm();
+    this.refreshContexts();
+  }
+
+  selectProcedure(start, end, hot) {
+    const s = this.st;
+    s.proc = [start, end];
+    s.all = false;
+    const row = Number.isFinite(hot) && hot >= start && hot <= end ? hot : start;
+    s.row = row;
+    s.start = Math.max(0, Math.min(start, Math.max(0, this.meta.rows - s.count)));
+    this.hooks.save();
+    this.refreshWindow();
+    this.drawRanked();
+    this.refreshAsm();
+    this.refreshContexts();
+  }
+
+  async refreshWindow() {
+    const s = this.st;
+    const seq = this.seq;
+    const doc = await this.get("window", { ...this.base(), start: s.start, count: s.count });
+    if (seq !== this.seq) return;
+    this.win = doc;
+    this.drawWindow();
+    this.refreshRects();
+  }
+
+  async refreshOverview() {
+    const seq = this.seq;
+    const doc = await this.get("overview", this.ovParams());
+    if (seq !== this.seq) return;
+    doc.grid = decodeF32(doc.values);
+    this.ov = doc;
+    this.ov.rects = this.ov.rects || { window: [], procedures: [] };
+    await this.refreshRects();
+  }
+
+  /** The rectangles: the detail window and the selected procedure(s), wrapped by the server
+   * exactly as the overview's data. */
+  async refreshRects() {
+    if (!this.ov) return;
+    const s = this.st;
+    const segs = [[s.start, Math.min(this.meta.rows, s.start + s.count) - 1]];
+    let procs = [];
+    if (s.all && this.ranked) procs = this.ranked.procedures.map((p) => [p.first_row, p.last_row]);
+    else if (s.proc) procs = [s.proc];
+    else if (this.ranked && this.ranked.selected !== null && this.ranked.selected !== undefined) {
+      const p = this.rankedList()[this.ranked.selected];
+      if (p) procs = [[p.first_row, p.last_row]];
+    }
+    const seq = this.seq;
+    const doc = await this.get("rects", { ...this.ovParams(), segments: JSON.stringify([...segs, ...procs]) });
+    if (seq !== this.seq || !this.ov) return;
+    this.ov.rects = { window: doc.rects[0], procedures: doc.rects.slice(1) };
+    this.drawOverview();
+  }
+
+  async refreshRanked() {
+    const s = this.st;
+    const seq = this.seq;
+    const doc = await this.get("ranked", { ...this.base(), n: s.n, row: s.row });
+    if (seq !== this.seq) return;
+    this.ranked = doc;
+    this.drawRanked();
+    this.refreshRects();
+  }
+
+  async refreshAsm() {
+    const s = this.st;
+    const box = this.q("#ln-asm");
+    const info = this.q("#ln-asm-info");
+    if (s.row === null) { box.textContent = "Select a line to see its instructions."; info.textContent = ""; return; }
+    const seq = this.seq;
+    let doc;
+    try {
+      doc = await this.get("asm", { ...this.base(), row: s.row, around: s.around }, true);
+    } catch (e) {
+      if (seq === this.seq) { box.textContent = e.message; box.dataset.state = "error"; }
+      return;
+    }
+    if (seq !== this.seq) return;
+    this.drawAsm(doc);
+  }
+
+  async refreshContexts() {
+    const s = this.st;
+    const list = this.q("#ln-ctxs");
+    if (s.row === null) { list.innerHTML = ""; return; }
+    const seq = this.seq;
+    let doc;
+    try { doc = await this.get("contexts", { ...this.base(), row: s.row }, true); } catch (_) { return; }
+    if (seq !== this.seq) return;
+    this.ctxNodes = doc.nodes;
+    list.innerHTML = "";
+    for (const n of doc.nodes.slice(0, 20)) {
+      const li = el("li", null, `${n.path} — ${fmt(n.value)}`);
+      li.dataset.key = n.key;
+      li.title = "open in the Top-down tree";
+      list.appendChild(li);
+    }
+    if (!doc.nodes.length) list.appendChild(el("li", "muted", "no calling context has cost on this line"));
+  }
+
+  toTopDown() {
+    const nodes = this.ctxNodes || [];
+    if (nodes.length) this.hooks.showTopDown(nodes[0].key);
+  }
+
+  /** From a scope of any tree (its key in that view) to the Lines tab at its line. */
+  async showNode(db, vs, key) {
+    this.db = db;
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(vs)) {
+      if (v === null || v === undefined) continue;
+      if (Array.isArray(v) && !v.length) continue;
+      q.set(k, typeof v === "string" ? v : typeof v === "number" ? String(v) : JSON.stringify(v));
+    }
+    const s = this.st;
+    q.set("metric", String(s.metric)); q.set("group", s.group); q.set("node", key);
+    const doc = await getJSON(`/api/db/${db}/lines/locate?${q}`);
+    s.row = doc.row;
+    s.ctx = null;
+    s.all = false;
+    s.proc = doc.procedure ? [doc.procedure.first_row, doc.procedure.last_row] : null;
+    s.start = Math.max(0, doc.row - Math.floor(s.count / 3));
+    return doc;
+  }
+
+  // ---- drawing -------------------------------------------------------------------------------
+
+  drawWindow() {
+    const doc = this.win;
+    if (!doc || !this.meta) return;
+    const s = this.st;
+    const heatBox = this.q("#ln-heat"), mmBox = this.q("#ln-mm"), srcBox = this.q("#ln-src");
+    const norm = s.norm === "window" ? doc.max_window : this.meta.max;
+    const n = this.meta.contexts.length;
+    const fh = document.createDocumentFragment(), fm = document.createDocumentFragment(), fs = document.createDocumentFragment();
+    let mmMax = 0;
+    for (const r of doc.rows) mmMax = Math.max(mmMax, r.max || 0);
+    for (const r of doc.rows) {
+      const selRow = r.row === s.row;
+      const hr = el("div", "ln-row" + (selRow ? " sel" : "") + (r.sum === 0 ? " zero" : ""));
+      hr.dataset.row = String(r.row);
+      hr.setAttribute("role", "row");
+      hr.setAttribute("aria-selected", selRow ? "true" : "false");
+      for (let c = 0; c < n; c++) {
+        const v = r.values[c];
+        const col = r.sum === 0 ? NO_COST : heat(norm > 0 ? v / norm : 0);
+        const cell = el("div", "ln-cell" + (selRow && c === s.ctx ? " cur" : ""), fmt(v));
+        cell.dataset.ctx = String(c);
+        cell.setAttribute("role", "gridcell");
+        cell.style.background = css(col);
+        cell.style.color = ink(col);
+        cell.title = `${this.meta.contexts[c]}: ${v}`;
+        hr.appendChild(cell);
+      }
+      fh.appendChild(hr);
+      // sorted processor view: dark bar = min, light bar = max - min, labels of both
+      const mr = el("div", "ln-mmrow" + (selRow ? " sel" : ""));
+      mr.dataset.row = String(r.row);
+      if (r.sum !== 0) {
+        const bar = el("div", "ln-bar");
+        const w = (v) => `${mmMax > 0 ? (100 * v) / mmMax : 0}%`;
+        const dark = el("span", "ln-bar-min"); dark.style.width = w(r.min);
+        const light = el("span", "ln-bar-span"); light.style.width = w(r.max - r.min);
+        bar.append(dark, light);
+        const lab = el("span", "ln-mmtext", `min ${fmt(r.min)}(${r.min_short}) max ${fmt(r.max)}(${r.max_short})`);
+        lab.title = `min ${r.min} in ${r.min_context}, max ${r.max} in ${r.max_context}, mean ${r.mean}, stdev ${r.stdev}`;
+        mr.append(bar, lab);
+        mr.dataset.min = String(r.min); mr.dataset.max = String(r.max);
+        mr.dataset.minContext = r.min_context; mr.dataset.maxContext = r.max_context;
+        mr.dataset.mean = String(r.mean); mr.dataset.stdev = String(r.stdev);
+      }
+      fm.appendChild(mr);
+      const noText = r.text === null || r.text === undefined;
+      const sr = el("div", "ln-srow" + (selRow ? " sel" : "") + (noText ? " gap" : ""));
+      sr.dataset.row = String(r.row);
+      sr.append(el("span", "ln-ln", r.line ? String(r.line) : ""),
+                el("span", "ln-tx", !noText ? r.text : (r.gap_before ? `(source not available; ${r.gap_before} line${r.gap_before > 1 ? "s" : ""} not in the database before)` : "(source not available)")));
+      sr.title = `${r.file}:${r.line}${r.procedure ? "  in " + r.procedure : ""}`;
+      fs.appendChild(sr);
+    }
+    heatBox.replaceChildren(fh); mmBox.replaceChildren(fm); srcBox.replaceChildren(fs);
+    const first = doc.rows[0], last = doc.rows[doc.rows.length - 1];
+    this.q("#ln-win-info").textContent = first
+      ? `${first.file_name}:${first.line} … ${last.file_name}:${last.line}  (rows ${doc.start}–${doc.start + doc.rows.length - 1} of ${this.meta.rows}; colours: hottest of the ${s.norm} = ${fmt(norm)})`
+      : "";
+    const d = this.q("#ln-detail");
+    d.dataset.start = String(doc.start);
+    d.dataset.count = String(doc.rows.length);
+    d.dataset.norm = s.norm;
+    d.dataset.row = s.row === null ? "" : String(s.row);
+    const selRow = doc.rows.find((r) => r.row === s.row);
+    this.q("#ln-where").textContent = selRow ? `${selRow.file_name}:${selRow.line}${s.ctx !== null && s.ctx !== undefined ? " · " + this.meta.contexts[s.ctx] : ""}` : "";
+    this.surface.setData(doc.rows.map((r) => r.values), norm, doc.rows.map((r) => r.row === s.row), doc.rows.map((r) => r.sum === 0));
+  }
+
+  rankedList() {
+    if (!this.ranked) return [];
+    const list = [...this.ranked.procedures];
+    if (this.ranked.extra) list.push(this.ranked.extra);
+    return list;
+  }
+
+  drawRanked() {
+    const body = this.q("#ln-ranked tbody");
+    body.innerHTML = "";
+    const s = this.st;
+    const list = this.rankedList();
+    this.q("#ln-ranked").classList.toggle("all", !!s.all);
+    list.forEach((p, i) => {
+      const tr = el("tr");
+      tr.dataset.start = String(p.first_row);
+      tr.dataset.end = String(p.last_row);
+      tr.dataset.hot = String(p.hot_row ?? p.first_row);
+      tr.dataset.procedure = p.procedure;
+      const chosen = s.proc ? (s.proc[0] === p.first_row && s.proc[1] === p.last_row)
+        : (this.ranked.selected === i);
+      if (chosen) tr.classList.add("sel");
+      tr.setAttribute("aria-selected", chosen ? "true" : "false");
+      if (this.ranked.extra && i === list.length - 1) tr.classList.add("appended");
+      for (const t of [p.rank, p.procedure, p.file_name || p.file, fmt(p.sum), p.percent.toFixed(1)]) tr.appendChild(el("td", null, String(t)));
+      tr.title = `${p.file}: rows ${p.first_row}–${p.last_row}`;
+      body.appendChild(tr);
+    });
+  }
+
+  /** Overview geometry: strips side by side, `cols` context columns each, L bins high. */
+  geometry() {
+    const ov = this.ov;
+    const canvas = this.q("#ln-overview");
+    const wrap = this.q("#ln-ov-wrap");
+    const S = Math.max(1, ov.strips), C = Math.max(1, ov.columns), L = ov.strip;
+    const gap = 3;
+    const avail = Math.max(60, wrap.clientWidth - 4);
+    const cw = Math.max(1, Math.floor((avail - gap * (S - 1)) / (S * C)));
+    const sw = cw * C;
+    const width = S * sw + gap * (S - 1);
+    const height = Math.max(60, wrap.clientHeight - 4);
+    const bh = height / L;
+    return { canvas, S, C, L, gap, cw, sw, width, height, bh };
+  }
+
+  drawOverview() {
+    const ov = this.ov;
+    if (!ov) return;
+    const g = this.geometry();
+    const { canvas, C, L, gap, cw, sw, bh } = g;
+    canvas.width = g.width; canvas.height = Math.ceil(g.height);
+    canvas.style.width = `${g.width}px`; canvas.style.height = `${Math.ceil(g.height)}px`;
+    const ctx = canvas.getContext("2d");
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
+    const grid = ov.grid;
+    const mx = ov.max || 1;
+    for (let b = 0; b < ov.bins; b++) {
+      const strip = Math.floor(b / L), y = (b % L) * bh;
+      const x0 = strip * (sw + gap);
+      let any = false;
+      for (let c = 0; c < C; c++) if (grid[b * C + c] !== 0) { any = true; break; }
+      for (let c = 0; c < C; c++) {
+        const v = grid[b * C + c];
+        ctx.fillStyle = css(any ? heat(v / mx) : NO_COST);
+        ctx.fillRect(x0 + c * cw, y, cw, Math.max(1, Math.ceil(bh)));
+      }
+    }
+    const rect = (pieces, colour, width) => {
+      ctx.strokeStyle = colour; ctx.lineWidth = width;
+      for (const [strip, first, rows] of pieces) {
+        const x = strip * (sw + gap) - 0.5 * width;
+        ctx.strokeRect(x + 0.5, first * bh + 0.5, sw + width - 1, rows * bh - 1);
+      }
+    };
+    for (const p of ov.rects.procedures) rect(p, "#ffee00", 2);
+    rect(ov.rects.window || [], "#c8961e", 2);
+    canvas.dataset.bins = String(ov.bins);
+    canvas.dataset.strips = String(ov.strips);
+    canvas.dataset.window = JSON.stringify(ov.rects.window || []);
+    canvas.dataset.procedures = JSON.stringify(ov.rects.procedures);
+    canvas.dataset.geometry = JSON.stringify({ sw, gap, bh, cw });
+    this.q("#ln-ov-info").textContent = `${ov.rows} lines → ${ov.kept} kept → ${ov.bins} bins of ${ov.bin} (${ov.reduce}) in ${ov.strips} strips of ${L}; ${ov.contexts} contexts in ${C} columns`;
+  }
+
+  /** Pixel → original line: the inverse map the server sent (first row of each bin). */
+  overviewRowAt(x, y) {
+    const ov = this.ov;
+    if (!ov) return null;
+    const g = this.geometry();
+    const strip = Math.floor(x / (g.sw + g.gap));
+    if (x - strip * (g.sw + g.gap) >= g.sw) return null;  // in the gap
+    const b = strip * g.L + Math.floor(y / g.bh);
+    if (strip < 0 || b < 0 || b >= ov.bins || Math.floor(y / g.bh) >= g.L) return null;
+    return ov.bin_row[b];
+  }
+
+  drawAsm(doc) {
+    const box = this.q("#ln-asm");
+    const info = this.q("#ln-asm-info");
+    box.innerHTML = "";
+    info.textContent = doc.file ? `${doc.file_name}:${doc.line} ±${doc.around}` : "";
+    if (doc.error) {
+      box.dataset.state = "unavailable";
+      box.appendChild(el("div", "ln-asm-msg", doc.error));
+      return;
+    }
+    box.dataset.state = doc.instructions.length ? "ok" : "empty";
+    if (!doc.instructions.length) { box.appendChild(el("div", "ln-asm-msg", "no instruction of the load module maps to these lines")); return; }
+    const t = el("table", "ln-asm-table");
+    let last = null;
+    for (const ins of doc.instructions) {
+      if (ins.line !== last) {
+        const tr = el("tr", "ln-asm-line" + (ins.line === doc.line ? " sel" : ""));
+        const td = el("td", null, `line ${ins.line}${ins.function ? "  " + ins.function : ""}`);
+        td.colSpan = 3;
+        tr.appendChild(td);
+        t.appendChild(tr);
+        last = ins.line;
+      }
+      const tr = el("tr", "ln-ins" + (ins.line === doc.line ? " sel" : ""));
+      tr.dataset.address = ins.address;
+      tr.append(el("td", "ln-addr", ins.address), el("td", "ln-code", ins.text), el("td", "ln-cost", ins.cost === null ? "" : fmt(ins.cost)));
+      t.appendChild(tr);
+    }
+    box.appendChild(t);
+  }
+}
