@@ -25,6 +25,7 @@ COMMANDS = {
     "view": "open a database in the browser viewer (like hpcviewer)",
     "diff": "compare two databases: base, new, delta, ratio",
     "merge": "merge databases: one column per input and the spread",
+    "lines": "cost per source line and execution context (PerfVisS)",
 }
 
 
