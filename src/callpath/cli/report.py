@@ -100,7 +100,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     g.add_argument("--kind", choices=("plot", "sorted", "histogram"), default="plot",
                    help="kind of --plot graph")
     g.add_argument("--output", "-o", default=None, metavar="FILE.png",
-                   help="where --plot writes its PNG")
+                   help="where --plot writes its PNG (and --flame its SVG)")
+    g.add_argument("--flame", action="store_true",
+                   help="write a standalone SVG flame graph (Top-down; an icicle of exclusive "
+                   "values in Bottom-up) of the first column from the start node to -o "
+                   "FILE.svg; coloured by the delta on a 'callpath diff' database")
     p.add_argument("--format", "-f", choices=("text", "json", "csv"), default="text")
     p.add_argument("--contexts", action="store_true",
                    help="list the execution contexts (threads, ranks) instead of a view")

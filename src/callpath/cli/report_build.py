@@ -148,6 +148,8 @@ def build_report(exp: Experiment, args: argparse.Namespace, out: TextIO) -> int:
 
     if args.stats is not None or args.plot is not None:
         return _per_context(columns, view, cols, args, out)
+    if getattr(args, "flame", False):
+        return _flame(columns, view, cols[0], start, args, out)
 
     if args.find:
         opts = FindOptions(args.find, args.find_case, args.find_word, args.find_regex)
@@ -190,6 +192,20 @@ def view_expand_all(view: View, depth: int | None) -> None:
 
     if isinstance(view, BottomUpView):
         view.expand_all(3 if depth is None else depth)
+
+
+def _flame(columns: ColumnSet, view: View, col: ColumnDef, start: int,
+           args: argparse.Namespace, out: TextIO) -> int:
+    from callpath.present.flamesvg import flame_svg
+
+    if not args.output:
+        raise CallpathError("--flame needs -o FILE.svg for the image")
+    kind = "flame graph" if view.name == "top-down" else "icicle"
+    title = f"{Path(args.database).name}: {view.name} {kind}"
+    svg = flame_svg(columns, view, col, start, title=title)
+    Path(args.output).write_text(svg, encoding="utf-8")
+    out.write(f"wrote {args.output}\n")
+    return 0
 
 
 def _per_context(columns: ColumnSet, view: View, cols: list[ColumnDef],
