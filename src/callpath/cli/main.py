@@ -26,7 +26,11 @@ COMMANDS = {
     "diff": "compare two databases: base, new, delta, ratio",
     "merge": "merge databases: one column per input and the spread",
     "lines": "cost per source line and execution context (PerfVisS)",
+    "export": "write a database as speedscope, pprof, Chrome trace or folded stacks",
+    "import": "read folded stacks, speedscope, pprof or perf script output into a database",
 }
+# Subcommands whose module name differs from the command (``import`` is a Python keyword).
+MODULES = {"import": "import_"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,9 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, text in COMMANDS.items():
         try:
-            module = importlib.import_module(f"callpath.cli.{name}")
+            module = importlib.import_module(f"callpath.cli.{MODULES.get(name, name)}")
         except ModuleNotFoundError as e:
-            if e.name != f"callpath.cli.{name}":
+            if e.name != f"callpath.cli.{MODULES.get(name, name)}":
                 raise
             p = sub.add_parser(name, help=f"{text} (not yet available)", add_help=False)
             p.add_argument("rest", nargs=argparse.REMAINDER)
