@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.attribute.build import Tables, ThreadData, finish
+from callpath.attribute.elfsyms import DirectSymbols
 from callpath.attribute.forked import STATE
 from callpath.attribute.hpcrun_periods import scaled_values
 from callpath.attribute.kernelsyms import KernelSymbols, is_kernel_symbols
@@ -89,12 +90,15 @@ class ModuleMapper:
 
     def __init__(self, path: str, structure: Structure | None, tables: Tables,
                  symbols: SymbolTable | None = None,
-                 kernel: KernelSymbols | None = None) -> None:
+                 kernel: KernelSymbols | None = None,
+                 direct: DirectSymbols | None = None) -> None:
         self.path = path
         self.s = structure
         self.t = tables
         self.symbols = symbols
         self.kernel = kernel
+        #: hpcprof's fallback where no structure covers an address: the module's ELF symbols
+        self.direct = direct
         self.base = os.path.basename(path)
         self.cache: dict[int, tuple[Step, ...]] = {}
 
@@ -113,6 +117,12 @@ class ModuleMapper:
             self.cache[ip] = ((F, CALL, kfn, -1, 0, -1, 0),)
             return self.cache[ip]
         scope = int(self.s.lookup(np.array([ip], dtype=np.uint64))[0]) if self.s else -1
+        dsym = self.direct.find(ip & 0xFFFFFFFFFFFFFFFF) \
+            if self.direct is not None and scope < 0 else None
+        if dsym is not None:
+            dfn = self.t.function(dsym[1], lm, dsym[0], -1, 0)
+            self.cache[ip] = ((F, CALL, dfn, -1, 0, -1, 0),)
+            return self.cache[ip]
         proc = self.symbols.find(ip) if self.symbols is not None and scope < 0 else None
         if proc is not None:
             fid = self.t.function(proc[1], lm, proc[0], -1, 0)
@@ -226,9 +236,15 @@ def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
             if mp is None:
                 path = module_paths[lm]
                 s = by_module.get(path) or by_module.get("base:" + os.path.basename(path))
-                ks = (KernelSymbols.of_file(module_dirs[path] / path)
-                      if is_kernel_symbols(path) and path in module_dirs else None)
-                mp = mappers[lm] = ModuleMapper(path, s, part.tables, kernel=ks)
+                # a relative module is a file hpcrun copied into the measurement directory
+                # (vdso/, kernel_symbols/): the very bytes measured, safe to read symbols from;
+                # an absolute path names whatever is there now (docs/prof.md)
+                where = module_dirs.get(path)
+                ks = KernelSymbols.of_file(where / path) \
+                    if where is not None and is_kernel_symbols(path) else None
+                ds = DirectSymbols.of_file(where / path) \
+                    if where is not None and ks is None else None
+                mp = mappers[lm] = ModuleMapper(path, s, part.tables, kernel=ks, direct=ds)
             return mp.steps(ip)
         if ip in (hr.PRIMARY_ROOT, hr.NO_ACTIVITY):
             return 0
