@@ -1,0 +1,130 @@
+// sync.js — what shared sessions (share.js) and linked pop-out windows (popout.js) have in
+// common: the view state as a snapshot, the difference between two snapshots as small
+// (path, value) changes, and applying changes that came from elsewhere followed by ONE
+// redraw of what they touch (a selection moves the selection, a trace window repaints the
+// trace, anything else reloads the current view).
+//
+// Paths are dotted keys into {s: <state.js state without the font>, ui: {scroll}}, e.g.
+// "s.dbs.0.views.top-down.exp". Objects are compared key by key down to a few levels; lists
+// and scalars travel whole.
+
+import { state, dbState, freshDb, freshView, VIEWS } from "./state.js";
+
+let hooks = null;        // {showDb, tree, trace} from main.js
+let ready = null;        // resolves when the page has shown its first view
+
+/** main.js hands over what a redraw needs. */
+export function setHooks(h, started) { hooks = h; ready = started; }
+export function whenReady() { return ready || Promise.resolve(); }
+
+/** The tree's scroll position in rows (not pixels: fonts may differ between screens). */
+function scrollRows() {
+  const t = hooks && hooks.tree;
+  return t && t.rowHeight ? Math.round(t.scroller.scrollTop / t.rowHeight) : 0;
+}
+
+export function snapshot() {
+  return JSON.parse(JSON.stringify({
+    s: { db: state.db, dbs: state.dbs, filters: state.filters },
+    ui: { scroll: scrollRows() },
+  }));
+}
+
+const isObj = (x) => x !== null && typeof x === "object" && !Array.isArray(x);
+const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+
+/** The changes from snapshot a to snapshot b: [[path, value], ...]. */
+export function diff(a, b, path = [], out = [], depth = 0) {
+  if (isObj(a) && isObj(b) && depth < 6) {
+    for (const k of Object.keys(b)) {
+      if (!same(a[k], b[k])) diff(a[k], b[k], [...path, k], out, depth + 1);
+    }
+    for (const k of Object.keys(a)) if (!(k in b)) out.push([[...path, k].join("."), null]);
+    return out;
+  }
+  out.push([path.join("."), b === undefined ? null : b]);
+  return out;
+}
+
+/** A whole snapshot as changes (what a late joiner or a new window needs). */
+export function asChanges(snap) { return diff({}, snap); }
+
+let batch = [];
+let timer = 0;
+let uiScroll = null;
+
+/** Applies changes from elsewhere, then redraws once (debounced: a burst is one redraw).
+ *  keepMode: the per-database "mode" (profile/trace/lines) stays this window's own. */
+export function applyChanges(changes, { keepMode = false } = {}) {
+  const modes = {};
+  for (const [id, d] of Object.entries(state.dbs)) modes[id] = d.mode;
+  for (const [path, value] of changes) {
+    const parts = path.split(".");
+    if (parts[0] === "ui") { if (parts[1] === "scroll" && Number.isFinite(value)) uiScroll = value; continue; }
+    if (parts[0] !== "s" || parts.length < 2) continue;
+    if (keepMode && parts[parts.length - 1] === "mode") continue;
+    let obj = state;
+    for (let i = 1; i < parts.length - 1; i++) {
+      if (!isObj(obj[parts[i]])) obj[parts[i]] = {};
+      obj = obj[parts[i]];
+    }
+    obj[parts[parts.length - 1]] = JSON.parse(JSON.stringify(value));
+    batch.push(path);
+  }
+  // whatever arrived, each database state stays complete
+  if (!isObj(state.dbs)) state.dbs = {};
+  for (const [id, d] of Object.entries(state.dbs)) {
+    const full = Object.assign(freshDb(), isObj(d) ? d : {});
+    if (!isObj(full.views)) full.views = {};
+    for (const vn of VIEWS) full.views[vn] = Object.assign(freshView(), full.views[vn] || {});
+    if (keepMode && modes[id]) full.mode = modes[id];
+    state.dbs[id] = full;
+  }
+  if (!Array.isArray(state.filters)) state.filters = [];
+  if (!Number.isInteger(state.db)) state.db = 0;
+  clearTimeout(timer);
+  timer = setTimeout(redraw, 30);
+}
+
+let drawing = Promise.resolve();
+
+async function redraw() {
+  const paths = batch;
+  batch = [];
+  await whenReady();
+  drawing = drawing.then(() => redrawNow(paths)).catch(() => {});
+  await drawing;
+}
+
+async function redrawNow(paths) {
+  if (!hooks) return;
+  const { tree, trace, showDb } = hooks;
+  const d = dbState(state.db);
+  const v = d.views[d.view];
+  const onlySel = paths.length && paths.every((p) => p === `s.dbs.${state.db}.views.${d.view}.sel`);
+  const onlyTrace = paths.length && paths.every((p) => p.startsWith(`s.dbs.${state.db}.trace`));
+  if (!paths.length || (onlyTrace && d.mode !== "trace")) {
+    // only the scroll position, or a trace window the page does not show
+  } else if (onlySel && d.mode === "profile" && tree.rows && tree.rows.length) {
+    const entry = tree.rows.find((e) => e.row && e.row.key === v.sel);
+    if (entry) { tree.select(entry); tree.reveal(entry); } else await showDb();
+  } else if (onlyTrace && d.mode === "trace" && trace.meta && trace.db === state.db && d.trace) {
+    trace.win = trace.clamp({ ...trace.home(), ...d.trace });
+    if (Number.isInteger(d.trace.depth)) {
+      trace.depth = Math.min(d.trace.depth, trace.meta.max_depth);
+      trace.depthInput.value = String(trace.depth);
+    }
+    await trace.refresh();
+  } else {
+    if (d.mode === "trace" && trace.meta && trace.db === state.db && d.trace) {
+      trace.win = trace.clamp({ ...trace.home(), ...d.trace });
+    }
+    await showDb();
+  }
+  if (uiScroll !== null && d.mode === "profile") {
+    const rows = uiScroll;
+    uiScroll = null;
+    requestAnimationFrame(() => { tree.scroller.scrollTop = rows * tree.rowHeight; tree.render(); });
+  }
+  document.dispatchEvent(new CustomEvent("callpath:state-applied", { detail: { paths } }));
+}
