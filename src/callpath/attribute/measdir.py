@@ -48,6 +48,7 @@ from callpath.structure.model import Structure
 _ROOT, _NATIVE, _PYTHON, _PARTIAL, _UNKNOWN = (int(k) for k in (
     md.NodeKind.ROOT, md.NodeKind.NATIVE, md.NodeKind.PYTHON, md.NodeKind.PARTIAL,
     md.NodeKind.UNKNOWN))
+_SAMPLED = 1000  # frame kind of a sampled native PC when prof keeps instruction scopes
 
 
 def is_callpath_measurements(d: Path) -> bool:
@@ -89,7 +90,7 @@ class _PyMapper:
 def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
                  ignore_structs: bool = False, title: str | None = None,
                  workers: int = 1, mpi: bool = False,
-                 stats: bool = False) -> Experiment | None:
+                 stats: bool = False, instructions: bool = False) -> Experiment | None:
     """The experiment of callpath measurement directories (see the module docstring), reduced
     by ``workers`` processes (one work unit per process file)."""
     heads = [_header(d) for d in measdirs]
@@ -110,7 +111,7 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
     units = [f for d in measdirs for f in sorted(d.glob(md.PROCESS_GLOB), key=md._file_order)]
     part = reduce_units(reduce_process_files, units, workers, mpi, {
         "structures": {} if ignore_structs else load_structures(structs), "metrics": infos,
-        "names": names, "ignore_structs": ignore_structs})
+        "names": names, "ignore_structs": ignore_structs, "instructions": instructions})
     if part is None:
         return None
     if not part.threads:
@@ -162,8 +163,16 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
     codes: list[md.PyCode] = []
     code_index: dict[tuple[str, str, int], int] = {}
     walker = Walker(tb)
+    keep_ins = bool(STATE.get("instructions"))
 
     def make(kind: int, mod: int, addr: int) -> tuple[Step, ...] | int:
+        if kind == _SAMPLED:
+            # prof --instructions: a sampled PC keeps its address as an instruction scope
+            # under its line scope (v4 instruction context), for the Lines tab's assembler
+            st = make(_NATIVE, mod, addr)
+            if isinstance(st, tuple) and st and st[-1][0] == LN:
+                st = (*st, (INS, LEX, -1, -1, 0, tables.module(module_paths[mod]), addr))
+            return st
         if kind == _NATIVE:
             mp = mappers.get(mod)
             if mp is None:
@@ -222,6 +231,8 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
             exact = (nodes["flags"] & int(md.NodeFlag.EXACT_PC)) != 0
             ip = np.where(native & ~exact, address - 1, address)
             kind[0] = -1
+            if keep_ins:
+                kind = np.where(native & exact, _SAMPLED, kind)
             frame = walker.frame_ids(kind, gmod, ip, make)
             entry = tb.entry(ENTRY_MAIN, "main thread") if int(th.info.get("index", 0)) == 0 \
                 else tb.entry(ENTRY_THREAD, "application thread")

@@ -43,6 +43,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="summary statistics over execution contexts: 'sum' (default) or "
                    "'stats' (also count, sum of squares, min and max, from which mean, standard "
                    "deviation and coefficient of variation follow), like hpcprof -M")
+    p.add_argument("--instructions", action="store_true",
+                   help="keep each sampled instruction address as an instruction scope under "
+                   "its line (v4 instruction contexts): cost per instruction in 'callpath "
+                   "lines --instructions' and the viewer's assembler pane (callpath "
+                   "measurements only)")
     p.add_argument("--mpi", action="store_true",
                    help="reduce across the ranks of an MPI job (mpirun -n N callpath prof "
                    "--mpi ...; needs mpi4py); rank 0 writes the database")
@@ -80,10 +85,16 @@ def run(args: argparse.Namespace) -> int:
         raise CallpathError(f"-j {args.jobs}: expected a positive number of workers")
     from callpath.attribute.reduce import workers_default
 
+    extra = {}
+    if getattr(args, "instructions", False):
+        if "callpath" not in kinds:
+            raise CallpathError("--instructions applies to callpath measurement directories "
+                                "(HPCToolkit's hpcprof keeps instruction contexts itself)")
+        extra["instructions"] = True
     reduce = prof_measdir if "callpath" in kinds else prof_hpctoolkit
     exp = reduce(dirs, structs, ignore_structs=args.ignore_structs, title=args.title,
                  workers=args.jobs or workers_default(), mpi=args.mpi,
-                 stats="stats" in args.metric)
+                 stats="stats" in args.metric, **extra)
     if exp is None:  # an MPI rank other than 0: its share went to rank 0
         return 0
     write_v4(exp, out, copy_sources=not args.no_sources)
