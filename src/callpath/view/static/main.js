@@ -10,6 +10,7 @@ import { openDerivedDialog, openFiltersDialog, openThreadsDialog, openFindDialog
 import { PlotDialog } from "./plot.js";
 import { TraceView } from "./trace.js";
 import { LinesView } from "./lines.js";
+import { startLinks } from "./share.js";
 
 const $ = (id) => document.getElementById(id);
 let databases = [];
@@ -439,4 +440,5 @@ async function start() {
 // for tests and for debugging in the console
 window.__callpath = { state, tree, flushUrl, get columns() { return columns; }, trace, plot, source };
 window.__callpath.lines = lines;
-start();
+// shared sessions, linked pop-out windows and notes (share.js, popout.js, notes.js)
+startLinks({ tree, trace, source, plot, showDb }, start());
