@@ -239,6 +239,7 @@ export class LinesView {
   async open(db) {
     this.db = db;
     const seq = ++this.seq;
+    const fresh = !this.hooks.dbState(db).lines;  // a first visit: no saved lines state
     const s = this.st;
     const info = this.hooks.info(db);
     if (!info.metrics.some((m) => m.index === s.metric)) s.metric = 0;
@@ -255,7 +256,7 @@ export class LinesView {
     this.host.dataset.db = String(db);
     s.start = Math.max(0, Math.min(s.start, Math.max(0, meta.rows - 1)));
     if (s.row !== null && s.row >= meta.rows) s.row = null;
-    if (s.row === null && meta.hottest_row !== null && meta.hottest_row !== undefined && s.start === 0) {
+    if (fresh && meta.hottest_row !== null && meta.hottest_row !== undefined) {
       s.row = meta.hottest_row;  // a first visit: start where the cost is
       s.start = Math.max(0, s.row - Math.floor(s.count / 3));
     }
