@@ -1,13 +1,19 @@
-"""Build of the one optional C extension; everything else is in pyproject.toml.
+"""Build of the optional C extensions; everything else is in pyproject.toml.
 
 ``_callpath_walk`` is the Python sampler's stack walk in C (``src/callpath/measure/python/
 _callpath_walk.c``). It is optional: where no compiler or no Python headers are found, the build
 goes on without it and the sampler walks stacks in Python (same data, a few microseconds more
-per sample).
+per sample). ``_callpath_native`` (``_callpath_native.c``) captures the Python and native
+stacks of the same instant for ``callpath run --native``; without it that option falls back to
+Python-only call paths and says so.
 """
 
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("callpath.measure.python._callpath_walk",
                              ["src/callpath/measure/python/_callpath_walk.c"],
+                             optional=True),
+                   # signal-time capture of Python + native stacks (callpath run --native)
+                   Extension("callpath.measure.python._callpath_native",
+                             ["src/callpath/measure/python/_callpath_native.c"],
                              optional=True)])

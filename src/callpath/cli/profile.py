@@ -35,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="database directory (default: callpath-CMD-database[-N])")
     p.add_argument("--python", action="store_true",
                    help="CMD is a Python program: measure it with the Python sampler")
+    p.add_argument("--native", action="store_true",
+                   help="Python programs: merge native call stacks below the Python frames")
     p.add_argument("-F", "--frequency", type=int, default=None,
                    help="Python sampler: samples per second (default 1000)")
     p.add_argument("-d", "--depth", type=int, default=16,
@@ -66,7 +68,10 @@ def run(args: argparse.Namespace) -> int:
     from callpath.attribute.reduce import workers_default
     from callpath.formats.v4.writer import write_v4
 
-    exp = prof_measdir([meas], [], workers=workers_default())
+    def note(msg: str) -> None:
+        sys.stderr.write(f"callpath profile: {msg}\n")
+
+    exp = prof_measdir([meas], [], workers=workers_default(), notify=note)
     assert exp is not None  # None only for MPI ranks other than 0
     write_v4(exp, db)
     from callpath.cli.main import main as cli_main
@@ -85,6 +90,8 @@ def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool)
         argv = [sys.executable, "-m", "callpath.measure.python", "-o", str(meas)]
         if args.trace:
             argv.append("-t")
+        if args.native:
+            argv.append("--native")
         if args.frequency:
             argv += ["-F", str(args.frequency)]
         if cmd[0].endswith(".py"):
@@ -105,7 +112,7 @@ def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool)
     # callpath run's own parser fills in every option it has (defaults included)
     parser = argparse.ArgumentParser(prog="callpath")
     run_cli.add_parser(parser.add_subparsers(dest="command_name"))
-    argv = ["run", "-o", str(meas), "--top", "0"]
+    argv = ["run", "-o", str(meas), "--top", "0"] + (["--native"] if args.native else [])
     for event in args.event:
         argv += ["-e", event]
     if args.trace:

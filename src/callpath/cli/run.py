@@ -41,6 +41,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="procedures in the closing flat summary (0: none)")
     p.add_argument("-m", "--module", metavar="MODULE", default=None,
                    help="measure the Python module MODULE (as 'python -m MODULE ARGS')")
+    p.add_argument("--native", action="store_true",
+                   help="Python programs: one call path through Python and native code (the "
+                   "native stack of every sample is unwound and merged below the Python "
+                   "frames; docs/python-measurement.md)")
     p.add_argument("--finish", metavar="MEASDIR", default=None,
                    help="only post-process MEASDIR (a run whose launcher was killed)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS")
@@ -140,7 +144,9 @@ def _run_python(cmd: list[str], module: bool, args: argparse.Namespace) -> int:
             frequency = 1e9 / float(spec.period)
     name = cmd[0] if module else next((w for w in cmd[1:] if w.endswith(".py")), cmd[0])
     out = Path(args.output) if args.output else _default_output([name])
-    return run_python(cmd, module=module, out_dir=out, frequency=frequency, trace=args.trace)
+    return run_python(cmd, module=module, out_dir=out, frequency=frequency, trace=args.trace,
+                      native=bool(getattr(args, "native", False)),
+                      native_stack=max(args.stack_size, 32768))
 
 
 def _shell_status(status: int) -> int:

@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="samples per second, wall-clock (default 1000)")
     p.add_argument("-t", "--trace", action="store_true", help="also record a trace of samples")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
+    p.add_argument("--native", action="store_true",
+                   help="merge the native stack of every sample below its Python frames")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     p.add_argument("program", nargs=argparse.REMAINDER,
                    help="SCRIPT ARGS, or a python command line")
@@ -41,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(f"callpath-{name}-measurements-{n}")
     try:
         return run_python(target, module=bool(args.module), out_dir=out,
-                          frequency=args.frequency, trace=args.trace, summary=not args.quiet)
+                          frequency=args.frequency, trace=args.trace, summary=not args.quiet,
+                          native=args.native)
     except CallpathError as e:
         sys.stderr.write(f"callpath: error: {e}\n")
         return 2

@@ -29,6 +29,8 @@ from callpath.measure.python import sampler as S
 SHIM_DIR = Path(__file__).resolve().parent / "shim"
 MAX_FREQUENCY = 10_000.0
 PR_SET_CHILD_SUBREAPER = 36
+ENV_NATIVE = "CALLPATH_PY_NATIVE"  # native_capture.ENV_NATIVE (that module is loaded by path)
+DEFAULT_NATIVE_STACK = 32768
 _INTERPRETER = re.compile(r"^python(\d+(\.\d+)*)?([dmu]*)?(\.exe)?$")
 # Interpreter options that keep site from running our bootstrap: -S skips site, -I and -E
 # ignore PYTHONPATH.
@@ -120,9 +122,14 @@ def command_line(argv: Sequence[str], *, module: bool) -> list[str]:
 
 
 def measurement_env(out_dir: Path, frequency: float, trace: bool,
-                    base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment that makes every Python process below the launcher measure itself."""
+                    base: dict[str, str] | None = None, native_stack: int = 0) -> dict[str, str]:
+    """The environment that makes every Python process below the launcher measure itself
+    (``native_stack``: bytes of native stack per sample under ``--native``, 0 without)."""
     env = dict(os.environ if base is None else base)
+    if native_stack:
+        env[ENV_NATIVE] = str(native_stack)
+    else:
+        env.pop(ENV_NATIVE, None)
     env[S.ENV_OUT] = str(Path(out_dir).resolve())
     env[S.ENV_FREQ] = repr(float(frequency))
     env[S.ENV_TRACE] = "1" if trace else "0"
@@ -151,7 +158,8 @@ def _check(out_dir: Path, frequency: float) -> None:
 
 def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: float = 1000.0,
                trace: bool = False, summary: bool = True, env: dict[str, str] | None = None,
-               summary_file: TextIO | None = None, linger: float = 5.0) -> int:
+               summary_file: TextIO | None = None, linger: float = 5.0,
+               native: bool = False, native_stack: int = DEFAULT_NATIVE_STACK) -> int:
     """Run a Python program measured into ``out_dir``; return the program's exit status.
 
     ``argv`` is a command line (``["python3", "app.py", "x"]``), a script and its arguments
@@ -160,14 +168,21 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
     quick summary goes to ``summary_file`` (standard error by default). Descendants that
     outlive the program (a pool's workers being torn down, multiprocessing's resource tracker)
     are waited for up to ``linger`` seconds, so that their files are complete when read.
+    With ``native``, every sample also carries the native stack of the same instant, and the
+    paths are merged after the run (``callpath run --native``; ``merge.py``).
     """
     out_dir = Path(out_dir)
     cmd = command_line(argv, module=module)
     _check(out_dir, frequency)
-    child_env = measurement_env(out_dir, frequency, trace, env)
+    if native and trace:
+        raise CallpathError("--native does not record traces yet: leave out -t")
+    child_env = measurement_env(out_dir, frequency, trace, env,
+                                native_stack if native else 0)
     metrics = [measdir.MetricInfo.from_json(d) for d in S.metric_descriptors(frequency)]
     fields = {"command": list(cmd), "producer": "python", "frequency": frequency,
               "trace": trace, "start_time": time.time()}
+    if native:
+        fields["native"] = True
     measdir.write_header(out_dir, metrics, status="running", **fields)
     _become_subreaper()
     started = time.monotonic()
@@ -178,6 +193,10 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
     rc = _wait(proc, linger)
     status = 128 - rc if rc < 0 else rc
     exit_status = rc  # the format's convention: negative for a fatal signal
+    notes: list[str] = []
+    if native:
+        from callpath.measure.python.native_summary import finish_native
+        notes = finish_native(out_dir)
     try:
         measdir.write_header(out_dir, metrics, status="complete", exit_status=exit_status,
                              end_time=time.time(), summary=_header_summary(out_dir), **fields)
@@ -185,6 +204,8 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
             from callpath.measure.python.summary import print_summary
             print_summary(out_dir, status, file=summary_file or sys.stderr,
                           wall_s=time.monotonic() - started)
+        for line in notes:
+            (summary_file or sys.stderr).write(line + "\n")
     except CallpathError as e:
         # the program ran: its exit status matters more than our summary of its data
         sys.stderr.write(f"callpath: warning: {e}\n")

@@ -140,6 +140,21 @@ def _c_walk() -> tuple[Any, str]:
     return None, "python (no C walk built for this interpreter)"
 
 
+def _native_capture(sampler: Any) -> Any:
+    """``callpath run --native``: the signal-time capture of native stacks
+    (``native_capture.py``, loaded by path like this module), or None without ``--native``."""
+    if not os.environ.get("CALLPATH_PY_NATIVE"):
+        return None
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_capture.py")
+    spec = importlib.util.spec_from_file_location("_callpath_native_capture", path)
+    if spec is None or spec.loader is None:
+        return None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.from_environment(sampler)
+
+
 def py_stack_of(frame: FrameType, locs_of: dict[int, dict[int, int]],
                 stacks: dict[tuple[int, ...], int], cache: Any = None) -> int | None:
     """The stack walk in Python, where the C one (``_callpath_walk.stack_of``, same signature
@@ -298,6 +313,7 @@ class Sampler:
         self.pending_signal = 0
         self.handler: Callable[[int, FrameType | None], None] | None = None
         self._orig_exit: Callable[[int], NoReturn] | None = None
+        self.native: Any = None  # native_capture.NativeCapture under --native
         self._reset()
 
     # ---- per-process state --------------------------------------------------------------------
@@ -716,6 +732,8 @@ class Sampler:
             out.append(_json_chunk(TAG_STATS, self._stats(td), th))
         if out:
             self._write(b"".join(out))
+        if self.native is not None:
+            self.native.flush()
         self.last_flush = time.monotonic_ns()
 
     @staticmethod
@@ -740,6 +758,7 @@ class Sampler:
         self.handler = self.make_handler()
         signal.signal(signal.SIGPROF, self.handler)
         self._open()
+        self._start_native(after_fork=False)
         self.mechanism = self.timer.start(self.period_ns, self.handler)
         self.process_info["mechanism"] = self.mechanism
         atexit.register(self.finish, "exit", None)
@@ -759,6 +778,8 @@ class Sampler:
         self.busy = True  # a signal already pending must not sample the sampler
         self.timer.stop()
         try:
+            if self.native is not None:
+                self.native.stop()  # its last records, before the codes they name are noted
             self._flush_locked()
             self.process_info["end"] = {
                 "reason": reason, "status": status, "samples": self.samples,
@@ -820,8 +841,22 @@ class Sampler:
         self.handler = self.make_handler()
         signal.signal(self.timer.signo, self.handler)
         self._open()
+        self._start_native(after_fork=True)
         self.mechanism = self.timer.start(self.period_ns, self.handler)
         self.process_info["mechanism"] = self.mechanism
+
+    def _start_native(self, after_fork: bool) -> None:
+        """Under ``--native``, install the signal-time capture (after our SIGPROF handler,
+        which it forwards to); the process metadata says whether paths will be merged."""
+        try:
+            if not after_fork:
+                self.native = _native_capture(self)
+            if self.native is not None:
+                how = self.native.after_fork() if after_fork else self.native.start()
+                self.process_info["native"] = how
+        except Exception as e:  # never stop the program because measurement failed
+            self.native = None
+            self.process_info["native"] = f"python only: the native capture failed ({e})"
 
 
 _SAMPLER: Sampler | None = None

@@ -1,0 +1,462 @@
+/* Mixed Python/native sampling for `callpath run --native`: the capture half, in signal context.
+ *
+ * Why a real (sigaction) handler: Python runs its signal handlers between bytecodes, so by the
+ * time sampler.py's handler runs, the native code that was interrupted (a BLAS kernel, a ctypes
+ * call) has returned. The native stack and the Python stack of the same instant can only be
+ * read in the signal handler itself. This handler runs first and then hands the signal to
+ * Python's own handler (main thread only), so the Python-level sampler still runs as before.
+ *
+ * Per sample it copies, into a ring of fixed slots (lock-free reservation, any thread):
+ *   - thread id, CLOCK_MONOTONIC and the thread's CPU clock;
+ *   - the interrupted registers from the ucontext (ip, sp, bp, bx, r12-r15: what the CFI
+ *     unwinder of callpath.measure.unwind needs);
+ *   - the thread's Python frame chain, read from its PyThreadState (CPython 3.11 frame records:
+ *     code object address, byte offset of the instruction, is_entry, incomplete); nothing is
+ *     dereferenced but the frame records and the code objects they hold strong references to;
+ *   - a bounded slice of the native stack from sp, copied with process_vm_readv on ourselves
+ *     page by page, so that a copy that runs off the end of a thread's stack stops at the
+ *     fault instead of crashing.
+ * A plain pthread (no Python thread state, never sampled) drains the ring to a file every 10 ms
+ * and every 100 ms gives each thread of the process that has none its own POSIX timer
+ * (CLOCK_MONOTONIC, SIGEV_THREAD_ID), so threads that native libraries start (OpenMP, BLAS)
+ * are sampled too. Unwinding and merging are post-mortem (callpath.measure.python.merge).
+ *
+ * Only CPython 3.11 and x86-64 Linux: elsewhere `supported()` names the reason and the sampler
+ * falls back to Python-only paths.
+ */
+#define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE
+#include <Python.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && defined(__x86_64__) \
+    && defined(__linux__)
+#define CAPTURE 1
+#define Py_BUILD_CORE 1
+#include "internal/pycore_frame.h"
+#undef Py_BUILD_CORE
+#else
+#define CAPTURE 0
+#endif
+
+#ifndef sigev_notify_thread_id
+#define sigev_notify_thread_id _sigev_un._tid
+#endif
+
+#define MAGIC 0x4e4d5043u /* "CPMN" */
+#define MAX_PY 256
+#define MAX_TIMERS 512
+#define PAGE 4096
+
+/* one record, 8-byte aligned; the layout is repeated in merge.py (RECORD) */
+typedef struct {
+    uint32_t magic, size;     /* size of the whole record in bytes */
+    uint32_t tid, flags;      /* flags: 1 main thread, 2 no thread state, 4 frames cut short */
+    uint64_t time, cpu;
+    uint64_t regs[8];         /* ip sp bp bx r12 r13 r14 r15 */
+    uint32_t npy, nstack;     /* Python frames (16 bytes each), stack bytes (from sp) */
+} Head;
+
+typedef struct {
+    uint64_t code;            /* address of the code object (id(code) in Python) */
+    int32_t offset;           /* byte offset of the last instruction in co_code */
+    uint32_t flags;           /* 1 is_entry, 2 incomplete (not started: not a real frame yet) */
+} PyRec;
+
+static struct {
+    int installed;
+    int fd;
+    pid_t pid, main_tid, writer_tid;
+    size_t stack_bytes, slot_size, nslots;
+    char *ring;
+    uint32_t *state;          /* per slot: 0 free, 1 being written, 2 ready */
+    uint64_t head, tail;      /* head: next slot to reserve (atomic); tail: next to drain */
+    uint64_t lost, written, bytes;
+    int64_t period_ns;
+    struct sigaction old;
+    pthread_t writer;
+    volatile int stop;
+    pid_t ttid[MAX_TIMERS];
+    timer_t tid_timer[MAX_TIMERS];
+    int ntimers;
+} G;
+
+#if CAPTURE
+static size_t
+copy_stack(char *dst, uintptr_t sp, size_t want)
+{
+    struct iovec local = {dst, want};
+    struct iovec remote[16];
+    int n = 0;
+    uintptr_t a = sp, end = sp + want;
+    while (a < end && n < 16) {
+        uintptr_t next = (a | (PAGE - 1)) + 1;
+        if (next > end)
+            next = end;
+        remote[n].iov_base = (void *)a;
+        remote[n].iov_len = next - a;
+        n++;
+        a = next;
+    }
+    ssize_t got = syscall(SYS_process_vm_readv, G.pid, &local, 1, remote, n, 0);
+    return got > 0 ? (size_t)got : 0;
+}
+
+static void
+on_signal(int sig, siginfo_t *info, void *ucv)
+{
+    int saved = errno;
+    pid_t tid = (pid_t)syscall(SYS_gettid);
+    int main = tid == G.main_tid;
+    if (G.installed && G.ring != NULL && tid != G.writer_tid) {
+        uint64_t h = __atomic_load_n(&G.head, __ATOMIC_RELAXED);
+        int ok = 0;
+        while (h - __atomic_load_n(&G.tail, __ATOMIC_ACQUIRE) < G.nslots) {
+            if (__atomic_compare_exchange_n(&G.head, &h, h + 1, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_RELAXED)) {
+                ok = 1;
+                break;
+            }
+        }
+        if (!ok) {
+            __atomic_fetch_add(&G.lost, 1, __ATOMIC_RELAXED);
+        } else {
+            size_t slot = (size_t)(h % G.nslots);
+            char *p = G.ring + slot * G.slot_size;
+            Head *hd = (Head *)p;
+            ucontext_t *uc = (ucontext_t *)ucv;
+            struct timespec ts;
+            hd->magic = MAGIC;
+            hd->tid = (uint32_t)tid;
+            hd->flags = main ? 1 : 0;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            hd->time = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+            hd->cpu = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+            greg_t *gr = uc->uc_mcontext.gregs;
+            hd->regs[0] = (uint64_t)gr[REG_RIP];
+            hd->regs[1] = (uint64_t)gr[REG_RSP];
+            hd->regs[2] = (uint64_t)gr[REG_RBP];
+            hd->regs[3] = (uint64_t)gr[REG_RBX];
+            hd->regs[4] = (uint64_t)gr[REG_R12];
+            hd->regs[5] = (uint64_t)gr[REG_R13];
+            hd->regs[6] = (uint64_t)gr[REG_R14];
+            hd->regs[7] = (uint64_t)gr[REG_R15];
+            PyRec *py = (PyRec *)(p + sizeof(Head));
+            uint32_t npy = 0;
+            /* pthread_getspecific: the thread's own state, also while it released the GIL */
+            PyThreadState *ts_ = PyGILState_GetThisThreadState();
+            if (ts_ == NULL || ts_->cframe == NULL) {
+                hd->flags |= 2;
+            } else {
+                _PyInterpreterFrame *f = ts_->cframe->current_frame;
+                while (f != NULL && npy < MAX_PY) {
+                    PyCodeObject *co = f->f_code;
+                    if (co == NULL)
+                        break;
+                    _Py_CODEUNIT *first = _PyCode_CODE(co);
+                    py[npy].code = (uint64_t)(uintptr_t)co;
+                    py[npy].offset = (int32_t)((char *)f->prev_instr - (char *)first);
+                    py[npy].flags = (f->is_entry ? 1u : 0u)
+                        | (f->owner != FRAME_OWNED_BY_GENERATOR
+                           && f->prev_instr < first + co->_co_firsttraceable ? 2u : 0u);
+                    npy++;
+                    f = f->previous;
+                }
+                if (f != NULL)
+                    hd->flags |= 4;
+            }
+            hd->npy = npy;
+            char *stack = p + sizeof(Head) + (size_t)MAX_PY * sizeof(PyRec);
+            size_t got = copy_stack(stack, (uintptr_t)hd->regs[1], G.stack_bytes);
+            got &= ~(size_t)7;
+            /* compact: the stack follows the frames actually recorded */
+            char *dst = p + sizeof(Head) + (size_t)npy * sizeof(PyRec);
+            if (dst != stack && got)
+                memmove(dst, stack, got);
+            hd->nstack = (uint32_t)got;
+            hd->size = (uint32_t)(sizeof(Head) + npy * sizeof(PyRec) + got);
+            __atomic_store_n(&G.state[slot], 2, __ATOMIC_RELEASE);
+        }
+    }
+    errno = saved;
+    if (main) {  /* Python's own handler: the Python-level sampler runs as before */
+        if (G.old.sa_flags & SA_SIGINFO) {
+            if (G.old.sa_sigaction != NULL)
+                G.old.sa_sigaction(sig, info, ucv);
+        } else if (G.old.sa_handler != SIG_IGN && G.old.sa_handler != SIG_DFL
+                   && G.old.sa_handler != NULL) {
+            G.old.sa_handler(sig);
+        }
+    }
+}
+#endif
+
+/* Write every ready record in order; stops at a slot still being written. */
+static void
+drain(void)
+{
+    for (;;) {
+        uint64_t t = G.tail;
+        if (t == __atomic_load_n(&G.head, __ATOMIC_ACQUIRE))
+            return;
+        size_t slot = (size_t)(t % G.nslots);
+        if (__atomic_load_n(&G.state[slot], __ATOMIC_ACQUIRE) != 2)
+            return;
+        Head *hd = (Head *)(G.ring + slot * G.slot_size);
+        size_t left = hd->size;
+        const char *p = (const char *)hd;
+        while (left > 0) {
+            ssize_t w = write(G.fd, p, left);
+            if (w < 0) {
+                if (errno == EINTR)
+                    continue;
+                break;  /* disk full: the record is lost, the program goes on */
+            }
+            p += w;
+            left -= (size_t)w;
+        }
+        G.written++;
+        G.bytes += hd->size;
+        __atomic_store_n(&G.state[slot], 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&G.tail, t + 1, __ATOMIC_RELEASE);
+    }
+}
+
+static int
+arm_timer(pid_t tid, timer_t *out)
+{
+    struct sigevent sev;
+    memset(&sev, 0, sizeof sev);
+    sev.sigev_notify = SIGEV_THREAD_ID;
+    sev.sigev_signo = SIGPROF;
+    sev.sigev_notify_thread_id = tid;
+    if (timer_create(CLOCK_MONOTONIC, &sev, out) != 0)
+        return -1;
+    struct itimerspec it;
+    it.it_interval.tv_sec = G.period_ns / 1000000000;
+    it.it_interval.tv_nsec = G.period_ns % 1000000000;
+    it.it_value = it.it_interval;
+    if (timer_settime(*out, 0, &it, NULL) != 0) {
+        timer_delete(*out);
+        return -1;
+    }
+    return 0;
+}
+
+/* Give every thread but the main one (the sampler's timer) and the writer a timer; forget the
+ * timers of threads that ended. */
+static void
+scan_threads(void)
+{
+    pid_t seen[MAX_TIMERS];
+    int nseen = 0;
+    DIR *d = opendir("/proc/self/task");
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && nseen < MAX_TIMERS) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        pid_t tid = (pid_t)atoi(e->d_name);
+        if (tid == G.main_tid || tid == G.writer_tid)
+            continue;
+        seen[nseen++] = tid;
+    }
+    closedir(d);
+    for (int i = 0; i < G.ntimers;) {
+        int alive = 0;
+        for (int j = 0; j < nseen; j++)
+            alive |= seen[j] == G.ttid[i];
+        if (!alive) {
+            timer_delete(G.tid_timer[i]);
+            G.ntimers--;
+            G.ttid[i] = G.ttid[G.ntimers];
+            G.tid_timer[i] = G.tid_timer[G.ntimers];
+        } else {
+            i++;
+        }
+    }
+    for (int j = 0; j < nseen && G.ntimers < MAX_TIMERS; j++) {
+        int have = 0;
+        for (int i = 0; i < G.ntimers; i++)
+            have |= G.ttid[i] == seen[j];
+        if (!have && arm_timer(seen[j], &G.tid_timer[G.ntimers]) == 0)
+            G.ttid[G.ntimers++] = seen[j];
+    }
+}
+
+static void *
+writer_main(void *arg)
+{
+    (void)arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    G.writer_tid = (pid_t)syscall(SYS_gettid);
+    int n = 0;
+    while (!G.stop) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        drain();
+        if (n++ % 10 == 0)
+            scan_threads();
+    }
+    return NULL;
+}
+
+static void
+stop_all(void)
+{
+    if (!G.installed)
+        return;
+    for (int i = 0; i < G.ntimers; i++)
+        timer_delete(G.tid_timer[i]);
+    G.ntimers = 0;
+    G.stop = 1;
+    pthread_join(G.writer, NULL);
+    drain();
+}
+
+static PyObject *
+py_supported(PyObject *self, PyObject *noargs)
+{
+#if CAPTURE
+    Py_RETURN_NONE;
+#else
+    return PyUnicode_FromString("native capture is built only for CPython 3.11 on x86-64 Linux");
+#endif
+}
+
+/* install(fd, period_ns, stack_bytes, slots): after signal.signal(SIGPROF, ...) in the main
+ * thread. Also after fork in the child (the writer thread and the timers did not survive). */
+static PyObject *
+py_install(PyObject *self, PyObject *args)
+{
+#if CAPTURE
+    int fd;
+    long long period;
+    Py_ssize_t stack_bytes, nslots;
+    if (!PyArg_ParseTuple(args, "iLnn", &fd, &period, &stack_bytes, &nslots))
+        return NULL;
+    if (stack_bytes < 0 || stack_bytes > 16 * PAGE - PAGE || nslots < 2 || period <= 0) {
+        PyErr_SetString(PyExc_ValueError, "stack bytes in 0..61440, at least 2 slots");
+        return NULL;
+    }
+    G.installed = 0;
+    if (G.ring != NULL)
+        munmap(G.ring, G.slot_size * G.nslots);
+    free(G.state);
+    memset(&G, 0, sizeof G);
+    G.fd = fd;
+    G.pid = getpid();
+    G.main_tid = (pid_t)syscall(SYS_gettid);
+    G.writer_tid = -1;
+    G.period_ns = period;
+    G.stack_bytes = (size_t)stack_bytes & ~(size_t)7;
+    G.slot_size = (sizeof(Head) + MAX_PY * sizeof(PyRec) + G.stack_bytes + 63) & ~(size_t)63;
+    G.nslots = (size_t)nslots;
+    G.ring = mmap(NULL, G.slot_size * G.nslots, PROT_READ | PROT_WRITE,
+                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    G.state = calloc(G.nslots, sizeof(uint32_t));
+    if (G.ring == MAP_FAILED || G.state == NULL) {
+        G.ring = NULL;
+        return PyErr_NoMemory();
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    if (sigaction(SIGPROF, NULL, &G.old) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = (G.old.sa_flags & SA_RESTART) | SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGPROF);
+    G.installed = 1;
+    if (pthread_create(&G.writer, NULL, writer_main, NULL) != 0) {
+        G.installed = 0;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    while (__atomic_load_n(&G.writer_tid, __ATOMIC_ACQUIRE) == -1)
+        sched_yield();
+    if (sigaction(SIGPROF, &sa, NULL) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+#else
+    PyErr_SetString(PyExc_RuntimeError, "native capture is not built for this interpreter");
+    return NULL;
+#endif
+}
+
+/* stop(): timers off, last records written; the handler stays (it forwards to Python's). */
+static PyObject *
+py_stop(PyObject *self, PyObject *noargs)
+{
+    Py_BEGIN_ALLOW_THREADS
+    stop_all();
+    Py_END_ALLOW_THREADS
+    G.installed = 0;
+    return Py_BuildValue("KKK", (unsigned long long)G.written, (unsigned long long)G.lost,
+                         (unsigned long long)G.bytes);
+}
+
+/* forget(): in a forked child, before install(): the parent's writer thread is not there */
+static PyObject *
+py_forget(PyObject *self, PyObject *noargs)
+{
+    G.installed = 0;
+    G.ntimers = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+py_stats(PyObject *self, PyObject *noargs)
+{
+    return Py_BuildValue("KKKi", (unsigned long long)G.written, (unsigned long long)G.lost,
+                         (unsigned long long)G.bytes, G.ntimers);
+}
+
+static PyObject *
+py_layout(PyObject *self, PyObject *noargs)
+{
+    return Py_BuildValue("nnnn", (Py_ssize_t)sizeof(Head), (Py_ssize_t)sizeof(PyRec),
+                         (Py_ssize_t)MAX_PY,
+#if CAPTURE
+                         (Py_ssize_t)offsetof(PyCodeObject, co_code_adaptive)
+#else
+                         (Py_ssize_t)-1
+#endif
+                         );
+}
+
+static PyMethodDef methods[] = {
+    {"supported", py_supported, METH_NOARGS, "None, or why native capture is not built"},
+    {"install", py_install, METH_VARARGS, "install(fd, period_ns, stack_bytes, slots)"},
+    {"stop", py_stop, METH_NOARGS, "stop() -> (records, lost, bytes)"},
+    {"forget", py_forget, METH_NOARGS, "after fork, before install"},
+    {"stats", py_stats, METH_NOARGS, "(records, lost, bytes, thread timers)"},
+    {"layout", py_layout, METH_NOARGS, "(head bytes, frame bytes, max frames, code offset)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_callpath_native",
+    "Signal-time capture of Python and native stacks (callpath run --native).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__callpath_native(void)
+{
+    return PyModule_Create(&module_def);
+}

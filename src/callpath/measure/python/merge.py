@@ -1,0 +1,484 @@
+"""Post-mortem half of ``callpath run --native``: unwind the native stacks captured with the
+Python frames of the same instant, merge both into one call path per sample, and rewrite the
+process file with those paths.
+
+Inputs per process image (written by ``native_capture.py`` and ``_callpath_native.c``):
+``native-PID-GEN.samples`` (fixed-layout records: thread, clocks, registers, Python frame
+records, a slice of the native stack) and ``native-PID-GEN.json`` (code objects by address with
+their line tables, executable mappings as they changed, the capture's facts).
+
+Merging: the native stack is unwound with callpath's CFI unwinder (``measure.unwind``, all
+samples of the process at once). Every activation of CPython's ``_PyEval_EvalFrameDefault``
+in it runs one or more Python frames: in 3.11 a Python-to-Python call does not recurse in C,
+and the frame that an activation started with carries ``is_entry``. The Python frames, leaf
+first, are therefore cut after each entry frame into groups, and the k-th group from the leaf
+replaces the k-th evaluation frame from the leaf; the native frames between two evaluation
+frames (the call machinery, a C extension, ctypes, a library) stay where they are, so native
+code sits below the Python line that called it. Nothing is guessed: where the native unwinding
+stops early, the Python groups that have no evaluation frame left to replace go at the top of
+the path (they reach the thread's root) above the native frames that were recovered, and the
+sample counts as *partial*; where the counts disagree on a complete native stack, evaluation
+frames without a group stay as native frames and the sample counts as *unmatched*. A code
+object the sampler never interned (it died between the signal and the next walk) stays an
+unknown frame with its address.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from callpath.errors import FormatError
+from callpath.formats import measdir as md
+from callpath.measure import cfi, unwind
+from callpath.measure.elfinfo import ElfInfo
+
+MAGIC = 0x4E4D5043
+HEAD_WORDS = 13          # sizeof(Head) / 8 in _callpath_native.c
+EVAL_SYMBOLS = frozenset({"_PyEval_EvalFrameDefault"})
+IDLE_CPU_SHARE = 20      # as the Python sampler: IDLE when the thread used under 5% of a CPU
+STAGING = ".merging"
+_NATIVE, _PYTHON, _PARTIAL, _UNKNOWN = (int(md.NodeKind.NATIVE), int(md.NodeKind.PYTHON),
+                                        int(md.NodeKind.PARTIAL), int(md.NodeKind.UNKNOWN))
+Key = tuple[int, int, int, int]  # (kind, module or code, address or line, flags)
+
+
+@dataclass
+class ProcessMerge:
+    """What one process's merge found (for the summary and measurement.json)."""
+
+    pid: int
+    samples: int = 0
+    threads: int = 0
+    partial: int = 0
+    unmatched: int = 0
+    lost: int = 0
+    native_only_threads: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+    fallback: str = ""   # why this process kept Python-only paths
+
+
+@dataclass
+class Records:
+    """The capture's records as parallel arrays over samples (views into the file)."""
+
+    words: npt.NDArray[np.uint64]
+    tid: npt.NDArray[np.int64]
+    flags: npt.NDArray[np.int64]
+    time: npt.NDArray[np.int64]
+    cpu: npt.NDArray[np.int64]
+    regs: npt.NDArray[np.uint64]        # (n, 8): ip sp bp bx r12 r13 r14 r15
+    npy: npt.NDArray[np.int64]
+    py0: npt.NDArray[np.int64]          # word index of the first Python frame record
+    stack0: npt.NDArray[np.int64]
+    nwords: npt.NDArray[np.int64]
+
+
+def read_records(path: Path) -> Records:
+    """Decode a ``.samples`` file; a torn last record (the process was killed) is dropped."""
+    data = path.read_bytes()
+    offs: list[int] = []
+    o, n = 0, len(data)
+    head = np.frombuffer(data, dtype="<u4", count=(n // 4) & ~1) if n >= 8 else \
+        np.zeros(0, dtype="<u4")
+    while o + HEAD_WORDS * 8 <= n:
+        magic, size = int(head[o // 4]), int(head[o // 4 + 1])
+        if magic != MAGIC or size < HEAD_WORDS * 8 or size % 8 or o + size > n:
+            break
+        offs.append(o)
+        o += size
+    words = np.frombuffer(data, dtype="<u8", count=o // 8)
+    b = np.array(offs, dtype=np.int64) // 8
+    lo32 = np.uint64(0xFFFFFFFF)
+
+    def w(k: int) -> npt.NDArray[np.uint64]:
+        return words[b + k]
+
+    npy = (w(12) & lo32).astype(np.int64)
+    nstack = (w(12) >> np.uint64(32)).astype(np.int64)
+    regs = words[b[:, None] + 4 + np.arange(8)] if len(b) else np.zeros((0, 8), np.uint64)
+    return Records(words, (w(1) & lo32).astype(np.int64), (w(1) >> np.uint64(32)).astype(
+        np.int64), w(2).astype(np.int64), w(3).astype(np.int64), regs, npy,
+        b + HEAD_WORDS, b + HEAD_WORDS + 2 * npy, nstack // 8)
+
+
+def _read_notes(path: Path) -> dict[str, Any]:
+    notes: dict[str, Any] = {"codes": {}, "maps": [], "start": {}, "end": {}}
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise FormatError(path, f"cannot read the native capture's notes ({e.strerror})") \
+            from None
+    for line in text.splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line
+        for row in obj.get("codes", ()):
+            notes["codes"][int(row[1])] = (int(row[0]), row[2], row[3])
+        if "maps" in obj:
+            notes["maps"].append(obj["maps"])
+        for k in ("start", "end"):
+            if k in obj:
+                notes[k] = obj[k]
+    return notes
+
+
+def _module_map(snapshots: list[list[Any]], out: Path) -> tuple[unwind.ModuleMap,
+                                                                 list[md.Module]]:
+    """Executable mappings over the run: a later snapshot's mapping hides older overlaps."""
+    kept: list[list[Any]] = []
+    for snap in snapshots:
+        for m in snap:
+            if m in kept:
+                continue
+            kept = [k for k in kept if k[1] <= m[0] or k[0] >= m[1]]
+            kept.append(m)
+    kept.sort(key=lambda m: int(m[0]))
+    elves: list[ElfInfo | None] = []
+    mods: list[md.Module] = []
+    bias, fids = [], []
+    for i, (lo, hi, off, path) in enumerate(kept):
+        saved = ""
+        file = str(path)
+        if path == "[vdso]":
+            saved, file = ("vdso.so", str(out / "vdso.so")) if (out / "vdso.so").exists() \
+                else ("", "")
+        elf: ElfInfo | None = None
+        if file.startswith("/") and os.path.exists(file):
+            elf = ElfInfo.get(file)
+            if not elf.ok:
+                elf = None
+        vaddr = int(off)
+        if elf is not None:
+            la = elf.link_address(int(off))
+            vaddr = la if la is not None else int(off)
+        mods.append(md.Module(i, str(path), int(lo), int(hi), int(off), vaddr,
+                              elf.build_id if elf is not None else "", saved))
+        elves.append(elf)
+        bias.append(vaddr - int(lo))
+        fids.append(hash(file) & 0x7FFF)
+    mm = unwind.ModuleMap(np.array([m[0] for m in kept], dtype=np.uint64),
+                          np.array([m[1] for m in kept], dtype=np.uint64),
+                          np.array(bias, dtype=np.int64), elves,
+                          np.array(fids, dtype=np.int64))
+    return mm, mods
+
+
+def _python_frames(rec: Records, notes: dict[str, Any], pycode: list[md.PyCode]) -> tuple[
+        npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64],
+        npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """All Python frame records, leaf first per sample: (sample, code index or -1, line or the
+    code's address, is_entry, incomplete)."""
+    total = int(rec.npy.sum())
+    sample = np.repeat(np.arange(len(rec.npy), dtype=np.int64), rec.npy)
+    first = np.repeat(np.cumsum(rec.npy) - rec.npy, rec.npy)
+    j = np.arange(total, dtype=np.int64) - first
+    idx = rec.py0[sample] + 2 * j
+    code = rec.words[idx].astype(np.uint64)
+    meta = rec.words[idx + 1]
+    offset = (meta & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32).astype(np.int64)
+    fl = (meta >> np.uint64(32)).astype(np.int64)
+    known: dict[int, tuple[int, list[int], list[int]]] = notes["codes"]
+    ucode, inv = np.unique(code, return_inverse=True)
+    ci_of = np.array([known[int(c)][0] if int(c) in known else -1 for c in ucode.tolist()],
+                     dtype=np.int64)
+    ci = ci_of[inv.reshape(-1)] if total else np.zeros(0, dtype=np.int64)
+    # lines: per distinct (code, offset)
+    line = np.zeros(total, dtype=np.int64)
+    if total:
+        key = np.stack([code.astype(np.int64), offset], axis=1)
+        ukey, kinv = np.unique(key, axis=0, return_inverse=True)
+        uline = np.zeros(len(ukey), dtype=np.int64)
+        for u, (c, off) in enumerate(ukey.tolist()):
+            entry = known.get(c & 0xFFFFFFFFFFFFFFFF)
+            if entry is None:
+                uline[u] = c  # unknown code: its address (an UNKNOWN node)
+                continue
+            cidx, starts, lines = entry
+            ln = -1
+            if off >= 0:
+                i = bisect.bisect_right(starts, off) - 1
+                ln = lines[i] if i >= 0 else -1
+            if ln < 0 and 0 <= cidx < len(pycode):
+                ln = pycode[cidx].first_line
+            uline[u] = ln
+        line = uline[kinv.reshape(-1)]
+    return sample, ci, line, fl & 1, (fl >> 1) & 1
+
+
+def _eval_frames(fr: unwind.Frames, mm: unwind.ModuleMap) -> npt.NDArray[np.bool_]:
+    """Which unwound frames are activations of CPython's evaluation loop."""
+    ok = fr.module >= 0
+    addr = fr.address.astype(np.int64) - (~fr.exact).astype(np.int64)
+    key = np.where(ok, (fr.module << 48) | (addr & ((1 << 48) - 1)), -1)
+    uk, inv = np.unique(key, return_inverse=True)
+    is_eval = np.zeros(len(uk), dtype=bool)
+    for u, k in enumerate(uk.tolist()):
+        if k < 0:
+            continue
+        elf = mm.elves[k >> 48]
+        if elf is not None and elf.symbolize(k & ((1 << 48) - 1)) in EVAL_SYMBOLS:
+            is_eval[u] = True
+    return is_eval[inv.reshape(-1)] if len(key) else np.zeros(0, dtype=bool)
+
+
+def merge_paths(native: list[Key], is_eval: list[bool], complete: bool,
+                groups: list[list[Key]]) -> tuple[list[Key], str]:
+    """One sample's merged path, root first, and '' or 'partial' or 'unmatched'.
+
+    ``native`` and ``is_eval`` are the unwound frames leaf first; ``groups`` the Python frames
+    of each evaluation activation, innermost activation first, each group leaf first. The k-th
+    evaluation frame from the leaf is replaced by the k-th group. The native frames above the
+    outermost replaced one (the interpreter's entry: ``_start`` ... ``PyEval_EvalCode``, or
+    a thread's start) are left out, so that every path of a Python thread starts at its
+    outermost Python frame, whether or not the unwinding reached the thread's entry. Groups
+    left without an evaluation frame (the unwinding stopped below them) come first, above the
+    native frames that were recovered: the path is then *partial* (native frames between them
+    are unknown); evaluation frames left without a group make it *unmatched*."""
+    evals = [i for i, e in enumerate(is_eval) if e]  # leaf first
+    npair = min(len(evals), len(groups))
+    state = ""
+    if len(evals) < len(groups) or not complete:
+        state = "partial"
+    elif len(evals) > len(groups):
+        state = "unmatched"
+    path: list[Key] = []
+    for g in reversed(groups[npair:]):
+        path.extend(reversed(g))
+    if npair:
+        pair = {evals[k]: k for k in range(npair)}
+        top = evals[npair - 1]
+    else:
+        pair = {}
+        top = len(native) - 1
+        if not groups and not complete:
+            path.append((_PARTIAL, -1, 0, 0))
+    for i in range(top, -1, -1):
+        k = pair.get(i)
+        if k is None:
+            path.append(native[i])
+        else:
+            path.extend(reversed(groups[k]))
+    return path, state
+
+
+def _compiler() -> cfi.Compiler:
+    """The native sampler's unwinder as ``callpath run`` sets it up: CFI, and unwind recipes
+    from the machine code where a module has none (issue 22), in the ``CALLPATH_UNWIND``
+    mode."""
+    try:
+        from callpath.measure import recipes
+        from callpath.measure.postmortem import unwind_mode
+        return cfi.Compiler(cfi.RowTable(), recipes=recipes.RecipeStore().get,
+                            mode=unwind_mode())
+    except (ImportError, AttributeError, TypeError):
+        return cfi.Compiler(cfi.RowTable())
+
+
+def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
+    """Merge one process image's capture into its process file (rewritten in place)."""
+    base = notes_path.name[len("native-"):-len(".json")]
+    pfile = out / f"process-{base}.cpm"
+    samples_path = notes_path.with_suffix(".samples")
+    proc = md.read_process(pfile)
+    res = ProcessMerge(proc.pid)
+    notes = _read_notes(notes_path)
+    res.lost = int(notes["end"].get("lost", 0))
+    if not samples_path.exists():
+        res.fallback = "no native samples were written"
+        return res
+    rec = read_records(samples_path)
+    n = len(rec.tid)
+    res.samples = n
+    mm, mods = _module_map(notes["maps"], out)
+    compiler = _compiler()
+    saved = rec.regs[:, [3, 2, 4, 5, 6, 7]]  # rbx rbp r12 r13 r14 r15
+    fr = unwind.unwind(rec.words, rec.regs[:, 0].copy(), rec.regs[:, 1].copy(), saved,
+                       rec.stack0, rec.nwords, mm, compiler)
+    is_eval = _eval_frames(fr, mm)
+    for code, cnt in zip(*np.unique(fr.reason[~fr.complete], return_counts=True), strict=True):
+        name = unwind.REASONS.get(int(code), "other")
+        res.reasons[name] = res.reasons.get(name, 0) + int(cnt)
+    # native frames per sample, leaf first
+    order = np.lexsort((fr.depth, fr.sample))
+    fs = fr.sample[order]
+    bounds = np.searchsorted(fs, np.arange(n + 1))
+    fkind = np.where(fr.module >= 0, _NATIVE, _UNKNOWN)[order].tolist()
+    fmod = fr.module[order].tolist()
+    faddr = fr.address[order].astype(np.int64).tolist()
+    fexact = fr.exact[order].astype(np.int64).tolist()
+    feval = is_eval[order].tolist()
+    complete = fr.complete.tolist()
+    # Python frames per sample, grouped by evaluation activation
+    ps, pci, pline, pentry, pinc = _python_frames(rec, notes, proc.pycode)
+    pbounds = np.searchsorted(ps, np.arange(n + 1))
+    pkeys = [(_PYTHON, c, ln, 0) if c >= 0 else (_UNKNOWN, -1, ln, 0)
+             for c, ln in zip(pci.tolist(), pline.tolist(), strict=True)]
+    pentry_l, pinc_l = pentry.tolist(), pinc.tolist()
+    # weights: per thread, the time and CPU time since its previous sample
+    period = int(notes["start"].get("period_ns", 1_000_000))
+    order_t = np.lexsort((rec.time, rec.tid))
+    t_sorted, c_sorted, tid_sorted = rec.time[order_t], rec.cpu[order_t], rec.tid[order_t]
+    first = np.ones(n, dtype=bool)
+    first[1:] = tid_sorted[1:] != tid_sorted[:-1]
+    wall = np.where(first, period, np.diff(t_sorted, prepend=0))
+    cpu = np.where(first, np.minimum(c_sorted, period), np.diff(c_sorted, prepend=0))
+    wall_of = np.empty(n, dtype=np.int64)
+    cpu_of = np.empty(n, dtype=np.int64)
+    wall_of[order_t] = wall
+    cpu_of[order_t] = np.maximum(cpu, 0)
+    idle = (cpu_of * IDLE_CPU_SHARE < wall_of).tolist()
+    # threads: the main thread first, then in order of their first sample
+    main_tid = int(notes["start"].get("main_tid", proc.pid))
+    tids_by_first = [int(t) for t in tid_sorted[first][np.argsort(t_sorted[first])].tolist()]
+    tids = [main_tid] + [t for t in tids_by_first if t != main_tid]
+    slot_of = {t: i for i, t in enumerate(tids)}
+    names = {int(t.info.get("tid", -1)): str(t.info.get("name", "")) for t in proc.threads}
+    trees: list[dict[tuple[int, Key], int]] = [{} for _ in tids]
+    nodes: list[list[tuple[int, Key]]] = [[] for _ in tids]
+    counts: list[dict[int, list[int]]] = [{} for _ in tids]
+    stats = [{"samples": 0, "idle_samples": 0, "cpu_time_ns": 0, "wall_time_ns": 0,
+              "partial": 0, "unmatched": 0, "python_samples": 0} for _ in tids]
+    path_memo: dict[tuple[Any, ...], tuple[list[Key], str]] = {}
+    tid_l = rec.tid.tolist()
+    for s in range(n):
+        lo, hi = int(bounds[s]), int(bounds[s + 1])
+        plo, phi = int(pbounds[s]), int(pbounds[s + 1])
+        nat = tuple((fkind[i], fmod[i], faddr[i], fexact[i]) for i in range(lo, hi))
+        pyk = tuple((pkeys[i], pentry_l[i], pinc_l[i]) for i in range(plo, phi))
+        memo_key = (nat, pyk, complete[s])
+        got = path_memo.get(memo_key)
+        if got is None:
+            groups: list[list[Key]] = [[]]
+            for key, entry, inc in pyk:
+                if not inc:
+                    groups[-1].append(key)
+                if entry:
+                    groups.append([])
+            if not groups[-1]:
+                groups.pop()
+            evl = [feval[i] for i in range(lo, hi)]
+            natk = [(k, m, a, md.NodeFlag.EXACT_PC if x else 0) for k, m, a, x in nat]
+            if not complete[s] and natk and natk[-1][0] == _UNKNOWN:
+                # a return address outside every module: the step that read it went wrong,
+                # so that frame is not evidence of a caller
+                natk.pop()
+                evl.pop()
+            got = merge_paths(natk, evl, complete[s], groups)
+            path_memo[memo_key] = got
+        path, state = got
+        th = slot_of[tid_l[s]]
+        tree, nl = trees[th], nodes[th]
+        node = 0
+        last = len(path) - 1
+        for d, key in enumerate(path):
+            if d == last and idle[s]:
+                key = (key[0], key[1], key[2], key[3] | md.NodeFlag.IDLE)
+            child = tree.get((node, key))
+            if child is None:
+                child = len(nl) + 1
+                tree[(node, key)] = child
+                nl.append((node, key))
+            node = child
+        c = counts[th].get(node)
+        if c is None:
+            counts[th][node] = [1, cpu_of[s], wall_of[s]]
+        else:
+            c[0] += 1
+            c[1] += cpu_of[s]
+            c[2] += wall_of[s]
+        st = stats[th]
+        st["samples"] += 1
+        st["idle_samples"] += idle[s]
+        st["cpu_time_ns"] += int(cpu_of[s])
+        st["wall_time_ns"] += int(wall_of[s])
+        st["python_samples"] += phi > plo
+        if state:
+            st[state] += 1
+    res.partial = sum(st["partial"] for st in stats)
+    res.unmatched = sum(st["unmatched"] for st in stats)
+    res.threads = len(tids)
+    res.native_only_threads = sum(1 for st in stats if st["samples"] and not
+                                  st["python_samples"])
+    _write(out, proc, base, mods, tids, names, nodes, counts, stats, res, rec, notes)
+    samples_path.unlink()
+    notes_path.unlink()
+    return res
+
+
+def _write(out: Path, proc: md.ProcessProfile, base: str, mods: list[md.Module],
+           tids: list[int], names: dict[int, str], nodes: list[list[tuple[int, Key]]],
+           counts: list[dict[int, list[int]]], stats: list[dict[str, int]],
+           res: ProcessMerge, rec: Records, notes: dict[str, Any]) -> None:
+    staging = out / STAGING
+    staging.mkdir(exist_ok=True)
+    pid_s, gen_s = base.rsplit("-", 1)
+    info = dict(proc.info)
+    info["native_merge"] = {"samples": res.samples, "partial": res.partial,
+                            "unmatched": res.unmatched, "lost": res.lost,
+                            "partial_reasons": res.reasons}
+    node_id = int(info.get("node_id", 0))
+    rank = info.get("rank")
+    with md.ProcessWriter(staging, int(pid_s), int(gen_s)) as w:
+        w.process(**info)
+        w.metrics(proc.metrics or [])
+        w.modules(mods)
+        w.pycode(proc.pycode)
+        for th, tid in enumerate(tids):
+            w.thread(th, tid=tid, ids=md.context_ids(node_id, rank if isinstance(rank, int)
+                                                     else None, th),
+                     index=th, name=names.get(tid, "MainThread" if th == 0 else ""))
+            nl = nodes[th]
+            arr = np.zeros(len(nl) + 1, dtype=md.NODE_DTYPE)
+            arr[0] = (-1, int(md.NodeKind.ROOT), 0, 0, -1, 0, 0)
+            if nl:
+                par = np.array([p for p, _ in nl], dtype=np.int64)
+                keys = np.array([k for _, k in nl], dtype=np.int64)
+                arr["parent"][1:] = par
+                arr["kind"][1:] = keys[:, 0]
+                arr["module"][1:] = keys[:, 1]
+                arr["address"][1:] = keys[:, 2].astype(np.uint64)
+                arr["flags"][1:] = keys[:, 3]
+            w.nodes(th, arr)
+            cn = counts[th]
+            cnt = np.zeros(2 * len(cn), dtype=md.COUNT_DTYPE)
+            for i, (node, (k, cpu, wall)) in enumerate(cn.items()):
+                cnt[2 * i] = (node, 0, k, float(cpu))
+                cnt[2 * i + 1] = (node, 1, k, float(wall))
+            w.counts(th, cnt)
+            w.stats(th, **stats[th])
+    os.replace(staging / md.process_file_name(int(pid_s), int(gen_s)),
+               out / md.process_file_name(int(pid_s), int(gen_s)))
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def merge_directory(out: Path) -> list[ProcessMerge]:
+    """Merge every process image's native capture in a measurement directory. A process whose
+    capture did not start keeps its Python-only paths (its metadata says why)."""
+    results = []
+    for notes in sorted(out.glob("native-*.json")):
+        results.append(merge_process(out, notes))
+    return results
+
+
+def fallbacks(out: Path) -> list[str]:
+    """The distinct reasons why processes kept Python-only paths (said once by the launcher)."""
+    reasons: set[str] = set()
+    for f in sorted(out.glob(md.PROCESS_GLOB)):
+        try:
+            info = md.read_process(f).info
+        except (OSError, FormatError):
+            continue
+        how = str(info.get("native", ""))
+        if how.startswith("python only"):
+            reasons.add(how)
+    return sorted(reasons)

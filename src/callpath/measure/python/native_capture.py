@@ -1,0 +1,197 @@
+"""In-process half of ``callpath run --native``: start the signal-time capture, note what the
+post-mortem merge needs to read it.
+
+Runs inside the measured program, loaded by path by ``sampler.py`` (standard library only, no
+import of the ``callpath`` package), like the sampler itself. The capture is the C extension
+``_callpath_native`` (see its header): a real SIGPROF handler that records, for every sample of
+every thread, the registers, a slice of the native stack and the Python frame records of that
+instant, and a writer thread that appends them to ``native-PID-GEN.samples``. The Python
+sampler keeps running as without ``--native``: it interns every code object it walks (keeping
+it alive, so its address stays unique), which is what lets the merge name the code objects
+that the C handler saw only by address. This module adds to ``native-PID-GEN.json`` (one JSON
+object a line) what the samples refer to and cannot carry: the code objects' addresses and line
+tables (``codes``), the executable mappings of the address space as they change (``maps``), and
+the capture's own facts (``start``, ``end``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from typing import Any
+
+ENV_NATIVE = "CALLPATH_PY_NATIVE"  # bytes of native stack copied per sample (e.g. 32768)
+DEFAULT_STACK = 32768
+SLOTS = 1024  # ring slots of ~20 KiB: 10 ms of writer period covers ~100 threads at 1 kHz
+
+
+def _load_extension() -> tuple[Any, str | None]:
+    """The C extension built beside this file, or None and why not."""
+    try:
+        import importlib.machinery
+        import importlib.util
+        here = os.path.dirname(os.path.abspath(__file__))
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(here, "_callpath_native" + suffix)
+            if os.path.exists(path):
+                spec = importlib.util.spec_from_file_location("_callpath_native", path)
+                if spec is None or spec.loader is None:
+                    break
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                reason = mod.supported()
+                return (None, str(reason)) if reason is not None else (mod, None)
+    except (ImportError, OSError, AttributeError) as e:
+        return None, f"the native capture extension does not load ({e})"
+    return None, (f"no native capture extension built for this interpreter "
+                  f"({sys.implementation.name} {sys.version.split()[0]})")
+
+
+def _exec_maps() -> list[list[Any]]:
+    """Executable file mappings and the vdso: [start, end, file offset, path]."""
+    out: list[list[Any]] = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) < 6 or "x" not in parts[1]:
+                    continue
+                path = parts[5].strip()
+                if not (path.startswith("/") or path == "[vdso]"):
+                    continue
+                lo, hi = parts[0].split("-")
+                out.append([int(lo, 16), int(hi, 16), int(parts[2], 16), path])
+    except OSError:
+        pass
+    return out
+
+
+class NativeCapture:
+    """One per process image: files named like the sampler's process file."""
+
+    def __init__(self, sampler: Any, stack_bytes: int) -> None:
+        self.sampler = sampler
+        self.stack_bytes = stack_bytes
+        self.ext, self.reason = _load_extension()
+        self.fd = self.jfd = -1
+        self.codes_noted = 0
+        self.last_maps: list[list[Any]] = []
+        self.active = False
+
+    def start(self) -> str:
+        """Open the files and install the handler (after the sampler's signal.signal and its
+        process file); returns what the process metadata should say."""
+        if self.ext is None:
+            return f"python only: {self.reason}"
+        s = self.sampler
+        base = os.path.splitext(s.path)[0].replace("process-", "native-", 1)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        try:
+            self.fd = os.open(base + ".samples", flags, 0o644)
+            self.jfd = os.open(base + ".json", flags, 0o644)
+        except OSError as e:
+            return f"python only: cannot create the native sample file ({e.strerror})"
+        head, frame, max_py, code_off = self.ext.layout()
+        self._note({"start": {"pid": os.getpid(), "period_ns": s.period_ns,
+                              "stack_bytes": self.stack_bytes, "head": head, "frame": frame,
+                              "max_py": max_py, "code_offset": code_off,
+                              "python": sys.version.split()[0],
+                              "main_tid": _native_tid()}})
+        self._save_vdso()
+        self.ext.install(self.fd, s.period_ns, self.stack_bytes, SLOTS)
+        self.active = True
+        self.flush()
+        return "merged (CPython frame records + CFI unwinding)"
+
+    def _note(self, obj: dict[str, Any]) -> None:
+        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+        while data:
+            n = os.write(self.jfd, data)
+            data = data[n:]
+
+    def _save_vdso(self) -> None:
+        """The kernel's vdso has no file: save its image once per directory for unwinding."""
+        path = os.path.join(self.sampler.out_dir, "vdso.so")
+        if os.path.exists(path):
+            return
+        for lo, hi, _off, name in _exec_maps():
+            if name == "[vdso]":
+                try:
+                    import ctypes
+                    data = ctypes.string_at(lo, hi - lo)
+                    tmp = f"{path}.{os.getpid()}"
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                    os.replace(tmp, path)
+                except (OSError, ValueError, ImportError):
+                    pass
+                return
+
+    def flush(self) -> None:
+        """Called from the sampler's flush (with the GIL, outside the handler): note the code
+        objects interned since the last call and the mappings if they changed."""
+        if not self.active:
+            return
+        s = self.sampler
+        codes = s.codes
+        if self.codes_noted < len(codes):
+            rows = []
+            for ci in range(self.codes_noted, len(codes)):
+                starts, lines = s.line_tables[ci]
+                rows.append([ci, id(codes[ci]), starts, lines])
+            self.codes_noted = len(codes)
+            self._note({"codes": rows})
+        maps = _exec_maps()
+        if maps != self.last_maps:
+            self.last_maps = maps
+            self._note({"maps": maps})
+
+    def stop(self) -> None:
+        """Timers off, last records written, files closed (the sampler flushes after this)."""
+        if not self.active:
+            return
+        records, lost, nbytes = self.ext.stop()
+        self.flush()
+        self.active = False
+        self._note({"end": {"records": records, "lost": lost, "bytes": nbytes}})
+        self._close()
+
+    def _close(self) -> None:
+        for fd in (self.fd, self.jfd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.fd = self.jfd = -1
+
+    def after_fork(self) -> str:
+        """In a forked child: the parent's writer thread and timers are gone; start anew
+        with this process's files (the sampler has already opened its own)."""
+        if self.ext is None:
+            return f"python only: {self.reason}"
+        self.ext.forget()
+        self._close()
+        self.codes_noted = 0
+        self.last_maps = []
+        self.active = False
+        return self.start()
+
+
+def _native_tid() -> int:
+    import _thread
+    return int(_thread.get_native_id())
+
+
+def from_environment(sampler: Any) -> NativeCapture | None:
+    """A capture when the launcher asked for ``--native`` (``CALLPATH_PY_NATIVE``)."""
+    value = os.environ.get(ENV_NATIVE, "")
+    if not value:
+        return None
+    try:
+        stack = int(value)
+    except ValueError:
+        stack = DEFAULT_STACK
+    if not 0 <= stack <= 61440:
+        stack = DEFAULT_STACK
+    return NativeCapture(sampler, stack)

@@ -1,0 +1,83 @@
+"""The launcher's end of ``callpath run --native``: merge every process's capture, say once why
+any process kept Python-only paths, and summarise what the merge found."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from callpath.errors import CallpathError
+from callpath.formats import measdir as md
+from callpath.measure.elfinfo import ElfInfo
+from callpath.measure.python import merge
+
+
+def finish_native(out: Path, top: int = 5) -> list[str]:
+    """Merge the captures in ``out``; returns the summary's lines. Reasons for falling back to
+    Python-only paths go to standard error at once, one line per distinct reason."""
+    results: list[merge.ProcessMerge] = []
+    for notes in sorted(out.glob("native-*.json")):
+        try:
+            results.append(merge.merge_process(out, notes))
+        except (CallpathError, OSError, ValueError) as e:
+            sys.stderr.write(f"callpath: warning: {notes.name}: native paths not merged ({e}); "
+                             "that process keeps Python-only call paths\n")
+    for reason in merge.fallbacks(out):
+        sys.stderr.write(f"callpath: warning: --native: {reason.removeprefix('python only: ')}"
+                         "; Python-only call paths for those processes\n")
+    if not results:
+        return []
+    n = sum(r.samples for r in results)
+    part = sum(r.partial for r in results)
+    unm = sum(r.unmatched for r in results)
+    lost = sum(r.lost for r in results)
+    threads = sum(r.threads for r in results)
+    nat_only = sum(r.native_only_threads for r in results)
+
+    def pct(k: int) -> str:
+        return f"{100.0 * k / n:.1f}%" if n else "0%"
+
+    lines = [f"  native: {n} samples merged in {len(results)} process(es), {threads} thread(s) "
+             f"({nat_only} running native code only); partial {pct(part)}, unmatched "
+             f"{pct(unm)}, lost {lost}"]
+    reasons: dict[str, int] = {}
+    for r in results:
+        for k, v in r.reasons.items():
+            reasons[k] = reasons.get(k, 0) + v
+    if reasons:
+        lines.append("  partial native paths: " + ", ".join(
+            f"{k} {v}" for k, v in sorted(reasons.items(), key=lambda x: -x[1])))
+    hot = hottest_native(out, top)
+    if hot:
+        lines.append("  hottest native procedures by CPU time (innermost frame):")
+        for name, module, secs in hot:
+            lines.append(f"    {secs:9.3f} s  {name}  ({module})")
+    return lines
+
+
+def hottest_native(out: Path, top: int) -> list[tuple[str, str, float]]:
+    """Procedures whose code was running at the samples (native leaves), by CPU time."""
+    acc: dict[tuple[str, str], float] = {}
+    for f in sorted(out.glob(md.PROCESS_GLOB)):
+        try:
+            proc = md.read_process(f)
+        except (OSError, CallpathError):
+            continue
+        for t in proc.threads:
+            nodes = t.nodes
+            leaf = (nodes["kind"] == md.NodeKind.NATIVE) & (t.values[:, 0] > 0)
+            for i in np.flatnonzero(leaf).tolist():
+                mod = proc.modules[int(nodes["module"][i])]
+                addr = int(nodes["address"][i])
+                exact = int(nodes["flags"][i]) & int(md.NodeFlag.EXACT_PC)
+                elf = ElfInfo.get(mod.path) if mod.path.startswith("/") and os.path.exists(
+                    mod.path) else None
+                name = (elf.symbolize(addr if exact else addr - 1) if elf is not None and
+                        elf.ok else None) or f"{os.path.basename(mod.path)}+{addr:#x}"
+                key = (name, os.path.basename(mod.path))
+                acc[key] = acc.get(key, 0.0) + float(t.values[i, 0]) * 1e-9
+    ranked = sorted(((k[0], k[1], v) for k, v in acc.items()), key=lambda x: -x[2])
+    return ranked[:top]
