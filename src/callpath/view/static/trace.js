@@ -35,12 +35,40 @@ function decodeGrid(b64) {
   return new Int32Array(buf); // little-endian on every browser platform in use
 }
 
+/** Sizes a canvas's backing store to its CSS size times the screen's pixel density, so that
+ *  lines and text stay sharp on high-density screens; returns the 2-D context drawing in CSS
+ *  pixels, and the CSS size. */
+export function hiDpi(canvas) {
+  const dpr = Math.max(1, window.devicePixelRatio || 1);
+  const cw = Math.max(1, canvas.clientWidth), ch = Math.max(1, canvas.clientHeight);
+  const bw = Math.round(cw * dpr), bh = Math.round(ch * dpr);
+  if (canvas.width !== bw) canvas.width = bw;
+  if (canvas.height !== bh) canvas.height = bh;
+  const g = canvas.getContext("2d");
+  g.setTransform(bw / cw, 0, 0, bh / ch, 0, 0);
+  canvas.dataset.dpr = String(dpr);
+  return { g, cw, ch };
+}
+
+/** "Nice" tick steps (1, 2, 5 × 10^k ns) for a time ruler. */
+export function tickStep(span, maxTicks) {
+  const raw = span / Math.max(1, maxTicks);
+  const p = 10 ** Math.floor(Math.log10(Math.max(raw, 1e-9)));
+  for (const m of [1, 2, 5, 10]) if (m * p >= raw) return m * p;
+  return 10 * p;
+}
+
+/** A tick label in the unit of the step (so that all labels of a ruler share one unit). */
+export function fmtTick(ns, step) {
+  const units = [[1e9, "s"], [1e6, "ms"], [1e3, "µs"], [1, "ns"]];
+  const [div, unit] = units.find(([d]) => step >= d) || units[3];
+  const digits = Math.max(0, Math.ceil(-Math.log10(step / div) - 1e-9));
+  return `${(ns / div).toFixed(Math.min(digits, 6))} ${unit}`;
+}
+
 /** Paints a procedure grid (H×W) into a canvas, stretched to its CSS size without smoothing. */
 function paintGrid(canvas, grid, W, H, procs) {
-  const cw = Math.max(1, canvas.clientWidth), ch = Math.max(1, canvas.clientHeight);
-  if (canvas.width !== cw) canvas.width = cw;
-  if (canvas.height !== ch) canvas.height = ch;
-  const g = canvas.getContext("2d");
+  const { g, cw, ch } = hiDpi(canvas);
   g.fillStyle = "#fff"; g.fillRect(0, 0, cw, ch);
   if (!W || !H) return;
   const colours = procs.map(colourOf);
@@ -77,6 +105,12 @@ export class TraceView {
     this.frame = null;
     this.cursor = null;    // {ctx, t}
     this.aborts = {};
+    // the time ruler above the trace (its units follow the zoom: s, ms, µs, ns)
+    this.ruler = document.createElement("canvas");
+    this.ruler.id = "tr-ruler";
+    this.ruler.className = "tr-ruler";
+    this.ruler.setAttribute("aria-label", "time ruler");
+    this.canvas.parentElement.before(this.ruler);
     this.wire();
     new ResizeObserver(() => { if (this.meta && !document.getElementById("trace").hidden) this.refresh(); }).observe(this.canvas.parentElement);
   }
@@ -230,6 +264,7 @@ export class TraceView {
       this.frame = { ...f, W, H: f.rows.length, grid: decodeGrid(f.grid), params: p };
       paintGrid(this.canvas, this.frame.grid, W, this.frame.H, f.procedures);
       this.labelRows(f.rows);
+      this.drawRuler();
       this.canvas.dataset.procedures = String(f.procedures.length);
       this.canvas.dataset.rows = String(f.rows.length);
       this.canvas.dataset.width = String(W);
@@ -241,24 +276,58 @@ export class TraceView {
     if (this.cursor) this.depthView(this.cursor.ctx);
   }
 
-  /** Context labels over the rows when the rows are tall enough to hold them. */
+  /** Execution-context labels on the rows: every row when rows are tall enough, else every
+   *  k-th row (k chosen so that labels never overlap), each with a tick at its row. */
   labelRows(rows) {
     const cv = this.canvas, g = cv.getContext("2d");
-    const rh = cv.height / Math.max(1, rows.length);
-    if (rh < 13) return;
+    const ch = Math.max(1, cv.clientHeight);
+    const rh = ch / Math.max(1, rows.length);
+    const every = Math.max(1, Math.ceil(14 / rh));
     const names = shortLabels(this.meta.contexts);
     g.font = "11px system-ui, sans-serif";
-    g.textBaseline = "top";
-    rows.forEach((ctx, i) => {
+    g.textBaseline = "middle";
+    const shown = [];
+    for (let i = 0; i < rows.length; i += every) {
+      const ctx = rows[i];
       const text = names[ctx] ?? String(ctx);
       const y = Math.round(i * rh);
-      const w = g.measureText(text).width + 8;
-      g.fillStyle = "rgba(255,255,255,0.8)";
-      g.fillRect(0, y + 1, w, 14);
+      const mid = rh >= 13 ? y + Math.min(rh, 16) / 2 : y + rh / 2;
+      const w = g.measureText(text).width + 10;
+      g.fillStyle = "rgba(255,255,255,0.85)";
+      g.fillRect(0, mid - 7, w, 14);
       g.fillStyle = "#111";
-      g.fillText(text, 4, y + 2);
-      if (i) { g.fillStyle = "rgba(255,255,255,0.9)"; g.fillRect(0, y, cv.width, 1); }
-    });
+      g.fillRect(0, mid - 0.5, 3, 1);
+      g.fillText(text, 5, mid);
+      if (rh >= 13 && i) { g.fillStyle = "rgba(255,255,255,0.9)"; g.fillRect(0, y, cv.clientWidth, 1); }
+      shown.push(ctx);
+    }
+    cv.dataset.labels = shown.join(",");
+  }
+
+  /** The time ruler: ticks at 1-2-5 steps, labelled from the start of the trace in one unit. */
+  drawRuler() {
+    const rc = this.ruler;
+    if (!rc || !this.meta || !this.win) return;
+    const { g, cw, ch } = hiDpi(rc);
+    g.fillStyle = "#f4f5f7"; g.fillRect(0, 0, cw, ch);
+    g.fillStyle = "#888"; g.fillRect(0, ch - 1, cw, 1);
+    const w = this.win;
+    const a = w.t0 - this.meta.t0, b = w.t1 - this.meta.t0;
+    const step = tickStep(b - a, Math.max(2, Math.floor(cw / 90)));
+    g.font = "11px system-ui, sans-serif";
+    g.textBaseline = "top";
+    g.fillStyle = "#222";
+    const ticks = [];
+    for (let t = Math.ceil(a / step) * step; t <= b; t += step) {
+      const x = Math.round(((t - a) / (b - a)) * cw) + 0.5;
+      g.fillRect(x - 0.5, ch - 7, 1, 6);
+      const label = fmtTick(t, step);
+      const tw = g.measureText(label).width;
+      g.fillText(label, Math.min(Math.max(0, x - tw / 2), cw - tw), 2);
+      ticks.push(label);
+      if (ticks.length > 200) break;
+    }
+    rc.dataset.ticks = ticks.join("|");
   }
 
   async summary(p) {
@@ -266,22 +335,21 @@ export class TraceView {
     let s;
     try { s = await api.traceSummary(this.db, { t0, t1, c0, c1, width, depth }, this.abortable("summary")); } catch (e) { return; }
     const cv = this.summaryCanvas;
-    cv.width = Math.max(1, cv.clientWidth); cv.height = Math.max(1, cv.clientHeight);
-    const g = cv.getContext("2d");
-    g.fillStyle = "#fff"; g.fillRect(0, 0, cv.width, cv.height);
+    const { g, cw, ch } = hiDpi(cv);
+    g.fillStyle = "#fff"; g.fillRect(0, 0, cw, ch);
     const procs = s.procedures || [];
     // shares: one list per procedure, one share per pixel column (procedure-major)
     const shares = s.shares || [];
     const Wd = s.width || width;
-    const sx = cv.width / Wd;
+    const sx = cw / Wd;
     const colours = procs.map((n) => css(colourOf(n)));
-    const y = new Float64Array(Wd).fill(cv.height);
+    const y = new Float64Array(Wd).fill(ch);
     shares.forEach((row, k) => {
       g.fillStyle = colours[k] || "#ccc";
       for (let x = 0; x < Wd; x++) {
         const v = row[x];
         if (!v) continue;
-        const h = v * cv.height;
+        const h = v * ch;
         g.fillRect(x * sx, y[x] - h, Math.ceil(sx), Math.ceil(h));
         y[x] -= h;
       }
@@ -312,23 +380,24 @@ export class TraceView {
    *  visible window outlined; a click centres the window there. */
   async drawMini() {
     const m = this.mini;
+    const mw = m.clientWidth || 240, mh = m.clientHeight || 120;
     const seq = (this.miniSeq = (this.miniSeq || 0) + 1);
     if (!this.miniFrame || this.miniFrame.depth !== this.depth) {
       const h = this.home();
-      const H = Math.min(m.height, h.c1);
+      const H = Math.min(mh, h.c1);
       const depth = this.depth;
       try {
-        const f = await api.traceFrame(this.db, { t0: h.t0, t1: h.t1, c0: 0, c1: h.c1, width: m.width, height: H, depth }, undefined);
+        const f = await api.traceFrame(this.db, { t0: h.t0, t1: h.t1, c0: 0, c1: h.c1, width: mw, height: H, depth }, undefined);
         this.miniFrame = { ...f, depth, grid: decodeGrid(f.grid) };
       } catch (_) { return; }
       if (seq !== this.miniSeq) return; // a newer call draws
     }
     const f = this.miniFrame;
-    paintGrid(m, f.grid, f.width || m.width, f.rows.length, f.procedures);
+    paintGrid(m, f.grid, f.width || mw, f.rows.length, f.procedures);
     const g = m.getContext("2d");
     const h = this.home(), w = this.win;
-    const x0 = ((w.t0 - h.t0) / (h.t1 - h.t0)) * m.width, x1 = ((w.t1 - h.t0) / (h.t1 - h.t0)) * m.width;
-    const y0 = (w.c0 / h.c1) * m.height, y1 = (w.c1 / h.c1) * m.height;
+    const x0 = ((w.t0 - h.t0) / (h.t1 - h.t0)) * mw, x1 = ((w.t1 - h.t0) / (h.t1 - h.t0)) * mw;
+    const y0 = (w.c0 / h.c1) * mh, y1 = (w.c1 / h.c1) * mh;
     g.strokeStyle = "#000"; g.lineWidth = 2;
     g.strokeRect(x0 + 1, y0 + 1, Math.max(3, x1 - x0 - 2), Math.max(3, y1 - y0 - 2));
     m.dataset.window = `${x0.toFixed(0)},${x1.toFixed(0)}`;
