@@ -10,6 +10,7 @@ import { openDerivedDialog, openFiltersDialog, openThreadsDialog, openFindDialog
 import { PlotDialog } from "./plot.js";
 import { TraceView } from "./trace.js";
 import { LinesView } from "./lines.js";
+import { FlamePane } from "./flame.js";
 import { startLinks } from "./share.js";
 
 const $ = (id) => document.getElementById(id);
@@ -36,6 +37,7 @@ const tree = new TreeTable(treeHost, {
   onSelect: (entry) => {
     const v = curView();
     v.sel = entry.row ? entry.row.key : null;
+    flame.highlight(v.sel);
     saveToUrl();
     clearTimeout(onSelectTimer);
     onSelectTimer = setTimeout(() => { if (entry.row) source.show(state.db, viewQueryState(state.db), entry.row); }, 80);
@@ -110,6 +112,13 @@ async function showInLines(entry) {
   await showDb();
 }
 let shownDb = null;  // the database whose panes are on screen (the source pane follows it)
+// the flame graph / icicle pane under the tree (flame.js): follows the view, linked selection
+const flame = new FlamePane($("flame-pane"), {
+  dbState: () => dbState(state.db), save: saveToUrl,
+  query: () => ({ db: state.db, vs: viewQueryState(state.db), columns, sortKey: tree.sortKey }),
+  reveal: (keys) => tree.revealPath(keys),
+});
+$("tb-flame").onclick = () => flame.toggle();
 
 function curView() { const d = dbState(state.db); return d.views[d.view]; }
 function dbInfo() { return databases.find((x) => x.id === state.db) || databases[0]; }
@@ -223,6 +232,8 @@ async function reloadTree() {
     let sort = v.sort;
     if (!columns.some((c) => c.key === sort)) sort = (visible[0] || columns[0] || {}).key || null;
     await tree.load(visible, sort, v.order || "desc", v.exp, v.sel);
+    flame.selected = v.sel;
+    flame.refresh();
   } catch (e) {
     if (e && e.status === 400 && (v.zoom.length || v.sel)) {
       // a stale key (another filter set, a changed database): start this view afresh
@@ -440,5 +451,6 @@ async function start() {
 // for tests and for debugging in the console
 window.__callpath = { state, tree, flushUrl, get columns() { return columns; }, trace, plot, source };
 window.__callpath.lines = lines;
+window.__callpath.flame = flame;
 // shared sessions, linked pop-out windows and notes (share.js, popout.js, notes.js)
 startLinks({ tree, trace, source, plot, showDb }, start());
