@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
         metrics = [metric] if args.metric is not None else list(exp.metrics)
         srcs = [PprofSource(label if p is not None else None,
                             [stacks.point_values(exp, m, p) for m in metrics])
-                for label, p in stacks.weight_sources(exp, contexts,
-                                                      summary=contexts is None)]
+                for label, p in ([("summary", None)] if contexts is None
+                                 else stacks.weight_sources(exp, contexts, summary=False))]
         t0 = int(exp.traces.min_timestamp) if exp.traces is not None else 0
         data = pprof_bytes(ft, metrics, srcs, comment=f"callpath export of {title}",
                            time_nanos=t0)
