@@ -36,6 +36,7 @@ from callpath.model import (
     TraceLine,
     Traces,
 )
+from callpath.model.contexts import DEFAULT_ID_NAMES
 from callpath.model.values import BlockStore, transpose
 
 
@@ -250,6 +251,10 @@ def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
     fn_table = [Function(name, mod, off, fl, line)
                 for (name, mod, off, fl, line) in tables.functions]
     profs = [ExecutionContext(0, (), True, 1), *contexts]
+    # kinds past HPCToolkit's own (PROCESS, see attribute.processes) are named in meta.db
+    top = max((x.kind for c in contexts for x in c.ids), default=0)
+    id_names = [*DEFAULT_ID_NAMES, "PROCESS"] if top >= len(DEFAULT_ID_NAMES) \
+        else list(DEFAULT_ID_NAMES)
     source = ValueSource(values.block, parallel, group_stats if stats else None,
                          values.summary, values.bound)
     return ReducedExperiment(cct=cct, metrics=metrics, scopes=list(SCOPES), profiles=profs,
@@ -258,4 +263,5 @@ def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
                              modules=[LoadModule(p) for p in tables.modules],
                              files=[SourceFile(p) for p in tables.files], functions=fn_table,
                              title=title, description=description, traces=traces,
+                             id_names=id_names,
                              value_source=source)

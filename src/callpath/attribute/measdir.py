@@ -15,12 +15,13 @@ against the samples recorded.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from callpath.attribute import processes
 from callpath.attribute.build import Tables, ThreadData, finish
 from callpath.attribute.forked import STATE
 from callpath.attribute.hpctk import (
@@ -90,7 +91,9 @@ class _PyMapper:
 def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
                  ignore_structs: bool = False, title: str | None = None,
                  workers: int = 1, mpi: bool = False,
-                 stats: bool = False, instructions: bool = False) -> Experiment | None:
+                 stats: bool = False, instructions: bool = False,
+                 keep_launchers: bool = False,
+                 notify: Callable[[str], None] | None = None) -> Experiment | None:
     """The experiment of callpath measurement directories (see the module docstring), reduced
     by ``workers`` processes (one work unit per process file)."""
     heads = [_header(d) for d in measdirs]
@@ -109,9 +112,16 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
               x.description or x.event or x.name) for x in infos]
     names += [(f"{x.name} (samples)", f"samples of {x.event or x.name}") for x in infos]
     units = [f for d in measdirs for f in sorted(d.glob(md.PROCESS_GLOB), key=md._file_order)]
-    part = reduce_units(reduce_process_files, units, workers, mpi, {
+    chosen = processes.select(units, keep_launchers)
+    if chosen.launchers and notify is not None:
+        notify(f"left out {len(chosen.launchers)} launcher process"
+               f"{'es' if len(chosen.launchers) > 1 else ''} "
+               f"({', '.join(sorted({n for _, n in chosen.launchers}))}); "
+               "--keep-launchers keeps them")
+    part = reduce_units(reduce_process_files, chosen.units, workers, mpi, {
         "structures": {} if ignore_structs else load_structures(structs), "metrics": infos,
-        "names": names, "ignore_structs": ignore_structs, "instructions": instructions})
+        "names": names, "ignore_structs": ignore_structs, "instructions": instructions,
+        "process_ids": chosen.process_ids})
     if part is None:
         return None
     if not part.threads:
@@ -195,6 +205,7 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
 
     for f in files:
         proc = md.read_process(f, nm)
+        proc_id = STATE.get("process_ids", {}).get(str(f))
         mod_map = np.array([module_index.setdefault(m.path, len(module_index))
                             for m in proc.modules] + [-1], dtype=np.int64)
         module_paths[:] = list(module_index)
@@ -243,7 +254,8 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
             met = np.concatenate([vcols, cols + nm]).astype(np.int64)
             val = np.concatenate([th.values[vrows, vcols] * scale[vcols],
                                   th.samples[rows, cols].astype(np.float64)])
-            td = ThreadData(th.ids, spill(STATE.get("spill"), an, met, val))
+            td = ThreadData(processes.with_process(th.ids, proc_id),
+                            spill(STATE.get("spill"), an, met, val))
             if len(th.trace):
                 order = np.argsort(th.trace["time"], kind="stable")
                 tr = th.trace[order]

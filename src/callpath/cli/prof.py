@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from callpath.errors import CallpathError
 
@@ -48,6 +50,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    "its line (v4 instruction contexts): cost per instruction in 'callpath "
                    "lines --instructions' and the viewer's assembler pane (callpath "
                    "measurements only)")
+    p.add_argument("--keep-launchers", action="store_true",
+                   help="keep the processes that launched the MPI ranks (mpiexec, its proxies, "
+                   "a job script's shell) as execution contexts; left out by default")
     p.add_argument("--mpi", action="store_true",
                    help="reduce across the ranks of an MPI job (mpirun -n N callpath prof "
                    "--mpi ...; needs mpi4py); rank 0 writes the database")
@@ -85,12 +90,15 @@ def run(args: argparse.Namespace) -> int:
         raise CallpathError(f"-j {args.jobs}: expected a positive number of workers")
     from callpath.attribute.reduce import workers_default
 
-    extra = {}
+    extra: dict[str, Any] = {}
     if getattr(args, "instructions", False):
         if "callpath" not in kinds:
             raise CallpathError("--instructions applies to callpath measurement directories "
                                 "(HPCToolkit's hpcprof keeps instruction contexts itself)")
         extra["instructions"] = True
+    if "callpath" in kinds:
+        extra["keep_launchers"] = args.keep_launchers
+        extra["notify"] = _notifier(args.mpi)
     reduce = prof_measdir if "callpath" in kinds else prof_hpctoolkit
     exp = reduce(dirs, structs, ignore_structs=args.ignore_structs, title=args.title,
                  workers=args.jobs or workers_default(), mpi=args.mpi,
@@ -102,3 +110,14 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(f"callpath prof: {len(exp.cct)} contexts from {n_ctx} execution "
                      f"context{'s' if n_ctx != 1 else ''} written to {out}\n")
     return 0
+
+
+def _notifier(mpi: bool) -> Callable[[str], None]:
+    """A one-line note on stderr, from rank 0 only under --mpi (every rank decides alike)."""
+    def note(msg: str) -> None:
+        if mpi:
+            from mpi4py import MPI
+            if MPI.COMM_WORLD.Get_rank() != 0:
+                return
+        sys.stderr.write(f"callpath prof: {msg}\n")
+    return note

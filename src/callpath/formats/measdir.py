@@ -18,6 +18,7 @@ reads one thing. See ``docs/measurement-format.md`` for the byte-level descripti
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import socket
 import struct
@@ -406,6 +407,30 @@ def _load_json(path: Path, payload: memoryview, what: str) -> Any:
         return json.loads(bytes(payload))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FormatError(path, f"{what} chunk: expected JSON ({e})") from None
+
+
+def read_process_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The PROCESS object of a process file (pid, ppid, rank, comm, exe, ...) without reading
+    its threads: deciding which processes are launchers needs every file's facts first."""
+    p = Path(path)
+    info: dict[str, Any] = {}
+    try:
+        with open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return info
+            with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as data:
+                chunks: Any = iter_chunks(p, data)  # type: ignore[arg-type]
+                for tag, _slot, payload in chunks:
+                    if tag == Tag.PROCESS:  # the last one wins, as in read_process
+                        obj = _load_json(p, payload, "PROCESS")
+                        if isinstance(obj, dict):
+                            info = obj
+                    payload.release()
+                chunks.close()  # drops its view of the map before the map closes
+    except OSError as e:
+        raise FormatError(p, f"cannot read ({e.strerror})") from None
+    return info
 
 
 def read_process(path: str | os.PathLike[str], n_metrics: int | None = None) -> ProcessProfile:

@@ -34,6 +34,7 @@ class ElfInfo:
     plt: list[tuple[int, int, str]] = field(default_factory=list)  # (start, end, name)
     ok: bool = True
     error: str = ""
+    entry: int = 0      # e_entry: where the kernel starts the process (in ld.so, its _start)
     _fde_starts: list[int] | None = None
     _fde_ends: list[int] = field(default_factory=list)
     _fdes: list[Any] = field(default_factory=list)
@@ -58,6 +59,7 @@ class ElfInfo:
         from elftools.common.exceptions import ELFError
         try:
             elf = self._open()
+            self.entry = int(elf.header["e_entry"])
             for seg in elf.iter_segments():
                 if seg["p_type"] == "PT_LOAD":
                     self.segments.append(Segment(seg["p_vaddr"], seg["p_offset"],
@@ -200,6 +202,29 @@ class ElfInfo:
                 d._load_all_cfi([d])
             return d.fde_for(vaddr)
         return None
+
+    def entry_routine(self) -> tuple[int, int] | None:
+        """Link-time range of the module's entry code when no CFI covers it, else None.
+
+        The dynamic loader's ``_start`` / ``_dl_start_user`` (glibc's RTLD_START) is written in
+        assembly without call-frame information: every sample taken in a library constructor
+        before ``main`` ends there. Nothing calls it (the kernel jumps to it), so a frame there
+        is the bottom of the stack, as the executable's ``_start`` is through its CFI's
+        undefined return address. The range ends at the next function start (symbol or FDE),
+        at most 256 bytes on.
+        """
+        if not self.ok or not self.entry or self.fde_for(self.entry) is not None:
+            return None
+        hi = self.entry + 256
+        starts = self.symbols()[0]
+        i = bisect.bisect_right(starts, self.entry)
+        if i < len(starts):
+            hi = min(hi, starts[i])
+        fdes = self._fde_starts or []
+        j = bisect.bisect_right(fdes, self.entry)
+        if j < len(fdes):
+            hi = min(hi, fdes[j])
+        return self.entry, hi
 
     # -- symbols (for the quick flat summary)
 

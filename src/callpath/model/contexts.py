@@ -64,6 +64,8 @@ class ExecutionContext:
         if self.is_summary and not self.ids:
             return "summary"
         skip = {"NODE", "CORE"}
-        vals = [str(i.logical_id) for i in self.ids
-                if (id_names[i.kind] if i.kind < len(id_names) else "") not in skip]
+        # a process without an MPI rank (callpath's PROCESS kind) reads p0, p1, ... so that
+        # it never shares a short label with a rank
+        vals = [("p" if name == "PROCESS" else "") + str(i.logical_id) for i in self.ids
+                if (name := id_names[i.kind] if i.kind < len(id_names) else "") not in skip]
         return ".".join(vals) if vals else self.label(id_names)
