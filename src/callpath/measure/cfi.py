@@ -129,7 +129,7 @@ class Compiler:
     def _recipe_table_row(self, rr: tuple[int, ...]) -> int:
         r = self._recipe_rows.get(rr)
         if r is None:
-            kind, reg, off, *saves = rr
+            kind, reg, off, *saves = rr[:-1]  # the last column only serves comparisons
             if kind == 2:  # the program's entry point: the outermost frame
                 rules = (RULE_SAME,) * len(SAVED) + (RULE_UNDEF,)
                 r = self.table.add(KIND_CFA, RSP, 8, rules, (0,) * len(TRACKED))

@@ -43,13 +43,17 @@ from callpath.structure.elf import ElfModule, find_debug_file, open_elf
 from callpath.structure.symbols import function_symbols
 
 #: Bumped when the analysis changes: cached recipes of another version are recomputed.
-VERSION = 1
+VERSION = 2
 DW_RBP, DW_RSP = 6, 7
 #: columns of ``Recipes.rows``
 KIND, CFA_REG, CFA_OFF = 0, 1, 2
 SAVE_COLS = 3  # then one column per register of SAVED_NAMES: CFA-relative slot, 0 = not saved
 SAVED_NAMES = ("rbx", "rbp", "r12", "r13", "r14", "r15")
-NCOLS = SAVE_COLS + len(SAVED_NAMES)
+#: last column: CFA - rsp where it is known also in a frame-pointer row (else UNKNOWN_SP), so
+#: that rows can be compared with CFI that expresses the same CFA from rsp
+SP_COL = SAVE_COLS + len(SAVED_NAMES)
+UNKNOWN_SP = -(1 << 40)
+NCOLS = SP_COL + 1
 
 # abstract operations (one per instruction)
 (OP_NONE, OP_SP_ADD, OP_PUSH, OP_POP, OP_SP_LOST, OP_AND_SP, OP_FP_FROM_SP, OP_SP_FROM_FP,
@@ -207,11 +211,12 @@ ENTRY: State = (8, None, (0,) * len(SAVED_NAMES))
 
 def _row(s: State) -> tuple[int, ...]:
     k, f, saves = s
+    sp = k if k is not None else UNKNOWN_SP
     if f is not None:
-        return (1, DW_RBP, f, *saves)
+        return (1, DW_RBP, f, *saves, sp)
     if k is not None:
-        return (1, DW_RSP, k, *saves)
-    return (0, 0, 0, *saves)
+        return (1, DW_RSP, k, *saves, sp)
+    return (0, 0, 0, *saves, sp)
 
 
 def _step(s: State, op: int, arg: int) -> State:
@@ -277,14 +282,18 @@ def analyze_procedure(d: Decoded, i0: int, i1: int, entry: State = ENTRY,
         last_ijmp: State | None = None
         last_jcc: State | None = None
         prev: State | None = None
+        guess = False  # the state is a guess until a fall-through or a known target
         for i in range(i0, i1):
             a = ip[i]
-            if not fall:
+            if not fall or guess:
                 got = known.get(a)
-                if got is None:
-                    got = last_ijmp or last_jcc or entry
+                if got is not None:
+                    s, guess = got, False
+                elif not fall:
+                    s, guess = last_ijmp or last_jcc or entry, True
+                # else: still a guess, carried on by fall-through
+                if guess:
                     guessed.append(a)
-                s = got
             if s is not prev:
                 out.append((a, s))
                 prev = s
@@ -294,18 +303,20 @@ def analyze_procedure(d: Decoded, i0: int, i1: int, entry: State = ENTRY,
                 continue
             if o in (OP_JCC, OP_JMP):
                 t = arg[i]
-                if lo <= t < hi:
+                if guess:
+                    pass  # a guessed state is not passed on to the target
+                elif lo <= t < hi:
                     if t not in known:
                         known[t] = s
                         changed = True
                 elif xjumps is not None and t not in xjumps:
                     xjumps[t] = s
-                if o == OP_JCC:
-                    last_jcc = s
+                if not guess:
+                    last_jcc = s  # the body's state, for code only an indirect jump reaches
                 fall = o == OP_JCC
                 continue
             if o == OP_IJMP:
-                last_ijmp = s
+                last_ijmp = s if not guess else last_ijmp
                 fall = False
                 continue
             if o in (OP_RET, OP_STOP):
@@ -361,10 +372,13 @@ class Recipes:
             return None
 
 
-def _eh_frame_starts(mod: ElfModule) -> list[int]:
-    """FDE start addresses from the sorted table of ``.eh_frame_hdr`` (usual encoding)."""
+def _eh_frame_ranges(mod: ElfModule) -> list[tuple[int, int]]:
+    """(start, size) of every FDE, from the sorted table of ``.eh_frame_hdr`` (its usual
+    encoding) and each FDE's own pc range (read where it is encoded as 4 bytes, pc-relative
+    start then size, as ld and gcc write it: checked against the table's start)."""
     sec = mod.elf.get_section_by_name(".eh_frame_hdr")
-    if sec is None:
+    eh = mod.elf.get_section_by_name(".eh_frame")
+    if sec is None or eh is None:
         return []
     data = sec.data()
     if len(data) < 12 or data[0] != 1 or data[3] != 0x3B or data[2] != 0x03:
@@ -373,8 +387,24 @@ def _eh_frame_starts(mod: ElfModule) -> list[int]:
     if len(data) < 12 + 8 * count:
         return []
     table = np.frombuffer(data, dtype="<i4", count=2 * count, offset=12).reshape(-1, 2)
-    starts: list[int] = (table[:, 0].astype(np.int64) + int(sec["sh_addr"])).tolist()
-    return starts
+    base = int(sec["sh_addr"])
+    starts = table[:, 0].astype(np.int64) + base
+    fde_at = table[:, 1].astype(np.int64) + base - int(eh["sh_addr"])
+    ehd = np.frombuffer(eh.data(), dtype=np.uint8)
+    sizes = np.zeros(count, dtype=np.int64)
+    ok = (fde_at >= 0) & (fde_at + 16 <= len(ehd))
+    at = np.where(ok, fde_at, 0)
+
+    def i32(off: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        b = ehd[off[:, None] + np.arange(4)].astype(np.int64)
+        v = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
+        return np.where(v >= 1 << 31, v - (1 << 32), v)
+
+    pc_begin = i32(at + 8) + at + 8 + int(eh["sh_addr"])
+    good = ok & (pc_begin == starts)
+    sizes[good] = i32(at + 12)[good]
+    out: list[tuple[int, int]] = list(zip(starts.tolist(), sizes.tolist(), strict=True))
+    return out
 
 
 def _symbols(mod: ElfModule) -> list[tuple[int, int]]:
@@ -433,9 +463,10 @@ def compute(path: str | os.PathLike[str]) -> Recipes:
     t0 = time.perf_counter()
     mod = open_elf(path)
     try:
-        sized = sorted({(a, n) for a, n in _symbols(mod) if n > 0})
-        starts = {a for a, _ in _symbols(mod)}
-        starts.update(_eh_frame_starts(mod))
+        syms = _symbols(mod)
+        fdes = _eh_frame_ranges(mod)
+        sized = sorted({(a, n) for a, n in syms + fdes if n > 0})
+        starts = {a for a, _ in syms} | {a for a, _ in fdes}
         starts.add(int(mod.elf.header["e_entry"]))
         plt = [(s.addr, s.addr + s.size) for s in mod.text_sections if s.name.startswith(".plt")]
         out_a: list[int] = []
@@ -480,7 +511,7 @@ def compute(path: str | os.PathLike[str]) -> Recipes:
             nproc += 1
             outermost = d.ip[i0] == entry_point  # _start: no caller to find
             for a, s in res:
-                row = _row(s) if not outermost else (2, DW_RSP, 8, *ENTRY[2])
+                row = _row(s) if not outermost else (2, DW_RSP, 8, *ENTRY[2], 8)
                 r = index.setdefault(row, len(index))
                 if out_r and out_r[-1] == r and out_a[-1] < a:
                     continue
