@@ -20,6 +20,7 @@ import numpy as np
 
 from callpath.analysis import lines as lm
 from callpath.analysis import lines_view as lv
+from callpath.analysis.lines_procs import describe
 from callpath.errors import CallpathError
 from callpath.view.rows import number
 from callpath.view.session import Database
@@ -248,15 +249,15 @@ def locate(db: Database, params: Params, body: bytes) -> Any:
         r = lv.nearest_row(m, loc.file, loc.line or 0)
         fn = int(b.view.nodes.function[node])
         proc = None
-        if b.view.node_type(node) in ("procedure", "activation", "inlined", "caller"):
+        if b.view.node_type(node) == "function":  # procedure, activation, inlined, caller
             pi = lv.procedure_of_function(m, db.exp, fn)
             if pi is not None:  # a procedure scope: its code segment, at its hottest line
-                first, _last = lm.segment(m, pi)
-                proc = _procedure(m, lm.procedure_at(m, first))
-                if proc is not None and proc["index"] == pi:
-                    r = proc["hot_row"]
-                else:
+                try:
+                    proc = _procedure(m, describe(m, pi))
+                except CallpathError:  # its lines are all owned by another procedure
                     proc = None
+                if proc is not None:
+                    r = proc["hot_row"]
     else:
         file = params.get("file")
         if not file:

@@ -551,7 +551,7 @@ export class LinesView {
     const sw = cw * C;
     const width = S * sw + gap * (S - 1);
     const height = Math.max(60, wrap.clientHeight - 4);
-    const bh = height / L;
+    const bh = height / Math.max(1, Math.min(L, ov.bins));  // one short strip fills the height
     return { canvas, S, C, L, gap, cw, sw, width, height, bh };
   }
 
