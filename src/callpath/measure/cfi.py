@@ -32,10 +32,10 @@ SAVED = TRACKED[:-1]
 RULE_SAME, RULE_OFFSET, RULE_UNDEF, RULE_UNKNOWN = 0, 1, 2, 3
 KIND_NONE, KIND_CFA, KIND_SIGNAL = 0, 1, 2
 # where the rule that found a frame came from (``Frames.source``, the run's summary)
-SRC_SAMPLE, SRC_CFI, SRC_RECIPE, SRC_RECIPE_FIX, SRC_SIGNAL, SRC_PLT = range(6)
+SRC_SAMPLE, SRC_CFI, SRC_RECIPE, SRC_RECIPE_FIX, SRC_SIGNAL, SRC_PLT, SRC_JIT = range(7)
 SOURCES = {SRC_SAMPLE: "sample registers", SRC_CFI: "CFI", SRC_RECIPE: "recipes",
            SRC_RECIPE_FIX: "recipes where CFI failed", SRC_SIGNAL: "signal frames",
-           SRC_PLT: "PLT stubs"}
+           SRC_PLT: "PLT stubs", SRC_JIT: "return addresses proved after code without a file"}
 #: how the unwinder chooses: CFI first (default); recipes first (to compare them with CFI on
 #: the same samples); CFI only (as before recipes existed)
 MODES = ("cfi", "recipes", "cfi-only")

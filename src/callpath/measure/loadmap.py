@@ -39,6 +39,19 @@ class Mapping:
                 and self.pgoff - self.start == other.pgoff - other.start)
 
 
+def module_name(path: str) -> str:
+    """The module name of an executable mapping: code without a file (anonymous memory, a
+    named anonymous mapping, a memfd) was written at run time, by a JIT or a patcher, and is
+    named ``[jit]`` (``[jit:NAME]``) so that reports mark it as such."""
+    if path in ("//anon", ""):
+        return "[jit]"
+    if path.startswith("[anon:") and path.endswith("]"):
+        return f"[jit:{path[6:-1]}]"
+    if path.startswith("/memfd:"):
+        return f"[jit:memfd:{path[7:].removesuffix(' (deleted)')}]"
+    return path
+
+
 def pieces(mappings: list[Mapping]) -> list[Mapping]:
     """The load map after ``mappings`` (in time order), sorted by start, without overlaps.
 

@@ -142,9 +142,10 @@ def _module_map(kept: list[Mapping], out: Path,
             la = elf.link_address(m.pgoff)
             vaddr = la if la is not None else m.pgoff
         build_id = m.build_id or (elf.build_id if elf else "")
-        mods.append(measdir.Module(i, m.path, m.start, m.end, m.pgoff, vaddr, build_id, saved))
+        name = loadmap.module_name(m.path)
+        mods.append(measdir.Module(i, name, m.start, m.end, m.pgoff, vaddr, build_id, saved))
         elves.append(elf)
-        names.append(m.path)
+        names.append(name)
         bias.append(vaddr - m.start)
         file_ids.append(_FILE_IDS.setdefault(path, len(_FILE_IDS)))
     roots = [(e.entry_routine() if e is not None else None) or (0, 0) for e in elves]

@@ -251,6 +251,8 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
                        & (lk < mm.root_hi[mi]))
             stop[at_root] = 0
             done_ok[at_root] = True
+        _leave_fileless_code(a, m, inmod, stop, depth, sp, saved, valid, load, mm,
+                             new_pc, new_sp, new_saved, new_valid, src)
         finished = (stop != 0) | done_ok
         reason[a[stop != 0]] = stop[stop != 0]
         complete[a[done_ok]] = True
@@ -278,6 +280,38 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
                     z.copy())
     count_sources(compiler, fr)
     return fr
+
+
+def _leave_fileless_code(a: I64, m: I64, inmod: npt.NDArray[np.bool_], stop: I64, depth: int,
+                         sp: U64, saved: U64, valid: npt.NDArray[np.bool_], load: Any,
+                         mm: ModuleMap, new_pc: U64, new_sp: U64, new_saved: U64,
+                         new_valid: npt.NDArray[np.bool_], src: I64) -> None:
+    """Frames in code without a file (JIT code; at depth 0 also a pc in no reported mapping):
+    the caller by a return address proved to follow a call (``jitframes``), else partial."""
+    noelf = np.array([e is None for e in mm.elves] + [True], dtype=bool)
+    cand = (((stop == PARTIAL_NO_INFO) & inmod & noelf[np.where(inmod, m, -1)])
+            | ((stop == PARTIAL_NO_MODULE) & (depth == 0)))
+    j = np.nonzero(cand)[0]
+    if not len(j):
+        return
+    from callpath.measure import jitframes
+    ai = a[j]
+    col = cfi.SAVED.index(cfi.RBP)
+    hyps = jitframes.return_candidates(sp[ai], saved[ai, col], valid[ai, col],
+                                       lambda addr: load(ai, addr))
+    todo = np.ones(len(j), dtype=bool)
+    for ra, loaded, nsp, nrbp, nrbp_ok in hyps:
+        ok = todo & jitframes.proved(ra, loaded, mm.starts, mm.ends, mm.bias, mm.elves)
+        t = j[ok]
+        new_pc[t] = ra[ok]
+        new_sp[t] = nsp[ok]
+        new_saved[t] = saved[ai[ok]]
+        new_valid[t] = valid[ai[ok]]
+        new_saved[t, col] = nrbp[ok]
+        new_valid[t, col] = nrbp_ok[ok]
+        stop[t] = 0
+        src[t] = cfi.SRC_JIT
+        todo &= ~ok
 
 
 def count_sources(compiler: cfi.Compiler, fr: Frames) -> None:
