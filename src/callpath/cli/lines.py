@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
                         *doc["columns"]])
             for r in doc["rows"]:
                 w.writerow([r["strip"], r["row"], r["first_row"], r["last_row"], r["file"],
-                            r["line"], *(P.fmt_value(v) for v in r["values"])])
+                            r["line"], *(P.csv_value(v) for v in r["values"])])
         else:
             P.write_overview_text(m, ov, out)
         return 0

@@ -37,6 +37,11 @@ def fmt_value(v: float) -> str:
     return f"{v:.4g}"
 
 
+def csv_value(v: float) -> str:
+    """Full precision for CSV (integers without a fraction): scripts re-read these."""
+    return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else repr(float(v))
+
+
 def line_records(m: LineMatrix, rows: npt.NDArray[np.int64]) -> list[dict[str, Any]]:
     """The JSON ``lines`` entries of ``rows`` (the issue's shape)."""
     st = line_stats(m, rows)
@@ -63,10 +68,10 @@ def write_csv_lines(m: LineMatrix, rows: npt.NDArray[np.int64], out: TextIO) -> 
     w.writerow(["file", "line", *m.labels, "sum", "min", "min_context", "max", "max_context",
                 "mean", "stdev"])
     for rec in line_records(m, rows):
-        w.writerow([rec["file"], rec["line"], *(fmt_value(v) for v in rec["values"]),
-                    fmt_value(rec["sum"]), fmt_value(rec["min"]), rec["min_context"],
-                    fmt_value(rec["max"]), rec["max_context"], repr(rec["mean"]),
-                    repr(rec["stdev"])])
+        w.writerow([rec["file"], rec["line"], *(csv_value(v) for v in rec["values"]),
+                    csv_value(rec["sum"]), csv_value(rec["min"]), rec["min_context"],
+                    csv_value(rec["max"]), rec["max_context"], csv_value(rec["mean"]),
+                    csv_value(rec["stdev"])])
 
 
 def write_text_lines(m: LineMatrix, rows: npt.NDArray[np.int64], out: TextIO, *,
@@ -125,8 +130,8 @@ def write_ranked(ranked: list[dict[str, Any]], fmt: str, out: TextIO) -> None:
         w = csv.writer(out, lineterminator="\n")
         w.writerow(keys)
         for r in ranked:
-            w.writerow([r["rank"], r["procedure"], r["file"], fmt_value(r["sum"]),
-                        f"{r['percent']:.2f}"])
+            w.writerow([r["rank"], r["procedure"], r["file"], csv_value(r["sum"]),
+                        csv_value(r["percent"])])
         return
     rows = [("rank", "procedure name", "filename", "sum", "percent")]
     for r in ranked:
