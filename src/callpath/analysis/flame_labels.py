@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from callpath.analysis.columns import ColumnDef, ColumnSet
 from callpath.analysis.flame import FlameFrame
+from callpath.analysis.nodes import ViewKind
 from callpath.analysis.view import View
 
 F64 = npt.NDArray[np.float64]
@@ -21,9 +22,22 @@ _SIDE = re.compile(r"^(?P<metric>.*) \[(?P<tag>[^\]]+)\] \((?P<scope>[IE])\)$")
 
 
 def rect_names(view: View, frame: FlameFrame) -> list[str]:
-    """The scope name of every rectangle (computed once per distinct node kind and table
-    entry would be faster; a frame has at most a few thousand rectangles)."""
-    return [view.label(int(n)) for n in frame.nodes.tolist()]
+    """The label of every rectangle as the tree shows it (``[line] » callee``, ``« caller``):
+    names in one batch (:meth:`NodeTable.names`), then the call-site decoration."""
+    t = view.nodes
+    ids = frame.nodes
+    names = t.names(view.exp, ids)
+    out = []
+    act, inl, caller = int(ViewKind.ACTIVATION), int(ViewKind.INLINED), int(ViewKind.CALLER)
+    for name, k, cl in zip(names, t.kind[ids].tolist(), t.call_line[ids].tolist(), strict=True):
+        if k in (act, inl):
+            head = f"[{cl}] »" if cl > 0 else "»"
+            out.append(f"{head} {name} [inlined]" if k == inl else f"{head} {name}")
+        elif k == caller:
+            out.append(f"[{cl}] « {name}" if cl > 0 else f"« {name}")
+        else:
+            out.append(name)
+    return out
 
 
 def delta_column(columns: ColumnSet, width: ColumnDef) -> ColumnDef | None:
