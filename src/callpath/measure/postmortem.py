@@ -131,7 +131,7 @@ def _module_map(kept: list[Mapping], out: Path,
         path = m.path
         if m.path == "[vdso]" and vdso:
             saved = vdso
-            path = str(out / vdso)
+            path = os.path.abspath(out / vdso)  # `-o m` is relative: still a file
         elf: ElfInfo | None = None
         if path.startswith("/") and os.path.exists(path):
             elf = ElfInfo.get(path)
