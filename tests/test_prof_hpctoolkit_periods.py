@@ -265,3 +265,20 @@ def test_elf_symbols_as_hpcprof_reads_them(tmp_path: Path) -> None:
                    check=True)
     assert DirectSymbols.of_file(dbg) is None
     assert demangle("_ZN2ns5twiceEi") == "ns::twice(int)" and demangle("main") == "main"
+
+
+def test_unreadable_symbol_files_leave_instructions(tmp_path: Path) -> None:
+    """A truncated vdso copy and a kernel listing that is not xz: hpcprof names no function
+    from them and goes on; so does callpath (instruction contexts, no error)."""
+    meas = tmp_path / "m"
+    shutil.copytree(hpctk_data("meas", "loops-perf.m"), meas)
+    vdso, = meas.glob("vdso/*.vdso")
+    vdso.write_bytes(vdso.read_bytes()[:700])
+    ksyms, = [p for p in meas.glob("kernel_symbols/vmlinux.*") if p.suffix != ".license"]
+    ksyms.write_bytes(b"ffffffff81000000 T not_compressed\n")
+    run_cli("prof", str(meas), "--ignore-structs", "-o", str(tmp_path / "db"), check=True)
+    exp = callpath.open(tmp_path / "db")
+    names = [f.name for f in exp.functions]
+    assert not any("[vmlinux]" in n or "vdso" in n for n in names), names
+    kernel = [i for i, m in enumerate(exp.modules) if m.path.startswith("kernel_symbols/")]
+    assert kernel and np.isin(exp.cct.module, kernel).any()

@@ -25,8 +25,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from callpath.errors import CallpathError
-
 DWARF_MAX_SIZE = 100 * 1024 * 1024  # hpcprof's default --dwarf-max-size
 _SYM64 = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
                    ("value", "<u8"), ("size", "<u8")])
@@ -78,7 +76,9 @@ class DirectSymbols:
         if key not in _cache:
             try:
                 _cache[key] = cls._read(path)
-            except (CallpathError, OSError, ValueError):
+            except Exception:
+                # a corrupt file (pyelftools raises many kinds): no symbols; hpcprof too logs
+                # "Error parsing ELF symbols" and goes on
                 _cache[key] = None
         return _cache[key]
 
