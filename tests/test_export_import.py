@@ -1,0 +1,365 @@
+"""``callpath export`` and ``callpath import`` against their real consumers and producers.
+
+- folded stacks: totals equal the database's sample totals (a callpath-profiled program, with
+  its ``(samples)`` metric) and its time totals within the rounding of each line;
+- pprof: decoded by the ``protobuf`` runtime against pprof's published ``profile.proto``
+  (tests/data/pprof, compiled here with grpcio-tools); its stacks equal the folded export's;
+- Chrome trace: the trace-event format (complete events that nest per track, metadata), one
+  ``samples`` entry per running trace sample, each naming the stack at that sample;
+- import of each format then export round-trips; ``perf script`` output of a real
+  ``perf record`` imports with every sample;
+- bad input anywhere is one line and exit 2, and every reader survives fuzzing (hypothesis).
+Real databases: ../shared/data (small.d, loops-cputime-t.d) and a C program profiled here.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import callpath
+from callpath.errors import CallpathError
+from callpath.formats import stacks
+from conftest import ROOT, run_cli, shared_path
+from test_prof_native import _perf_reason
+
+SPIN = ROOT / "tests" / "export_programs" / "spin.c"
+PROTO = ROOT / "tests" / "data" / "pprof" / "profile.proto"
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database of a real run of spin.c by ``callpath profile -t`` (samples and traces)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    reason = _perf_reason()
+    if reason is not None:
+        pytest.skip(f"perf_event sampling is not available here: {reason}")
+    d = tmp_path_factory.mktemp("export")
+    exe = d / "spin"
+    subprocess.run(["gcc", "-O1", "-g", "-o", str(exe), str(SPIN)], check=True)
+    db = d / "spin.d"
+    run_cli("profile", "-t", "-m", str(d / "spin.m"), "-o", str(db), "--", str(exe),
+            check=True)
+    return db
+
+
+def _dbs(profiled: Path) -> list[Path]:
+    return [shared_path("hpctoolkit", "dbase", "small.d"),
+            shared_path("hpctoolkit", "dbase", "loops-cputime-t.d"), profiled]
+
+
+def folded(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        stack, count = line.rsplit(" ", 1)
+        out[stack] = out.get(stack, 0) + int(count)
+    return out
+
+
+def export(db: Path, fmt: str, out: Path, *extra: str) -> Path:
+    run_cli("export", str(db), "--to", fmt, "-o", str(out), *extra, check=True)
+    return out
+
+
+# ---- folded --------------------------------------------------------------------------------
+
+
+def test_folded_totals_equal_sample_totals(profiled: Path, tmp_path: Path) -> None:
+    exp = callpath.open(profiled)
+    m = stacks.default_metric(exp)
+    assert m.name.endswith("(samples)")
+    lines = folded(export(profiled, "folded", tmp_path / "f.txt"))
+    assert sum(lines.values()) == round(float(exp.inclusive(m)[0])) > 50
+    assert any(s.endswith("leaf") for s in lines), lines
+    # a time metric: nanoseconds, each line rounded once
+    t = next(x for x in exp.metrics if x.name.endswith("(sec)"))
+    lines = folded(export(profiled, "folded", tmp_path / "t.txt", "--metric", t.name))
+    assert abs(sum(lines.values()) - exp.inclusive(t)[0] * 1e9) <= len(lines)
+
+
+def test_folded_of_hpctoolkit_database(tmp_path: Path) -> None:
+    db = shared_path("hpctoolkit", "dbase", "loops-cputime-t.d")
+    exp = callpath.open(db)
+    lines = folded(export(db, "folded", tmp_path / "f.txt"))
+    assert abs(sum(lines.values()) - exp.inclusive(0)[0] * 1e9) <= len(lines)
+    # one thread only: the sum over that context
+    one = folded(export(db, "folded", tmp_path / "one.txt", "--contexts", "THREAD 0"))
+    p = [c.index for c in exp.contexts if c.label(exp.id_names).endswith("THREAD 0")]
+    assert abs(sum(one.values()) - exp.values_in(p[0], 0, "execution")[0] * 1e9) <= len(one)
+
+
+# ---- pprof ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def profile_pb2(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """pprof's profile.proto compiled with grpcio-tools (the dev extra)."""
+    protoc = pytest.importorskip("grpc_tools.protoc",
+                                 reason="grpcio-tools (dev extra) is not installed")
+    pytest.importorskip("google.protobuf", reason="protobuf (dev extra) is not installed")
+    out = tmp_path_factory.mktemp("pb")
+    rc = protoc.main(["protoc", f"-I{PROTO.parent}", f"--python_out={out}", str(PROTO)])
+    assert rc == 0
+    sys.path.insert(0, str(out))
+    try:
+        import profile_pb2 as mod
+    finally:
+        sys.path.remove(str(out))
+    return mod
+
+
+def decode(pb2: Any, path: Path) -> Any:
+    prof = pb2.Profile()
+    prof.ParseFromString(gzip.decompress(path.read_bytes()))
+    return prof
+
+
+def pprof_folded(prof: Any, type_index: int) -> dict[str, int]:
+    st_ = prof.string_table
+    locs = {loc.id: loc for loc in prof.location}
+    fns = {f.id: f for f in prof.function}
+    out: dict[str, int] = {}
+    for s in prof.sample:
+        names = []
+        for lid in reversed(s.location_id):
+            names += [st_[fns[ln.function_id].name] for ln in reversed(locs[lid].line)]
+        key = ";".join(n.replace(";", ":") for n in names)
+        out[key] = out.get(key, 0) + s.value[type_index]
+    return {k: v for k, v in out.items() if v}
+
+
+def test_pprof_decodes_with_the_protobuf_runtime(profiled: Path, tmp_path: Path,
+                                                 profile_pb2: Any) -> None:
+    for db in _dbs(profiled):
+        exp = callpath.open(db)
+        prof = decode(profile_pb2, export(db, "pprof", tmp_path / f"{db.name}.pb.gz"))
+        st_ = prof.string_table
+        assert st_[0] == ""
+        assert len(prof.sample_type) == len(exp.metrics)
+        assert {st_[f.name] for f in prof.function} >= {"main"}
+        loc_ids = {loc.id for loc in prof.location}
+        fn_ids = {f.id for f in prof.function}
+        assert all(ln.function_id in fn_ids for loc in prof.location for ln in loc.line)
+        assert all(lid in loc_ids for s in prof.sample for lid in s.location_id)
+        for k, m in enumerate(exp.metrics):
+            unit = st_[prof.sample_type[k].unit]
+            total = sum(s.value[k] for s in prof.sample)
+            factor = 1e9 if unit == "nanoseconds" else 1.0
+            assert abs(total - exp.inclusive(m)[0] * factor) <= len(prof.sample), m.name
+            if m.name.endswith("(samples)"):
+                assert unit == "count" and total == round(float(exp.inclusive(m)[0]))
+        # the same stacks as the folded export of the first metric
+        want = folded(export(db, "folded", tmp_path / f"{db.name}.folded", "--metric", "0"))
+        got = pprof_folded(prof, 0)
+        assert got.keys() == want.keys()
+        assert all(abs(got[k] - want[k]) <= 8 for k in got)
+
+
+# ---- Chrome trace --------------------------------------------------------------------------
+
+
+def test_chrome_trace_event_format(profiled: Path, tmp_path: Path) -> None:
+    for db in (shared_path("hpctoolkit", "dbase", "loops-cputime-t.d"), profiled):
+        exp = callpath.open(db)
+        doc = json.loads(export(db, "chrome", tmp_path / f"{db.name}.json").read_text())
+        events = doc["traceEvents"]
+        assert {e["ph"] for e in events} == {"X", "M"}
+        running = sum(int((ln.ctx_ids > 0).sum()) for ln in exp.traces.lines)
+        assert len(doc["samples"]) == running > 0
+        tracks = {e["tid"] for e in events if e["ph"] == "X"}
+        assert tracks <= {ln.prof_index for ln in exp.traces.lines} and tracks
+        named = {e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+        assert named == {ln.prof_index for ln in exp.traces.lines}
+        for tid in tracks:  # complete events nest perfectly on each track
+            xs = sorted((e for e in events if e["ph"] == "X" and e["tid"] == tid),
+                        key=lambda e: (e["ts"], -e["dur"]))
+            open_ends: list[float] = []
+            for e in xs:
+                assert e["dur"] >= 0 and isinstance(e["name"], str)
+                while open_ends and open_ends[-1] <= e["ts"] + 1e-6:
+                    open_ends.pop()
+                if open_ends:
+                    assert e["ts"] + e["dur"] <= open_ends[-1] + 1e-3
+                open_ends.append(e["ts"] + e["dur"])
+        # each sample's stack frames: the stack of the slices covering it, innermost last
+        frames = doc["stackFrames"]
+        by_tid: dict[int, list[dict[str, Any]]] = {}
+        for e in events:
+            if e["ph"] == "X":
+                by_tid.setdefault(e["tid"], []).append(e)
+        for s in doc["samples"][:200]:
+            chain = []
+            k = s["sf"]
+            while k is not None:
+                chain.append(frames[k]["name"])
+                k = frames[k].get("parent")
+            covering = sorted((e for e in by_tid[s["tid"]]
+                               if e["ts"] <= s["ts"] < e["ts"] + e["dur"]),
+                              key=lambda e: -e["dur"])
+            assert [e["name"] for e in covering][-len(chain):] == chain[::-1]
+
+
+def test_chrome_needs_traces(tmp_path: Path) -> None:
+    src = tmp_path / "a.folded"
+    src.write_text("main;f 3\n")
+    run_cli("import", str(src), "-o", str(tmp_path / "a.d"), check=True)
+    r = run_cli("export", str(tmp_path / "a.d"), "--to", "chrome", "-o", str(tmp_path / "x"))
+    assert r.returncode == 2 and "no traces" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+# ---- round trips -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["folded", "speedscope", "pprof"])
+def test_import_then_export_round_trips(profiled: Path, tmp_path: Path, fmt: str) -> None:
+    for db in _dbs(profiled):
+        want = folded(export(db, "folded", tmp_path / "want.txt"))
+        ext = {"folded": "txt", "speedscope": "json", "pprof": "pb.gz"}[fmt]
+        f = export(db, fmt, tmp_path / f"{db.name}.{ext}")
+        back = tmp_path / f"{db.name}.{fmt}.d"
+        run_cli("import", str(f), "-o", str(back), check=True)
+        got = folded(export(back, "folded", tmp_path / "got.txt"))
+        assert got.keys() == want.keys(), (fmt, db)
+        assert all(abs(got[k] - want[k]) <= 2 for k in got), (fmt, db)
+        # and the imported database is an ordinary one: the report reads it
+        r = run_cli("report", str(back), "-d", "3")
+        assert r.returncode == 0 and "main" in r.stdout
+    # a callpath speedscope file keeps its execution contexts
+    if fmt == "speedscope":
+        db = shared_path("hpctoolkit", "dbase", "loops-cputime-t.d")
+        back = tmp_path / "ctx.d"
+        run_cli("import", str(export(db, "speedscope", tmp_path / "c.json")), "-o", str(back),
+                check=True)
+        assert len(callpath.open(back).contexts) == len(callpath.open(db).contexts)
+
+
+def test_perf_script_import(tmp_path: Path) -> None:
+    """Real 'perf record' + 'perf script' output of spin.c; every sample is imported."""
+    perf = shutil.which("perf")
+    if perf is None or shutil.which("gcc") is None:
+        pytest.skip("Debian's linux-perf (perf) or gcc is not installed")
+    exe = tmp_path / "spin"
+    subprocess.run(["gcc", "-O1", "-g", "-fno-omit-frame-pointer", "-o", str(exe), str(SPIN)],
+                   check=True)
+    data = tmp_path / "perf.data"
+    rec = subprocess.run([perf, "record", "-q", "-e", "cpu-clock", "-F", "999", "-g", "-o",
+                          str(data), str(exe)], capture_output=True, text=True, timeout=120)
+    if rec.returncode != 0 or not data.exists():
+        pytest.skip(f"perf record cannot sample here: {rec.stderr.strip()[:200]}")
+    text = subprocess.run([perf, "script", "-i", str(data)], capture_output=True, text=True,
+                          timeout=120, check=True).stdout
+    (tmp_path / "out.perf").write_text(text)
+    n = sum(1 for ln in text.splitlines() if ln and not ln[0].isspace())
+    assert n > 50
+    db = tmp_path / "perf.d"
+    run_cli("import", str(tmp_path / "out.perf"), "-o", str(db), check=True)
+    exp = callpath.open(db)
+    assert [m.name for m in exp.metrics] == ["cpu-clock (samples)"]
+    assert exp.inclusive(0)[0] == n
+    lines = folded(export(db, "folded", tmp_path / "p.txt"))
+    assert sum(lines.values()) == n
+    leaf = sum(c for s, c in lines.items() if ";main;" in f";{s};" and "leaf" in s)
+    assert leaf > 0.5 * n  # the program spends nearly all its time in leaf()
+    # pprof and speedscope of the import
+    export(db, "pprof", tmp_path / "p.pb.gz")
+    export(db, "speedscope", tmp_path / "p.json")
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str], name: str) -> None:
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert name in r.stderr
+
+
+def test_bad_input_is_one_line(tmp_path: Path) -> None:
+    db = shared_path("hpctoolkit", "dbase", "small.d")
+    good = export(db, "pprof", tmp_path / "g.pb.gz").read_bytes()
+    ss = export(db, "speedscope", tmp_path / "g.json").read_text()
+    cases = {
+        "empty.txt": b"",
+        "trunc.pb.gz": good[: len(good) // 2],
+        "trunc.pb": gzip.decompress(good)[:40],
+        "random.bin": bytes(range(256)) * 4,
+        "other.json": b'{"traceEvents": []}',
+        "trunc.json": ss[: len(ss) // 2].encode(),
+        "bad.folded": b"main;f 3\nthis line has no count\n",
+        "perf.txt": b"prog 12/12 1.000001: 1 cpu-clock:\n\tzz not a frame\n",
+    }
+    for name, data in cases.items():
+        p = tmp_path / name
+        p.write_bytes(data)
+        _one_line_error(run_cli("import", str(p), "-o", str(tmp_path / "o.d")), name)
+    _one_line_error(run_cli("import", str(tmp_path / "missing"), "-o", str(tmp_path / "o.d")),
+                    "missing")
+    _one_line_error(run_cli("export", str(tmp_path / "nodb"), "--to", "folded", "-o", "-"),
+                    "nodb")
+    _one_line_error(run_cli("export", str(db), "--to", "folded", "-m", "NOPE", "-o", "-"),
+                    "NOPE")
+    _one_line_error(run_cli("export", str(db), "--to", "pprof", "--contexts", "RANK 99",
+                            "-o", str(tmp_path / "x")), "RANK 99")
+
+
+def _samples() -> dict[str, bytes]:
+    db = shared_path("hpctoolkit", "dbase", "loops-cputime-t.d")
+    exp = callpath.open(db)
+    ft = stacks.frame_tree(exp)
+    m = exp.metrics[0]
+    import io
+
+    from callpath.formats.export_folded import write_folded
+    from callpath.formats.export_pprof import PprofSource, pprof_bytes
+    from callpath.formats.export_speedscope import write_speedscope
+
+    f = io.StringIO()
+    write_folded(ft, stacks.point_values(exp, m), m, f)
+    s = io.StringIO()
+    write_speedscope(ft, m, [("t", stacks.point_values(exp, m, 1))], s, "x")
+    pb = pprof_bytes(ft, [m], [PprofSource(None, [stacks.point_values(exp, m)])])
+    perf = (b"spin 1/1 1.000001: 1001 cpu-clock:\n\t 1152 leaf+0x19 (/tmp/spin)\n"
+            b"\t 11ae main+0x18 (/tmp/spin)\n\nspin 1/2 1.002: 1001 cpu-clock:\n"
+            b"\t 1152 leaf+0x19 (/tmp/spin)\n\n")
+    return {"folded": f.getvalue().encode(), "speedscope": s.getvalue().encode(),
+            "pprof": pb, "pprof-raw": gzip.decompress(pb), "perf": perf}
+
+
+SAMPLES: dict[str, bytes] = {}
+
+
+@settings(max_examples=250, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(which=st.sampled_from(["folded", "speedscope", "pprof", "pprof-raw", "perf"]),
+       cut=st.floats(0, 1), flips=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)),
+                                          max_size=4))
+def test_readers_survive_fuzzing(tmp_path: Path, which: str, cut: float,
+                                 flips: list[tuple[float, int]]) -> None:
+    from callpath.formats.import_build import build
+    from callpath.formats.import_detect import read_profile
+
+    if not SAMPLES:
+        SAMPLES.update(_samples())
+    data = bytearray(SAMPLES[which])
+    data = data[: max(1, int(len(data) * cut))] if cut < 1 else data
+    for where, byte in flips:
+        data[min(len(data) - 1, int(where * len(data)))] = byte
+    p = tmp_path / "fuzz"
+    p.write_bytes(bytes(data))
+    try:
+        _, ss = read_profile(p)
+        build(ss)
+    except CallpathError as e:
+        assert "\n" not in str(e)
+
