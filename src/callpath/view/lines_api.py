@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from callpath.analysis import lines as lm
 from callpath.analysis import lines_view as lv
@@ -117,6 +118,15 @@ def _overview_params(params: Params) -> OverviewParams:
         cbins=parse_int(params, "cbins", 64, lo=1, hi=4096))
 
 
+def column_groups(n_cols: int, bins: int) -> npt.NDArray[np.int64]:
+    """First context of each displayed column when ``n_cols`` contexts are shown in at most
+    ``bins`` columns (0: no limit), as the overview bins them (each column the max of its
+    contexts)."""
+    if bins <= 0 or bins >= n_cols:
+        return np.arange(n_cols, dtype=np.int64)
+    return np.unique((np.arange(bins, dtype=np.int64) * n_cols) // bins)
+
+
 def _file_name(path: str) -> str:
     return os.path.basename(path) or path
 
@@ -149,9 +159,19 @@ def window(db: Database, params: Params, body: bytes) -> Any:
     m = _matrix(db, params)
     start = parse_int(params, "start", 0, lo=0, hi=max(m.n_rows - 1, 0))
     count = parse_int(params, "count", 40, lo=1, hi=MAX_WINDOW)
+    cbins = parse_int(params, "cbins", 0, lo=0, hi=4096)
     dense = lm.window(m, start, count)
     rows = np.arange(start, start + len(dense), dtype=np.int64)
-    st = lm.line_stats(m, rows)
+    st = lm.line_stats(m, rows)  # over every context, whatever the columns shown
+    groups = column_groups(m.n_cols, cbins)
+    cols = [{"first": a, "last": b, "label": m.labels[a] if a == b
+             else f"{m.labels[a]} … {m.labels[b]}",
+             "short": m.short_labels[a] if a == b
+             else f"{m.short_labels[a]}–{m.short_labels[b]}"}
+            for a, b in zip(groups.tolist(), (np.append(groups[1:], m.n_cols) - 1).tolist(),
+                            strict=True)]
+    if len(groups) < m.n_cols and len(dense):
+        dense = np.maximum.reduceat(dense, groups, axis=1)
     out = []
     for i, r in enumerate(rows.tolist()):
         f = int(m.file_of_row[r])
@@ -172,7 +192,8 @@ def window(db: Database, params: Params, body: bytes) -> Any:
             "mean": number(float(st["mean"][i])), "stdev": number(float(st["stdev"][i])),
             "procedure": m.procedures[p] if p >= 0 else None,
         })
-    return {"start": start, "count": len(out), "contexts": m.labels,
+    return {"start": start, "count": len(out), "contexts": m.labels, "columns": cols,
+            "binned": len(groups) < m.n_cols,
             "max_window": number(float(dense.max())) if dense.size else 0.0,
             "max_program": number(float(m.vals.max())) if len(m.vals) else 0.0,
             "rows": out}

@@ -13,7 +13,7 @@ import { heat, NO_COST } from "./heat.js";
 
 export const LINE_DEFAULTS = {
   metric: 0, group: "none", start: 0, count: 40, norm: "program", skip: 50, bin: 4,
-  reduce: "max", strip: 80, cbins: 64, n: 10, around: 2, row: null, ctx: null,
+  reduce: "max", strip: 80, cbins: 32, n: 10, around: 2, row: null, ctx: null,
   proc: null, all: false,
 };
 
@@ -260,14 +260,6 @@ export class LinesView {
       s.row = meta.hottest_row;  // a first visit: start where the cost is
       s.start = Math.max(0, s.row - Math.floor(s.count / 3));
     }
-    this.q("#ln-h-heat").innerHTML = "";
-    for (let c = 0; c < meta.contexts.length; c++) {
-      const d = el("div", "ln-hcell", meta.short[c]);
-      d.title = meta.contexts[c];
-      this.q("#ln-h-heat").appendChild(d);
-    }
-    this.q("#ln-h-heat").style.setProperty("--nctx", String(meta.contexts.length));
-    this.q("#ln-heat").style.setProperty("--nctx", String(meta.contexts.length));
     this.hooks.save();
     await Promise.all([this.refreshOverview(), this.refreshWindow(), this.refreshRanked(), this.refreshAsm(), this.refreshContexts()]);
   }
@@ -331,7 +323,7 @@ export class LinesView {
   async refreshWindow() {
     const s = this.st;
     const seq = this.seq;
-    const doc = await this.get("window", { ...this.base(), start: s.start, count: s.count });
+    const doc = await this.get("window", { ...this.base(), start: s.start, count: s.count, cbins: s.cbins });
     if (seq !== this.seq) return;
     this.win = doc;
     this.drawWindow();
@@ -447,7 +439,18 @@ export class LinesView {
     const s = this.st;
     const heatBox = this.q("#ln-heat"), mmBox = this.q("#ln-mm"), srcBox = this.q("#ln-src");
     const norm = s.norm === "window" ? doc.max_window : this.meta.max;
-    const n = this.meta.contexts.length;
+    const cols = doc.columns;
+    const n = cols.length;
+    // columns as wide as the pane allows (18..52 px); values printed where they fit
+    const avail = this.q("#ln-detail").clientWidth - 200 - 240;
+    const cw = Math.max(18, Math.min(52, Math.floor(avail / Math.max(1, n))));
+    const head = this.q("#ln-h-heat");
+    head.replaceChildren(...cols.map((c) => { const d = el("div", "ln-hcell", c.short); d.title = c.label; return d; }));
+    for (const box of [head, heatBox]) {
+      box.style.setProperty("--nctx", String(n));
+      box.style.setProperty("--cw", `${cw}px`);
+      box.classList.toggle("narrow", cw < 34);
+    }
     const fh = document.createDocumentFragment(), fm = document.createDocumentFragment(), fs = document.createDocumentFragment();
     let mmMax = 0;
     for (const r of doc.rows) mmMax = Math.max(mmMax, r.max || 0);
@@ -460,12 +463,12 @@ export class LinesView {
       for (let c = 0; c < n; c++) {
         const v = r.values[c];
         const col = r.sum === 0 ? NO_COST : heat(norm > 0 ? v / norm : 0);
-        const cell = el("div", "ln-cell" + (selRow && c === s.ctx ? " cur" : ""), fmt(v));
-        cell.dataset.ctx = String(c);
+        const cell = el("div", "ln-cell" + (selRow && s.ctx !== null && cols[c].first <= s.ctx && s.ctx <= cols[c].last ? " cur" : ""), fmt(v));
         cell.setAttribute("role", "gridcell");
         cell.style.background = css(col);
         cell.style.color = ink(col);
-        cell.title = `${this.meta.contexts[c]}: ${v}`;
+        cell.dataset.ctx = String(cols[c].first);
+        cell.title = `${cols[c].label}${doc.binned ? " (max)" : ""}: ${v}`;
         hr.appendChild(cell);
       }
       fh.appendChild(hr);
@@ -577,11 +580,14 @@ export class LinesView {
         ctx.fillRect(x0 + c * cw, y, cw, Math.max(1, Math.ceil(bh)));
       }
     }
+    // a rectangle per piece (the server cut it at strip ends): a dark halo under the colour
+    // keeps it visible over any heat colour
     const rect = (pieces, colour, width) => {
-      ctx.strokeStyle = colour; ctx.lineWidth = width;
-      for (const [strip, first, rows] of pieces) {
-        const x = strip * (sw + gap) - 0.5 * width;
-        ctx.strokeRect(x + 0.5, first * bh + 0.5, sw + width - 1, rows * bh - 1);
+      for (const [w, c] of [[width + 2, "rgba(0,0,0,0.85)"], [width, colour]]) {
+        ctx.strokeStyle = c; ctx.lineWidth = w;
+        for (const [strip, first, rows] of pieces) {
+          ctx.strokeRect(strip * (sw + gap) + 1, first * bh + 1, sw - 2, Math.max(2, rows * bh - 2));
+        }
       }
     };
     for (const p of ov.rects.procedures) rect(p, "#ffee00", 2);
