@@ -100,7 +100,8 @@ def assert_same(ours: Experiment, ref: Experiment, factor: float = 1.0) -> None:
 
 # --- HPCToolkit's own perf-event measurement and its hpcprof databases ---------------------
 
-PERF_CASES = [("loops-perf.d", []), ("loops-perf.nostruct.d", ["--ignore-structs"])]
+PERF_CASES = [("loops-perf.d", []), ("loops-perf.nostruct.d", ["--ignore-structs"]),
+              ("loops-perf.d", ["-j", "2"])]  # workers read the symbol files on their own
 
 
 @pytest.mark.parametrize(("db", "opts"), PERF_CASES)
