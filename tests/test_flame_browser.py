@@ -27,7 +27,7 @@ from test_view_browser import ARTIFACTS, browser, page  # noqa: F401
 from view_support import serve
 
 PROGRAM = ROOT / "tests" / "compare_programs" / "twoinputs.c"
-DIFF, LOOPS = 0, 1
+DIFF, LOOPS, BASE, NEW = 0, 1, 2, 3
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     run_cli("diff", str(a), str(b), "-o", str(diff), check=True)
     loops = d / "loops.d"
     shutil.copytree(shared_path("hpctoolkit", "dbase", "loops-cputime-t.d"), loops)
-    with serve([diff, loops]) as s:
+    with serve([diff, loops, a, b]) as s:
         yield s
 
 
@@ -200,3 +200,35 @@ def test_diff_colours(page: Any, server: Any) -> None:  # noqa: F811
     assert blue[2] > blue[0] + 60, blue
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     pg.screenshot(path=str(ARTIFACTS / "flame-diff.png"))
+
+
+def test_compare_two_open_databases(page: Any, server: Any) -> None:  # noqa: F811
+    pg = page
+    state = {"db": NEW, "dbs": {str(NEW): {"view": "top-down"}}, "filters": []}
+    pg.goto(f"{server.url}/#s={urllib.parse.quote(json.dumps(state))}")
+    pg.wait_for_selector(".tv-row")
+    n_tabs = pg.locator("#db-tabs [role=tab]").count()
+    pg.click("#tb-compare")
+    pg.select_option("#cmp-base", str(BASE))
+    pg.select_option("#cmp-new", str(NEW))
+    pg.click("#cmp-ok")
+    pg.wait_for_function("(n) => document.querySelectorAll('#db-tabs [role=tab]').length === n",
+                         arg=n_tabs + 1)
+    pg.wait_for_selector(".tv-row")
+    settle(pg)
+    heads = pg.eval_on_selector_all(".tv-hcell.tv-metric .tv-hname",
+                                    "els => els.map(e => e.textContent)")
+    assert [h.split(" [")[1] for h in heads[:4]] == ["base] (I)", "new] (I)", "delta] (I)",
+                                                     "ratio] (I)"], heads
+    # the root's delta cell is the difference of the two databases' roots
+    root = pg.eval_on_selector_all(".tv-row:first-child .tv-cell.tv-metric",
+                                   "els => els.map(e => e.textContent)")
+    import callpath
+    a = callpath.open(server.dbs[BASE].path)
+    b = callpath.open(server.dbs[NEW].path)
+    delta = b.inclusive(0)[0] - a.inclusive(0)[0]
+    assert float(root[2].split()[0]) == pytest.approx(delta, rel=5e-3, abs=1e-9)
+    red = pixel(pg, box_of(pg, "» only_extra"))
+    assert red[0] > red[2] + 60, red
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / "flame-compare-tab.png"))

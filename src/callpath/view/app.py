@@ -26,6 +26,7 @@ from callpath.errors import CallpathError
 from callpath.view import api, notes, security, traces
 from callpath.view import lines_api
 from callpath.view import flame_api
+from callpath.view import compare_api
 from callpath.view.session import Database
 from callpath.view.share import GUEST_COOKIE, ShareHub
 
@@ -109,6 +110,7 @@ class ViewerApp:
             Route("/api/share/start", self.share.start_endpoint, methods=["POST"]),
             WebSocketRoute("/api/share/ws", self.share.ws_endpoint),
         ]
+        routes.append(compare_api.route(self.dbs))  # two open databases compared
         note_gets, note_posts = notes.handlers(self.share.notify_threadsafe)
         gets: dict[str, Handler] = {
             "columns": api.columns, "children": api.children, "hotpath": api.hotpath,

@@ -11,6 +11,7 @@ import { PlotDialog } from "./plot.js";
 import { TraceView } from "./trace.js";
 import { LinesView } from "./lines.js";
 import { FlamePane } from "./flame.js";
+import { installCompare, comparisonColumns } from "./compare.js";
 import { startLinks } from "./share.js";
 
 const $ = (id) => document.getElementById(id);
@@ -41,6 +42,7 @@ const tree = new TreeTable(treeHost, {
     saveToUrl();
     clearTimeout(onSelectTimer);
     onSelectTimer = setTimeout(() => { if (entry.row) source.show(state.db, viewQueryState(state.db), entry.row); }, 80);
+    if (entry.row) lines.follow(state.db, viewQueryState(state.db), entry.row);  // the Lines tab's cursor follows
   },
   onActivate: (entry) => { if (entry.row) source.show(state.db, viewQueryState(state.db), entry.row); },
   onContext: (entry, x, y) => openMenu(entry, x, y),
@@ -119,6 +121,19 @@ const flame = new FlamePane($("flame-pane"), {
   reveal: (keys) => tree.revealPath(keys),
 });
 $("tb-flame").onclick = () => flame.toggle();
+// two open databases compared (compare.js): the comparison opens as a new tab with its flame graph
+installCompare($("tb-compare"), {
+  current: () => state.db, databases: () => databases,
+  opened: async (entry) => {
+    databases = await api.databases();
+    state.db = entry.id;
+    const d = dbState(entry.id);
+    for (const vn of VIEWS) d.views[vn].cols = comparisonColumns();
+    d.flame = { on: true, path: [] };
+    saveToUrl();
+    await showDb();
+  },
+});
 
 function curView() { const d = dbState(state.db); return d.views[d.view]; }
 function dbInfo() { return databases.find((x) => x.id === state.db) || databases[0]; }

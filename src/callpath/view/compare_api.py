@@ -1,0 +1,101 @@
+"""Comparing two databases the viewer has open (``POST /api/compare``).
+
+The comparison is built exactly as ``callpath diff`` builds it (:mod:`callpath.analysis.compare`),
+written as a v4 database into a temporary folder of the server (removed when the server
+stops) with its delta and ratio metrics saved beside it, and opened as one more database: a
+new tab whose every view has the base, new, delta and ratio columns, and whose flame graph is
+coloured by the delta. Comparing the same pair again returns the tab already made.
+
+Body: ``{"base": ID, "new": ID}``. Answer: the new database's entry of ``/api/databases``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from callpath.errors import CallpathError
+from callpath.view import api
+from callpath.view.session import Database
+
+_lock = threading.Lock()
+_made: dict[tuple[int, int], int] = {}
+_tmp: list[Path] = []
+
+
+def _cleanup() -> None:
+    for p in _tmp:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+atexit.register(_cleanup)
+
+
+def _parse(body: bytes, n: int) -> tuple[int, int]:
+    try:
+        doc = json.loads(body.decode("utf-8") or "null")
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CallpathError("compare: expected a JSON body {\"base\": ID, \"new\": ID}") from None
+    if not isinstance(doc, dict):
+        raise CallpathError("compare: expected a JSON body {\"base\": ID, \"new\": ID}")
+    ids = []
+    for name in ("base", "new"):
+        v = doc.get(name)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < n:
+            raise CallpathError(f"compare: {name!r} must be a database id 0..{n - 1}")
+        ids.append(v)
+    if ids[0] == ids[1]:
+        raise CallpathError("compare: base and new must be two different databases")
+    return ids[0], ids[1]
+
+
+def compare_databases(dbs: list[Database], base: int, new: int) -> dict[str, Any]:
+    """Build (or find) the comparison of two open databases; returns its database entry."""
+    from callpath.analysis.compare import compare
+    from callpath.analysis.derived import save_derived
+    from callpath.formats.v4.writer import write_v4
+    from callpath.view.session import open_databases
+
+    with _lock:
+        done = _made.get((base, new))
+        if done is None:
+            a, b = dbs[base], dbs[new]
+            with a.lock, b.lock:
+                exp, derived = compare([a.exp, b.exp], ["base", "new"], diff=True)
+            folder = Path(tempfile.mkdtemp(prefix="callpath-compare-"))
+            _tmp.append(folder)
+            out = folder / f"{b.name} vs {a.name}"
+            write_v4(exp, out)
+            save_derived(out, derived)
+            (db,) = open_databases([str(out)], warm=False)
+            db.id = len(dbs)
+            dbs.append(db)
+            done = _made[(base, new)] = db.id
+    entry = api.databases([dbs[done]])[0]
+    entry["compare"] = {"base": base, "new": new}
+    return entry
+
+
+def route(dbs: list[Database]) -> Route:
+    """The route, bound to the server's list of databases (which it extends)."""
+
+    async def endpoint(request: Request) -> Response:
+        body = await request.body()
+        try:
+            base, new = _parse(body, len(dbs))
+            entry = await anyio.to_thread.run_sync(compare_databases, dbs, base, new)
+        except CallpathError as e:
+            return JSONResponse({"error": str(e).replace("\n", " ")}, status_code=400)
+        return JSONResponse(entry)
+
+    return Route("/api/compare", endpoint, methods=["POST"])

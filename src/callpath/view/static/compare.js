@@ -1,0 +1,68 @@
+// compare.js — compare two open databases directly (POST /api/compare): the server builds the
+// comparison as `callpath diff` does and opens it as one more database tab, whose every view
+// shows base, new, delta and ratio columns and whose flame graph is coloured by the delta.
+
+import { headers, showError } from "./api.js";
+
+/**
+ * hooks: current() -> the shown database id, databases() -> the list of /api/databases,
+ * opened(entry) -> called with the new database's entry once the server has made it.
+ */
+export function installCompare(button, hooks) {
+  const dlg = document.createElement("dialog");
+  dlg.id = "dlg-compare";
+  dlg.setAttribute("aria-labelledby", "dlg-compare-h");
+  dlg.innerHTML = `
+    <h2 id="dlg-compare-h">Compare with another database</h2>
+    <p class="muted">Contexts are matched by what they are (procedure, load module, call and
+    statement lines along the path), as <code>callpath diff</code> does; the comparison opens
+    in a new tab.</p>
+    <label>Base <select id="cmp-base" aria-label="base database"></select></label>
+    <label>New <select id="cmp-new" aria-label="new database"></select></label>
+    <div id="cmp-status" class="muted" aria-live="polite"></div>
+    <div class="dlg-buttons"><button type="button" id="cmp-cancel">Cancel</button><button type="button" id="cmp-ok" class="primary">Compare</button></div>`;
+  document.body.appendChild(dlg);
+  const base = dlg.querySelector("#cmp-base");
+  const news = dlg.querySelector("#cmp-new");
+  const status = dlg.querySelector("#cmp-status");
+  dlg.querySelector("#cmp-cancel").onclick = () => dlg.close();
+  button.onclick = () => {
+    const dbs = hooks.databases().filter((d) => !d.compare);
+    if (dbs.length < 2) { showError("compare: open two databases (callpath view A.d B.d)"); return; }
+    for (const sel of [base, news]) {
+      sel.innerHTML = "";
+      for (const d of dbs) {
+        const o = document.createElement("option");
+        o.value = String(d.id);
+        o.textContent = d.name;
+        sel.appendChild(o);
+      }
+    }
+    const cur = hooks.current();
+    news.value = String(cur);
+    base.value = String((dbs.find((d) => d.id !== cur) || dbs[0]).id);
+    status.textContent = "";
+    dlg.showModal();
+  };
+  dlg.querySelector("#cmp-ok").onclick = async () => {
+    status.textContent = "comparing…";
+    try {
+      const resp = await fetch("/api/compare", {
+        method: "POST", headers: headers({ "Content-Type": "application/json" }),
+        body: JSON.stringify({ base: Number(base.value), new: Number(news.value) }),
+      });
+      const doc = await resp.json();
+      if (!resp.ok) { status.textContent = doc.error || `${resp.status}`; return; }
+      dlg.close();
+      await hooks.opened(doc);
+    } catch (e) {
+      status.textContent = String(e);
+    }
+  };
+}
+
+/** Column configuration of a comparison tab: base, new, delta and ratio of the first metric
+ * first (the rest stay available in the Columns dialog). */
+export function comparisonColumns() {
+  return { order: ["m0i", "m1i", "d0", "d1"], hidden: [], names: {} };
+}
