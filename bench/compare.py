@@ -281,9 +281,61 @@ def section_flame(ctx: dict[str, Any]) -> None:
     print(f"target: flame frame under 100 ms: {'met' if r['warm_s'] < 0.1 else 'NOT met'}")
 
 
+def ensure_traced(base: Path, samples: int = 100_000, run: int = 20) -> Path:
+    """The base database with a trace per execution context for the Chrome export: ``samples``
+    samples 1 ms apart, in runs of ``run`` samples at one random leaf (a program stays a while
+    where it is; independent samples would make every sample a change of the whole stack).
+    Cached beside the pair."""
+    out = base.parent / f"traced-{samples}-{run}.d"
+    if (out / "trace.db").exists():
+        return out
+    import numpy as np
+
+    import callpath
+    from callpath.formats.v4.writer import write_v4
+    from callpath.model import TraceLine, Traces
+
+    exp = callpath.open(base)
+    rng = np.random.default_rng(3)
+    leaves = np.flatnonzero(exp.cct.subtree_end == np.arange(len(exp.cct)) + 1)
+    lines = []
+    t0 = 1_700_000_000_000_000_000
+    for p in exp.contexts:
+        ctx = np.repeat(exp.cct.ctx_id[rng.choice(leaves, samples // run)], run)
+        lines.append(TraceLine(p.index, t0 + np.arange(samples, dtype=np.uint64) * 1_000_000,
+                               ctx.astype(np.uint32)))
+    exp.traces = Traces(t0, t0 + (samples - 1) * 1_000_000, lines)
+    write_v4(exp, out, copy_sources=False)
+    return out
+
+
+def section_export(ctx: dict[str, Any]) -> None:
+    """``callpath export`` of the base database to each format (whole command, medians); the
+    Chrome trace from a copy with a trace of 10^5 samples per execution context."""
+    args = ctx["args"]
+    traced = ensure_traced(ctx["base"])
+    print(f"\nexport of the {args.contexts:,}-context database (whole 'callpath export' "
+          "command: interpreter start, open, render, write; medians)")
+    with tempfile.TemporaryDirectory(prefix="export-bench-") as tmp:
+        for fmt in ("speedscope", "pprof", "chrome", "folded"):
+            db = traced if fmt == "chrome" else ctx["base"]
+            out = Path(tmp) / f"out.{fmt}"
+            times = []
+            for _ in range(args.repeat):
+                t0 = time.perf_counter()
+                subprocess.run([sys.executable, "-m", "callpath", "export", str(db), "--to", fmt,
+                                "-o", str(out)], check=True, capture_output=True)
+                times.append(time.perf_counter() - t0)
+            t = statistics.median(times)
+            print(f"  {fmt:10s} {t:6.2f} s  ({out.stat().st_size / 2**20:7.1f} MiB; runs "
+                  + ", ".join(f"{x:.2f}" for x in times)
+                  + f")  target under 10 s: {'met' if t < 10 else 'NOT met'}", flush=True)
+
+
 # Each section takes the shared context (args, base, new, differing) and prints its figures.
 # Exports of the 10^6-node database (issue 20, item 3) add their section here.
-SECTIONS: list[Callable[[dict[str, Any]], None]] = [section_diff, section_flame]
+SECTIONS: list[Callable[[dict[str, Any]], None]] = [section_diff, section_flame,
+                                                    section_export]
 
 
 def main(argv: list[str] | None = None) -> int:
