@@ -61,6 +61,28 @@ def test_meta_and_window_are_the_library_s(view_server: Any, experiments: dict[i
         assert r["procedure"] == (m.procedures[p] if p >= 0 else None)
 
 
+def test_thread_selection_and_column_bins(view_server: Any,
+                                         experiments: dict[int, Any]) -> None:
+    """The Thread view's contexts are the matrix's columns; ``cbins`` shows the window in
+    fewer columns, each the max of its contexts, while min/max still name single contexts."""
+    exp = experiments[LOOPS]
+    sel = [0, 2]
+    m = lm.build_line_matrix(exp, 0, "none", [exp.contexts[i].index for i in sel])
+    meta = lines(view_server, LOOPS, "meta", threads=json.dumps(sel))
+    assert meta["contexts"] == m.labels and len(m.labels) == 2
+    doc = lines(view_server, LOOPS, "window", threads=json.dumps(sel), start=0, count=38)
+    np.testing.assert_allclose([r["values"] for r in doc["rows"]], lm.window(m, 0, 38))
+    full = lm.build_line_matrix(exp, 0)
+    doc = lines(view_server, LOOPS, "window", start=0, count=38, cbins=2)
+    dense = lm.window(full, 0, 38)
+    assert doc["binned"] and [(c["first"], c["last"]) for c in doc["columns"]] == [(0, 1), (2, 3)]
+    want = np.stack([dense[:, :2].max(axis=1), dense[:, 2:].max(axis=1)], axis=1)
+    np.testing.assert_allclose([r["values"] for r in doc["rows"]], want)
+    st = lm.line_stats(full, np.arange(38))
+    assert [r["max_context"] for r in doc["rows"]] == \
+        [full.labels[int(c)] for c in st["max_context"]]
+
+
 def test_window_source_text_is_the_database_copy(view_server: Any,
                                                  experiments: dict[int, Any]) -> None:
     m = lm.build_line_matrix(experiments[CPI], 0)

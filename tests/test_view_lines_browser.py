@@ -336,6 +336,23 @@ def test_lines_and_trees_link_both_ways(page: Any, view_server: Any,
     assert pg.get_attribute("#ln-ranked tbody tr.sel", "data-procedure") == want["procedure"]
     shot(pg, "from-top-down")
 
+    # the cursor follows a plain selection in a tree too: select a line scope in Top-down,
+    # come back to the Lines tab, and it is there
+    pg.click("#view-tabs [data-view=top-down]")
+    pg.wait_for_selector(".tv-row")
+    idle(pg)
+    rows = pg.evaluate("""() => window.__callpath.tree.rows.filter(e => e.row &&
+        e.row.type === 'statement' && e.row.file).map(e => e.row)""")
+    target = next((r for r in rows if r["line"] != int(m.line_of_row[st["row"]])), rows[0])
+    pg.click(f".tv-row[data-key='{target['key']}'] .tv-label")
+    pg.click("#view-tabs [data-view=lines]")
+    pg.wait_for_function(f"() => document.getElementById('ln-where').textContent"
+                         f".includes(':{target['line']}')")
+    settled(pg)
+    st = lines_state(pg)
+    assert int(m.line_of_row[st["row"]]) == target["line"]
+    assert [r["row"] for r in heat_rows(pg) if r["selected"]] == [st["row"]]
+
 
 def test_lines_state_in_url_and_database_switch(page: Any, view_server: Any) -> None:
     """Metric, window, normalisation and overview parameters survive a reload and open the

@@ -87,7 +87,12 @@ export class LinesView {
     } finally { this.setPending(-1); }
   }
 
-  base() { const s = this.st; return { metric: s.metric, group: s.group }; }
+  /** The matrix's parameters: metric, grouping and the Thread view's contexts (if any). */
+  base() {
+    const s = this.st;
+    const threads = this.hooks.dbState(this.db).threads || [];
+    return { metric: s.metric, group: s.group, threads: threads.length ? JSON.stringify(threads) : null };
+  }
   ovParams() {
     const s = this.st;
     return { ...this.base(), skip: s.skip, bin: s.bin, reduce: s.reduce, strip: s.strip, cbins: s.cbins };
@@ -239,6 +244,12 @@ export class LinesView {
   async open(db) {
     this.db = db;
     const seq = ++this.seq;
+    const follow = this.pendingNode && this.pendingNode.db === db ? this.pendingNode : null;
+    this.pendingNode = null;
+    if (follow) {
+      try { await this.showNode(db, follow.vs, follow.key, true); } catch (_) { /* no place on the axis */ }
+      if (seq !== this.seq) return;
+    }
     const fresh = !this.hooks.dbState(db).lines;  // a first visit: no saved lines state
     const s = this.st;
     const info = this.hooks.info(db);
@@ -411,8 +422,15 @@ export class LinesView {
     if (nodes.length) this.hooks.showTopDown(nodes[0].key);
   }
 
+  /** A scope selected in a tree: the Lines tab goes there when it is next shown (the one
+   * cursor every pane follows). Scopes without a source file leave it where it is. */
+  follow(db, vs, row) {
+    if (!row || !row.file || row.key === "r") return;
+    this.pendingNode = { db, vs, key: row.key };
+  }
+
   /** From a scope of any tree (its key in that view) to the Lines tab at its line. */
-  async showNode(db, vs, key) {
+  async showNode(db, vs, key, quiet = false) {
     this.db = db;
     const q = new URLSearchParams();
     for (const [k, v] of Object.entries(vs)) {
@@ -422,7 +440,7 @@ export class LinesView {
     }
     const s = this.st;
     q.set("metric", String(s.metric)); q.set("group", s.group); q.set("node", key);
-    const doc = await getJSON(`/api/db/${db}/lines/locate?${q}`);
+    const doc = await getJSON(`/api/db/${db}/lines/locate?${q}`, { quiet });
     s.row = doc.row;
     s.ctx = null;
     s.all = false;
