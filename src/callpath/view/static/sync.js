@@ -60,8 +60,18 @@ export function applyChanges(changes, { keepMode = false } = {}) {
   for (const [id, d] of Object.entries(state.dbs)) modes[id] = d.mode;
   for (const [path, value] of changes) {
     const parts = path.split(".");
-    if (parts[0] === "ui") { if (parts[1] === "scroll" && Number.isFinite(value)) uiScroll = value; continue; }
-    if (parts[0] !== "s" || parts.length < 2) continue;
+    if (parts[0] === "ui") {
+      const sc = parts.length === 1 ? (isObj(value) ? value.scroll : null) : parts[1] === "scroll" ? value : null;
+      if (Number.isFinite(sc)) uiScroll = sc;
+      continue;
+    }
+    if (parts[0] !== "s") continue;
+    if (parts.length === 1) {  // the whole state
+      if (!isObj(value)) continue;
+      for (const k of ["db", "dbs", "filters"]) if (k in value) state[k] = JSON.parse(JSON.stringify(value[k]));
+      batch.push(path);
+      continue;
+    }
     if (keepMode && parts[parts.length - 1] === "mode") continue;
     let obj = state;
     for (let i = 1; i < parts.length - 1; i++) {

@@ -1,0 +1,391 @@
+"""Shared sessions, linked pop-out windows and notes in REAL browsers: Chromium driven by
+Playwright, each participant in its own browser context (separate cookies and storage, as
+separate people), against a real server over copies of the real databases.
+
+Screenshots go to tests/artifacts/view/share-*.png (ignored by git).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import ROOT
+from view_support import copy_database, database_sources, serve
+
+playwright_sync = pytest.importorskip(
+    "playwright.sync_api", reason="the Python package playwright is not installed")
+
+LOOPS = 1
+ARTIFACTS = ROOT / "tests" / "artifacts" / "view"
+CHROME_ARGS = ["--no-sandbox", "--disable-dev-shm-usage"]
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("no Chromium on this machine (Debian: apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def pw() -> Iterator[Any]:
+    with playwright_sync.sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(pw: Any) -> Iterator[Any]:
+    exe = _chromium()
+    try:
+        b = pw.chromium.launch(executable_path=exe, args=CHROME_ARGS)
+    except Exception as e:  # any launch failure is a missing capability
+        pytest.skip(f"Chromium at {exe} does not start headless: {str(e).splitlines()[0]}")
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def dbs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    base = tmp_path_factory.mktemp("sharebrowser")
+    return [copy_database(p, base) for p in database_sources()[:2]]
+
+
+@pytest.fixture(scope="module")
+def server(dbs: list[Path]) -> Iterator[Any]:
+    with serve(dbs) as s:
+        yield s
+
+
+class People:
+    """Browser contexts, one per participant; JavaScript errors fail the test."""
+
+    def __init__(self, browser: Any) -> None:
+        self.browser = browser
+        self.contexts: list[Any] = []
+        self.errors: list[str] = []
+
+    def page(self, browser: Any = None) -> Any:
+        ctx = (browser or self.browser).new_context(viewport={"width": 1300, "height": 820})
+        self.contexts.append(ctx)
+        pg = ctx.new_page()
+        pg.on("pageerror", lambda e: self.errors.append(str(e)))
+        pg.set_default_timeout(20000)
+        return pg
+
+    def close(self) -> None:
+        for c in self.contexts:
+            try:
+                c.close()
+            except Exception:
+                pass  # a context of a browser the test killed
+
+
+@pytest.fixture
+def people(browser: Any) -> Iterator[People]:
+    p = People(browser)
+    yield p
+    p.close()
+    assert not p.errors, f"JavaScript errors in the pages: {p.errors}"
+
+
+def shot(pg: Any, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / f"share-{name}.png"))
+
+
+def idle(pg: Any) -> None:
+    pg.wait_for_function(
+        "() => document.getElementById('tree').dataset.pending === '0' && "
+        "!document.querySelector('.tv-row:not([hidden]) .tv-label.loading')")
+
+
+def start_session(pg: Any, base: str, name: str) -> dict[str, str]:
+    """Opens the viewer on the loops database, presses Share; returns the two links."""
+    pg.goto(f"{base}/?name={name}#s=%7B%22db%22%3A{LOOPS}%7D")
+    pg.wait_for_selector(".tv-row")
+    idle(pg)
+    pg.click("#share-start")
+    pg.wait_for_selector("#share-link")
+    links = {"link": pg.input_value("#share-link"),
+             "guest": pg.input_value("#share-guest-link")}
+    pg.click("#share-links-close")
+    pg.wait_for_selector(".share-person")
+    return links
+
+
+def join(pg: Any, link: str, name: str, count: int) -> None:
+    pg.goto(f"{link}&name={name}")
+    pg.wait_for_function(f"() => document.querySelectorAll('.share-person').length === {count}")
+    idle(pg)
+
+
+def view_of(pg: Any) -> dict[str, Any]:
+    """What a follower must mirror: db, mode, view, expanded keys, selection, sort."""
+    return dict(pg.evaluate("""() => { const s = window.__callpath.state;
+        const d = s.dbs[s.db]; const v = d.views[d.view];
+        return {db: s.db, mode: d.mode, view: d.view, exp: [...v.exp].sort(), sel: v.sel,
+                sort: v.sort, order: v.order, trace: d.trace}; }"""))
+
+
+def same_view(a: Any, b: Any, timeout: int = 15000) -> dict[str, Any]:
+    """Waits until b shows a's view state; returns it."""
+    want = view_of(a)
+    b.wait_for_function("""(w) => { const s = window.__callpath.state;
+        const d = s.dbs[s.db]; const v = d.views[d.view];
+        const got = {db: s.db, mode: d.mode, view: d.view, exp: [...v.exp].sort(), sel: v.sel,
+                     sort: v.sort, order: v.order, trace: d.trace};
+        return JSON.stringify(got) === JSON.stringify(w); }""", arg=want, timeout=timeout)
+    return want
+
+
+def select_second_level(pg: Any) -> str:
+    """Expands the first top-level row's child and selects a row two levels down."""
+    pg.click(".tv-row:not([hidden])[aria-level='2'] .tv-toggle")
+    pg.wait_for_selector(".tv-row:not([hidden])[aria-level='3']")
+    idle(pg)
+    row = pg.locator(".tv-row:not([hidden])[aria-level='3']").first
+    key = str(row.get_attribute("data-key"))
+    row.click()
+    pg.wait_for_function(
+        "(k) => window.__callpath.state.dbs[window.__callpath.state.db]"
+        ".views['top-down'].sel === k", arg=key)
+    return key
+
+
+def test_leader_view_reaches_follower(people: People, server: Any) -> None:
+    """Expansion, selection, tab switch and trace window of the leader reach a follower,
+    which also sees the leader's selection drawn in its own tree in the leader's colour."""
+    a, b = people.page(), people.page()
+    links = start_session(a, server.url, "Ana")
+    join(b, links["link"], "Bo", 2)
+    assert "lead" in b.inner_text(".share-person[data-id='1']")
+    key = select_second_level(a)
+    want = same_view(a, b)
+    assert want["sel"] == key and want["exp"]
+    idle(b)
+    b.wait_for_selector(f".tv-row[data-key='{key}'][aria-selected='true']")
+    # the leader's selection is drawn in the follower's tree, named and coloured
+    b.wait_for_selector(f".tv-row[data-key='{key}'][data-remote='Ana']")
+    colour = b.evaluate("() => document.querySelector('.share-person[data-id=\"1\"] "
+                        ".share-swatch').style.background")
+    tag = b.locator(f".tv-row[data-key='{key}'] .remote-tag")
+    assert tag.inner_text() == "Ana"
+    assert tag.evaluate("e => e.style.background") == colour
+    shot(b, "follower-tree")
+    # a tab switch
+    a.click("#view-tabs [data-view=bottom-up]")
+    idle(a)
+    same_view(a, b)
+    b.wait_for_selector("#view-tabs [data-view=bottom-up][aria-selected=true]")
+    # the trace window: zoom in twice and pan
+    a.click("#view-tabs [data-view=trace]")
+    a.wait_for_function("() => document.getElementById('tr-canvas').dataset.rows === '4'")
+    for button in ("#tr-zin", "#tr-zin", "#tr-right"):
+        a.click(button)
+    a.wait_for_timeout(300)
+    want = same_view(a, b)
+    assert want["mode"] == "trace" and want["trace"]
+    frame = a.get_attribute("#tr-canvas", "data-frame")
+    b.wait_for_function("(f) => document.getElementById('tr-canvas').dataset.frame === f",
+                        arg=frame)
+    # the ruler speaks in units, the rows carry their execution contexts' names
+    ticks = b.get_attribute("#tr-ruler", "data-ticks") or ""
+    assert ticks and all(t.split()[-1] in ("s", "ms", "µs", "ns") for t in ticks.split("|"))
+    assert len((b.get_attribute("#tr-canvas", "data-labels") or "").split(",")) == 4
+    # the leader's pointer in the trace is drawn in the follower's
+    box = a.locator("#tr-canvas").bounding_box()
+    a.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.3)
+    b.wait_for_selector(".remote-layer .remote-vline")
+    shot(a, "leader-trace")
+    shot(b, "follower-trace")
+
+
+def test_explore_alone_jump_back_and_killed_participant(people: People, server: Any,
+                                                        pw: Any) -> None:
+    """Three people: a follower that explores alone is left alone, then jumps back to the
+    leader's view; a participant whose browser is killed does not stall the others."""
+    a, b, c = people.page(), people.page(), people.page()
+    # the third participant runs in its own Chromium process, which the test kills
+    mark = f"--callpath-victim={uuid.uuid4().hex}"
+    victim = pw.chromium.launch(executable_path=_chromium(), args=[*CHROME_ARGS, mark])
+    d = people.page(victim)
+    links = start_session(a, server.url, "Ana")
+    join(b, links["link"], "Bo", 2)
+    join(c, links["link"], "Cy", 3)
+    join(d, links["link"], "Dee", 4)
+    c.click("#share-follow")  # explore alone
+    assert c.inner_text("#share-follow") == "Exploring alone"
+    c.click("#view-tabs [data-view=flat]")
+    idle(c)
+    select_second_level(a)
+    same_view(a, b)
+    same_view(a, d)
+    a.wait_for_timeout(500)
+    assert view_of(c)["view"] == "flat"  # left alone
+    # kill the fourth participant's browser (no close handshake), then go on
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _has_arg(int(p), mark)]
+    assert pids, "the victim browser's processes were not found"
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    a.click("#view-tabs [data-view=bottom-up]")
+    idle(a)
+    same_view(a, b, timeout=10000)  # the others go on at once
+    a.wait_for_function("() => document.querySelectorAll('.share-person').length === 3")
+    # jump back: the explorer takes the leader's current view once
+    c.click(".share-person[data-id='1']")
+    same_view(a, c)
+    shot(c, "explorer-jumped")
+    # take the lead: the former leader follows the new one
+    c.click("#share-lead")
+    a.wait_for_function("() => document.querySelector('.share-person[data-id=\"3\"]')"
+                        ".textContent.includes('lead')")
+    assert c.locator("#share-follow").count() == 0  # a leader follows no one
+    c.click("#view-tabs [data-view=top-down]")
+    idle(c)
+    same_view(c, b)
+
+
+def _has_arg(pid: int, arg: str) -> bool:
+    try:
+        return arg.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def test_popout_window_linked_both_ways(people: People, server: Any) -> None:
+    a = people.page()
+    a.goto(f"{server.url}/#s=%7B%22db%22%3A{LOOPS}%7D")
+    a.wait_for_selector(".tv-row")
+    idle(a)
+    select_second_level(a)
+    a.click("#view-tabs [data-view=trace]")
+    a.wait_for_function("() => document.getElementById('tr-canvas').dataset.rows === '4'")
+    with a.context.expect_page() as info:
+        a.click("#popout-trace")
+    pop = info.value
+    pop.on("pageerror", lambda e: people.errors.append(str(e)))
+    pop.wait_for_function("() => document.getElementById('tr-canvas').dataset.rows === '4'")
+    assert pop.evaluate("() => document.body.classList.contains('popout-trace')")
+    # the pop-out drives the page: zoom in there
+    pop.click("#tr-zin")
+    pop.wait_for_timeout(200)
+    want = pop.evaluate("() => window.__callpath.trace.win")
+    a.wait_for_function("(w) => JSON.stringify(window.__callpath.trace.win) === "
+                        "JSON.stringify(w)", arg=want)
+    # ... and the page drives the pop-out: switch the page to the tree, select elsewhere
+    a.click("#view-tabs [data-view=top-down]")
+    idle(a)
+    a.click(".tv-row:not([hidden])[aria-level='2']")
+    a.click("#view-tabs [data-view=trace]")
+    a.click("#tr-home")
+    a.wait_for_timeout(200)
+    home = a.evaluate("() => window.__callpath.trace.win")
+    pop.wait_for_function("(w) => JSON.stringify(window.__callpath.trace.win) === "
+                          "JSON.stringify(w)", arg=home)
+    sel = a.evaluate("() => window.__callpath.state.dbs[1].views['top-down'].sel")
+    pop.wait_for_function("(k) => window.__callpath.state.dbs[1].views['top-down'].sel === k",
+                          arg=sel)
+    # each window keeps its own pane
+    assert pop.evaluate("() => window.__callpath.state.dbs[1].mode") == "trace"
+    shot(pop, "popout-trace")
+    # a source pop-out follows the page's selection
+    a.click("#view-tabs [data-view=top-down]")
+    idle(a)
+    with a.context.expect_page() as info:
+        a.click("#popout-source")
+    src = info.value
+    src.wait_for_function("() => document.body.classList.contains('popout-source')")
+    src.wait_for_function("() => getComputedStyle(document.getElementById('tree')).display "
+                          "=== 'none'")  # the pop-out shows its pane alone
+    for i in (1, 2, 0):  # the pop-out shows the source of the page's selection, as it moves
+        a.locator(".tv-row:not([hidden])").nth(i).click()
+        a.wait_for_timeout(300)
+        text = a.inner_text("#src-file")
+        src.wait_for_function("(t) => document.getElementById('src-file').textContent === t",
+                              arg=text)
+    shot(src, "popout-source")
+
+
+def test_notes_shared_text_only_and_kept(people: People, dbs: list[Path], tmp_path: Path
+                                         ) -> None:
+    """A note made by one participant appears for the other (as text: no markup injection,
+    in the panel and as a pin on the tree row); it is still there after a server restart;
+    a read-only guest cannot save."""
+    db = copy_database(dbs[LOOPS], tmp_path)
+    evil = "<script>window.__pwned = 1</script><b>bold?</b>"
+    evil_name = "<script>x()</script><b>Bo</b>"
+    with serve([db]) as s:
+        a, b = people.page(), people.page()
+        a.goto(f"{s.url}/?name=Ana")
+        a.wait_for_selector(".tv-row")
+        idle(a)
+        a.click("#share-start")
+        a.wait_for_selector("#share-link")
+        link, guest_link = a.input_value("#share-link"), a.input_value("#share-guest-link")
+        a.click("#share-links-close")
+        b.goto(f"{link}&name={evil_name}")
+        b.wait_for_function("() => document.querySelectorAll('.share-person').length === 2")
+        # the name is shown as text in the other's presence list
+        a.wait_for_function("(t) => [...document.querySelectorAll('.share-name')]"
+                            ".some(e => e.textContent === t)", arg=evil_name)
+        assert a.evaluate("() => document.querySelectorAll('#share-bar b, #share-bar script')"
+                          ".length") == 0
+        idle(b)
+        key = select_second_level(a)
+        a.click("#notes-toggle")
+        a.wait_for_selector("#note-anchor")
+        a.select_option("#note-anchor", label=a.evaluate(
+            "() => [...document.querySelectorAll('#note-anchor option')]"
+            ".map(o => o.textContent).find(t => t.startsWith('top-down'))"))
+        a.fill("#note-author", "Ana")
+        a.fill("#note-text", evil)
+        a.click("#note-add")
+        # the other participant hears of it: pin on the row, text in the panel
+        b.wait_for_selector(f".tv-row[data-key='{key}'] .note-pin")
+        b.click("#notes-toggle")
+        b.wait_for_selector("#notes-list .note-text")
+        assert b.inner_text("#notes-list .note-text") == evil
+        assert b.evaluate("() => window.__pwned === undefined && "
+                          "document.querySelectorAll('#notes-panel b, #notes-panel script')"
+                          ".length === 0")
+        shot(b, "note")
+        # a read-only guest: sees the note, cannot add one, the server refuses its save
+        g = people.page()
+        g.goto(guest_link)
+        g.wait_for_function("() => document.querySelectorAll('.share-person').length === 3")
+        g.click("#notes-toggle")
+        g.wait_for_selector("#notes-list .note-text")
+        assert g.is_disabled("#note-add")
+        assert g.locator("#share-lead").count() == 0
+        status = g.evaluate("""async () => (await fetch('/api/db/0/notes/save', {
+            method: 'POST', headers: {'Content-Type': 'application/json'},
+            body: JSON.stringify({author: 'g', text: 'x',
+                                  anchor: {kind: 'line', file: 'a.c', line: 1}})})).status""")
+        assert status == 403
+        derived = g.evaluate("""async () => (await fetch('/api/db/0/derived/save', {
+            method: 'POST', headers: {'Content-Type': 'application/json'},
+            body: '[]'})).status""")
+        assert derived == 403
+        shot(g, "guest")
+    # the server stopped: the session ended, the note did not
+    a.wait_for_selector(".share-ended")
+    with serve([db]) as s2:
+        c = people.page()
+        c.goto(f"{s2.url}/")
+        c.wait_for_selector(".tv-row")
+        c.click("#notes-toggle")
+        c.wait_for_selector("#notes-list .note-text")
+        assert c.inner_text("#notes-list .note-text") == evil
+        assert "Ana" in c.inner_text("#notes-list .note-meta")
