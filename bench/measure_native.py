@@ -1,13 +1,14 @@
 """Benchmark of ``callpath run`` on a CPU-bound C program, against running it plain and under
 ``perf record -g`` and ``perf record --call-graph dwarf,8192`` (when installed), at 1 kHz and
 4 kHz; then post-mortem unwinding throughput against ``perf script`` on DWARF-mode data of the
-same program.
+same program; then unwind recipes (issue 22): their computation in ms per MiB of ``.text`` for
+libc and libpython, and unwinding throughput with recipes against CFI on the same samples.
 
 Run-time overhead is the program's own elapsed time (it prints it), median of 5 runs with the
 configurations interleaved, as a ratio to the plain median measured in the same run. The total
 command time (start-up, post-processing) is shown beside it.
 
-    .venv/bin/python bench/measure_native.py [--runs 5] [--iterations N]
+    .venv/bin/python bench/measure_native.py [--runs 5] [--iterations N] [--recipes-only]
 """
 
 from __future__ import annotations
@@ -82,10 +83,16 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--iterations", type=int, default=2500,
                     help="outer iterations of the benchmark (2500 ≈ 1.5 s on the dev VM)")
+    ap.add_argument("--recipes-only", action="store_true",
+                    help="only the unwind-recipe figures (computation, unwinding throughput)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="run-bench-"))
     exe = tmp / "callchain"
     subprocess.run(["gcc", "-O2", "-g", "-pthread", "-o", str(exe), str(SOURCE)], check=True)
+    if args.recipes_only:
+        recipes_bench(tmp, exe, args.iterations, args.runs)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 0
     prog = [str(exe), str(args.iterations), "0"]  # single-threaded: no extra threads
     cp = [sys.executable, "-m", "callpath", "run", "--top", "0"]
     perf = shutil.which("perf")
@@ -169,8 +176,72 @@ def main() -> int:
         print(f"unwinding: perf script {n} samples in {pdt:.3f} s = {n / pdt:,.0f} samples/s")
         print(f"ratio (callpath / perf script throughput): "
               f"{(res.samples / dt) / (n / pdt):.2f}")
+    recipes_bench(tmp, exe, args.iterations, args.runs)
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def _libraries() -> list[Path]:
+    import sysconfig
+    libs = [Path(p) for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6")
+            if Path(p).exists()][:1]
+    d, name = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    if d and name and (Path(d) / name).exists():
+        libs.append(Path(d) / name)
+    return libs
+
+
+def recipes_bench(tmp: Path, exe: Path, iterations: int, runs: int) -> None:
+    """Recipe computation per MiB of code (medians of ``runs``), and post-mortem unwinding of
+    one raw measurement of the CFI build finished twice: CFI first (every frame from CFI)
+    and recipes first (every frame from recipes), recipes cached beforehand."""
+    from callpath.structure.unwind_recipes import compute
+    print("\nunwind recipes: computation (one process, medians of "
+          f"{runs}; the machine was shared)")
+    for lib in _libraries():
+        secs = []
+        for _ in range(runs):
+            rec = compute(str(lib))
+            secs.append(rec.seconds)
+        mib = rec.text_bytes / (1 << 20)
+        med = statistics.median(secs)
+        print(f"  {lib.name:28} {mib:6.2f} MiB of code, {rec.procedures} procedures: "
+              f"{med:6.3f} s = {1000 * med / mib:6.0f} ms/MiB")
+    prog3 = [str(exe), str(iterations), "2"]
+    raw = tmp / "raw-recipes"
+    with open(os.devnull, "w") as devnull:
+        saved = os.dup(1)
+        os.dup2(devnull.fileno(), 1)
+        try:
+            launch.run(prog3, launch.RunOptions([events.parse_event("cpu-clock@250000")], raw))
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    cache = tmp / "recipe-cache"
+    os.environ["CALLPATH_RECIPE_CACHE"] = str(cache)
+    results: dict[str, list[float]] = {"cfi": [], "recipes": []}
+    shutil.copytree(raw, tmp / "warm")
+    os.environ["CALLPATH_UNWIND"] = "recipes"
+    postmortem.finish(tmp / "warm")  # fills the recipe cache
+    got = {}
+    for i in range(runs):
+        for mode in ("cfi", "recipes"):
+            d = tmp / f"{mode}-{i}"
+            shutil.copytree(raw, d)
+            os.environ["CALLPATH_UNWIND"] = mode
+            t0 = time.perf_counter()
+            got[mode] = postmortem.finish(d)
+            results[mode].append(time.perf_counter() - t0)
+    del os.environ["CALLPATH_UNWIND"]
+    print(f"unwinding the same {got['cfi'].samples} samples (finish: decode, unwind, trees, "
+          f"write; medians of {runs}, interleaved):")
+    for mode in ("cfi", "recipes"):
+        med = statistics.median(results[mode])
+        r = got[mode]
+        print(f"  {mode + ' first':13} {med:7.3f} s = {r.samples / med:9,.0f} samples/s, "
+              f"{r.partial} partial; frames by {r.frame_sources}")
+    print(f"  ratio (recipes / CFI throughput): "
+          f"{statistics.median(results['cfi']) / statistics.median(results['recipes']):.2f}")
 
 
 if __name__ == "__main__":

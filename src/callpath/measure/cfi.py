@@ -130,7 +130,9 @@ class Compiler:
         r = self._recipe_rows.get(rr)
         if r is None:
             kind, reg, off, *saves = rr[:-1]  # the last column only serves comparisons
-            if kind == 2:  # the program's entry point: the outermost frame
+            if kind == 3:  # a signal trampoline
+                r = self.signal_row
+            elif kind == 2:  # the program's entry point: the outermost frame
                 rules = (RULE_SAME,) * len(SAVED) + (RULE_UNDEF,)
                 r = self.table.add(KIND_CFA, RSP, 8, rules, (0,) * len(TRACKED))
             else:
@@ -144,13 +146,19 @@ class Compiler:
         round in mode ``recipes``)."""
         key = (elf.path, vaddr)
         got = self._src.get(key)
+        if got is None and self.mode == "recipes" and elf.plt_section(vaddr) is None:
+            rr = self.recipe_row(elf, vaddr)
+            if rr:
+                got = (rr, SRC_SIGNAL if rr == self.signal_row else SRC_RECIPE)
+                self._src[key] = got
         if got is None:
             cfi_row = self.row(elf, vaddr)  # 0: no usable CFI (the only KIND_NONE row)
             src = (SRC_SIGNAL if cfi_row == self.signal_row else
                    SRC_PLT if elf.plt_section(vaddr) is not None else SRC_CFI)
             if (cfi_row == 0 or self.mode == "recipes") and src == SRC_CFI:
                 rr = self.recipe_row(elf, vaddr)
-                got = (rr, SRC_RECIPE) if rr else (cfi_row, SRC_CFI)
+                got = ((rr, SRC_SIGNAL if rr == self.signal_row else SRC_RECIPE) if rr
+                       else (cfi_row, SRC_CFI))
             else:
                 got = (cfi_row, src)
             self._src[key] = got

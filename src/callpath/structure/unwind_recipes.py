@@ -43,7 +43,7 @@ from callpath.structure.elf import ElfModule, find_debug_file, open_elf
 from callpath.structure.symbols import function_symbols
 
 #: Bumped when the analysis changes: cached recipes of another version are recomputed.
-VERSION = 2
+VERSION = 3
 DW_RBP, DW_RSP = 6, 7
 #: columns of ``Recipes.rows``
 KIND, CFA_REG, CFA_OFF = 0, 1, 2
@@ -348,6 +348,9 @@ class Recipes:
         r = np.where(i >= 0, self.rid[np.maximum(i, 0)], -1).astype(np.int64)
         return np.where((r >= 0) & (self.rows[np.maximum(r, 0), KIND] >= 1), r, -1)
 
+    # KIND values: 0 none, 1 a frame (CFA rule), 2 the outermost frame (the entry point),
+    # 3 a signal trampoline (registers in the kernel's signal frame)
+
     def save(self, path: Path) -> None:
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
         with open(tmp, "wb") as fh:
@@ -398,7 +401,8 @@ def _eh_frame_ranges(mod: ElfModule) -> list[tuple[int, int]]:
     def i32(off: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         b = ehd[off[:, None] + np.arange(4)].astype(np.int64)
         v = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
-        return np.where(v >= 1 << 31, v - (1 << 32), v)
+        signed: npt.NDArray[np.int64] = np.where(v >= 1 << 31, v - (1 << 32), v)
+        return signed
 
     pc_begin = i32(at + 8) + at + 8 + int(eh["sh_addr"])
     good = ok & (pc_begin == starts)
@@ -477,12 +481,17 @@ def compute(path: str | os.PathLike[str]) -> Recipes:
         decoded = []
         call_targets: set[int] = set()
         jump_src: dict[int, list[int]] = {}
+        sigreturns: list[int] = []
         for sec in mod.text_sections:
             if sec.name.startswith(".plt"):
                 continue  # PLT stubs have rules of their own (measure.cfi)
             data = mod.elf.get_section_by_name(sec.name).data()
             d = decode_ops(data, sec.addr)
             decoded.append((sec, d))
+            at = data.find(SIGRETURN)
+            while at >= 0:
+                sigreturns.append(sec.addr + at)
+                at = data.find(SIGRETURN, at + 1)
             text += sec.size
             for o, a, src in zip(d.op, d.arg, d.ip, strict=True):
                 if o == OP_CALL and a:
@@ -523,15 +532,41 @@ def compute(path: str | os.PathLike[str]) -> Recipes:
         del plt
     finally:
         mod.close()
-    starts_a = np.array(out_a, dtype=np.uint64)
-    rid = np.array(out_r, dtype=np.int32)
-    order = np.argsort(starts_a, kind="stable")
-    starts_a, rid = starts_a[order], rid[order]
-    # a procedure's start replaces the end marker of the one before it at the same address
-    keep = np.ones(len(starts_a), dtype=bool)
-    if len(starts_a) > 1:
-        keep[:-1] = starts_a[1:] != starts_a[:-1]
+    starts_a, rid = _sorted_ranges(out_a, out_r)
+    if sigreturns:
+        # signal trampolines: from the byte before (the unwinder looks up return address - 1)
+        # to the end of the syscall, the registers are in the kernel's signal frame
+        sig = index.setdefault((3, DW_RSP, 0, *ENTRY[2], 0), len(index))
+        ext_a, ext_r = [], []
+        for a in sigreturns:
+            j = int(np.searchsorted(starts_a, a + len(SIGRETURN), side="right")) - 1
+            ext_a += [a - 1, a + len(SIGRETURN)]
+            ext_r += [sig, int(rid[j]) if j >= 0 else -1]
+        # inside the trampoline, earlier range starts give way
+        inside = np.zeros(len(starts_a), dtype=bool)
+        for a in sigreturns:
+            inside |= (starts_a >= a - 1) & (starts_a < a + len(SIGRETURN))
+        starts_a, rid = _sorted_ranges(starts_a[~inside].tolist() + ext_a,
+                                       rid[~inside].tolist() + ext_r)
     rows = (np.array(sorted(index, key=index.__getitem__), dtype=np.int64).reshape(-1, NCOLS)
             if index else np.zeros((0, NCOLS), dtype=np.int64))
-    return Recipes(str(path), mod.build_id or "", starts_a[keep], rid[keep], rows, text, nproc,
+    return Recipes(str(path), mod.build_id or "", starts_a, rid, rows, text, nproc,
                    time.perf_counter() - t0)
+
+
+#: ``mov rax, 15; syscall``: rt_sigreturn, the body of glibc's signal trampoline __restore_rt
+SIGRETURN = bytes.fromhex("48c7c00f0000000f05")
+
+
+def _sorted_ranges(starts: list[int], rids: list[int]
+                   ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int32]]:
+    """Sorted ranges; of several starting at one address, the last one given wins (a
+    procedure's start replaces the end marker of the one before it)."""
+    a = np.array(starts, dtype=np.uint64)
+    r = np.array(rids, dtype=np.int32)
+    order = np.argsort(a, kind="stable")
+    a, r = a[order], r[order]
+    keep = np.ones(len(a), dtype=bool)
+    if len(a) > 1:
+        keep[:-1] = a[1:] != a[:-1]
+    return a[keep], r[keep]
