@@ -21,14 +21,17 @@ import numpy as np
 import pytest
 
 import callpath
+import test_lines_measured as measured_run
 import test_view_browser as tvb
 from callpath.analysis import lines as lm
 from test_view_browser import ARTIFACTS, idle
-from view_support import view_server_fixture  # noqa: F401
+from view_support import serve, view_server_fixture  # noqa: F401
 
 # the browser tests' fixtures: one Chromium for the module, a fresh page per test
 browser = tvb.browser
 page = tvb.page
+# a real OpenMP run (thread k does k+1 units on line 12), profiled with instruction addresses
+measured = measured_run.measured
 
 SMALL, LOOPS, CPI = 0, 1, 2
 
@@ -404,3 +407,41 @@ def test_lines_state_in_url_and_database_switch(page: Any, view_server: Any) -> 
     assert pg.get_attribute("#src-body", "data-file") != cpi_file
     assert cpi_file not in pg.inner_text("#src-file")
     shot(pg, "database-switched")
+
+
+@pytest.fixture(scope="module")
+def measured_server(measured: Path) -> Iterator[Any]:
+    with serve([measured]) as server:
+        yield server
+
+
+def test_measured_run_imbalance_and_instructions(page: Any, measured_server: Any,
+                                                 measured: Path) -> None:
+    """On callpath's own measurement of a program with known imbalance: the work line's
+    minimum is in the first thread and its maximum in the last, as the heat map and the
+    min/max bars show; the assembler pane lists the instructions the line table maps to the
+    line ± 1 (read from the binary that was profiled), with the sampled cost of each, the
+    costs of the work line adding up to the line's total."""
+    pg = page
+    exp = callpath.open(str(measured))
+    m = lm.build_line_matrix(exp, 0)
+    row = lm.row_of(m, "imbalance.c", measured_run.WORK_LINE)
+    open_lines(pg, measured_server.url, 0, row=row, start=max(0, row - 5), count=12, around=1)
+    r = next(x for x in heat_rows(pg) if x["row"] == row)
+    assert r["selected"]
+    assert r["min_context"] == m.labels[0] and r["max_context"] == m.labels[-1]
+    assert r["values"] == sorted(r["values"]), "thread k does k+1 units: increasing costs"
+    listing = lm.line_instructions(exp, m.files[int(m.file_of_row[row])],
+                                   measured_run.WORK_LINE, 1)
+    assert listing, f"no instructions: {listing.reason}"
+    pg.wait_for_function("() => document.getElementById('ln-asm').dataset.state === 'ok'")
+    shown = pg.eval_on_selector_all("#ln-asm .ln-ins", """trs => trs.map(t => ({
+        address: t.dataset.address, code: t.querySelector('.ln-code').textContent,
+        cost: t.querySelector('.ln-cost').textContent}))""")
+    assert [x["address"] for x in shown] == [f"{d['address']:#x}" for d in listing]
+    assert [x["code"] for x in shown] == [d["text"] for d in listing]
+    costs = [d["cost"] for d in listing if d["line"] == measured_run.WORK_LINE]
+    assert all(c is not None for c in costs)
+    assert sum(costs) == pytest.approx(float(m.row_sum[row]), rel=1e-9)
+    assert sum(1 for x in shown if x["cost"] not in ("", "0")) > 0
+    shot(pg, "measured-assembler")

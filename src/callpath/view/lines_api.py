@@ -311,12 +311,18 @@ def asm(db: Database, params: Params, body: bytes) -> Any:
     f = int(m.file_of_row[r])
     line = int(m.line_of_row[r])
     listing = lm.line_instructions(db.exp, m.files[f], line, around)
-    ins = [{k: (number(v) if isinstance(v, float) else v) for k, v in d.items()}
-           for d in listing]
+    ins = []
+    for d in listing:
+        item = {k: (number(v) if isinstance(v, float) else v) for k, v in d.items()}
+        ip = d.get("address")
+        if isinstance(ip, int):
+            item["ip"], item["address"] = ip, f"{ip:#x}"
+        ins.append(item)
     return {"file": m.files[f], "file_name": _file_name(m.files[f]), "line": line,
             "around": around, "instructions": ins,
             "error": None if ins else (listing.reason or "no instruction of the load "
-                                       "module maps to these lines")}
+                                       "module maps to these lines"),
+            "note": listing.reason if ins else None}
 
 
 GETS: dict[str, Handler] = {

@@ -642,6 +642,7 @@ export class LinesView {
     }
     box.dataset.state = doc.instructions.length ? "ok" : "empty";
     if (!doc.instructions.length) { box.appendChild(el("div", "ln-asm-msg", "no instruction of the load module maps to these lines")); return; }
+    if (doc.note) box.appendChild(el("div", "ln-asm-msg", doc.note));
     const t = el("table", "ln-asm-table");
     let last = null;
     for (const ins of doc.instructions) {
