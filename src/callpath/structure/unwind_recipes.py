@@ -100,6 +100,7 @@ class Decoded:
     op: list[int]
     arg: list[int]
     pad: list[bool]
+    branches: list[int]  # indices of direct calls and jumps
 
 
 def decode_ops(data: bytes, base: int) -> Decoded:
@@ -114,6 +115,7 @@ def decode_ops(data: bytes, base: int) -> Decoded:
     ops: list[int] = []
     args: list[int] = []
     pads: list[bool] = []
+    branches: list[int] = []
     interesting, REG, RSP, RBP = t["interesting"], t["REG"], t["RSP"], t["RBP"]
     fp_regs, sp_regs, saved, no_write = t["fp_regs"], t["sp_regs"], t["saved"], t["no_write"]
     IMM, MEM = t["IMM"], t["MEM"]
@@ -182,16 +184,19 @@ def decode_ops(data: bytes, base: int) -> Decoded:
                     op = OP_SP_LOST
         elif fc == 1:  # unconditional direct jump
             op, arg = OP_JMP, ins.near_branch_target
+            branches.append(len(ips))
         elif fc == 2:  # indirect jump
             op = OP_IJMP
         elif fc == 3:
             op, arg = OP_JCC, ins.near_branch_target
+            branches.append(len(ips))
         elif fc == 4:
             op = OP_RET
         elif fc == 5 or fc == 6:
             op = OP_CALL
             if fc == 5 and ins.op0_kind != MEM:
                 arg = ins.near_branch_target
+                branches.append(len(ips))
         elif fc == 9:  # exception (ud2 and the like)
             op = OP_STOP
         ips.append(ins.ip)
@@ -199,7 +204,7 @@ def decode_ops(data: bytes, base: int) -> Decoded:
         ops.append(op)
         args.append(arg)
         pads.append(mn in pad or (mn == 0))  # 0: INVALID (padding bytes, data)
-    return Decoded(ips, nxts, ops, args, pads)
+    return Decoded(ips, nxts, ops, args, pads, branches)
 
 
 # An abstract state: (k, f, saves) with CFA = rsp + k (k None: unknown) and, when f is not
@@ -493,11 +498,13 @@ def compute(path: str | os.PathLike[str]) -> Recipes:
                 sigreturns.append(sec.addr + at)
                 at = data.find(SIGRETURN, at + 1)
             text += sec.size
-            for o, a, src in zip(d.op, d.arg, d.ip, strict=True):
-                if o == OP_CALL and a:
-                    call_targets.add(a)
-                elif o in (OP_JMP, OP_JCC):
-                    jump_src.setdefault(a, []).append(src)
+            for i in d.branches:
+                o, a = d.op[i], d.arg[i]
+                if o == OP_CALL:
+                    if a:
+                        call_targets.add(a)
+                else:
+                    jump_src.setdefault(a, []).append(d.ip[i])
             starts.add(sec.addr)
         starts |= call_targets
         procs: list[tuple[Decoded, int, int]] = []
