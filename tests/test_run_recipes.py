@@ -121,17 +121,20 @@ def test_assembly_without_cfi_in_the_middle_of_the_chain(perf_ok: None, tmp_path
     subprocess.run([cc, "-O2", "-g", "-o", str(exe), str(PROGRAMS / "asm_chain.c"),
                     str(PROGRAMS / "asm_middle.s")], check=True)
     assert not _has_fde(exe, "asm_fp") and not _has_fde(exe, "asm_nofp")
+    assert _has_fde(exe, "asm_badcfi")  # ... whose CFI is wrong
     out = tmp_path / "m"
-    proc = callpath("run", "-e", RATE, "-o", str(out), "--", str(exe), "600")
+    proc = callpath("run", "-e", RATE, "-o", str(out), "--", str(exe), "400")
     assert proc.returncode == 0, proc.stderr
+    assert re.search(r"recipes where CFI failed: \d+", " ".join(proc.stderr.split()))
     paths = _paths(out, exe)
-    chain = ["_start", "main", "level1", "asm_fp", "level2", "asm_nofp", "kernel"]
+    chain = ["_start", "main", "level1", "asm_fp", "level2", "asm_nofp", "level3", "asm_badcfi",
+             "kernel"]
     expected = {leaf: [chain[:chain.index(leaf) + 1]] for leaf in chain[2:]}
     judged, right = _chain_share(paths, exe.name, expected)
     assert judged >= 1000 and right >= 0.99 * judged, (judged, right, paths.most_common(6))
     # the assembly itself is sampled (its loops run as long as kernel's)
     in_asm = {leaf: sum(n for p, n in paths.items() if p and p[-1][1] == leaf)
-              for leaf in ("asm_fp", "asm_nofp")}
+              for leaf in ("asm_fp", "asm_nofp", "asm_badcfi")}
     assert min(in_asm.values()) >= 100, in_asm
 
 

@@ -1,7 +1,8 @@
 /* Test program for unwind recipes: hand-written assembly without call-frame information
  * (asm_middle.s) in the middle of the call chain
- *   main -> level1 -> asm_fp -> level2 -> asm_nofp -> kernel
- * Time is spent in asm_fp, asm_nofp and kernel, so samples fall inside the assembly too.
+ *   main -> level1 -> asm_fp -> level2 -> asm_nofp -> level3 -> asm_badcfi -> kernel
+ * (asm_badcfi has CFI, but wrong). Time is spent in the three assembly routines and in kernel,
+ * so samples fall inside the assembly too.
  * Usage: asm_chain [rounds] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 
 long asm_fp(long n, long (*fn)(long));
 long asm_nofp(long n, long (*fn)(long));
+long asm_badcfi(long n, long (*fn)(long));
 
 static volatile double sink;
 
@@ -21,7 +23,8 @@ NOINLINE long kernel(long n) {
     return n;
 }
 
-NOINLINE long level2(long n) { long r = asm_nofp(n, kernel); sink = sink + 1.0; return r + 1; }
+NOINLINE long level3(long n) { long r = asm_badcfi(n, kernel); sink = sink + 1.0; return r + 1; }
+NOINLINE long level2(long n) { long r = asm_nofp(n, level3); sink = sink + 1.0; return r + 1; }
 NOINLINE long level1(long n) { long r = asm_fp(n, level2); sink = sink + 1.0; return r + 1; }
 
 int main(int argc, char **argv) {

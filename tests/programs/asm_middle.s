@@ -5,6 +5,10 @@
 #   asm_fp(n, fn):   frame pointer, two pushed registers, the stack aligned to 32 bytes
 #                    (and rsp, -32) and a local area; spins n rounds itself, then calls fn(n)
 #   asm_nofp(n, fn): no frame pointer: one push and sub rsp; spins, then calls fn(n)
+#   asm_badcfi(n, fn): like asm_nofp but with *wrong* CFI, as glibc's __mpn_addmul_1 has:
+#                    the directives never mention its pushes nor its sub rsp, so CFI looks
+#                    for the return address at rsp, where this routine keeps n (no code
+#                    address): CFI is demonstrably wrong there and the recipe is used
         .text
         .globl  asm_fp
         .type   asm_fp, @function
@@ -49,4 +53,28 @@ asm_nofp:
         pop     %rbx
         ret
         .size   asm_nofp, .-asm_nofp
+
+        .globl  asm_badcfi
+        .type   asm_badcfi, @function
+asm_badcfi:
+        .cfi_startproc
+        push    %rbx
+        push    %r12
+        sub     $24, %rsp
+        mov     %rdi, %rbx
+        mov     %rsi, %r12
+        mov     %rdi, (%rsp)
+        mov     %rdi, %rcx
+        imul    $2000, %rcx, %rcx
+3:      mov     %rcx, 8(%rsp)
+        dec     %rcx
+        jnz     3b
+        mov     %rbx, %rdi
+        call    *%r12
+        add     $24, %rsp
+        pop     %r12
+        pop     %rbx
+        ret
+        .cfi_endproc
+        .size   asm_badcfi, .-asm_badcfi
         .section .note.GNU-stack,"",@progbits

@@ -204,8 +204,9 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
             st, root, npc, nsp, nsv, nvl = step(a[c], row[c])
             if compiler.recipes is not None:
                 # CFI that finds no return address in any module where a recipe does is
-                # demonstrably wrong there: the recipe's frame is taken instead
-                bad = np.nonzero((src[c] == cfi.SRC_CFI)
+                # demonstrably wrong there: the recipe's frame is taken instead (a stack copy
+                # too short is not the CFI's fault: the recipe is not computed for it)
+                bad = np.nonzero((src[c] == cfi.SRC_CFI) & (st != PARTIAL_STACK)
                                  & ((st != 0) | (~root & ~in_module(npc))))[0]
                 if len(bad):
                     rr = np.zeros(len(bad), dtype=np.int64)
