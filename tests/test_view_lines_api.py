@@ -102,20 +102,22 @@ def test_window_source_text_is_the_database_copy(view_server: Any,
     {"skip": 50, "bin": 4, "reduce": "max", "strip": 80, "cbins": 64},
     {"skip": 0, "bin": 3, "reduce": "sum", "strip": 2, "cbins": 2},
     {"skip": 1, "bin": 1, "reduce": "max", "strip": 5, "cbins": 3},
+    {"skip": 50, "bin": 2, "reduce": "sum", "strip": 4, "cbins": 2, "ctop": 1},
 ])
 def test_overview_grid_maps_and_rectangles(view_server: Any, experiments: dict[int, Any],
                                            params: dict[str, Any]) -> None:
     """The grid is the library's overview (float32), the inverse map its first row per bin,
     and every rectangle the library's wrapping of the same rows."""
     m = lm.build_line_matrix(experiments[LOOPS], 0)
-    ov = lm.overview(m, params["skip"], params["bin"], params["reduce"], params["strip"],
-                     context_bins=params["cbins"])
+    kw = {"top_contexts" if params.get("ctop") else "context_bins": params["cbins"]}
+    ov = lm.overview(m, params["skip"], params["bin"], params["reduce"], params["strip"], **kw)
     doc = lines(view_server, LOOPS, "overview", **params)
     grid = np.frombuffer(base64.b64decode(doc["values"]), dtype="<f4")
     assert doc["bins"] == ov.n_orows and doc["strips"] == ov.n_strips
     assert doc["columns"] == ov.values.shape[1] == min(params["cbins"], m.n_cols)
     assert grid.reshape(ov.values.shape) == pytest.approx(ov.values.astype(np.float32))
     assert doc["bin_row"] == ov.inv_first.tolist()
+    assert doc["top"] == bool(params.get("ctop"))
     assert doc["kept"] == int(ov.kept.sum())
     segs = [[0, m.n_rows - 1], [3, 9], [10, 10], [m.n_rows - 2, m.n_rows - 1]]
     got = lines(view_server, LOOPS, "rects", segments=json.dumps(segs), **params)["rects"]
@@ -232,6 +234,7 @@ def test_assembler(view_server: Any, experiments: dict[int, Any]) -> None:
     ("overview", {"bin": 0}, "bin"),
     ("overview", {"strip": "x"}, "strip"),
     ("overview", {"cbins": 0}, "cbins"),
+    ("overview", {"ctop": "yes"}, "ctop"),
     ("rects", {"segments": "[[1]]"}, "segments"),
     ("rects", {"segments": "[[1, 2"}, "segments"),
     ("ranked", {"n": 0}, "n"),

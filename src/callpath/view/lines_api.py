@@ -25,7 +25,7 @@ from callpath.analysis.lines_procs import describe
 from callpath.errors import CallpathError
 from callpath.view.rows import number
 from callpath.view.session import Database
-from callpath.view.state import parse_int, parse_json_param
+from callpath.view.state import parse_bool, parse_int, parse_json_param
 
 Params = Mapping[str, str]
 Handler = Callable[[Database, Params, bytes], Any]
@@ -42,6 +42,7 @@ class OverviewParams:
     reduce: str
     strip: int
     cbins: int
+    top: bool  # the cbins highest contexts of each overview row instead of bins by max
 
 
 def _overview(db: Database, m: lm.LineMatrix, p: OverviewParams) -> lm.Overview:
@@ -52,7 +53,10 @@ def _overview(db: Database, m: lm.LineMatrix, p: OverviewParams) -> lm.Overview:
     if not isinstance(hit, lm.Overview):
         for k in [k for k in db.trace_cache if k.startswith("lines-overview:")][:-7]:
             del db.trace_cache[k]  # keep the last few
-        hit = lm.overview(m, p.skip, p.bin, p.reduce, p.strip, context_bins=p.cbins)
+        if p.top:
+            hit = lm.overview(m, p.skip, p.bin, p.reduce, p.strip, top_contexts=p.cbins)
+        else:
+            hit = lm.overview(m, p.skip, p.bin, p.reduce, p.strip, context_bins=p.cbins)
         db.trace_cache[key] = hit
     return hit
 
@@ -115,7 +119,8 @@ def _overview_params(params: Params) -> OverviewParams:
         bin=parse_int(params, "bin", 4, lo=1, hi=10**6),
         reduce=reduce,
         strip=parse_int(params, "strip", 80, lo=1, hi=10**6),
-        cbins=parse_int(params, "cbins", 64, lo=1, hi=4096))
+        cbins=parse_int(params, "cbins", 32, lo=1, hi=4096),
+        top=parse_bool(params, "ctop"))
 
 
 def column_groups(n_cols: int, bins: int) -> npt.NDArray[np.int64]:
@@ -213,6 +218,7 @@ def overview(db: Database, params: Params, body: bytes) -> Any:
         "max": number(float(grid.max())) if grid.size else 0.0,
         "values": base64.b64encode(grid.tobytes()).decode("ascii"),
         "bin_row": ov.inv_first.tolist(),
+        "top": ov.top_index is not None,
     }
 
 

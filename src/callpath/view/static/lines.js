@@ -13,7 +13,7 @@ import { heat, NO_COST } from "./heat.js";
 
 export const LINE_DEFAULTS = {
   metric: 0, group: "none", start: 0, count: 40, norm: "program", skip: 50, bin: 4,
-  reduce: "max", strip: 80, cbins: 32, n: 10, around: 2, row: null, ctx: null,
+  reduce: "max", strip: 80, cbins: 32, ctop: false, n: 10, around: 2, row: null, ctx: null,
   proc: null, all: false,
 };
 
@@ -95,7 +95,7 @@ export class LinesView {
   }
   ovParams() {
     const s = this.st;
-    return { ...this.base(), skip: s.skip, bin: s.bin, reduce: s.reduce, strip: s.strip, cbins: s.cbins };
+    return { ...this.base(), skip: s.skip, bin: s.bin, reduce: s.reduce, strip: s.strip, cbins: s.cbins, ctop: s.ctop ? 1 : 0 };
   }
 
   // ---- DOM ---------------------------------------------------------------------------------
@@ -120,7 +120,8 @@ export class LinesView {
   <label class="inline" title="lines per bin">bin <input id="ln-bin" type="number" min="1" aria-label="lines per bin"></label>
   <label class="inline">by <select id="ln-reduce" aria-label="bin reduction"><option value="max">max</option><option value="sum">sum</option></select></label>
   <label class="inline" title="bins per strip">strip <input id="ln-strip" type="number" min="1" aria-label="bins per strip"></label>
-  <label class="inline" title="at most this many context columns (contexts binned by max)">cols ≤<input id="ln-cbins" type="number" min="1" aria-label="context columns in the overview"></label>
+  <label class="inline" title="at most this many context columns (contexts binned by max, or the highest contexts of each row)">cols ≤<input id="ln-cbins" type="number" min="1" aria-label="context columns in the overview"></label>
+  <select id="ln-cmode" aria-label="how the overview compresses contexts" title="contexts beyond cols: binned by max, or the highest of each row ranked"><option value="bins">binned</option><option value="top">top</option></select>
   <span class="sep"></span>
   <label class="inline">Top <input id="ln-n" type="number" min="1" max="1000" aria-label="procedures ranked"></label>
   <label class="inline" title="assembler: lines around the selected one">asm ±<input id="ln-around" type="number" min="0" max="50" aria-label="assembler lines around"></label>
@@ -170,6 +171,7 @@ export class LinesView {
         if (key === "count") this.refreshWindow();
         else if (key === "n") this.refreshRanked();
         else if (key === "around") this.refreshAsm();
+        else if (key === "cbins") { this.refreshOverview(); this.refreshWindow(); }
         else this.refreshOverview();
       };
     };
@@ -180,6 +182,7 @@ export class LinesView {
     num("ln-cbins", "cbins", 1, 4096);
     num("ln-n", "n", 1, 1000);
     num("ln-around", "around", 0, 50);
+    this.q("#ln-cmode").onchange = (e) => { this.st.ctop = e.target.value === "top"; this.hooks.save(); this.refreshOverview(); };
     this.q("#ln-reduce").onchange = (e) => { this.st.reduce = e.target.value; this.hooks.save(); this.refreshOverview(); };
     this.q("#ln-norm").onchange = (e) => { this.st.norm = e.target.value; this.hooks.save(); this.drawWindow(); };
     const reopen = () => { const s = this.st; s.row = null; s.ctx = null; s.proc = null; s.all = false; s.start = 0; this.hooks.save(); this.open(this.db); };
@@ -226,7 +229,7 @@ export class LinesView {
     const set = (id, v) => { this.q(`#${id}`).value = String(v); };
     set("ln-count", s.count); set("ln-skip", s.skip); set("ln-bin", s.bin); set("ln-strip", s.strip);
     set("ln-cbins", s.cbins); set("ln-n", s.n); set("ln-around", s.around);
-    set("ln-reduce", s.reduce); set("ln-norm", s.norm); set("ln-group", s.group);
+    set("ln-reduce", s.reduce); set("ln-cmode", s.ctop ? "top" : "bins"); set("ln-norm", s.norm); set("ln-group", s.group);
     const sel = this.q("#ln-metric");
     const info = this.hooks.info(this.db);
     sel.innerHTML = "";
@@ -472,9 +475,12 @@ export class LinesView {
     const fh = document.createDocumentFragment(), fm = document.createDocumentFragment(), fs = document.createDocumentFragment();
     let mmMax = 0;
     for (const r of doc.rows) mmMax = Math.max(mmMax, r.max || 0);
+    let prevFile = null;
     for (const r of doc.rows) {
       const selRow = r.row === s.row;
-      const hr = el("div", "ln-row" + (selRow ? " sel" : "") + (r.sum === 0 ? " zero" : ""));
+      const newFile = prevFile !== null && r.file !== prevFile;  // a file boundary inside the window
+      prevFile = r.file;
+      const hr = el("div", "ln-row" + (selRow ? " sel" : "") + (r.sum === 0 ? " zero" : "") + (newFile ? " newfile" : ""));
       hr.dataset.row = String(r.row);
       hr.setAttribute("role", "row");
       hr.setAttribute("aria-selected", selRow ? "true" : "false");
@@ -491,7 +497,7 @@ export class LinesView {
       }
       fh.appendChild(hr);
       // sorted processor view: dark bar = min, light bar = max - min, labels of both
-      const mr = el("div", "ln-mmrow" + (selRow ? " sel" : ""));
+      const mr = el("div", "ln-mmrow" + (selRow ? " sel" : "") + (newFile ? " newfile" : ""));
       mr.dataset.row = String(r.row);
       if (r.sum !== 0) {
         const bar = el("div", "ln-bar");
@@ -508,11 +514,13 @@ export class LinesView {
       }
       fm.appendChild(mr);
       const noText = r.text === null || r.text === undefined;
-      const sr = el("div", "ln-srow" + (selRow ? " sel" : "") + (noText ? " gap" : ""));
+      const sr = el("div", "ln-srow" + (selRow ? " sel" : "") + (noText ? " gap" : "") + (newFile ? " newfile" : ""));
       sr.dataset.row = String(r.row);
       sr.append(el("span", "ln-ln", r.line ? String(r.line) : ""),
                 el("span", "ln-tx", !noText ? r.text : (r.gap_before ? `(source not available; ${r.gap_before} line${r.gap_before > 1 ? "s" : ""} not in the database before)` : "(source not available)")));
       sr.title = `${r.file}:${r.line}${r.procedure ? "  in " + r.procedure : ""}`;
+      if (newFile) sr.dataset.file = r.file_name;
+      sr.firstChild.title = r.file;
       fs.appendChild(sr);
     }
     heatBox.replaceChildren(fh); mmBox.replaceChildren(fm); srcBox.replaceChildren(fs);
@@ -615,7 +623,7 @@ export class LinesView {
     canvas.dataset.window = JSON.stringify(ov.rects.window || []);
     canvas.dataset.procedures = JSON.stringify(ov.rects.procedures);
     canvas.dataset.geometry = JSON.stringify({ sw, gap, bh, cw });
-    this.q("#ln-ov-info").textContent = `${ov.rows} lines → ${ov.kept} kept → ${ov.bins} bins of ${ov.bin} (${ov.reduce}) in ${ov.strips} strips of ${L}; ${ov.contexts} contexts in ${C} columns`;
+    this.q("#ln-ov-info").textContent = `${ov.rows} lines → ${ov.kept} kept → ${ov.bins} bins of ${ov.bin} (${ov.reduce}) in ${ov.strips} strips of ${L}; ${ov.contexts} contexts in ${C} columns${ov.top ? " (the highest of each row, ranked)" : ""}`;
   }
 
   /** Pixel → original line: the inverse map the server sent (first row of each bin). */
