@@ -52,6 +52,26 @@ def nearest(parent: I64, stop: npt.NDArray[np.bool_]) -> I64:
     return np.where(res == n, -1, res).astype(np.int64)
 
 
+def _unique_rows(*cols: I64) -> tuple[list[tuple[int, ...]], I64, I64]:
+    """Distinct rows of equal-length integer columns: (rows, first index of each, row of
+    each element), by one lexsort (``np.unique(axis=0)`` sorts a void view, ~30x slower)."""
+    n = len(cols[0])
+    if n == 0:
+        return [], np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.lexsort(cols[::-1])
+    new = np.zeros(n, dtype=bool)
+    new[0] = True
+    for c in cols:
+        sc = c[order]
+        new[1:] |= sc[1:] != sc[:-1]
+    group = np.cumsum(new) - 1
+    inv = np.empty(n, dtype=np.int64)
+    inv[order] = group
+    first = order[new]
+    rows = list(zip(*(c[first].tolist() for c in cols), strict=True))
+    return rows, first.astype(np.int64), inv
+
+
 def _base(path: str) -> str:
     return os.path.basename(path) or path
 
@@ -164,15 +184,13 @@ def frame_tree(exp: Experiment) -> FrameTree:
     mod = cct.module[nodes]
     a = np.where(tag == 0, fn, np.where(tag == 1, mod, nodes))
     b = np.where(tag == 1, cct.offset[nodes].astype(np.int64), 0)
-    keys = np.stack([tag, a, b], axis=1)
-    uniq, first, frame = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    frame = frame.reshape(-1).astype(np.int64)
+    uniq, first, frame = _unique_rows(tag, a, b)
     modules = [_base(m.path) for m in exp.modules]
     names: list[str] = []
     files: list[str] = []
     def_lines: list[int] = []
     fmod = np.full(len(uniq), -1, dtype=np.int64)
-    for k, (t, av, bv) in enumerate(uniq.tolist()):
+    for k, (t, av, bv) in enumerate(uniq):
         node = int(nodes[first[k]])
         if t == 0:
             f = exp.functions[av]
