@@ -106,9 +106,9 @@ def run(args: argparse.Namespace) -> int:
         return _run_python([args.module, *cmd], True, args)
     if not cmd:
         raise CallpathError("no program to run: expected 'callpath run [options] -- CMD ARGS'")
-    from callpath.measure.python.launch import is_python_target
+    from callpath.measure.python.launch import is_python_target, mpi_python_target
 
-    if is_python_target(cmd):
+    if is_python_target(cmd) or (args.native and mpi_python_target(cmd)):
         return _run_python(cmd, False, args)
     specs = [events.parse_event(e) for e in (args.event or [events.DEFAULT_EVENT])]
     out = Path(args.output) if args.output else _default_output(cmd)

@@ -322,11 +322,11 @@ stop_all(void)
 {
     if (!G.installed)
         return;
+    G.stop = 1;
+    pthread_join(G.writer, NULL);  /* first: it would arm timers for threads again */
     for (int i = 0; i < G.ntimers; i++)
         timer_delete(G.tid_timer[i]);
     G.ntimers = 0;
-    G.stop = 1;
-    pthread_join(G.writer, NULL);
     drain();
 }
 

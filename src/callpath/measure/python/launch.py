@@ -77,6 +77,19 @@ def is_python_target(argv: Sequence[str]) -> bool:
     return bool(words) and _is_interpreter(words[0])
 
 
+MPI_LAUNCHERS = frozenset({"mpirun", "mpiexec", "mpiexec.hydra", "orterun", "srun"})
+
+
+def mpi_python_target(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` is an MPI launcher starting a Python program (``mpirun -n 2 python
+    app.py``): the launcher passes our environment to every rank, so each rank measures
+    itself into the one directory."""
+    if not argv or os.path.basename(argv[0]) not in MPI_LAUNCHERS:
+        return False
+    return any(not w.startswith("-") and is_python_target(argv[i:])
+               for i, w in enumerate(argv[1:], 1))
+
+
 def _interpreter_flags(argv: Sequence[str]) -> list[str]:
     """Single-letter options given to the interpreter before the script, ``-c`` or ``-m``."""
     flags: list[str] = []
@@ -101,6 +114,8 @@ def command_line(argv: Sequence[str], *, module: bool) -> list[str]:
                             "python command line")
     if module:
         return [sys.executable, "-m", *argv]
+    if mpi_python_target(argv):
+        return list(argv)
     first = argv[0]
     if _is_interpreter(first):
         if os.sep not in first and shutil.which(first) is None:

@@ -428,6 +428,13 @@ def _write(out: Path, proc: md.ProcessProfile, base: str, mods: list[md.Module],
                             "partial_reasons": res.reasons}
     node_id = int(info.get("node_id", 0))
     rank = info.get("rank")
+    # only the modules that frames name: struct analyses every module a process file lists
+    used = sorted({k[1] for nl in nodes for _, k in nl if k[0] == _NATIVE})
+    renum = {old: new for new, old in enumerate(used)}
+    mods = [md.Module(renum[m.index], m.path, m.start, m.end, m.offset, m.vaddr, m.build_id,
+                      m.saved) for m in mods if m.index in renum]
+    nodes = [[(p, (k[0], renum[k[1]], k[2], k[3]) if k[0] == _NATIVE else k) for p, k in nl]
+             for nl in nodes]
     with md.ProcessWriter(staging, int(pid_s), int(gen_s)) as w:
         w.process(**info)
         w.metrics(proc.metrics or [])

@@ -53,6 +53,23 @@ def python_processes(m: measdir.Measurement) -> list[measdir.ProcessProfile]:
     return [p for p in m.processes if p.info.get("language") == "python"]
 
 
+def _innermost_python(nodes: np.ndarray) -> np.ndarray:
+    """Per node, the nearest PYTHON node on its path (itself included), or -1: under
+    ``--native`` a sample's leaf may be native code that a Python line called."""
+    parent = nodes["parent"].astype(np.int64)
+    is_py = nodes["kind"] == measdir.NodeKind.PYTHON
+    owner = np.where(is_py, np.arange(len(nodes)), -1)
+    open_ = np.flatnonzero(~is_py)
+    anc = parent[open_]
+    while len(open_):  # one step up per round: as many rounds as native frames in a row
+        live = anc >= 0
+        open_, anc = open_[live], anc[live]
+        found = is_py[anc]
+        owner[open_[found]] = anc[found]
+        open_, anc = open_[~found], parent[anc[~found]]
+    return owner
+
+
 def line_costs(m: measdir.Measurement, *, busy_only: bool = False) -> list[LineCost]:
     """Cost whose innermost Python frame is each (file, line, function), all threads summed,
     most CPU first. ``busy_only`` leaves out samples that found their thread idle."""
@@ -62,13 +79,14 @@ def line_costs(m: measdir.Measurement, *, busy_only: bool = False) -> list[LineC
         for t in proc.threads:
             if not len(t.nodes):
                 continue
-            kind = t.nodes["kind"]
-            has = (t.samples.sum(axis=1) > 0) & (kind == measdir.NodeKind.PYTHON)
+            owner = _innermost_python(t.nodes)
+            has = (t.samples.sum(axis=1) > 0) & (owner >= 0)
             if busy_only:
                 has &= (t.nodes["flags"] & IDLE) == 0
             for n in np.flatnonzero(has):
-                code = proc.pycode[int(t.nodes["module"][n])]
-                key = (code.file, int(t.nodes["address"][n]), code.function)
+                o = int(owner[n])
+                code = proc.pycode[int(t.nodes["module"][o])]
+                key = (code.file, int(t.nodes["address"][o]), code.function)
                 a = acc.setdefault(key, [0.0, 0.0, 0.0])
                 a[0] += float(t.values[n, cpu_i])
                 a[1] += float(t.values[n, wall_i])
