@@ -16,8 +16,10 @@ maps a (strip, row) position back to its first axis row.
 
 The context axis compresses too, for thousands of contexts (the seed left it open):
 ``context_bins=K`` reduces the columns into K bins by their maximum; ``top_contexts=N`` keeps,
-per overview row, the N contexts with the highest values (and which they are). The values are
-computed in chunks of overview rows so that at most ~4M cells are dense at a time.
+per overview row, the N contexts with the highest values (and which they are). Each stored value
+goes straight to its overview cell (one ``np.maximum.at`` or ``bincount`` per chunk of overview
+rows); only the top-N selection (and sums binned over contexts) goes through a dense chunk
+of at most ~4M cells.
 """
 
 from __future__ import annotations
@@ -157,24 +159,37 @@ def overview(m: LineMatrix, skip: int = 50, bin: int = 4, reduce: str = "max",
     ncols_out = len(groups) if top_contexts is None else min(top_contexts, nc)
     values = np.zeros((n_orows, ncols_out), dtype=np.float64)
     top = np.zeros((n_orows, ncols_out), dtype=np.int64) if top_contexts is not None else None
-    step = max(1, _CHUNK_CELLS // max(nc, 1))
+    direct = top is None and (reduce == "max" or len(groups) == nc)
+    # direct: each stored entry goes straight to its output cell (one ufunc.at or bincount
+    # per chunk, no dense intermediate); else a dense chunk over all columns first
+    step = max(1, (_CHUNK_CELLS if not direct else 1 << 24) // max(nc, 1))
+    col_group = np.repeat(np.arange(len(groups)), np.diff(np.append(groups, nc)))
     for a in range(0, n_orows, step):
         b = min(n_orows, a + step)
         lo_row = int(inv_first[a])
         hi_row = int(inv_last[b - 1]) + 1
-        dense = _dense_bins(m, lo_row, hi_row, kept, kidx, a, b - a, bin, reduce)
+        if direct:
+            r, c, v = m.entries(lo_row, hi_row)  # rows with entries have cost: all kept
+            o = kidx[r] // bin - a
+            cc = c if len(groups) == nc else col_group[c]
+            part = values[a:b].reshape(-1)
+            key = o * len(groups) + cc
+            if reduce == "sum":
+                part += np.bincount(key, weights=v, minlength=len(part))
+            else:
+                np.maximum.at(part, key, v)
+            continue
+        dense = _dense_bins(m, lo_row, hi_row, kidx, a, b - a, bin, reduce)
         if top is not None:
             k = ncols_out
-            part = np.argpartition(-dense, k - 1, axis=1)[:, :k] if k < nc else \
+            sel = np.argpartition(-dense, k - 1, axis=1)[:, :k] if k < nc else \
                 np.tile(np.arange(nc), (len(dense), 1))
-            pv = np.take_along_axis(dense, part, axis=1)
-            o = np.argsort(-pv, axis=1, kind="stable")
-            values[a:b] = np.take_along_axis(pv, o, axis=1)
-            top[a:b] = np.take_along_axis(part, o, axis=1)
-        elif len(groups) < nc:
-            values[a:b] = np.maximum.reduceat(dense, groups, axis=1)
+            pv = np.take_along_axis(dense, sel, axis=1)
+            o2 = np.argsort(-pv, axis=1, kind="stable")
+            values[a:b] = np.take_along_axis(pv, o2, axis=1)
+            top[a:b] = np.take_along_axis(sel, o2, axis=1)
         else:
-            values[a:b] = dense
+            values[a:b] = np.maximum.reduceat(dense, groups, axis=1)
     return Overview(skip=skip, bin=bin, reduce=reduce, strip_lines=strip_lines, n_rows=n,
                     kept=kept, kept_index=kidx.astype(np.int64), fwd_orow=fwd, inv_first=inv_first,
                     inv_last=np.asarray(inv_last, dtype=np.int64), values=values,
@@ -200,28 +215,17 @@ def _kept_rows(has: Bool, skip: int) -> Bool:
     return out
 
 
-def _dense_bins(m: LineMatrix, lo_row: int, hi_row: int, kept: Bool, kidx: I64, o0: int,
-                count: int, bin: int, reduce: str) -> F64:
-    """Overview rows ``o0 .. o0+count-1`` dense over all columns: each kept axis row's
-    entries land on (kept index // bin, column); max by ``bin`` passes (one per slot of the
-    bin, so no two entries of a pass share a cell) or sum by one bincount."""
+def _dense_bins(m: LineMatrix, lo_row: int, hi_row: int, kidx: I64, o0: int, count: int,
+                bin: int, reduce: str) -> F64:
+    """Overview rows ``o0 .. o0+count-1`` dense over all columns: each stored entry lands on
+    (kept index // bin, column), reduced by one ``np.maximum.at`` or one bincount."""
     nc = m.n_cols
     r, c, v = m.entries(lo_row, hi_row)
-    keep = kept[r]
-    r, c, v = r[keep], c[keep], v[keep]
-    k = kidx[r]
-    o = k // bin - o0
+    key = (kidx[r] // bin - o0) * nc + c
     if reduce == "sum":
-        flat = np.bincount(o * nc + c, weights=v, minlength=count * nc)
+        flat = np.bincount(key, weights=v, minlength=count * nc)
         summed: F64 = flat.reshape(count, nc).astype(np.float64, copy=False)
         return summed
-    out: F64 = np.zeros((count, nc), dtype=np.float64)
-    if bin == 1:
-        out[o, c] = v
-        return out
-    slot = k % bin
-    for s in range(bin):
-        sel = slot == s
-        os_, cs_ = o[sel], c[sel]
-        out[os_, cs_] = np.maximum(out[os_, cs_], v[sel])
-    return out
+    out: F64 = np.zeros(count * nc, dtype=np.float64)
+    np.maximum.at(out, key, v)
+    return out.reshape(count, nc)
