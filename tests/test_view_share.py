@@ -126,6 +126,49 @@ def test_bad_message_closes_only_its_sender(server: Any, bad: str) -> None:
     c.close()
 
 
+def test_stalled_participant_does_not_stall_others(server: Any) -> None:
+    """A participant that stops reading (its socket's buffers fill up) holds nobody back:
+    300 changes of 60 KB (18 MB) from the leader all reach a reading participant, newest
+    last, while the stalled one's outbox keeps only the latest value per path."""
+    sid = new_session(server)["session"]
+    a, _ = join(server, sid, "leader")
+    stalled = connect(f"ws://127.0.0.1:{server.port}/api/share/ws?session={sid}",
+                      max_queue=1, close_timeout=0.5)  # its reader stops after one message
+    stalled.send(json.dumps({"t": "hello", "name": "stalled"}))
+    b, _ = join(server, sid, "reader")
+    big = "x" * 60000
+    for i in range(300):
+        a.send(json.dumps({"t": "set", "path": "s.big", "value": f"{big}{i}"}))
+    a.send(json.dumps({"t": "set", "path": "s.done", "value": 299}))
+    last = -1
+    while True:
+        msg = recv_kind(b, "set", timeout=30)
+        if msg["path"] == "s.done":
+            break
+        n = int(msg["value"][len(big):])
+        assert n > last  # in order; superseded values may be skipped, never reordered
+        last = n
+    assert last == 299
+    for ws in (a, b, stalled):
+        ws.close()
+
+
+def test_bounds(server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Participants per session and sessions per server are bounded (the limits lowered
+    here so that the test stays small)."""
+    monkeypatch.setattr(share, "MAX_PARTICIPANTS", 2)
+    sid = new_session(server)["session"]
+    a, _ = join(server, sid, "one")
+    b, _ = join(server, sid, "two")
+    third = connect(f"ws://127.0.0.1:{server.port}/api/share/ws?session={sid}")
+    assert closed_code(third) == 1013
+    a.close()
+    b.close()
+    monkeypatch.setattr(share, "MAX_SESSIONS", len(server.app.share.sessions))
+    status, doc = post_json(server.url, "/api/share/start", {})
+    assert status == 400 and "at most" in doc["error"]
+
+
 def test_first_message_must_be_hello(server: Any) -> None:
     sid = new_session(server)["session"]
     ws = connect(f"ws://127.0.0.1:{server.port}/api/share/ws?session={sid}")

@@ -212,10 +212,10 @@ class ShareHub:
         if s is None or self.closed:
             await ws.close(CLOSE_POLICY, "no such session (it ended, or the link is wrong)")
             return
-        if len(s.participants) >= MAX_PARTICIPANTS:
+        await ws.accept()
+        if len(s.participants) >= MAX_PARTICIPANTS:  # accepted first: the page shows why
             await ws.close(CLOSE_FULL, f"the session is full ({MAX_PARTICIPANTS} participants)")
             return
-        await ws.accept()
         pid = s.next_id
         s.next_id += 1
         p = Participant(pid, f"participant {pid}", COLOURS[(pid - 1) % len(COLOURS)],
