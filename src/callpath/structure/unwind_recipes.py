@@ -43,7 +43,7 @@ from callpath.structure.elf import ElfModule, find_debug_file, open_elf
 from callpath.structure.symbols import function_symbols
 
 #: Bumped when the analysis changes: cached recipes of another version are recomputed.
-VERSION = 3
+VERSION = 4
 DW_RBP, DW_RSP = 6, 7
 #: columns of ``Recipes.rows``
 KIND, CFA_REG, CFA_OFF = 0, 1, 2
@@ -273,7 +273,7 @@ def analyze_procedure(d: Decoded, i0: int, i1: int, entry: State = ENTRY,
                       xjumps: dict[int, State] | None = None) -> list[tuple[int, State]]:
     """States of the instructions ``d[i0:i1]`` (one procedure): (address, state) at every
     change. ``xjumps`` collects the states of jumps that leave the procedure."""
-    ip, op, arg = d.ip, d.op, d.arg
+    ip, op, arg, pad = d.ip, d.op, d.arg, d.pad
     lo = ip[i0]
     hi = d.nxt[i1 - 1]
     known: dict[int, State] = {}
@@ -288,8 +288,19 @@ def analyze_procedure(d: Decoded, i0: int, i1: int, entry: State = ENTRY,
         last_jcc: State | None = None
         prev: State | None = None
         guess = False  # the state is a guess until a fall-through or a known target
+        after_call: list[tuple[int, State]] = []
+        called = False
         for i in range(i0, i1):
             a = ip[i]
+            if called:
+                # a branch target right after a call whose fall-through state differs: the
+                # callee does not return (``sub rsp, 8; call __chk_fail``), the branch wins
+                got = known.get(a)
+                if got is not None and got != s:
+                    s = got
+                elif got is None and not guess:
+                    after_call.append((a, s))
+                called = pad[i]  # padding after the call: the next instruction decides
             if not fall or guess:
                 got = known.get(a)
                 if got is not None:
@@ -305,6 +316,8 @@ def analyze_procedure(d: Decoded, i0: int, i1: int, entry: State = ENTRY,
             o = op[i]
             if o in (OP_NONE, OP_CALL):
                 fall = True
+                if o == OP_CALL:
+                    called = True
                 continue
             if o in (OP_JCC, OP_JMP):
                 t = arg[i]
@@ -329,7 +342,8 @@ def analyze_procedure(d: Decoded, i0: int, i1: int, entry: State = ENTRY,
                 continue
             s = _step(s, o, arg[i])
             fall = True
-        if not changed or not any(g in known for g in guessed):
+        if not changed or not (any(g in known for g in guessed)
+                               or any(known.get(a, st) != st for a, st in after_call)):
             break
     return out
 
