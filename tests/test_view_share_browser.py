@@ -7,6 +7,8 @@ Screenshots go to tests/artifacts/view/share-*.png (ignored by git).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -83,10 +85,8 @@ class People:
 
     def close(self) -> None:
         for c in self.contexts:
-            try:
+            with contextlib.suppress(Exception):  # a context of a browser the test killed
                 c.close()
-            except Exception:
-                pass  # a context of a browser the test killed
 
 
 @pytest.fixture
@@ -235,10 +235,8 @@ def test_explore_alone_jump_back_and_killed_participant(people: People, server: 
     pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _has_arg(int(p), mark)]
     assert pids, "the victim browser's processes were not found"
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     a.click("#view-tabs [data-view=bottom-up]")
     idle(a)
     same_view(a, b, timeout=10000)  # the others go on at once
@@ -389,3 +387,42 @@ def test_notes_shared_text_only_and_kept(people: People, dbs: list[Path], tmp_pa
         c.wait_for_selector("#notes-list .note-text")
         assert c.inner_text("#notes-list .note-text") == evil
         assert "Ana" in c.inner_text("#notes-list .note-meta")
+
+
+def test_trace_ruler_labels_sharp_on_hidpi(people: People, browser: Any, server: Any) -> None:
+    """On a screen of pixel density 2 the trace canvases have twice the backing pixels of
+    their CSS size; the ruler's ticks are in units and increase; every row is labelled."""
+    ctx = browser.new_context(viewport={"width": 1100, "height": 700}, device_scale_factor=2)
+    people.contexts.append(ctx)
+    pg = ctx.new_page()
+    pg.on("pageerror", lambda e: people.errors.append(str(e)))
+    pg.goto(f"{server.url}/#s=%7B%22db%22%3A{LOOPS}%7D")
+    pg.wait_for_selector(".tv-row")
+    pg.click("#view-tabs [data-view=trace]")
+    pg.wait_for_function("() => document.getElementById('tr-canvas').dataset.rows === '4'")
+    for cid in ("tr-canvas", "tr-ruler", "tr-summary"):
+        w, cw = pg.evaluate(f"() => {{ const c = document.getElementById('{cid}');"
+                            " return [c.width, c.clientWidth]; }")
+        assert w == 2 * cw, cid
+    ticks = (pg.get_attribute("#tr-ruler", "data-ticks") or "").split("|")
+    assert len(ticks) >= 3
+    units = {t.split()[1] for t in ticks}
+    assert len(units) == 1 and units <= {"s", "ms", "µs", "ns"}
+    values = [float(t.split()[0]) for t in ticks]
+    assert values == sorted(values) and len(set(values)) == len(values)
+    labels = (pg.get_attribute("#tr-canvas", "data-labels") or "").split(",")
+    assert sorted(labels) == ["0", "1", "2", "3"]
+    for _ in range(6):  # deep zoom: the ruler changes unit
+        pg.click("#tr-zin")
+    pg.wait_for_timeout(300)
+    deep = (pg.get_attribute("#tr-ruler", "data-ticks") or "").split("|")
+    scale = {"s": 1e9, "ms": 1e6, "µs": 1e3, "ns": 1.0}
+    ns = [float(t.split()[0]) * scale[t.split()[1]] for t in deep]
+    win = pg.evaluate("() => { const t = window.__callpath.trace;"
+                      " return [t.win.t0 - t.meta.t0, t.win.t1 - t.meta.t0]; }")
+    step = ns[1] - ns[0]
+    # the ticks lie inside the window, evenly, and cover it (the ruler follows the zoom)
+    assert win[0] - 1 <= ns[0] and ns[-1] <= win[1] + 1
+    assert all(abs((b - a) - step) < 1e-6 * step + 1 for a, b in itertools.pairwise(ns))
+    assert step * (len(ns) + 1) >= win[1] - win[0] >= step * (len(ns) - 1)
+    shot(pg, "trace-hidpi")

@@ -153,7 +153,7 @@ function markTree() {
     if (old) old.remove();
     const mine = here.filter((n) => n.anchor.key === r.dataset.key);
     if (!mine.length || r.hidden) continue;
-    const pin = el("span", "note-pin", "📌");
+    const pin = el("span", "note-pin", "✎");
     pin.title = mine.map((n) => `${n.author}: ${n.text}`).join("\n");
     pin.setAttribute("aria-label", `${mine.length} note${mine.length > 1 ? "s" : ""}`);
     r._tree.appendChild(pin);
@@ -188,7 +188,7 @@ function markTrace() {
     const band = el("div", "note-band");
     Object.assign(band.style, { left: `${x0}px`, width: `${Math.max(2, x1 - x0)}px`, top: `${y0}px`, height: `${Math.max(2, y1 - y0)}px` });
     band.dataset.id = note.id;
-    band.appendChild(el("span", "", `📌 ${note.author}: ${note.text}`));
+    band.appendChild(el("span", "", `✎ ${note.author}: ${note.text}`));
     layer.appendChild(band);
   }
 }
