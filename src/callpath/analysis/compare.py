@@ -34,15 +34,10 @@ from callpath.analysis.derived import DerivedMetric
 from callpath.errors import CallpathError
 from callpath.model.cct import CCT, NodeKind
 from callpath.model.contexts import ExecutionContext, Identifier
-from callpath.model.experiment import (
-    Experiment,
-    build_experiment,
-    standard_metric,
-    standard_scopes,
-)
+from callpath.model.experiment import Experiment, standard_metric, standard_scopes
 from callpath.model.metrics import Combine, Metric
 from callpath.model.tables import Function, LoadModule, SourceFile
-from callpath.model.values import ProfileBlock
+from callpath.model.values import BlockStore, ProfileBlock
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -153,7 +148,7 @@ def union_tree(inputs: Sequence[Experiment]) -> tuple[UnionTree, list[LoadModule
     for nodes in reversed(levels[1:]):
         np.add.at(size, u_parent[nodes], size[nodes])
     non_root = np.flatnonzero(u_parent >= 0)
-    order = non_root[np.lexsort((rep[non_root], u_parent[non_root]))]
+    order = non_root[np.argsort(u_parent[non_root] * len(all_h) + rep[non_root])]
     csum = np.cumsum(size[order])
     grp = u_parent[order]
     starts = np.flatnonzero(np.r_[True, grp[1:] != grp[:-1]])
@@ -195,7 +190,8 @@ def union_tree(inputs: Sequence[Experiment]) -> tuple[UnionTree, list[LoadModule
               module=mapped("module", 0), offset=col("offset").astype(np.uint64),
               propagation=col("propagation").astype(np.uint16),
               entry_point=col("entry_point").astype(np.uint16), entry_names=entry_names,
-              depth=u_depth[by_pos].astype(np.int64))
+              depth=u_depth[by_pos].astype(np.int64),
+              subtree_end=np.arange(n, dtype=np.int64) + size[by_pos])
     maps = [pos[inv[offsets[i]:offsets[i + 1]]] for i in range(len(inputs))]
     return UnionTree(cct, maps, rep_in, rep_nd), modules, files, functions
 
@@ -251,10 +247,12 @@ def _metric_names(inputs: Sequence[Experiment]) -> list[str]:
     return names
 
 
-def _input_blocks(exp: Experiment, node_map: I64, id_map: dict[int, int]
+def _input_blocks(exp: Experiment, node_map: I64, id_map: dict[int, int],
+                  summary: bool = False
                   ) -> list[tuple[tuple[Identifier, ...], int, ProfileBlock]]:
     """The values of one input re-keyed to the union's contexts and the new metric ids: one
-    block per execution context (or one from the summary profile when it has none)."""
+    block per execution context (or one from the summary profile when it has none, or when
+    ``summary`` asks for it)."""
     n2c = exp.node_of_ctx()
     ctx_map = np.where(n2c >= 0, node_map[np.maximum(n2c, 0)], -1)
     mid = np.full(1 << 16, -1, dtype=np.int64)
@@ -267,13 +265,47 @@ def _input_blocks(exp: Experiment, node_map: I64, id_map: dict[int, int]
         oc = np.where(inside, ctx_map[np.minimum(c, len(ctx_map) - 1)], -1)
         om = mid[np.asarray(blk.metric_ids, dtype=np.int64)]
         keep = (oc >= 0) & (om >= 0)
-        return ProfileBlock.from_triples(oc[keep], om[keep], np.asarray(blk.values)[keep])
+        return sorted_block(oc[keep], om[keep], np.asarray(blk.values)[keep])
 
-    out = [(p.ids, p.flags, remap(exp.values[p.index])) for p in exp.profiles
-           if not p.is_summary]
+    out = [] if summary else [(p.ids, p.flags, remap(exp.values[p.index]))
+                              for p in exp.profiles if not p.is_summary]
     if out:
         return out
     return [((), 0, remap(exp.values[0]))]
+
+
+def sorted_block(ctx: I64, metric: I64, value: npt.NDArray[np.float64]) -> ProfileBlock:
+    """A profile block from (context, metric, value) triples, duplicates summed and zeros
+    dropped, like :meth:`ProfileBlock.from_triples`, but with a stable sort that is linear on
+    the nearly sorted input a re-keyed profile is (the union keeps each input's preorder):
+    ~10x faster than ``np.unique`` on millions of values, and no sort at all when sorted."""
+    key = (ctx.astype(np.uint64) << np.uint64(16)) | metric.astype(np.uint64)
+    val = np.asarray(value, dtype=np.float64)
+    if len(key) > 1 and not bool(np.all(key[1:] > key[:-1])):
+        order = np.argsort(key, kind="stable")
+        key, val = key[order], val[order]
+        head = np.r_[True, key[1:] != key[:-1]]
+        if not head.all():
+            starts = np.flatnonzero(head)
+            val = np.add.reduceat(val, starts)
+            key = key[starts]
+    nz = val != 0
+    key, val = key[nz], val[nz]
+    cs = (key >> np.uint64(16)).astype(np.uint32)
+    first = np.flatnonzero(np.r_[True, cs[1:] != cs[:-1]]) if len(cs) else np.zeros(0, np.int64)
+    return ProfileBlock(cs[first], first.astype(np.uint64),
+                        (key & np.uint64(0xFFFF)).astype(np.uint16), val)
+
+
+def _summary(blocks: Sequence[ProfileBlock]) -> ProfileBlock:
+    """The summary profile (every statistic is the SUM of ``$$`` with the same id as its
+    propagated value): all blocks' triples merged by one stable sort."""
+    if not blocks:
+        return ProfileBlock.empty()
+    return sorted_block(np.concatenate([b.ctx_of_values() for b in blocks]).astype(np.int64),
+                        np.concatenate([np.asarray(b.metric_ids) for b in blocks]).astype(
+                            np.int64),
+                        np.concatenate([np.asarray(b.values) for b in blocks]))
 
 
 def compare(inputs: Sequence[Experiment], tags: Sequence[str], *, diff: bool
@@ -317,7 +349,9 @@ def compare(inputs: Sequence[Experiment], tags: Sequence[str], *, diff: bool
     input_kind = id_names.index(INPUT_KIND_NAME)
     contexts: list[ExecutionContext] = []
     blocks: list[ProfileBlock] = []
+    summaries: list[ProfileBlock] = []
     for i, e in enumerate(inputs):
+        first_block = len(blocks)
         has_contexts = any(not p.is_summary for p in e.profiles)
         kind_map = _kind_map(e.id_names, id_names)
         for ids, flags, blk in _input_blocks(e, union.maps[i],
@@ -327,12 +361,21 @@ def compare(inputs: Sequence[Experiment], tags: Sequence[str], *, diff: bool
                          for x in ids))
             contexts.append(ExecutionContext(len(contexts) + 1, new_ids, False, flags))
             blocks.append(blk)
+        if has_contexts and set(summary_maps[i].values()) == set(id_maps[i].values()):
+            # the input's own sums over its contexts, re-keyed: no merge of its profiles
+            summaries.append(_input_blocks(e, union.maps[i], summary_maps[i],
+                                           summary=True)[0][2])
+        else:
+            summaries.append(_summary(blocks[first_block:]))
     title = (f"{tags[1]} against {tags[0]}" if diff else "merge of " + ", ".join(tags))
-    exp = build_experiment(union.cct, metrics, scopes, contexts, blocks, modules=modules,
-                           files=files, functions=functions, id_names=id_names, title=title,
-                           description=f"callpath {'diff' if diff else 'merge'} of "
-                                       + ", ".join(str(e.path or t) for e, t in
-                                                   zip(inputs, tags, strict=True)))
+    profiles = [ExecutionContext(0, (), True, 1), *contexts]
+    exp = Experiment(cct=union.cct, metrics=metrics, scopes=scopes, profiles=profiles,
+                     values=BlockStore.of([_summary(summaries), *blocks]),
+                     n_ctx_slots=len(union.cct), modules=modules, files=files,
+                     functions=functions, id_names=id_names, title=title,
+                     description=f"callpath {'diff' if diff else 'merge'} of "
+                                 + ", ".join(str(e.path or t) for e, t in
+                                             zip(inputs, tags, strict=True)))
     return exp, derived_metrics(names, len(inputs), diff=diff)
 
 
