@@ -363,3 +363,19 @@ def test_readers_survive_fuzzing(tmp_path: Path, which: str, cut: float,
     except CallpathError as e:
         assert "\n" not in str(e)
 
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-(1 << 63), (1 << 63) - 1), max_size=50))
+def test_varints_round_trip(values: list[int]) -> None:
+    """The vectorised varint writer against the decoder and against the protobuf rules: a
+    value takes one byte per started 7 bits (negative int64 values ten)."""
+    import numpy as np
+
+    from callpath.formats import protowire as pw
+
+    enc = pw.varints(np.asarray(values, dtype=np.int64))
+    back = pw.unpack_varints(enc.tobytes(), "x").astype(np.int64).tolist()
+    assert back == values
+    want = [10 if v < 0 else max(1, -(-v.bit_length() // 7)) for v in values]
+    assert enc.lengths().tolist() == want

@@ -59,30 +59,33 @@ def _offsets(lens: I64) -> I64:
     return off
 
 
+_THRESHOLDS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+
+
 def varint_lengths(v: U64) -> I64:
-    """Bytes of each value's varint (1..10)."""
-    n = np.ones(len(v), dtype=np.int64)
-    x = v >> np.uint64(7)
-    while True:
-        more = x != 0
-        if not more.any():
-            return n
-        n += more
-        x = x >> np.uint64(7)
+    """Bytes of each value's varint (1..10): one more per threshold 2^7k it reaches."""
+    lens: I64 = np.searchsorted(_THRESHOLDS, v, side="right").astype(np.int64) + 1
+    return lens
 
 
 def varints(values: npt.ArrayLike) -> Ragged:
     """One varint per value (negative int64 values as their two's complement, as protobuf
-    encodes int64)."""
+    encodes int64). Byte ``k`` is written for the values that still have one (a shrinking
+    set: most values of a profile take one or two bytes)."""
     v = np.asarray(values).astype(np.int64).view(np.uint64)
     lens = varint_lengths(v)
     off = _offsets(lens)
     out = np.empty(int(off[-1]), dtype=np.uint8)
-    for k in range(int(lens.max()) if len(lens) else 0):
-        sel = lens > k
-        byte = ((v[sel] >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
-        byte |= np.where(lens[sel] > k + 1, 0x80, 0).astype(np.uint8)
-        out[off[:-1][sel] + k] = byte
+    act = np.arange(len(v), dtype=np.int64)
+    rest = v.copy()
+    k = 0
+    while len(act):
+        more = lens[act] > k + 1
+        out[off[act] + k] = ((rest[act] & np.uint64(0x7F)).astype(np.uint8)
+                             | (more.astype(np.uint8) << np.uint8(7)))
+        act = act[more]
+        rest[act] >>= np.uint64(7)
+        k += 1
     return Ragged(out, off)
 
 
@@ -104,9 +107,11 @@ def concat(parts: list[Ragged]) -> Ragged:
         pl = p.lengths()
         total = int(pl.sum())
         if total:
-            # the element's bytes are contiguous in p.data from p.offsets[i]
-            dest = np.repeat(cursor, pl) + (np.arange(total, dtype=np.int64)
-                                            - np.repeat(p.offsets[:-1] - p.offsets[0], pl))
+            # element i's bytes are contiguous in p.data from p.offsets[i]: byte j of the
+            # part's data goes to j + (cursor[i] - (p.offsets[i] - p.offsets[0]))
+            shift = cursor - (p.offsets[:-1] - p.offsets[0])
+            dest = np.arange(total, dtype=np.int64)
+            dest += np.repeat(shift, pl)
             out[dest] = p.data[p.offsets[0]:p.offsets[0] + total]
         cursor += pl
     return Ragged(out, off)
