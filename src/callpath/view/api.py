@@ -33,6 +33,8 @@ from callpath.analysis.navigate import (
 from callpath.analysis.treeops import nearest_marked
 from callpath.errors import CallpathError
 from callpath.present import viewreport
+from callpath.view import traces
+from callpath.view.errors import NotFound as NotFound  # re-exported: app.py uses api.NotFound
 from callpath.view.rows import column_subset, columns_json, number, rows_json
 from callpath.view.session import Built, Database
 from callpath.view.sources import Servable, read_lines
@@ -51,10 +53,6 @@ Params = Mapping[str, str]
 
 MAX_PAGE = 1000
 MAX_FIND = 1000
-
-
-class NotFound(CallpathError):
-    """Something that does not exist (no source recorded, no traces): a 404."""
 
 
 # ---- helpers ---------------------------------------------------------------------------
@@ -167,8 +165,6 @@ def children(db: Database, params: Params, body: bytes) -> Any:
         out["root"] = rows_json(b, [node], [parent_key], servable)[0]
     out["rows"] = rows_json(b, page.tolist(), _keys_of(b, parent_key, node, page), servable)
     if node_key is None:
-        from callpath.view import traces
-
         db.warm_up(b.state)  # the user may switch tabs next: build the other views now
         traces.prefetch(db)  # ... or open the trace view
     return out

@@ -31,7 +31,7 @@ from callpath.analysis.nodes import NodeTable, ViewKind
 from callpath.analysis.treeops import nearest_marked
 from callpath.errors import CallpathError
 from callpath.model import Experiment, NodeKind
-from callpath.view.api import NotFound
+from callpath.view.errors import NotFound
 from callpath.view.session import Database
 from callpath.view.state import parse_int
 
