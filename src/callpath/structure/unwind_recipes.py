@@ -84,9 +84,7 @@ def _tables() -> dict[str, Any]:
         PUSH=M.PUSH, POP=M.POP, SUB=M.SUB, ADD=M.ADD, LEA=M.LEA, MOV=M.MOV, AND=M.AND,
         LEAVE=M.LEAVE, ENTER=M.ENTER, PUSHF=M.PUSHFQ, POPF=M.POPFQ, HLT=M.HLT, UD2=M.UD2,
         INT3=M.INT3, NOP=M.NOP, CMP=M.CMP, TEST=M.TEST,
-        no_write={M.PUSH, M.CMP, M.TEST, M.BT}, interesting={
-            M.PUSH, M.POP, M.SUB, M.ADD, M.LEA, M.MOV, M.AND, M.LEAVE, M.ENTER, M.PUSHFQ,
-            M.POPFQ, M.HLT, M.UD2, M.INT3},
+        no_write={M.PUSH, M.CMP, M.TEST, M.BT},
         pad={M.NOP, M.INT3})
     return _TABLES
 
@@ -116,7 +114,7 @@ def decode_ops(data: bytes, base: int) -> Decoded:
     args: list[int] = []
     pads: list[bool] = []
     branches: list[int] = []
-    interesting, REG, RSP, RBP = t["interesting"], t["REG"], t["RSP"], t["RBP"]
+    REG, RSP, RBP = t["REG"], t["RSP"], t["RBP"]
     fp_regs, sp_regs, saved, no_write = t["fp_regs"], t["sp_regs"], t["saved"], t["no_write"]
     IMM, MEM = t["IMM"], t["MEM"]
     PUSH, POP, SUB, ADD, LEA, MOV, AND = (t[k] for k in ("PUSH", "POP", "SUB", "ADD", "LEA",
@@ -124,19 +122,20 @@ def decode_ops(data: bytes, base: int) -> Decoded:
     LEAVE, ENTER, PUSHF, POPF, HLT, UD2, INT3 = (t[k] for k in ("LEAVE", "ENTER", "PUSHF",
                                                                "POPF", "HLT", "UD2", "INT3"))
     pad = t["pad"]
+    frame_regs = sp_regs | fp_regs
+    special = {PUSH, POP, PUSHF, POPF, LEAVE, ENTER, HLT, UD2, INT3}
     while dec.can_decode:
         dec.decode_out(ins)
         fc = ins.flow_control
         mn = ins.mnemonic
         op, arg = OP_NONE, 0
         if fc == 0:  # Next
-            if mn in interesting:
-                k0 = ins.op0_kind if ins.op_count else -1
-                r0 = ins.op0_register if k0 == REG else -1
+            r0 = ins.op0_register  # Register.NONE (0) unless operand 0 is a register
+            if r0 in frame_regs or mn in special:
                 if mn == PUSH:
-                    op, arg = OP_PUSH, saved.get(r0, -1) if k0 == REG else -1
+                    op, arg = OP_PUSH, saved.get(r0, -1)
                 elif mn == POP:
-                    op, arg = OP_POP, saved.get(r0, -1) if k0 == REG else -1
+                    op, arg = OP_POP, saved.get(r0, -1)
                     if r0 == RSP:
                         op = OP_SP_LOST
                 elif mn == PUSHF:
@@ -167,21 +166,16 @@ def decode_ops(data: bytes, base: int) -> Decoded:
                             op, arg = OP_SP_FROM_FP_D, d
                         else:
                             op = OP_SP_LOST
-                    else:
+                    elif mn not in no_write:
                         op = OP_SP_LOST
                 elif r0 in sp_regs:
-                    op = OP_SP_LOST
+                    if mn not in no_write:
+                        op = OP_SP_LOST
                 elif r0 == RBP and mn == MOV and ins.op1_kind == REG and \
                         ins.op1_register == RSP:
                     op = OP_FP_FROM_SP
                 elif r0 in fp_regs and mn not in no_write:
                     op = OP_FP_LOST
-            elif ins.op_count and ins.op0_kind == REG and mn not in no_write:
-                r0 = ins.op0_register
-                if r0 in fp_regs:
-                    op = OP_FP_LOST
-                elif r0 in sp_regs:
-                    op = OP_SP_LOST
         elif fc == 1:  # unconditional direct jump
             op, arg = OP_JMP, ins.near_branch_target
             branches.append(len(ips))
