@@ -70,7 +70,9 @@ class ElfInfo:
                     self.plt.append((sec["sh_addr"], sec["sh_addr"] + sec["sh_size"], sec.name))
                 if sec["sh_type"] == "SHT_NOTE":
                     for note in sec.iter_notes():
-                        if note["n_type"] == "NT_GNU_BUILD_ID":
+                        # SystemTap's probe notes (owner "stapsdt", libstdc++, libc) have
+                        # type 3 too, which pyelftools also calls NT_GNU_BUILD_ID
+                        if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
                             self.build_id = str(note["n_desc"])
             self._elf = elf
         except (OSError, ELFError, ValueError, KeyError) as e:

@@ -138,7 +138,8 @@ def _read_notes(mod: ElfModule) -> None:
         for sec in mod.elf.iter_sections():
             if sec["sh_type"] == "SHT_NOTE":
                 for note in sec.iter_notes():
-                    if note["n_type"] == "NT_GNU_BUILD_ID":
+                    # type 3 is also SystemTap's probe notes (owner "stapsdt")
+                    if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
                         mod.build_id = str(note["n_desc"])
             elif sec.name == ".gnu_debuglink":
                 raw = bytes(sec.data())
