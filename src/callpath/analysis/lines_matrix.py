@@ -243,11 +243,11 @@ def _line_nodes(exp: Experiment) -> tuple[I64, I64]:
     return idx, owner[idx]
 
 
-def _stable_row_order(rows: I64, n_rows: int) -> I64:
+def _stable_row_order(rows: npt.NDArray[Any], n_rows: int) -> I64:
     """A stable argsort of row numbers: LSD radix on 16-bit digits (numpy sorts uint16 keys
     with a radix sort), much faster than a comparison sort of 10^7 int64 keys."""
     if n_rows <= 1 << 16:
-        return np.argsort(rows.astype(np.uint16), kind="stable").astype(np.int64)
+        return np.argsort(rows.astype(np.uint16, copy=False), kind="stable")
     order = np.argsort((rows & 0xFFFF).astype(np.uint16), kind="stable")
     shift = 16
     while (n_rows - 1) >> shift:
@@ -257,14 +257,18 @@ def _stable_row_order(rows: I64, n_rows: int) -> I64:
     return order.astype(np.int64)
 
 
-def _exclusive_per_profile(exp: Experiment, m: Metric, p: int) -> tuple[I64, F64] | None:
+def _exclusive_per_profile(exp: Experiment, m: Metric, p: int
+                           ) -> tuple[npt.NDArray[Any], F64] | None:
     """(context ids, values) of the metric's exclusive values in profile ``p``: the stored
     "function" scope, else derived from the inclusive ("execution") values."""
     fid = m.prop_id(exp.scopes, "function")
     if fid is not None:
         blk = exp.values[p]
-        sel = np.asarray(blk.metric_ids) == fid
-        return blk.ctx_of_values()[sel].astype(np.int64), np.asarray(blk.values)[sel]
+        mids = np.asarray(blk.metric_ids)
+        if len(mids) and int(mids.min()) == fid == int(mids.max()):  # one metric: no gather
+            return blk.ctx_of_values(), np.asarray(blk.values)
+        sel = mids == fid
+        return blk.ctx_of_values()[sel], np.asarray(blk.values)[sel]
     if m.prop_id(exp.scopes, "execution") is None:
         return None
     incl = exp.values_in(p, m, "execution")
@@ -368,47 +372,54 @@ def _build(exp: Experiment, m: Metric, group: str, profiles: list[int]) -> LineM
     all_node_rows = np.full(len(cct), -1, dtype=np.int64)
     all_node_rows[nodes] = node_row
 
-    # ---- values: (row, column, value) triples from every profile ---------------------
-    ctx_row = np.full(max(exp.n_ctx_slots, int(cct.ctx_id.max()) + 1), -1, dtype=np.int64)
-    ctx_row[cct.ctx_id[nodes].astype(np.int64)] = node_row
-    r_parts: list[I64] = []
-    c_parts: list[I32] = []
+    # ---- values: per column, one bincount over the rows that have line scopes (their
+    # ranks: duplicates of a row within the column are summed there, and its nonzeros come
+    # out sorted by row); then one stable sort of the ranks turns the columns into rows
+    scope_rows = np.unique(node_row)  # axis rows that have line scopes, sorted
+    n_scope = len(scope_rows)
+    # contexts that are not line scopes count into one extra bin, dropped afterwards: no
+    # mask or gather per profile
+    ctx_rank = np.full(max(exp.n_ctx_slots, int(cct.ctx_id.max()) + 1), n_scope,
+                       dtype=np.int64)
+    ctx_rank[cct.ctx_id[nodes].astype(np.int64)] = np.searchsorted(scope_rows, node_row)
+    r_parts: list[npt.NDArray[Any]] = []
     v_parts: list[F64] = []
+    counts = np.zeros(len(col_profiles), dtype=np.int64)
+    rank_dtype = np.uint16 if n_scope <= 1 << 16 else np.int64
     for c, profs in enumerate(col_profiles):
+        acc = np.zeros(n_scope + 1, dtype=np.float64)
         for p in profs:
             got = _exclusive_per_profile(exp, m, p)
             if got is None:
                 raise CallpathError(f"metric {m.name!r} has no per-context values")
             ctx, v = got
-            ok = ctx < len(ctx_row)
-            r = ctx_row[ctx[ok]]
-            v = v[ok]
-            keep = (r >= 0) & (v != 0)
-            r_parts.append(r[keep])
-            v_parts.append(v[keep])
-            c_parts.append(np.full(int(keep.sum()), c, dtype=np.int32))
-    rows = np.concatenate(r_parts) if r_parts else np.zeros(0, np.int64)
-    colv = np.concatenate(c_parts) if c_parts else np.zeros(0, np.int32)
+            if len(ctx) and int(ctx.max()) >= len(ctx_rank):
+                ok = ctx < len(ctx_rank)
+                ctx, v = ctx[ok], v[ok]
+            acc += np.bincount(ctx_rank[ctx], weights=v, minlength=n_scope + 1)
+        acc = acc[:n_scope]
+        nz = np.flatnonzero(acc)
+        r_parts.append(nz.astype(rank_dtype))
+        v_parts.append(acc[nz])
+        counts[c] = len(nz)
+    ranks = np.concatenate(r_parts) if r_parts else np.zeros(0, rank_dtype)
     vals = np.concatenate(v_parts) if v_parts else np.zeros(0, np.float64)
-    if len(rows):
-        o = _stable_row_order(rows, n_rows)
-        rows, colv, vals = rows[o], colv[o], vals[o]
-        # columns were appended in order, so within a row they are non-decreasing
-        change = np.ones(len(rows), dtype=bool)
-        change[1:] = (rows[1:] != rows[:-1]) | (colv[1:] != colv[:-1])
-        first = np.nonzero(change)[0]
-        vals = np.add.reduceat(vals, first)
-        rows, colv = rows[first], colv[first]
-        nzv = vals != 0
-        rows, colv, vals = rows[nzv], colv[nzv], vals[nzv]
-    rchange = np.ones(len(rows), dtype=bool)
-    rchange[1:] = rows[1:] != rows[:-1]
-    rfirst = np.nonzero(rchange)[0]
-    nz_rows = rows[rfirst].astype(np.int64)
-    indptr = np.append(rfirst, len(rows)).astype(np.int64)
+    colv = np.repeat(np.arange(len(col_profiles), dtype=np.int32), counts)
+    del r_parts, v_parts
+    if len(ranks):
+        o = _stable_row_order(ranks.astype(np.int64) if rank_dtype != np.uint16 else ranks,
+                              n_scope)
+        ranks, colv, vals = ranks[o], colv[o], vals[o]
+        del o
+    per_rank = np.bincount(ranks.astype(np.int64), minlength=n_scope) if len(ranks) else \
+        np.zeros(n_scope, np.int64)
+    has_rows = per_rank > 0
+    nz_rows = scope_rows[has_rows].astype(np.int64)
+    indptr = np.zeros(len(nz_rows) + 1, dtype=np.int64)
+    np.cumsum(per_rank[has_rows], out=indptr[1:])
     row_sum = np.zeros(n_rows, dtype=np.float64)
-    if len(rfirst):
-        row_sum[nz_rows] = np.add.reduceat(vals, rfirst)
+    if len(nz_rows):
+        row_sum[nz_rows] = np.add.reduceat(vals, indptr[:-1])
 
     # ---- which procedure owns each row: the one with the largest cost there (else the first
     # scope's), so that a line shared by two procedures is listed under one of them
