@@ -92,9 +92,11 @@ def test_no_cfi_build_unwinds_like_the_cfi_build(perf_ok: None, tmp_path: Path, 
                                                  opt: str, fp: bool) -> None:
     compiler = _compiler(cc)
     flags = [opt, "-fno-omit-frame-pointer" if fp else "-fomit-frame-pointer", "-pthread"]
-    rounds = "25" if opt == "-O0" else "60"
-    expected_main = [["_start", "main", *CHAIN[:i]] for i in range(1, len(CHAIN) + 1)]
-    expected_thread = [["thread_main", *CHAIN[:i]] for i in range(1, len(CHAIN) + 1)]
+    rounds = "15" if opt == "-O0" else "40"
+    # at -O0 the inline helper mix() stays a function called by kernel_loop
+    chain = [*CHAIN, "mix"]
+    expected_main = [["_start", "main", *chain[:i]] for i in range(1, len(chain) + 1)]
+    expected_thread = [["thread_main", *chain[:i]] for i in range(1, len(chain) + 1)]
     results = {}
     for cfi in (True, False):
         exe = tmp_path / f"callchain-{'cfi' if cfi else 'nocfi'}"
@@ -108,7 +110,7 @@ def test_no_cfi_build_unwinds_like_the_cfi_build(perf_ok: None, tmp_path: Path, 
             assert re.search(r"found by .*recipes: \d+", " ".join(proc.stderr.split())), \
                 proc.stderr
         paths = _paths(out, exe)
-        expected = {leaf: expected_main + expected_thread for leaf in set(CHAIN)}
+        expected = {leaf: expected_main + expected_thread for leaf in set(chain)}
         judged, right = _chain_share(paths, exe.name, expected)
         results[cfi] = (judged, right)
         assert judged >= 1000, (cfi, judged, proc.stderr)
@@ -166,13 +168,16 @@ def _library(name: str) -> Path:
 # entered only by indirect jumps. Thresholds sit ~2 points below: a deterministic figure,
 # so a failure means the analysis (or the library) changed, which is worth a look.
 THRESHOLDS = {"libc.so.6": 0.96, "libm.so.6": 0.97, "libstdc++.so.6": 0.93, "libpython": 0.95}
+#: every n-th FDE is compared (reading FDE tables with pyelftools is the slow part): 900 to
+#: 3700 FDEs per library, a fixed subset, so the figure stays deterministic
+EVERY = {"libc.so.6": 2, "libm.so.6": 1, "libstdc++.so.6": 4, "libpython": 4}
 
 
 @pytest.mark.parametrize("lib", list(THRESHOLDS))
 def test_recipes_agree_with_cfi_on_libraries(lib: str) -> None:
     path = _library(lib)
     rec = compute(str(path))
-    agree = compare_with_cfi(str(path), rec, every=2)
+    agree = compare_with_cfi(str(path), rec, every=EVERY[lib])
     assert agree.fdes > 200 and agree.both > 100_000
     assert agree.cfi_only < 0.01 * agree.both  # recipes cover (nearly) all code CFI covers
     assert agree.share >= THRESHOLDS[lib], (lib, agree)
