@@ -3,6 +3,8 @@ work on one source line (tests/lines_programs/imbalance.c), compiled with gcc, s
 ``callpath run``, structure by ``callpath struct``, attributed by ``callpath prof
 --instructions``.
 
+``mpirun -n 4`` runs the same binary with rank k doing k+1 units on line 52.
+
 Sampling margins: cpu-clock samples every 1 ms of a thread's CPU time (the default period), so
 a unit of work (~30 ms of CPU here) is ~30 samples and neighbouring threads differ by one
 unit. A thread's count is its CPU time / 1 ms, off by at most a couple of samples from the
@@ -14,6 +16,7 @@ observed spread (±2 samples over runs) that is far rarer than 1 in 10^4.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -141,3 +144,70 @@ def test_instructions_of_the_line_with_costs(measured: Path) -> None:
         assert not gone and gone.reason and str(exe) in gone.reason
     finally:
         moved.rename(exe)
+
+
+def test_tree_scopes_map_to_their_lines(measured: Path) -> None:
+    """rows_of_node: a line scope of the tree is its own row; a procedure frame covers the
+    rows of its lines (the Lines tab at the place of a tree scope)."""
+    exp = callpath.open(measured)
+    cct = exp.cct
+    m = L.build_line_matrix(exp, 0)
+    row = L.row_of(m, "imbalance.c", 19)
+    (ln,) = [k for k in np.nonzero((cct.kind == NodeKind.LINE) & (cct.line == 19))[0].tolist()
+             if exp.files[int(cct.file[k])].path.endswith("imbalance.c")]
+    assert L.rows_of_node(exp, m, ln).tolist() == [row]
+    (fr,) = [k for k in np.nonzero(cct.kind == NodeKind.FUNCTION)[0].tolist()
+             if exp.functions[int(cct.function[k])].name == "heavy"]
+    rows = L.rows_of_node(exp, m, fr)
+    assert row in rows.tolist()
+    assert L.procedure_at(m, row)["procedure"] == "heavy"  # type: ignore[index]
+
+
+def test_mpi_ranks_min_first_max_last(tmp_path: Path) -> None:
+    """The same under ``mpirun -n 4``: rank k does k+1 units on line 52 (the launcher's
+    PMI_RANK); its minimum is in the first rank and its maximum in the last, per context and
+    with the threads of each rank summed."""
+    import sys
+
+    import mpi_launch
+
+    launcher = mpi_launch.mpirun()
+    if launcher is None:
+        pytest.skip("no mpirun (pip install 'callpath[mpi]' brings MPICH's)")
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    reason = _perf_reason()
+    if reason is not None:
+        pytest.skip(f"perf_event sampling is not available here: {reason}")
+    exe = tmp_path / "imbalance"
+    subprocess.run(["gcc", "-O1", "-g", "-fopenmp", "-o", str(exe), str(SRC)], check=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1",
+               PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe")
+    cmd = [launcher, "-n", "4"]
+    if os.geteuid() == 0 and mpi_launch.is_open_mpi(launcher):
+        cmd.append("--allow-run-as-root")
+    meas = tmp_path / "mpi.m"
+    proc = subprocess.run([sys.executable, "-m", "callpath", "run", "-o", str(meas), "--",
+                           *cmd, str(exe), "30000000", "rank"], capture_output=True,
+                          text=True, env=env, timeout=180, check=False)
+    if proc.returncode != 0 and "not enough slots" in proc.stdout + proc.stderr:
+        pytest.skip("mpirun refuses 4 processes on this machine")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (meas / "structs").mkdir(exist_ok=True)
+    run_cli("struct", str(exe), "-o", str(meas / "structs" / "imbalance.hpcstruct"),
+            check=True)
+    db = tmp_path / "mpi.d"
+    run_cli("prof", str(meas), "-o", str(db), check=True)
+    exp = callpath.open(db)
+    for group in ("none", "rank"):
+        m = L.build_line_matrix(exp, 0, group)
+        assert len(m.labels) == 4, m.labels
+        row = L.row_of(m, "imbalance.c", 52)
+        st = L.line_stats(m, [row])
+        assert (int(st["min_context"][0]), int(st["max_context"][0])) == (0, 3)
+        assert np.all(np.diff(L.window(m, row, 1)[0]) > 0)
+    m = L.build_line_matrix(exp, 0, "node")
+    assert len(m.labels) == 1  # one node: every rank summed

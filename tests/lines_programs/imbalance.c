@@ -32,11 +32,23 @@ __attribute__((noinline)) double light(long n) {
   return x;
 }
 
+__attribute__((noinline)) double by_rank(long unit);
+
 int main(int argc, char **argv) {
   long unit = argc > 1 ? atol(argv[1]) : 20000000;
   double out[256] = {0};
+  if (argc > 2) return by_rank(unit) < 0; /* under mpirun: rank k does k+1 units */
   double s = imbalance(unit, out);
   s += heavy(4 * unit) + medium(2 * unit) + light(unit);
   printf("%g\n", s);
   return 0;
+}
+
+/* rank k of an MPI launch (the launcher's environment) does k+1 units on line 52 */
+__attribute__((noinline)) double by_rank(long unit) {
+  const char *r = getenv("PMI_RANK");
+  if (!r) r = getenv("OMPI_COMM_WORLD_RANK");
+  long k = r ? atol(r) : 0, n = (k + 1) * unit; double x = 1.0;
+  for (long i = 0; i < n; i++) x = x * 1.0000001 + 5e-9; /* line 52: the work by rank */
+  return x;
 }
