@@ -2,9 +2,10 @@
 
 Generates once (cached under ``bench/.cache/``) a v4 database with callpath's model and
 writer: 20 source files of 5,000 lines (10^5 lines, files written beside it so the axis holds
-every line), 500 procedures of 200 lines, a line scope on every 4th line of the 60% of procedures that ran (about 15,000), and 1,024
-execution contexts (128 ranks × 8 threads) in which each line scope has a value with
-probability 1/2 (about 7.7 M values), with some lines hot in a few ranks only.
+every line), 500 procedures of 200 lines, a line scope on every 4th line of the 60% of
+procedures that ran (about 15,000), and 1,024 execution contexts (128 ranks × 8 threads) in
+which each line scope has a value with probability 1/2 (about 7.5 M values), every 7th rank
+twice as costly.
 
 Then, in this process, medians of ``--repeat`` runs:
 
@@ -162,10 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     from callpath.analysis import lines as L
     from callpath.analysis import lines_matrix
 
-    if args.quick:
-        shape = (4, 2400, 16, 4)
-    else:
-        shape = (20, 5000, 128, 8)
+    shape = (4, 2400, 16, 4) if args.quick else (20, 5000, 128, 8)
     t0 = time.perf_counter()
     db = generate(CACHE / ("lines-quick" if args.quick else "lines"), *shape)
     print(f"database: {db} ({shape[0] * shape[1]:,} lines, {shape[2] * shape[3]:,} contexts; "
