@@ -251,3 +251,26 @@ def test_signal_frames_from_recipes_alone(perf_ok: None, tmp_path: Path) -> None
                 if [f for mod, f in p if mod == exe.name][:3] == ["_start", "main", "signal_work"]
                 and p[0] == (exe.name, "_start") and p[-2][0].startswith("libc"))
     assert judged >= 100 and right >= 0.99 * judged, (judged, right, paths.most_common(5))
+
+
+def test_variable_and_realigned_frames_without_cfi(perf_ok: None, tmp_path: Path) -> None:
+    """alloca (rsp moved by a run-time amount) and ``and rsp, -64`` (an over-aligned local
+    array) in a build without CFI: only the frame pointer, found by the recipes, gets out."""
+    cc = _compiler("gcc")
+    exe = tmp_path / "varframe"
+    subprocess.run([cc, "-O2", "-fomit-frame-pointer", *NO_CFI, "-o", str(exe),
+                    str(PROGRAMS / "varframe.c")], check=True)
+    out = tmp_path / "m"
+    proc = callpath("run", "-e", RATE, "-o", str(out), "--", str(exe), "3000")
+    assert proc.returncode == 0, proc.stderr
+    paths = _paths(out, exe)
+    head = ["_start", "main", "level1"]
+    expected = {"level1": [head], "work": [], "with_alloca": [], "aligned_frame": []}
+    for mid in ("with_alloca", "aligned_frame"):
+        expected[mid].append([*head, mid])
+        expected["work"].append([*head, mid, "work"])
+    judged, right = _chain_share(paths, exe.name, expected)
+    assert judged >= 1000 and right >= 0.99 * judged, (judged, right, paths.most_common(6))
+    in_frames = {leaf: sum(n for p, n in paths.items() if p and p[-1][1] == leaf)
+                 for leaf in ("with_alloca", "aligned_frame")}
+    assert min(in_frames.values()) >= 100, in_frames
