@@ -492,13 +492,15 @@ def rows_dense(m: LineMatrix, rows: npt.ArrayLike) -> F64:
     if len(rr) and (rr.min() < 0 or rr.max() >= m.n_rows):
         raise CallpathError(f"line row out of range (expected 0..{m.n_rows - 1})")
     out = np.zeros((len(rr), m.n_cols), dtype=np.float64)
-    k = np.searchsorted(m.nz_rows, rr)
-    k = np.minimum(k, max(len(m.nz_rows) - 1, 0))
-    hit = (len(m.nz_rows) > 0) & (m.nz_rows[k] == rr) if len(m.nz_rows) else np.zeros(
-        len(rr), bool)
-    for i in np.nonzero(hit)[0].tolist():  # one slice per requested row with cost
-        lo, hi = int(m.indptr[k[i]]), int(m.indptr[k[i] + 1])
-        out[i, m.cols[lo:hi]] = m.vals[lo:hi]
+    if not len(m.nz_rows) or not len(rr):
+        return out
+    k = np.minimum(np.searchsorted(m.nz_rows, rr), len(m.nz_rows) - 1)
+    hit = np.nonzero(m.nz_rows[k] == rr)[0]
+    lo = m.indptr[k[hit]]
+    n = m.indptr[k[hit] + 1] - lo
+    # the entries of every requested row with cost, gathered at once
+    idx = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
+    out[np.repeat(hit, n), m.cols[idx]] = m.vals[idx]
     return out
 
 
