@@ -125,7 +125,7 @@ function onMessage(ev) {
     case "offer": showOffer(m); break;
     case "notes": document.dispatchEvent(new CustomEvent("callpath:notes-changed", { detail: { db: m.db } })); break;
   }
-  drawBar();
+  if (m.t !== "cursor") drawBar();
 }
 
 function connect(sid) {
@@ -186,8 +186,18 @@ function drawBar(endedReason) {
     li.append(sw, name);
     if (p.id === S.leader) li.appendChild(el("span", "share-tag", "lead"));
     if (p.guest) li.appendChild(el("span", "share-tag", "guest"));
-    if (p.id === S.me) li.appendChild(el("span", "share-tag", "you"));
-    else {
+    if (p.id === S.me) {
+      li.appendChild(el("span", "share-tag", "you"));
+      li.title = "change your name";
+      li.onclick = () => {
+        const n = (window.prompt("Your name in this session", p.name) || "").trim().slice(0, 40);
+        if (!n) return;
+        localStorage.setItem("callpath-name", n);
+        p.name = n;
+        send({ t: "name", name: n });
+        drawBar();
+      };
+    } else {
       li.title = `jump to ${p.name}'s view`;
       li.tabIndex = 0;
       li.onclick = () => jumpTo(p.id);
