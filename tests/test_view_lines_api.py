@@ -111,8 +111,13 @@ def test_overview_grid_maps_and_rectangles(view_server: Any, experiments: dict[i
     m = lm.build_line_matrix(experiments[LOOPS], 0)
     kw = {"top_contexts" if params.get("ctop") else "context_bins": params["cbins"]}
     ov = lm.overview(m, params["skip"], params["bin"], params["reduce"], params["strip"], **kw)
-    doc = lines(view_server, LOOPS, "overview", **params)
+    doc = lines(view_server, LOOPS, "overview", values=1, **params)
     grid = np.frombuffer(base64.b64decode(doc["values"]), dtype="<f4")
+    levels = np.frombuffer(base64.b64decode(doc["levels"]), dtype=np.uint8)
+    # colour levels: 0 exactly where there is no cost, else ceil(255 v / max)
+    mx = ov.values.max()
+    want = np.where(ov.values > 0, np.clip(np.ceil(ov.values * 255 / mx), 1, 255), 0)
+    assert levels.reshape(ov.values.shape).tolist() == want.astype(np.uint8).tolist()
     assert doc["bins"] == ov.n_orows and doc["strips"] == ov.n_strips
     assert doc["columns"] == ov.values.shape[1] == min(params["cbins"], m.n_cols)
     assert grid.reshape(ov.values.shape) == pytest.approx(ov.values.astype(np.float32))

@@ -36,12 +36,11 @@ export function fmt(v) {
   return String(Number(v.toPrecision(3)));
 }
 
-function decodeF32(b64) {
+function decodeU8(b64) {
   const bin = atob(b64);
-  const buf = new ArrayBuffer(bin.length);
-  const u8 = new Uint8Array(buf);
+  const u8 = new Uint8Array(bin.length);
   for (let i = 0; i < bin.length; i++) u8[i] = bin.charCodeAt(i);
-  return new Float32Array(buf);
+  return u8;
 }
 
 function el(tag, cls, text) {
@@ -348,7 +347,7 @@ export class LinesView {
     const seq = this.seq;
     const doc = await this.get("overview", this.ovParams());
     if (seq !== this.seq) return;
-    doc.grid = decodeF32(doc.values);
+    doc.grid = decodeU8(doc.levels);  // colour levels 0..255 (0: no cost)
     this.ov = doc;
     this.ov.rects = this.ov.rects || { window: [], procedures: [] };
     await this.refreshRects();
@@ -593,18 +592,12 @@ export class LinesView {
     canvas.style.width = `${g.width}px`; canvas.style.height = `${Math.ceil(g.height)}px`;
     const ctx = canvas.getContext("2d");
     ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
-    const grid = ov.grid;
-    const mx = ov.max || 1;
-    for (let b = 0; b < ov.bins; b++) {
-      const strip = Math.floor(b / L), y = (b % L) * bh;
-      const x0 = strip * (sw + gap);
-      let any = false;
-      for (let c = 0; c < C; c++) if (grid[b * C + c] !== 0) { any = true; break; }
-      for (let c = 0; c < C; c++) {
-        const v = grid[b * C + c];
-        ctx.fillStyle = css(any ? heat(v / mx) : NO_COST);
-        ctx.fillRect(x0 + c * cw, y, cw, Math.max(1, Math.ceil(bh)));
-      }
+    // the data as one image (a pixel per bin and column, strips side by side), built once per
+    // overview; each strip is then scaled into place without smoothing
+    const img = this.overviewImage(C, L);
+    ctx.imageSmoothingEnabled = false;
+    for (let strip = 0; strip < g.S; strip++) {
+      ctx.drawImage(img, strip * C, 0, C, L, strip * (sw + gap), 0, sw, L * bh);
     }
     // a rectangle per piece (the server cut it at strip ends): a dark halo under the colour
     // keeps it visible over any heat colour
@@ -624,6 +617,33 @@ export class LinesView {
     canvas.dataset.procedures = JSON.stringify(ov.rects.procedures);
     canvas.dataset.geometry = JSON.stringify({ sw, gap, bh, cw });
     this.q("#ln-ov-info").textContent = `${ov.rows} lines → ${ov.kept} kept → ${ov.bins} bins of ${ov.bin} (${ov.reduce}) in ${ov.strips} strips of ${L}; ${ov.contexts} contexts in ${C} columns${ov.top ? " (the highest of each row, ranked)" : ""}`;
+  }
+
+  /** The overview's colours as a canvas of (strips × columns) × L pixels, cached. */
+  overviewImage(C, L) {
+    const ov = this.ov;
+    if (ov.image) return ov.image;
+    const S = Math.max(1, ov.strips);
+    const off = document.createElement("canvas");
+    off.width = S * C; off.height = L;
+    const data = new ImageData(S * C, L);
+    const px = data.data;
+    const lut = [];
+    for (let k = 0; k <= 255; k++) lut.push(heat(k / 255));
+    const grid = ov.grid;
+    for (let b = 0; b < ov.bins; b++) {
+      const strip = Math.floor(b / L), y = b % L;
+      let any = false;
+      for (let c = 0; c < C; c++) if (grid[b * C + c] !== 0) { any = true; break; }
+      for (let c = 0; c < C; c++) {
+        const col = any ? lut[grid[b * C + c]] : NO_COST;
+        const o = 4 * (y * S * C + strip * C + c);
+        px[o] = col[0]; px[o + 1] = col[1]; px[o + 2] = col[2]; px[o + 3] = 255;
+      }
+    }
+    off.getContext("2d").putImageData(data, 0, 0);
+    ov.image = off;
+    return off;
   }
 
   /** Pixel → original line: the inverse map the server sent (first row of each bin). */
