@@ -79,7 +79,8 @@ def _base(path: str) -> str:
 def context_hashes(exp: Experiment) -> U64:
     """A 64-bit identity per node (preorder), equal for contexts that are the same thing in two
     experiments: the hash of the parent's identity and the node's own description (kind,
-    relation, procedure name, load module and file base names, line; never addresses or ids).
+    relation, procedure name, load module and file base names, line; never ids, and addresses
+    only for code without source information: an instruction of no line, an unnamed procedure).
     Computed top-down, one vectorised step per depth level."""
     cct = exp.cct
     fn_names = _table_hashes([f.name for f in exp.functions])
@@ -94,6 +95,12 @@ def context_hashes(exp: Experiment) -> U64:
     local = _mix(local ^ mod_names[cct.module] ^ entry)
     local = _mix(local ^ file_names[cct.file])
     local = _mix(local ^ (cct.line.astype(np.uint64) * _GOLD))
+    # code without source information (an instruction of no line, a procedure of no name)
+    # has its address as its only identity: sibling instructions of one binary stay apart
+    named = np.array([bool(f.name) for f in exp.functions] + [False], dtype=bool)[cct.function]
+    anonymous = ((cct.kind == NodeKind.INSTRUCTION) & (cct.line == 0)) | (
+        (cct.kind == NodeKind.FUNCTION) & ~named)
+    local = np.where(anonymous, _mix(local ^ cct.offset.astype(np.uint64)), local)
     h = np.zeros(len(cct), dtype=np.uint64)
     h[0] = local[0]
     for nodes in _levels(cct.depth)[1:]:

@@ -1,0 +1,106 @@
+"""The vectorised algorithms of comparisons and flame graphs against plain Python versions, on
+the real HPCToolkit databases in ../shared/data: the union tree (hashes along paths, one
+unique, preorder by levels) against a dictionary of root paths, and the flame layout
+(Euler-tour prefix sums) against placing children one by one."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import callpath
+from callpath.analysis.compare import union_tree
+from callpath.analysis.flame import topdown_frame
+from callpath.analysis.source import tree_source
+from callpath.analysis.view import TopDownView
+from callpath.model import Experiment, NodeKind
+from conftest import shared_path
+
+DBS = ["small.d", "small.nostruct.d", "loops-cputime-t.d"]
+
+
+def _paths(exp: Experiment) -> list[tuple[object, ...]]:
+    """Each node's description chained from the root, as plain tuples (the offset only for
+    code without source information, as the hashes)."""
+    c = exp.cct
+    out: list[tuple[object, ...]] = []
+    for i in range(len(c)):
+        f, m, fl = int(c.function[i]), int(c.module[i]), int(c.file[i])
+        own = (int(c.kind[i]), int(c.relation[i]), int(c.entry_point[i]),
+               exp.functions[f].name if f >= 0 else None,
+               os.path.basename(exp.modules[m].path) if m >= 0 else None,
+               os.path.basename(exp.files[fl].path) if fl >= 0 else None,
+               int(c.line[i]), c.entry_names.get(i))
+        kind, line = int(c.kind[i]), int(c.line[i])
+        if (kind == NodeKind.INSTRUCTION and line == 0) or (
+                kind == NodeKind.FUNCTION and not (f >= 0 and exp.functions[f].name)):
+            own = (*own, int(c.offset[i]))  # no source information: known by its address
+        p = int(c.parent[i])
+        out.append((*out[p], own) if p >= 0 else (own,))
+    return out
+
+
+@pytest.mark.parametrize("a, b", [("small.d", "small.nostruct.d"),
+                                  ("small.d", "loops-cputime-t.d"),
+                                  ("small.nostruct.d", "small.nostruct.d"),
+                                  ("loops-cputime-t.d", "loops-cputime-t.d")])
+def test_union_tree_is_the_union_of_root_paths(a: str, b: str) -> None:
+    inputs = [callpath.open(shared_path("hpctoolkit", "dbase", n)) for n in (a, b)]
+    union, _mods, _files, _fns = union_tree(inputs)
+    paths = [_paths(e) for e in inputs]
+    # the union's own paths, described through its merged tables
+    fake = Experiment(cct=union.cct, metrics=[], scopes=[], profiles=[],
+                      values=None,  # type: ignore[arg-type]
+                      n_ctx_slots=len(union.cct), modules=_mods, files=_files, functions=_fns)
+    upaths = _paths(fake)
+    assert len(set(upaths)) == len(upaths)  # one node per distinct path
+    assert set(upaths) == set(paths[0]) | set(paths[1])
+    for p, m in zip(paths, union.maps, strict=True):
+        assert [upaths[u] for u in m.tolist()] == p  # every node maps to its own path
+    # preorder with the first input's order kept, where it has no siblings that are the same
+    # thing (loops.c has two loops on line 1000 in one procedure: one context of the union)
+    if len(set(paths[0])) == len(paths[0]):
+        assert np.all(np.diff(union.maps[0]) > 0)
+    else:
+        assert a == "loops-cputime-t.d" and len(set(paths[0])) == len(paths[0]) - 10
+    c = union.cct
+    assert np.all(c.parent[1:] < np.arange(1, len(c)))
+    assert np.array_equal(c.subtree_end, type(c).from_columns(c.parent, c.kind).subtree_end)
+
+
+def _naive_layout(view: TopDownView, incl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = len(incl)
+    x = np.zeros(n)
+    nxt = np.zeros(n)  # where the next child of each node goes
+    depth = np.zeros(n, np.int64)
+    par = view.source.cct.parent
+    for i in range(1, n):
+        p = int(par[i])
+        x[i] = x[p] + nxt[p]
+        nxt[p] += max(float(incl[i]), 0.0)
+        depth[i] = depth[p] + 1
+    return x, depth
+
+
+@pytest.mark.parametrize("name", DBS)
+def test_flame_layout_matches_placing_children_one_by_one(name: str) -> None:
+    exp = callpath.open(shared_path("hpctoolkit", "dbase", name))
+    view = TopDownView(tree_source(exp, None))
+    incl = exp.inclusive(0)
+    frame = topdown_frame(view, incl, 0, 0.0)
+    assert len(frame) == len(incl)  # nothing below zero width to drop
+    x, depth = _naive_layout(view, incl)
+    np.testing.assert_allclose(frame.x * frame.total, x[frame.nodes], rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(frame.depth, depth[frame.nodes])
+    np.testing.assert_allclose(frame.w * frame.total, incl[frame.nodes])
+    # only boxes of a pixel: the kept set is exactly the nodes at least 1/200 wide
+    small = topdown_frame(view, incl, 0, 1 / 200)
+    assert set(small.nodes.tolist()) == set(np.flatnonzero(incl >= incl[0] / 200).tolist())
+    # zoomed on a node: its subtree, shifted to start at 0
+    z = int(np.argsort(incl)[len(incl) // 2])
+    zf = topdown_frame(view, incl, z, 0.0)
+    if incl[z] > 0:
+        sub = zf.nodes
+        np.testing.assert_allclose(zf.x * zf.total, x[sub] - x[z], atol=1e-12)
