@@ -9,8 +9,9 @@ to 32, and the top 8 per row), the overview's rectangles, the ranked list, the c
 contexts of a line. Medians of ``--repeat``; "first" is the first (cold) request: the server
 caches an overview per parameters, so its median is the cached answer (JSON + transport). The
 peer, in the same run: the same library calls in this process without HTTP, JSON or caching
-(``ratio`` = HTTP median / library median: what the server adds or saves). ``--browser`` also times, in Chromium, opening the tab until
-every pane is drawn. The machine is shared: read the ratios, not the absolute times.
+(``ratio`` = HTTP median / library median: what the server adds or saves). ``--browser``
+also times, in Chromium, opening the tab until every pane is drawn. The machine is shared:
+read the ratios, not the absolute times.
 """
 
 from __future__ import annotations
@@ -47,9 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--browser", action="store_true", help="also time the tab in Chromium")
     args = ap.parse_args(argv)
-    import lines as bench_lines
-
     import callpath
+    import lines as bench_lines
     from callpath.analysis import lines as L
     from callpath.view.server import BackgroundServer
 
