@@ -66,8 +66,42 @@ def folded(path: Path) -> dict[str, int]:
     return out
 
 
+def cli(*args: str) -> tuple[int, str, str]:
+    """The ``callpath`` command run in this process (the same ``main`` as the installed
+    script; a subprocess per call would cost the suite ~0.5 s of CPU each): (status, stdout,
+    stderr). The real subprocess is exercised by the bad-input test."""
+    import contextlib
+    import io
+    import os
+
+    import conftest
+    from callpath.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = conftest._CONFIG_HOME  # no saved filters of the user's
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(list(args))
+            except SystemExit as e:
+                rc = int(e.code or 0)
+    finally:
+        if saved is None:
+            del os.environ["XDG_CONFIG_HOME"]
+        else:
+            os.environ["XDG_CONFIG_HOME"] = saved
+    return rc, out.getvalue(), err.getvalue()
+
+
+def cli_ok(*args: str) -> str:
+    rc, out, err = cli(*args)
+    assert rc == 0, f"callpath {' '.join(args)}: {err}"
+    return out
+
+
 def export(db: Path, fmt: str, out: Path, *extra: str) -> Path:
-    run_cli("export", str(db), "--to", fmt, "-o", str(out), *extra, check=True)
+    cli_ok("export", str(db), "--to", fmt, "-o", str(out), *extra)
     return out
 
 
@@ -212,9 +246,9 @@ def test_chrome_trace_event_format(profiled: Path, tmp_path: Path) -> None:
 def test_chrome_needs_traces(tmp_path: Path) -> None:
     src = tmp_path / "a.folded"
     src.write_text("main;f 3\n")
-    run_cli("import", str(src), "-o", str(tmp_path / "a.d"), check=True)
-    r = run_cli("export", str(tmp_path / "a.d"), "--to", "chrome", "-o", str(tmp_path / "x"))
-    assert r.returncode == 2 and "no traces" in r.stderr and len(r.stderr.splitlines()) == 1
+    cli_ok("import", str(src), "-o", str(tmp_path / "a.d"))
+    rc, _, err = cli("export", str(tmp_path / "a.d"), "--to", "chrome", "-o", str(tmp_path / "x"))
+    assert rc == 2 and "no traces" in err and len(err.splitlines()) == 1
 
 
 # ---- round trips -----------------------------------------------------------------------------
@@ -227,19 +261,17 @@ def test_import_then_export_round_trips(profiled: Path, tmp_path: Path, fmt: str
         ext = {"folded": "txt", "speedscope": "json", "pprof": "pb.gz"}[fmt]
         f = export(db, fmt, tmp_path / f"{db.name}.{ext}")
         back = tmp_path / f"{db.name}.{fmt}.d"
-        run_cli("import", str(f), "-o", str(back), check=True)
+        cli_ok("import", str(f), "-o", str(back))
         got = folded(export(back, "folded", tmp_path / "got.txt"))
         assert got.keys() == want.keys(), (fmt, db)
         assert all(abs(got[k] - want[k]) <= 2 for k in got), (fmt, db)
         # and the imported database is an ordinary one: the report reads it
-        r = run_cli("report", str(back), "-d", "3")
-        assert r.returncode == 0 and "main" in r.stdout
+        assert "main" in cli_ok("report", str(back), "-d", "3")
     # a callpath speedscope file keeps its execution contexts
     if fmt == "speedscope":
         db = shared_path("hpctoolkit", "dbase", "loops-cputime-t.d")
         back = tmp_path / "ctx.d"
-        run_cli("import", str(export(db, "speedscope", tmp_path / "c.json")), "-o", str(back),
-                check=True)
+        cli_ok("import", str(export(db, "speedscope", tmp_path / "c.json")), "-o", str(back))
         assert len(callpath.open(back).contexts) == len(callpath.open(db).contexts)
 
 
@@ -262,7 +294,7 @@ def test_perf_script_import(tmp_path: Path) -> None:
     n = sum(1 for ln in text.splitlines() if ln and not ln[0].isspace())
     assert n > 50
     db = tmp_path / "perf.d"
-    run_cli("import", str(tmp_path / "out.perf"), "-o", str(db), check=True)
+    cli_ok("import", str(tmp_path / "out.perf"), "-o", str(db))
     exp = callpath.open(db)
     assert [m.name for m in exp.metrics] == ["cpu-clock (samples)"]
     assert exp.inclusive(0)[0] == n
@@ -278,11 +310,16 @@ def test_perf_script_import(tmp_path: Path) -> None:
 # ---- bad input -------------------------------------------------------------------------------
 
 
-def _one_line_error(r: subprocess.CompletedProcess[str], name: str) -> None:
-    assert r.returncode == 2, r.stderr
-    assert "Traceback" not in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert name in r.stderr
+def _one_line_error(args: list[str], name: str, *, subprocess_: bool = False) -> None:
+    if subprocess_:
+        r = run_cli(*args)
+        rc, err = r.returncode, r.stderr
+    else:
+        rc, _, err = cli(*args)
+    assert rc == 2, err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert name in err
 
 
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
@@ -299,18 +336,17 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
         "bad.folded": b"main;f 3\nthis line has no count\n",
         "perf.txt": b"prog 12/12 1.000001: 1 cpu-clock:\n\tzz not a frame\n",
     }
-    for name, data in cases.items():
+    for k, (name, data) in enumerate(cases.items()):
         p = tmp_path / name
         p.write_bytes(data)
-        _one_line_error(run_cli("import", str(p), "-o", str(tmp_path / "o.d")), name)
-    _one_line_error(run_cli("import", str(tmp_path / "missing"), "-o", str(tmp_path / "o.d")),
+        _one_line_error(["import", str(p), "-o", str(tmp_path / "o.d")], name,
+                        subprocess_=k < 2)
+    _one_line_error(["import", str(tmp_path / "missing"), "-o", str(tmp_path / "o.d")],
                     "missing")
-    _one_line_error(run_cli("export", str(tmp_path / "nodb"), "--to", "folded", "-o", "-"),
-                    "nodb")
-    _one_line_error(run_cli("export", str(db), "--to", "folded", "-m", "NOPE", "-o", "-"),
-                    "NOPE")
-    _one_line_error(run_cli("export", str(db), "--to", "pprof", "--contexts", "RANK 99",
-                            "-o", str(tmp_path / "x")), "RANK 99")
+    _one_line_error(["export", str(tmp_path / "nodb"), "--to", "folded", "-o", "-"], "nodb")
+    _one_line_error(["export", str(db), "--to", "folded", "-m", "NOPE", "-o", "-"], "NOPE")
+    _one_line_error(["export", str(db), "--to", "pprof", "--contexts", "RANK 99", "-o",
+                     str(tmp_path / "x")], "RANK 99", subprocess_=True)
 
 
 def _samples() -> dict[str, bytes]:
