@@ -22,7 +22,7 @@ API (names are a contract with the viewer)::
     ranked_procedures(m, n) -> [{rank, procedure, index, file, sum, percent, first_row,
                                  last_row}, ...]
     procedure_at(m, row) -> the same dict (its rank among all) or None
-    segment(m, proc) -> (first_row, last_row)
+    segment(m, proc) -> (first_row, last_row);  segments(m) -> (first[], last[]) of all
     row_of(m, file, line) -> axis row;  file_index(m, file);  source_text(m, file)
     rows_of_node(exp, m, node) -> axis rows of a tree scope (node of exp.cct)
     line_instructions(exp, file, line, around) -> InstructionListing (a list of dicts
@@ -48,11 +48,12 @@ from callpath.analysis.lines_matrix import (
     window,
 )
 from callpath.analysis.lines_overview import REDUCERS, Overview, overview
-from callpath.analysis.lines_procs import procedure_at, ranked_procedures, segment
+from callpath.analysis.lines_procs import procedure_at, ranked_procedures, segment, segments
 
 __all__ = [
     "GROUPS", "REDUCERS", "InstructionListing", "LineMatrix", "Overview", "build_line_matrix",
     "file_index", "line_instructions", "line_stats", "overview", "procedure_at",
-    "ranked_procedures", "row_of", "rows_dense", "rows_of_node", "segment", "source_text",
+    "ranked_procedures", "row_of", "rows_dense", "rows_of_node", "segment", "segments",
+    "source_text",
     "window",
 ]

@@ -90,6 +90,7 @@ class LineMatrix:
     database: str = ""
     _row_of_key: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
     _node_rows: I64 = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def n_rows(self) -> int:

@@ -25,19 +25,37 @@ def _proc_sums(m: LineMatrix) -> np.ndarray:
     return out
 
 
+def segments(m: LineMatrix) -> tuple[np.ndarray, np.ndarray]:
+    """First and last axis row (inclusive) of every procedure's code segment: its rows in
+    its own file (all its rows when none is there); -1 for a procedure without rows.
+    Computed once per matrix in two vectorised passes."""
+    got = m._memo.get("segments")
+    if got is not None:
+        return got  # type: ignore[no-any-return]
+    n = len(m.procedures)
+    rows = np.nonzero(m.row_proc >= 0)[0]
+    p = m.row_proc[rows]
+    own = m.file_of_row[rows] == m.proc_file[p]
+    has_own = np.zeros(n, dtype=bool)
+    has_own[p[own]] = True
+    use = own | ~has_own[p]
+    first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(n, -1, dtype=np.int64)
+    np.minimum.at(first, p[use], rows[use])
+    np.maximum.at(last, p[use], rows[use])
+    first[last < 0] = -1
+    m._memo["segments"] = (first, last)
+    return first, last
+
+
 def segment(m: LineMatrix, proc: int) -> tuple[int, int]:
-    """First and last axis row (inclusive) of procedure ``proc``'s code segment: its rows in
-    its own file (all its rows when none is there)."""
+    """First and last axis row (inclusive) of procedure ``proc``'s code segment."""
     if not 0 <= proc < len(m.procedures):
         raise CallpathError(f"procedure index {proc} out of range (0..{len(m.procedures) - 1})")
-    rows = np.nonzero(m.row_proc == proc)[0]
-    if not len(rows):
+    first, last = segments(m)
+    if last[proc] < 0:
         raise CallpathError(f"procedure {m.procedures[proc]!r} has no line on the axis")
-    f = int(m.proc_file[proc])
-    inside = rows[m.file_of_row[rows] == f] if f >= 0 else rows
-    if len(inside):
-        rows = inside
-    return int(rows[0]), int(rows[-1])
+    return int(first[proc]), int(last[proc])
 
 
 def describe(m: LineMatrix, proc: int, sums: np.ndarray | None = None,
@@ -72,16 +90,14 @@ def procedure_at(m: LineMatrix, row: int) -> dict[str, Any] | None:
         raise CallpathError(f"line row {row} out of range (0..{m.n_rows - 1})")
     p = int(m.row_proc[row])
     if p < 0:
-        # a line between scopes (a comment, a blank): the procedure whose segment covers it
-        for q in np.unique(m.row_proc[m.file_of_row == m.file_of_row[row]]).tolist():
-            if q < 0:
-                continue
-            a, b = segment(m, q)
-            if a <= row <= b:
-                p = q
-                break
-        if p < 0:
+        # a line between scopes (a comment, a blank): the innermost procedure of this file
+        # whose segment covers it
+        first, last = segments(m)
+        cover = np.nonzero((first <= row) & (last >= row)
+                           & (m.file_of_row[np.maximum(first, 0)] == m.file_of_row[row]))[0]
+        if not len(cover):
             return None
+        p = int(cover[np.argmin(last[cover] - first[cover])])
     sums = _proc_sums(m)
     rank = int(np.sum(sums > sums[p]) + np.sum(sums[:p] == sums[p]))
     return describe(m, p, sums, rank=rank)
