@@ -273,3 +273,33 @@ def test_session_ends_when_server_stops(db_copy: Path) -> None:
         recv_kind(ws, "welcome")
     with pytest.raises(websockets.exceptions.ConnectionClosed):
         ws.recv(timeout=10)
+
+
+def test_cli_share_prints_links(db_copy: Path) -> None:
+    """``callpath view DB --share`` prints a join link and a read-only guest link; both join
+    the session it opened."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "callpath", "view", str(db_copy),
+                             "--no-browser", "--share", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(4)]
+        text = "".join(lines)
+        join_line = next(x for x in lines if "shared session:" in x)
+        guest_line = next(x for x in lines if "read-only guest link:" in x)
+        link = join_line.split()[-1]
+        guest = guest_line.split()[-1]
+        assert link.startswith(f"http://127.0.0.1:{port}/?session="), text
+        q = urllib.parse.parse_qs(urllib.parse.urlparse(guest).query)
+        assert "token" not in q and q["session"][0] in link
+        for url, is_guest in ((link, False), (guest, True)):
+            ws = connect("ws://" + url.split("://", 1)[1].replace("/?", "/api/share/ws?"))
+            ws.send(json.dumps({"t": "hello", "name": "cli"}))
+            assert recv_kind(ws, "welcome")["guest"] is is_guest
+            ws.close()
+    finally:
+        proc.terminate()
+        proc.wait(20)

@@ -231,6 +231,15 @@ def test_explore_alone_jump_back_and_killed_participant(people: People, server: 
     same_view(a, d)
     a.wait_for_timeout(500)
     assert view_of(c)["view"] == "flat"  # left alone
+    # the leader offers a derived metric to all; the explorer accepts it
+    a.evaluate("""() => { const s = window.__callpath.state;
+        s.dbs[s.db].derived = [{name: 'twice', formula: '2*$0', format: 'scientific',
+                                percent_annotation: false}];
+        window.__callpath.flushUrl(); }""")
+    a.click("#share-offer")
+    c.click("#share-accept-derived")
+    c.wait_for_function("() => window.__callpath.columns.some(k => k.name === 'twice')")
+    idle(c)
     # kill the fourth participant's browser (no close handshake), then go on
     pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _has_arg(int(p), mark)]
     assert pids, "the victim browser's processes were not found"
