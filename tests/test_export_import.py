@@ -302,6 +302,9 @@ def test_perf_script_import(tmp_path: Path) -> None:
     assert sum(lines.values()) == n
     leaf = sum(c for s, c in lines.items() if ";main;" in f";{s};" and "leaf" in s)
     assert leaf > 0.5 * n  # the program spends nearly all its time in leaf()
+    # perf's sample times became a trace: the Chrome export holds every sample
+    doc = json.loads(export(db, "chrome", tmp_path / "p.trace.json").read_text())
+    assert len(doc["samples"]) == n
     # pprof and speedscope of the import
     export(db, "pprof", tmp_path / "p.pb.gz")
     export(db, "speedscope", tmp_path / "p.json")

@@ -31,6 +31,8 @@ from callpath.model import (
     ProfileBlock,
     Relation,
     SourceFile,
+    TraceLine,
+    Traces,
     build_experiment,
     propagate,
     standard_metric,
@@ -77,6 +79,7 @@ class StackSet:
     title: str = ""
     description: str = ""
     periods: list[float] = field(default_factory=list)
+    times: npt.NDArray[np.uint64] | None = None  # per sample: ns, when the format has them
 
 
 def stackset(functions: Interner, stacks: list[list[tuple[int, int, bool]]],
@@ -196,6 +199,7 @@ def build(ss: StackSet) -> Experiment:
     node_of_sample = pre[leaf] + 2
     blocks = []
     nz_ctx: list[ExecutionContext] = []
+    lines: list[TraceLine] = []
     for c in range(len(ss.contexts)):
         sel = ss.context == c
         if not sel.any():
@@ -211,13 +215,20 @@ def build(ss: StackSet) -> Experiment:
                                         np.concatenate(val))
         blocks.append(propagate(cct, metrics, scopes, blk))
         nz_ctx.append(ExecutionContext(len(nz_ctx) + 1, ss.contexts[c]))
+        if ss.times is not None:  # a trace: the context of each sample in time order
+            idx = np.flatnonzero(sel)
+            idx = idx[np.argsort(ss.times[idx], kind="stable")]
+            lines.append(TraceLine(len(nz_ctx), ss.times[idx].astype(np.uint64),
+                                   cct.ctx_id[node_of_sample[idx]].astype(np.uint32)))
     functions = [Function(nm, int(f_mod[i]), 0, int(f_file[i]), ln)
                  for i, (nm, _, _, ln) in enumerate(fn_tab)]
     return build_experiment(
         cct, metrics, scopes, nz_ctx, blocks,
         modules=[LoadModule(p[0]) for p in mods.items],
         files=[SourceFile(p[0]) for p in files.items], functions=functions,
-        title=ss.title, description=ss.description)
+        title=ss.title, description=ss.description,
+        traces=Traces(min(int(t.timestamps[0]) for t in lines),
+                      max(int(t.timestamps[-1]) for t in lines), lines) if lines else None)
 
 
 def _preorder(par: I64, lev: I64) -> I64:

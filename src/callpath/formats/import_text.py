@@ -14,6 +14,8 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
+
 from callpath.errors import FormatError
 from callpath.formats.import_build import Interner, StackSet, stackset, thread_ids
 from callpath.model import Identifier, IdKind
@@ -60,6 +62,7 @@ def read_perf_script(path: Path, text: str) -> StackSet:
     fns = Interner()
     stacks: list[list[tuple[int, int, bool]]] = []
     ctx: list[int] = []
+    times: list[int] = []
     events: dict[str, int] = {}
     ev_of: list[int] = []
     threads: dict[tuple[int, int], int] = {}
@@ -104,6 +107,8 @@ def read_perf_script(path: Path, text: str) -> StackSet:
             events[ev] = len(events)
         ctx.append(threads[key])
         ev_of.append(events[ev])
+        sec, _, frac = m["time"].partition(".")
+        times.append(int(sec) * 1_000_000_000 + int((frac + "000000000")[:9]))
         cur = []
     flush()
     if not stacks:
@@ -114,8 +119,11 @@ def read_perf_script(path: Path, text: str) -> StackSet:
     ids: list[tuple[Identifier, ...]] = [(Identifier(IdKind.RANK, pid),
                                           Identifier(IdKind.THREAD, tid))
            for (pid, tid) in threads]
-    return stackset(fns, stacks, ctx, values, [f"{e} (samples)" for e in events], ids,
-                    title=path.name, description=f"imported from perf script output {path}")
+    ss = stackset(fns, stacks, ctx, values, [f"{e} (samples)" for e in events], ids,
+                  title=path.name, description=f"imported from perf script output {path}")
+    # perf's times are seconds since boot: a trace per thread, as 'callpath run -t' records
+    ss.times = np.asarray(times, dtype=np.uint64)
+    return ss
 
 
 __all__ = ["looks_like_perf_script", "read_folded", "read_perf_script"]
