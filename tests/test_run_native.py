@@ -177,6 +177,25 @@ def test_crashing_program(perf_ok: None, build, tmp_path: Path) -> None:  # type
         assert burn >= 100, paths
 
 
+def _wait_for_cpu(launcher: int, seconds: float, timeout: float = 60) -> None:
+    """Wait until the launcher's children have used ``seconds`` of CPU: a fixed sleep gave a
+    loaded machine's program too little CPU for the samples the test counts."""
+    tick = os.sysconf("SC_CLK_TCK")
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        used = 0.0
+        try:
+            kids = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+            for k in kids:
+                fields = Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()
+                used += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError):
+            pass
+        if used >= seconds:
+            return
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_is_forwarded_and_measurement_kept(perf_ok: None, build,  # type: ignore[no-untyped-def]
                                                   tmp_path: Path, sig: signal.Signals) -> None:
@@ -191,7 +210,7 @@ def test_signal_is_forwarded_and_measurement_kept(perf_ok: None, build,  # type:
     try:
         assert launcher.stdout is not None
         assert launcher.stdout.readline().strip() == "spinning"
-        time.sleep(0.4)
+        _wait_for_cpu(launcher.pid, 0.3)
         launcher.send_signal(sig)
         _, err = launcher.communicate(timeout=60)
     finally:

@@ -58,6 +58,7 @@ class ThreadSummary:
     rank: int | None
     samples: int
     partial: int
+    program: str = ""  # the process's executable (basename): names launchers in the summary
 
 
 @dataclass
@@ -417,7 +418,9 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
                 npart = int(np.count_nonzero(~fr.complete[ts]))
                 total_partial += npart
                 w.stats(t, samples=len(ts), partial=npart)
-                summaries.append(ThreadSummary(img.pid, tid, t, rank, len(ts), npart))
+                summaries.append(ThreadSummary(img.pid, tid, t, rank, len(ts), npart,
+                                               os.path.basename(str(f.get("exe", "")))
+                                               or img.comm))
         for code, cnt_ in zip(*np.unique(fr.reason[~fr.complete], return_counts=True),
                               strict=True):
             name = unwind.REASONS.get(int(code), "no user registers")

@@ -51,7 +51,9 @@ def print_summary(out: Path, res: Result, run: RunResult | None, top: int,
     rows = sorted(res.threads, key=lambda t: -t.samples)
     for t in rows[:MAX_CONTEXT_LINES]:
         rank = f"rank {t.rank} " if t.rank is not None else ""
-        stream.write(f"  {rank}pid {t.pid} thread {t.index} (tid {t.tid}): {t.samples} samples"
+        prog = f" {t.program}" if t.program else ""
+        stream.write(f"  {rank}pid {t.pid}{prog} thread {t.index} (tid {t.tid}): "
+                     f"{t.samples} samples"
                      f", {t.partial} partial\n")
     if len(rows) > MAX_CONTEXT_LINES:
         stream.write(f"  ... and {len(rows) - MAX_CONTEXT_LINES} more contexts\n")
