@@ -461,9 +461,10 @@ export class LinesView {
     const norm = s.norm === "window" ? doc.max_window : this.meta.max;
     const cols = doc.columns;
     const n = cols.length;
-    // columns as wide as the pane allows (18..52 px); values printed where they fit
+    // columns as wide as the pane allows beside the min/max bars and the listing (6..52 px);
+    // values printed where they fit, else in the cell's tooltip
     const avail = this.q("#ln-detail").clientWidth - 200 - 240;
-    const cw = Math.max(18, Math.min(52, Math.floor(avail / Math.max(1, n))));
+    const cw = Math.max(6, Math.min(52, Math.floor(avail / Math.max(1, n))));
     const head = this.q("#ln-h-heat");
     head.replaceChildren(...cols.map((c) => { const d = el("div", "ln-hcell", c.short); d.title = c.label; return d; }));
     for (const box of [head, heatBox]) {
