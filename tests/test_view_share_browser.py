@@ -207,6 +207,16 @@ def test_leader_view_reaches_follower(people: People, server: Any) -> None:
     b.wait_for_selector(".remote-layer .remote-vline")
     shot(a, "leader-trace")
     shot(b, "follower-trace")
+    # the Lines tab: its window follows, and the leader's line is marked in the follower's
+    a.click("#view-tabs [data-view=lines]")
+    a.wait_for_function("() => { const s = window.__callpath.state;"
+                        " const l = s.dbs[s.db].lines; return l && Number.isInteger(l.row); }")
+    row = a.evaluate("() => window.__callpath.state.dbs[1].lines.row")
+    b.wait_for_function("(r) => { const l = window.__callpath.state.dbs[1].lines;"
+                        " return window.__callpath.state.dbs[1].mode === 'lines' && l &&"
+                        " l.row === r; }", arg=row)
+    b.wait_for_selector(f"#lines [data-row='{row}'][data-remote='Ana']")
+    shot(b, "follower-lines")
 
 
 def test_explore_alone_jump_back_and_killed_participant(people: People, server: Any,

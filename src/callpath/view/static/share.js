@@ -72,7 +72,9 @@ let cursorTimer = 0;
 function updateCursor(parts) {
   const d = dbState(state.db);
   const v = d.views[d.view];
-  Object.assign(S.cursor, { db: state.db, mode: d.mode, view: d.view, key: v.sel || null }, parts);
+  const lineRow = d.lines && Number.isInteger(d.lines.row) ? d.lines.row : null;
+  Object.assign(S.cursor, { db: state.db, mode: d.mode, view: d.view, key: v.sel || null,
+                            lines: { row: lineRow } }, parts);
   if (cursorTimer) return;
   cursorTimer = setTimeout(() => { cursorTimer = 0; send({ t: "cursor", value: S.cursor }); }, 40);
 }
@@ -353,10 +355,33 @@ function markTrace() {
   }
 }
 
+/** Marks the Lines tab's rows (heat map, min/max, source: elements with data-row) where
+ *  the others are; the tab re-renders its rows, so a MutationObserver re-marks them. */
+function markLines() {
+  const host = $("lines");
+  if (!host) return;
+  for (const e of host.querySelectorAll("[data-remote-line]")) {
+    e.removeAttribute("data-remote-line"); e.removeAttribute("data-remote");
+    e.style.boxShadow = ""; e.style.removeProperty("--remote");
+  }
+  for (const r of remote()) {
+    const row = r.cursor.lines && r.cursor.lines.row;
+    if (r.cursor.db !== state.db || r.cursor.mode !== "lines" || !Number.isInteger(row)) continue;
+    const els = [...host.querySelectorAll(`[data-row="${row}"]`)]
+      .filter((e) => e.tagName !== "CANVAS" && !e.querySelector("[data-row]"));  // rows, not panes
+    els.forEach((e, i) => {
+      e.dataset.remoteLine = String(r.id);
+      e.style.boxShadow = `inset 0 0 0 2px ${r.colour}`;
+      if (i === els.length - 1) { e.dataset.remote = r.name; e.style.setProperty("--remote", r.colour); }
+    });
+  }
+}
+
 function drawCursors() {
   if (!hooks) return;
   markTree();
   markTrace();
+  markLines();
   document.dispatchEvent(new CustomEvent("callpath:remote-cursors", { detail: { cursors: remote() } }));
 }
 
@@ -396,6 +421,12 @@ function startShare(h) {
     if (e.detail && typeof e.detail.part === "string") updateCursor({ [e.detail.part]: e.detail.value ?? null });
   });
   onStateSaved(pushState);
+  const linesHost = $("lines");
+  if (linesHost) {
+    let t = 0;
+    new MutationObserver(() => { clearTimeout(t); t = setTimeout(markLines, 20); })
+      .observe(linesHost, { childList: true, subtree: true });
+  }
   let scrollT = 0;
   tree.scroller.addEventListener("scroll", () => {
     clearTimeout(scrollT);
