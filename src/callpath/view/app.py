@@ -23,10 +23,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from callpath.errors import CallpathError
-from callpath.view import api, notes, security, traces
-from callpath.view import lines_api
-from callpath.view import flame_api
-from callpath.view import compare_api
+from callpath.view import api, compare_api, flame_api, lines_api, notes, security, traces
 from callpath.view.session import Database
 from callpath.view.share import GUEST_COOKIE, ShareHub
 
