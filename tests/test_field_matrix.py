@@ -47,8 +47,10 @@ def compile_(out: Path, cc: str, srcs: list[str], name: str, *flags: str) -> Pat
     if not exe.exists():
         if shutil.which(cc) is None and not os.path.exists(cc):
             pytest.skip(f"{cc} is not installed")
+        # in the output folder: gfortran writes its .mod files where it runs
         subprocess.run([cc, "-O2", "-g", f"-I{FIELD}", *flags, "-o", str(exe),
-                        *[str(FIELD / s) for s in srcs]], check=True, capture_output=True)
+                        *[str(FIELD / s) for s in srcs]], check=True, capture_output=True,
+                       cwd=out)
     return exe
 
 
