@@ -41,6 +41,15 @@ default), in Python with the C stack walk (``CALLPATH_PY_WALK=c-walk``) and all 
 (``CALLPATH_PY_WALK=python``); ``--modes`` picks some of them; the rounds are interleaved.
 ``--depth N`` runs the workload under N extra Python frames, as in programs built on frameworks,
 whose stacks are 50-100 frames deep.
+
+``--native`` compares ``callpath run --native`` (one call path through Python and native code)
+on a mixed workload instead: a third of the time in Python (recursion, loops), a third in a C
+library called through ctypes (built here with ``-O2 -g -fomit-frame-pointer``), a third in
+numpy matrix products (OpenBLAS, one thread: ``OPENBLAS_NUM_THREADS=1`` for every
+configuration); against plain, callpath without ``--native`` and ``py-spy record --native``,
+all at 1 kHz (and 100 Hz). *total* and *tree CPU* include callpath's post-mortem merge.
+
+    .venv/bin/python bench/measure_python.py --native [--repeat 5] [--seconds 3]
 """
 
 from __future__ import annotations
@@ -109,6 +118,94 @@ def main(scale):
 if __name__ == "__main__":
     main(float(sys.argv[1]))
 '''
+
+NATIVE_LIB = r'''
+double kernel(long n)
+{
+    double s = 0.0;
+    for (long i = 0; i < n; i++)
+        s += (double)(i & 1023) * 1e-9 / (1.0 + (double)(i & 7));
+    return s;
+}
+'''
+
+NATIVE_WORKLOAD = '''
+import ctypes, os, sys, time
+import numpy as np
+
+lib = ctypes.CDLL(os.environ["BENCH_NATIVE_LIB"])
+lib.kernel.restype = ctypes.c_double
+lib.kernel.argtypes = [ctypes.c_long]
+A = np.random.default_rng(1).random((300, 300))
+
+def fib(n):
+    return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+def loops(n):
+    t = 0
+    for i in range(n):
+        t += i % 7
+    return t
+
+def python_part():
+    fib(20); loops(100_000)
+
+def c_part():
+    lib.kernel(4_000_000)
+
+def numpy_part():
+    for _ in range(6):
+        (A @ A)[0, 0]
+
+def work(scale):
+    for _ in range(int(scale)):
+        python_part(); c_part(); numpy_part()
+
+if __name__ == "__main__":
+    t0, c0 = time.perf_counter(), time.process_time()
+    work(float(sys.argv[1]))
+    print(f"WORK {time.perf_counter() - t0:.6f} CPU {time.process_time() - c0:.6f}")
+'''
+
+
+def native_setup(tmp: Path) -> tuple[Path, str | None]:
+    """The mixed workload's script and C library, or why it cannot run here."""
+    if shutil.which("gcc") is None:
+        return tmp, "gcc is not installed"
+    src = tmp / "kernel.c"
+    src.write_text(NATIVE_LIB)
+    lib = tmp / "libkernel.so"
+    r = subprocess.run(["gcc", "-O2", "-g", "-fomit-frame-pointer", "-shared", "-fPIC", "-o",
+                        str(lib), str(src)], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        return tmp, f"gcc failed: {r.stderr.strip()[-200:]}"
+    os.environ["BENCH_NATIVE_LIB"] = str(lib)
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    script = tmp / "mixed.py"
+    script.write_text(NATIVE_WORKLOAD)
+    return script, None
+
+
+def native_configurations(script: Path, scale: float, tmp: Path,
+                          spy: str | None) -> dict[str, list[str]]:
+    """Name -> command line for --native (``{i}``: the run number)."""
+    py = sys.executable
+    w = [str(script), str(scale)]
+    cfg: dict[str, list[str]] = {"plain": [py, *w]}
+    run = ["env", f"PYTHONPATH={REPO / 'src'}", py, "-m", "callpath", "run"]
+    for hz in (100, 1000):
+        ev = ["-e", f"cpu-clock@f{hz}"]
+        cfg[f"callpath {hz} Hz"] = [*run, *ev, "-o", str(tmp / f"py-{hz}-{{i}}"), "--", py, *w]
+        cfg[f"callpath --native {hz} Hz"] = [*run, "--native", *ev, "-o",
+                                             str(tmp / f"nat-{hz}-{{i}}"), "--", py, *w]
+        if spy is not None:
+            cfg[f"py-spy --native {hz} Hz"] = [spy, "record", "--native", "-r", str(hz), "-o",
+                                               str(tmp / f"spy-{hz}-{{i}}.svg"), "--", py, *w]
+    if spy is not None:
+        cfg["py-spy 1000 Hz"] = [spy, "record", "-r", "1000", "-o",
+                                 str(tmp / "spyp-{i}.svg"), "--", py, *w]
+    return cfg
+
 
 # Installs libc's abs(int) as the SIGPROF handler with sigaction: a C function that returns at
 # once, so that a signal costs only the interrupt and its delivery (shared by the scripts below).
@@ -335,6 +432,8 @@ def main() -> int:
     ap.add_argument("--depth", type=int, default=0,
                     help="--decompose: run the workload under this many extra frames")
     ap.add_argument("--seconds", type=float, default=3.0, help="plain duration of the workload")
+    ap.add_argument("--native", action="store_true",
+                    help="mixed Python/native workload: callpath run --native vs py-spy --native")
     ap.add_argument("--only", action="append", default=[],
                     help="run only configurations whose name starts with this (and plain)")
     args = ap.parse_args()
@@ -355,8 +454,17 @@ def main() -> int:
         script.write_text(WORKLOAD)
         peer = None if args.only and not any(
             o.startswith(("py-spy", "pyinstrument")) for o in args.only) else peer_python()
+        if args.native:
+            script, why = native_setup(tmp)
+            if why is not None:
+                print(f"--native: cannot build the mixed workload: {why}", file=sys.stderr)
+                return 2
         scale = calibrate(sys.executable, script, args.seconds)
-        cfg = configurations(script, scale, tmp, peer)
+        if args.native:
+            spy = str(peer.parent / "py-spy") if peer is not None else None
+            cfg = native_configurations(script, scale, tmp, spy)
+        else:
+            cfg = configurations(script, scale, tmp, peer)
         if args.only:
             cfg = {k: v for k, v in cfg.items()
                    if k == "plain" or any(k.startswith(o) for o in args.only)}

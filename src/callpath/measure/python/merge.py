@@ -43,6 +43,7 @@ from callpath.measure.elfinfo import ElfInfo
 
 MAGIC = 0x4E4D5043
 HEAD_WORDS = 13          # sizeof(Head) / 8 in _callpath_native.c
+REPEAT = 8               # Head.flags: the thread has not run since its previous sample
 EVAL_SYMBOLS = frozenset({"_PyEval_EvalFrameDefault"})
 IDLE_CPU_SHARE = 20      # as the Python sampler: IDLE when the thread used under 5% of a CPU
 STAGING = ".merging"
@@ -305,7 +306,9 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
     fr = unwind.unwind(rec.words, rec.regs[:, 0].copy(), rec.regs[:, 1].copy(), saved,
                        rec.stack0, rec.nwords, mm, compiler)
     is_eval = _eval_frames(fr, mm)
-    for code, cnt in zip(*np.unique(fr.reason[~fr.complete], return_counts=True), strict=True):
+    fresh_rec = (rec.flags & REPEAT) == 0  # repeats carry no stack: nothing was unwound
+    for code, cnt in zip(*np.unique(fr.reason[~fr.complete & fresh_rec], return_counts=True),
+                         strict=True):
         name = unwind.REASONS.get(int(code), "other")
         res.reasons[name] = res.reasons.get(name, 0) + int(cnt)
     # native frames per sample, leaf first
@@ -348,34 +351,51 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
     counts: list[dict[int, list[int]]] = [{} for _ in tids]
     stats = [{"samples": 0, "idle_samples": 0, "cpu_time_ns": 0, "wall_time_ns": 0,
               "partial": 0, "unmatched": 0, "python_samples": 0} for _ in tids]
-    path_memo: dict[tuple[Any, ...], tuple[list[Key], str]] = {}
-    tid_l = rec.tid.tolist()
-    for s in range(n):
+    path_memo: dict[tuple[Any, ...], tuple[list[Key], str, bool]] = {}
+
+    def fresh(s: int) -> tuple[list[Key], str, bool]:
+        """Sample ``s``'s merged path, its state and whether it has Python frames."""
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         plo, phi = int(pbounds[s]), int(pbounds[s + 1])
         nat = tuple((fkind[i], fmod[i], faddr[i], fexact[i]) for i in range(lo, hi))
         pyk = tuple((pkeys[i], pentry_l[i], pinc_l[i]) for i in range(plo, phi))
         memo_key = (nat, pyk, complete[s])
         got = path_memo.get(memo_key)
-        if got is None:
-            groups: list[list[Key]] = [[]]
-            for key, entry, inc in pyk:
-                if not inc:
-                    groups[-1].append(key)
-                if entry:
-                    groups.append([])
-            if not groups[-1]:
-                groups.pop()
-            evl = [feval[i] for i in range(lo, hi)]
-            natk = [(k, m, a, md.NodeFlag.EXACT_PC if x else 0) for k, m, a, x in nat]
-            if not complete[s] and natk and natk[-1][0] == _UNKNOWN:
-                # a return address outside every module: the step that read it went wrong,
-                # so that frame is not evidence of a caller
-                natk.pop()
-                evl.pop()
-            got = merge_paths(natk, evl, complete[s], groups)
-            path_memo[memo_key] = got
-        path, state = got
+        if got is not None:
+            return got
+        groups: list[list[Key]] = [[]]
+        for key, entry, inc in pyk:
+            if not inc:
+                groups[-1].append(key)
+            if entry:
+                groups.append([])
+        if not groups[-1]:
+            groups.pop()
+        evl = [feval[i] for i in range(lo, hi)]
+        natk = [(k, m, a, md.NodeFlag.EXACT_PC if x else 0) for k, m, a, x in nat]
+        if not complete[s] and natk and natk[-1][0] == _UNKNOWN:
+            # a return address outside every module: the step that read it went wrong, so
+            # that frame is not evidence of a caller
+            natk.pop()
+            evl.pop()
+        path, state = merge_paths(natk, evl, complete[s], groups)
+        got = path_memo[memo_key] = (path, state, phi > plo)
+        return got
+
+    tid_l = rec.tid.tolist()
+    repeat = ((rec.flags & REPEAT) != 0).tolist()
+    previous: dict[int, tuple[list[Key], str, bool]] = {}  # per thread: its last sample's
+    for s in range(n):
+        if repeat[s]:
+            # the thread has not run since its previous sample (same pc and sp, no CPU time):
+            # that sample's path, which the record did not copy again
+            got = previous.get(tid_l[s])
+            if got is None:
+                res.lost += 1
+                continue
+        else:
+            got = previous[tid_l[s]] = fresh(s)
+        path, state, has_python = got
         th = slot_of[tid_l[s]]
         tree, nl = trees[th], nodes[th]
         node = 0
@@ -401,7 +421,7 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
         st["idle_samples"] += idle[s]
         st["cpu_time_ns"] += int(cpu_of[s])
         st["wall_time_ns"] += int(wall_of[s])
-        st["python_samples"] += phi > plo
+        st["python_samples"] += has_python
         if state:
             st[state] += 1
     res.partial = sum(st["partial"] for st in stats)

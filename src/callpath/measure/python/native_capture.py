@@ -24,7 +24,7 @@ from typing import Any
 
 ENV_NATIVE = "CALLPATH_PY_NATIVE"  # bytes of native stack copied per sample (e.g. 32768)
 DEFAULT_STACK = 32768
-SLOTS = 1024  # ring slots of ~20 KiB: 10 ms of writer period covers ~100 threads at 1 kHz
+SLOTS = 256  # ring slots of ~37 KiB: 5 ms of the writer's period for ~50 threads at 1 kHz
 
 
 def _load_extension() -> tuple[Any, str | None]:
@@ -152,10 +152,11 @@ class NativeCapture:
         """Timers off, last records written, files closed (the sampler flushes after this)."""
         if not self.active:
             return
-        records, lost, nbytes = self.ext.stop()
+        records, lost, nbytes, handler_ns, handled = self.ext.stop()
         self.flush()
         self.active = False
-        self._note({"end": {"records": records, "lost": lost, "bytes": nbytes}})
+        self._note({"end": {"records": records, "lost": lost, "bytes": nbytes,
+                            "handler_ns": handler_ns, "handled": handled}})
         self._close()
 
     def _close(self) -> None:
