@@ -327,3 +327,36 @@ def test_merge_paths_pairs_from_the_leaf() -> None:
     assert path == [g_in[1], g_in[0], nat[1], nat[0]]
     path, state = merge.merge_paths(nat[:2], is_eval[:2], False, [])
     assert state == "partial" and path[0][0] == int(measdir.NodeKind.PARTIAL)
+
+
+def test_forked_worker_has_its_own_merged_paths(capture_ok: None, libs: dict[str, Path],
+                                                tmp_path: Path) -> None:
+    """A ``fork`` pool worker starts its own capture: its file has the kernel below the
+    function the pool ran, the parent's below its own caller."""
+    if "kernels" not in libs:
+        pytest.skip("gcc cannot build a shared library here")
+    out = tmp_path / "m"
+    r = callpath("run", "--native", "-o", str(out), "--", sys.executable,
+                 str(PROGRAMS / "forked.py"), str(libs["kernels"]))
+    assert r.returncode == 0, r.stderr
+    m = measdir.read(out)
+    callers: dict[int, set[str]] = {}
+    for p in m.processes:
+        assert str(p.info["native"]).startswith("merged"), p.info
+        for frames, _n, _s in paths(out, p, p.threads[0]):
+            for i, f in enumerate(frames):
+                if f.kind == NAT and f.name == "kernel_a":
+                    caller = innermost_python_above(frames, i)
+                    callers.setdefault(p.pid, set()).add(caller.name if caller else "")
+    child = [p for p in m.processes if p.info.get("forked_from")]
+    assert len(child) == 1
+    parent = [p for p in m.processes if not p.info.get("forked_from")]
+    assert callers.get(child[0].pid) == {"in_child"}, callers
+    assert callers.get(parent[0].pid) == {"in_parent"}, callers
+
+
+def test_native_with_trace_is_a_user_error(tmp_path: Path) -> None:
+    r = callpath("run", "--native", "-t", "-o", str(tmp_path / "m"), "--", sys.executable,
+                 "-c", "pass")
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "--native" in r.stderr, r.stderr
