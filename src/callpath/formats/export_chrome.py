@@ -9,6 +9,8 @@ kept as the format's ``samples`` list, each pointing into ``stackFrames`` (one e
 node, with its parent), so the file holds exactly one sample entry per trace sample that was
 running (context 0, "not running", makes neither slices nor a sample entry). Times are
 microseconds since the trace's first timestamp (``otherData.start_ns`` keeps the epoch).
+``traceEvents`` comes first and its events hold no arrays: Perfetto's JSON reader stops at the
+first top-level key it does not know and rejects event objects with array values.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ def write_chrome(ft: FrameTree, out: TextIO, *, title: str) -> int:
     out.write(",\n".join(samples))
     out.write('\n],"stackFrames":{')
     out.write(",".join(sf))
-    out.write('},"displayTimeUnit":"ms","otherData":' + json.dumps(
+    # no displayTimeUnit: some Perfetto versions read it as the unit of "ts" itself
+    out.write('},"otherData":' + json.dumps(
         {"exporter": "callpath", "title": title, "start_ns": t0}) + "}\n")
     return len(samples)
