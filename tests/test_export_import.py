@@ -208,6 +208,9 @@ def test_chrome_trace_event_format(profiled: Path, tmp_path: Path) -> None:
         doc = json.loads(export(db, "chrome", tmp_path / f"{db.name}.json").read_text())
         events = doc["traceEvents"]
         assert {e["ph"] for e in events} == {"X", "M"}
+        # what Perfetto's JSON reader needs: traceEvents first, no arrays inside an event
+        assert next(iter(doc)) == "traceEvents"
+        assert not any(isinstance(v, list) for e in events for v in e.values())
         running = sum(int((ln.ctx_ids > 0).sum()) for ln in exp.traces.lines)
         assert len(doc["samples"]) == running > 0
         tracks = {e["tid"] for e in events if e["ph"] == "X"}
