@@ -5,7 +5,9 @@ unique, preorder by levels) against a dictionary of root paths, and the flame la
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from callpath.analysis.source import tree_source
 from callpath.analysis.view import TopDownView
 from callpath.model import Experiment, NodeKind
 from conftest import shared_path
+from view_support import get_text, post_json, serve
 
 DBS = ["small.d", "small.nostruct.d", "loops-cputime-t.d"]
 
@@ -104,3 +107,30 @@ def test_flame_layout_matches_placing_children_one_by_one(name: str) -> None:
     if incl[z] > 0:
         sub = zf.nodes
         np.testing.assert_allclose(zf.x * zf.total, x[sub] - x[z], atol=1e-12)
+
+
+def test_flame_and_compare_api_errors_are_one_line(tmp_path: Path) -> None:
+    dbs = [shared_path("hpctoolkit", "dbase", n) for n in ("small.d", "loops-cputime-t.d")]
+    with serve(dbs) as s:
+        for params in ({"column": "m0e"}, {"width": "5"}, {"column": "zz"},
+                       {"node": "t999999"}, {"view": "bottom-up", "column": "d0"}):
+            status, text = get_text(s.url, "/api/db/1/flame", **params)
+            err = json.loads(text)["error"]
+            assert status == 400 and "\n" not in err, (params, status, text)
+        f = json.loads(get_text(s.url, "/api/db/1/flame", view="top-down", width=800)[1])
+        assert f["key"][0] == "r" and len(f["key"]) == len(f["x"]) == len(f["name"])
+        for doc in ({"base": 0, "new": 0}, {"base": 0}, {"base": 0, "new": 9}, [1, 2]):
+            status, body = post_json(s.url, "/api/compare", doc)
+            assert status == 400 and "compare" in body["error"], (doc, status, body)
+        status, body = post_json(s.url, "/api/compare", {"base": 0, "new": 1})
+        assert status == 200 and body["id"] == 2 and body["compare"] == {"base": 0, "new": 1}
+        assert [m["name"] for m in body["metrics"]][:2] == ["CPUTIME (sec) [base]",
+                                                           "CPUTIME (sec) [new]"]
+        # the new database answers like any other (its saved delta and ratio come with its
+        # entry, as for any database), and the same pair is not built twice
+        assert [d["name"] for d in body["derived"]][:2] == ["CPUTIME (sec) [delta] (I)",
+                                                            "CPUTIME (sec) [ratio] (I)"]
+        f = json.loads(get_text(s.url, "/api/db/2/flame", view="top-down",
+                                derived=body["derived"])[1])
+        assert f["color_name"] == "CPUTIME (sec) [delta] (I)"
+        assert post_json(s.url, "/api/compare", {"base": 0, "new": 1})[1]["id"] == 2
