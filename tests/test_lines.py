@@ -348,3 +348,20 @@ def test_cli_on_shared_database_and_errors(capsys: pytest.CaptureFixture[str]) -
     nost = DATA / "hpctoolkit" / "dbase" / "small.nostruct.d"
     p = run_cli("lines", str(nost))
     assert p.returncode == 2 and "no source-line scopes" in p.stderr
+
+
+def test_instructions_when_the_binary_is_elsewhere() -> None:
+    """HPCToolkit's database names a load module of another machine: no instructions, and a
+    reason naming the module (the viewer's assembler pane shows it)."""
+    db = DATA / "hpctoolkit" / "dbase" / "loops-cputime-t.d"
+    if not db.exists():
+        pytest.skip(f"{db} is absent")
+    exp = callpath.open(db)
+    got = L.line_instructions(exp, "loops.c", 20, 1)
+    assert list(got) == []
+    assert got.reason is not None and "cannot read load module" in got.reason
+    assert any(m.path in got.reason for m in exp.modules)
+    p = run_cli("lines", str(db), "--file", "loops.c", "--from", "20", "--to", "21",
+                "--instructions", "-f", "json", check=True)
+    doc = json.loads(p.stdout)
+    assert doc["instructions"] == [] and doc["reason"] == got.reason
