@@ -85,6 +85,8 @@ def heat_rows(pg: Any) -> list[dict[str, Any]]:
                 colours: cells.map(c => getComputedStyle(c).backgroundColor),
                 min: mm.dataset.min === undefined ? null : Number(mm.dataset.min),
                 max: mm.dataset.max === undefined ? null : Number(mm.dataset.max),
+                mean: mm.dataset.mean === undefined ? null : Number(mm.dataset.mean),
+                stdev: mm.dataset.stdev === undefined ? null : Number(mm.dataset.stdev),
                 min_context: mm.dataset.minContext || null,
                 max_context: mm.dataset.maxContext || null,
                 mm_text: mm.textContent,
@@ -140,6 +142,9 @@ def test_detail_heat_map_source_and_min_max(page: Any, view_server: Any,
             assert r["min_context"] == m.labels[int(st["min_context"][i])]
             assert r["max_context"] == m.labels[int(st["max_context"][i])]
             assert f"({m.short_labels[int(st['max_context'][i])]})" in r["mm_text"]
+            assert r["mean"] == pytest.approx(float(st["mean"][i]))
+            assert r["stdev"] == pytest.approx(float(st["stdev"][i]))
+            assert "μ " in r["mm_text"] and "σ " in r["mm_text"]
     assert [r["selected"] for r in rows] == [i == 5 for i in range(12)]
 
     # normalised to the program, the window's hottest cell is not the hottest colour (the

@@ -463,7 +463,7 @@ export class LinesView {
     const n = cols.length;
     // columns as wide as the pane allows beside the min/max bars and the listing (6..52 px);
     // values printed where they fit, else in the cell's tooltip
-    const avail = this.q("#ln-detail").clientWidth - 200 - 240;
+    const avail = this.q("#ln-detail").clientWidth - 250 - 240;
     const cw = Math.max(6, Math.min(52, Math.floor(avail / Math.max(1, n))));
     const head = this.q("#ln-h-heat");
     head.replaceChildren(...cols.map((c) => { const d = el("div", "ln-hcell", c.short); d.title = c.label; return d; }));
@@ -505,7 +505,7 @@ export class LinesView {
         const dark = el("span", "ln-bar-min"); dark.style.width = w(r.min);
         const light = el("span", "ln-bar-span"); light.style.width = w(r.max - r.min);
         bar.append(dark, light);
-        const lab = el("span", "ln-mmtext", `min ${fmt(r.min)}(${r.min_short}) max ${fmt(r.max)}(${r.max_short})`);
+        const lab = el("span", "ln-mmtext", `min ${fmt(r.min)}(${r.min_short}) max ${fmt(r.max)}(${r.max_short}) μ ${fmt(r.mean)} σ ${fmt(r.stdev)}`);
         lab.title = `min ${r.min} in ${r.min_context}, max ${r.max} in ${r.max_context}, mean ${r.mean}, stdev ${r.stdev}`;
         mr.append(bar, lab);
         mr.dataset.min = String(r.min); mr.dataset.max = String(r.max);
