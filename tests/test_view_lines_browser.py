@@ -390,7 +390,9 @@ def test_lines_state_in_url_and_database_switch(page: Any, view_server: Any) -> 
     assert [r["row"] for r in heat_rows(pg2)] == [r["row"] for r in before]
     pg2.close()
 
-    # the profile view of the cpi database shows cpi.c; another database's tab must not
+    # the profile view of the cpi database shows cpi.c; another database's tab must not (a
+    # fresh page: the profile view of every database)
+    pg = pg.context.new_page()
     pg.goto(f"{base}/#s={urllib.parse.quote(json.dumps({'db': CPI, 'filters': []}))}")
     pg.wait_for_selector(".tv-row")
     idle(pg)
@@ -410,6 +412,7 @@ def test_lines_state_in_url_and_database_switch(page: Any, view_server: Any) -> 
     pg.wait_for_selector(f"#db-tabs [data-db='{LOOPS}'][aria-selected=true]")
     idle(pg)
     assert pg.get_attribute("#src-body", "data-file") != cpi_file
+    assert pg.is_visible("#src-body") and pg.is_hidden("#lines")
     assert cpi_file not in pg.inner_text("#src-file")
     shot(pg, "database-switched")
 
