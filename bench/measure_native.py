@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -199,14 +200,17 @@ def recipes_bench(tmp: Path, exe: Path, iterations: int, runs: int) -> None:
     print("\nunwind recipes: computation (one process, medians of "
           f"{runs}; the machine was shared)")
     for lib in _libraries():
-        secs = []
+        secs, cpu = [], []
         for _ in range(runs):
+            c0 = time.process_time()
             rec = compute(str(lib))
+            cpu.append(time.process_time() - c0)
             secs.append(rec.seconds)
         mib = rec.text_bytes / (1 << 20)
-        med = statistics.median(secs)
+        med, cmed = statistics.median(secs), statistics.median(cpu)
         print(f"  {lib.name:28} {mib:6.2f} MiB of code, {rec.procedures} procedures: "
-              f"{med:6.3f} s = {1000 * med / mib:6.0f} ms/MiB")
+              f"{med:6.3f} s = {1000 * med / mib:6.0f} ms/MiB elapsed, "
+              f"{1000 * cmed / mib:6.0f} ms/MiB CPU")
     prog3 = [str(exe), str(iterations), "2"]
     raw = tmp / "raw-recipes"
     with open(os.devnull, "w") as devnull:
@@ -224,15 +228,35 @@ def recipes_bench(tmp: Path, exe: Path, iterations: int, runs: int) -> None:
     os.environ["CALLPATH_UNWIND"] = "recipes"
     postmortem.finish(tmp / "warm")  # fills the recipe cache
     got = {}
-    for i in range(runs):
-        for mode in ("cfi", "recipes"):
-            d = tmp / f"{mode}-{i}"
-            shutil.copytree(raw, d)
-            os.environ["CALLPATH_UNWIND"] = mode
-            t0 = time.perf_counter()
-            got[mode] = postmortem.finish(d)
-            results[mode].append(time.perf_counter() - t0)
-    del os.environ["CALLPATH_UNWIND"]
+    # the unwinding step alone: time spent in unwind.unwind (row lookups included: CFI rows
+    # compiled with pyelftools on first use, recipe rows looked up in the cached arrays)
+    from callpath.measure import unwind as unwind_mod
+    original = unwind_mod.unwind
+    in_unwind = [0.0]
+
+    def timed(*a: Any) -> Any:
+        t0 = time.process_time()
+        try:
+            return original(*a)
+        finally:
+            in_unwind[0] += time.process_time() - t0
+
+    unwind_mod.unwind = timed  # type: ignore[assignment]
+    step: dict[str, list[float]] = {"cfi": [], "recipes": []}
+    try:
+        for i in range(runs):
+            for mode in ("cfi", "recipes"):
+                d = tmp / f"{mode}-{i}"
+                shutil.copytree(raw, d)
+                os.environ["CALLPATH_UNWIND"] = mode
+                in_unwind[0] = 0.0
+                t0 = time.perf_counter()
+                got[mode] = postmortem.finish(d)
+                results[mode].append(time.perf_counter() - t0)
+                step[mode].append(in_unwind[0])
+    finally:
+        unwind_mod.unwind = original  # type: ignore[assignment]
+        del os.environ["CALLPATH_UNWIND"]
     print(f"unwinding the same {got['cfi'].samples} samples (finish: decode, unwind, trees, "
           f"write; medians of {runs}, interleaved):")
     for mode in ("cfi", "recipes"):
@@ -242,6 +266,13 @@ def recipes_bench(tmp: Path, exe: Path, iterations: int, runs: int) -> None:
               f"{r.partial} partial; frames by {r.frame_sources}")
     print(f"  ratio (recipes / CFI throughput): "
           f"{statistics.median(results['cfi']) / statistics.median(results['recipes']):.2f}")
+    n = got["cfi"].samples
+    for mode in ("cfi", "recipes"):
+        med = statistics.median(step[mode])
+        print(f"  unwinding step alone, {mode + ' first':13} {med:7.3f} s CPU = "
+              f"{n / med:9,.0f} samples/s")
+    print(f"  ratio (recipes / CFI, unwinding step): "
+          f"{statistics.median(step['cfi']) / statistics.median(step['recipes']):.2f}")
 
 
 if __name__ == "__main__":
