@@ -428,7 +428,7 @@ def _build(exp: Experiment, m: Metric, group: str, profiles: list[int]) -> LineM
     has = (node_proc >= 0)
     if has.any():
         tot = np.zeros(len(cct))
-        s_ex = _summary_exclusive(exp, m)
+        s_ex = _summary_exclusive(exp, m, nodes)
         tot[nodes] = s_ex
         w = tot[nodes][has]
         o2 = np.lexsort((-w, node_row[has]))
@@ -463,10 +463,9 @@ def _build(exp: Experiment, m: Metric, group: str, profiles: list[int]) -> LineM
         database=str(exp.path or ""), _node_rows=all_node_rows)
 
 
-def _summary_exclusive(exp: Experiment, m: Metric) -> F64:
+def _summary_exclusive(exp: Experiment, m: Metric, nodes: I64) -> F64:
     """Exclusive summary values of the line nodes (to pick a row's owner procedure); zeros
     when the summary has none."""
-    nodes, _ = _line_nodes(exp)
     try:
         return exp.exclusive(m)[nodes]
     except CallpathError:
