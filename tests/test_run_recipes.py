@@ -274,3 +274,45 @@ def test_variable_and_realigned_frames_without_cfi(perf_ok: None, tmp_path: Path
     in_frames = {leaf: sum(n for p, n in paths.items() if p and p[-1][1] == leaf)
                  for leaf in ("with_alloca", "aligned_frame")}
     assert min(in_frames.values()) >= 100, in_frames
+
+
+def test_recipes_and_cfi_give_the_same_paths_on_the_same_samples(perf_ok: None,
+                                                                 tmp_path: Path) -> None:
+    """One raw measurement of the CFI build (program, libc, ld.so), finished twice: CFI first
+    and recipes first. Same samples, so the paths must match sample for sample; a recipe
+    wrong at any sampled pc of any module would show as a difference."""
+    from callpath.measure import events, launch, postmortem
+    cc = _compiler("gcc")
+    exe = tmp_path / "callchain"
+    subprocess.run([cc, "-O2", "-g", "-pthread", "-o", str(exe), str(PROGRAMS / "callchain.c")],
+                   check=True)
+    raw = tmp_path / "raw"
+    with open(os.devnull, "w") as devnull:
+        saved = os.dup(1)
+        os.dup2(devnull.fileno(), 1)
+        try:
+            launch.run([str(exe), "40", "1"],
+                       launch.RunOptions([events.parse_event(RATE)], raw))
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    got = {}
+    for mode in ("cfi", "recipes"):
+        d = tmp_path / mode
+        shutil.copytree(raw, d)
+        old = os.environ.get("CALLPATH_UNWIND")
+        os.environ["CALLPATH_UNWIND"] = mode
+        try:
+            res = postmortem.finish(d)
+        finally:
+            if old is None:
+                del os.environ["CALLPATH_UNWIND"]
+            else:
+                os.environ["CALLPATH_UNWIND"] = old
+        got[mode] = (res, _paths(d, exe))
+    (rc, pc), (rr, pr) = got["cfi"], got["recipes"]
+    assert rr.frame_sources.get("recipes", 0) > 0.9 * rc.frame_sources.get("CFI", 1)
+    total = sum(pc.values())
+    assert total == sum(pr.values()) and total >= 1000
+    same = sum(min(n, pr[p]) for p, n in pc.items())
+    assert same >= 0.99 * total, (same, total, (pc - pr).most_common(3), (pr - pc).most_common(3))
