@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from callpath.model import Experiment
 
 
+DRAWN_CONTEXTS = 16  # text and PNG overviews compress more contexts than this into bins
+
+
 def _int(lo: int, what: str):  # type: ignore[no-untyped-def]
     def conv(s: str) -> int:
         try:
@@ -112,8 +115,14 @@ def run(args: argparse.Namespace) -> int:
         P.write_ranked(L.ranked_procedures(m, args.ranked), args.format, out)
         return 0
     if args.overview:
-        ov = L.overview(m, args.skip, args.bin, args.reduce, args.strip_lines,
-                        args.context_bins, args.top_contexts)
+        bins = args.context_bins
+        if bins is None and args.top_contexts is None and m.n_cols > DRAWN_CONTEXTS and (
+                args.png or args.format == "text"):
+            bins = DRAWN_CONTEXTS  # a drawing of 1,024 columns per strip is unreadable
+            sys.stderr.write(f"callpath lines: {m.n_cols} contexts drawn as {bins} bins by "
+                             "their maximum (--context-bins / --top-contexts to choose)\n")
+        ov = L.overview(m, args.skip, args.bin, args.reduce, args.strip_lines, bins,
+                        args.top_contexts)
         if args.png:
             from callpath.present.lines_png import save_overview_png
 
