@@ -75,7 +75,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     g.add_argument("--strip-lines", type=_int(1, "a positive number of lines"), default=80,
                    metavar="L", help="cut the overview into strips of L rows (80)")
     g.add_argument("--context-bins", type=_int(1, "a positive number of bins"), default=None,
-                   metavar="K", help="compress the contexts into K bins by their maximum")
+                   metavar="K", help="compress the contexts into K bins by their maximum "
+                   "(text and PNG: 16 bins when there are more than 16 contexts)")
     g.add_argument("--top-contexts", type=_int(1, "a positive number"), default=None,
                    metavar="N", help="keep the N contexts with the highest values per row")
     g = p.add_argument_group("drawing and instructions")
