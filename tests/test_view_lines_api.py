@@ -213,6 +213,34 @@ def test_calling_contexts_of_a_line(view_server: Any, experiments: dict[int, Any
         assert path[-1] == n["key"]
 
 
+def test_columns_name_their_contexts_and_thread_view_contexts(
+        view_server: Any, experiments: dict[int, Any]) -> None:
+    """``context_index`` names each column's contexts in /contexts terms; the calling
+    contexts of a line in the Thread view of one context are ordered by that context's own
+    exclusive values."""
+    exp = experiments[CPI]
+    for group in ("none", "rank"):
+        m = lm.build_line_matrix(exp, 0, group)
+        meta = lines(view_server, CPI, "meta", group=group)
+        labels = [c["label"] for c in get_json(view_server.url, f"/api/db/{CPI}/contexts")]
+        assert len(meta["context_index"]) == m.n_cols
+        for c, idx in enumerate(meta["context_index"]):
+            assert sorted(exp.contexts[i].index for i in idx) == sorted(m.column_profiles[c])
+            if group == "none":
+                assert [labels[i] for i in idx] == [m.labels[c]]
+    exp = experiments[LOOPS]
+    m = lm.build_line_matrix(exp, 0)
+    row = int(np.argmax(m.row_sum))
+    nodes = np.nonzero(m.node_rows() == row)[0]
+    for t in range(len(exp.contexts)):
+        doc = lines(view_server, LOOPS, "contexts", row=row, threads=json.dumps([t]))
+        own = exp.values_in(exp.contexts[t].index, 0, "function")
+        want = {f"t{int(exp.cct.ctx_id[n])}": float(own[n]) for n in nodes.tolist()}
+        vals = [n["value"] for n in doc["nodes"]]
+        assert vals == sorted(vals, reverse=True)
+        assert vals == pytest.approx([want[n["key"]] for n in doc["nodes"]])
+
+
 def test_assembler(view_server: Any, experiments: dict[int, Any]) -> None:
     exp = experiments[LOOPS]
     m = lm.build_line_matrix(exp, 0)

@@ -25,6 +25,7 @@ import test_lines_measured as measured_run
 import test_view_browser as tvb
 from callpath.analysis import lines as lm
 from test_view_browser import ARTIFACTS, idle
+from view_support import get_json as view_server_get
 from view_support import serve, view_server_fixture  # noqa: F401
 
 # the browser tests' fixtures: one Chromium for the module, a fresh page per test
@@ -43,6 +44,10 @@ SMALL, LOOPS, CPI = 0, 1, 2
 def experiments(view_server: Any) -> Iterator[dict[int, Any]]:
     """The served databases, opened in the test process (the library's side of each check)."""
     yield {i: callpath.open(str(view_server.dbs[i].path)) for i in (LOOPS, CPI)}
+
+
+def view_server_json(server: Any, path: str, **params: Any) -> Any:
+    return view_server_get(server.url, path, **params)
 
 
 def lines_url(base: str, db: int, **lines: Any) -> str:
@@ -360,6 +365,35 @@ def test_lines_and_trees_link_both_ways(page: Any, view_server: Any,
     st = lines_state(pg)
     assert int(m.line_of_row[st["row"]]) == target["line"]
     assert [r["row"] for r in heat_rows(pg) if r["selected"]] == [st["row"]]
+
+
+def test_cell_opens_thread_view_at_the_line(page: Any, view_server: Any,
+                                             experiments: dict[int, Any]) -> None:
+    """A double click on a heat-map cell: the Thread view of that context (badge, every
+    column of the tree restricted) in Top-down, at the line's hottest calling context in that
+    context; back in the Lines tab, the matrix has that context only."""
+    pg, base = page, view_server.url
+    exp = experiments[LOOPS]
+    m = lm.build_line_matrix(exp, 0)
+    row = int(np.argmax(m.row_sum))
+    open_lines(pg, base, LOOPS, row=row, start=max(0, row - 3), count=8)
+    col = 2
+    ctx_index = pg.evaluate(f"() => window.__callpath.lines.meta.context_index[{col}]")
+    assert [exp.contexts[i].index for i in ctx_index] == m.column_profiles[col]
+    want = view_server_json(view_server, f"/api/db/{LOOPS}/lines/contexts", row=row,
+                            threads=json.dumps(ctx_index))["nodes"][0]["key"]
+    pg.dblclick(f"#ln-heat .ln-row[data-row='{row}'] .ln-cell[data-ctx='{col}']")
+    pg.wait_for_function(f"() => window.__callpath.tree.selected && "
+                         f"window.__callpath.tree.selected.row.key === '{want}'")
+    idle(pg)
+    assert pg.get_attribute("#view-tabs [data-view=top-down]", "aria-selected") == "true"
+    assert pg.is_visible(".badge:has-text('Thread view: 1 context')")
+    assert pg.evaluate("() => window.__callpath.state.dbs[1].threads") == ctx_index
+    shot(pg, "cell-thread-view")
+    pg.click("#view-tabs [data-view=lines]")
+    pg.wait_for_selector("#lines:not([hidden]) #ln-heat .ln-row")
+    settled(pg)
+    assert pg.evaluate("() => window.__callpath.lines.meta.contexts") == [m.labels[col]]
 
 
 def test_lines_state_in_url_and_database_switch(page: Any, view_server: Any) -> None:

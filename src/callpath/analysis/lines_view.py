@@ -59,16 +59,23 @@ def hot_row(m: LineMatrix, first: int, last: int) -> int:
 
 
 def calling_contexts(exp: Experiment, m: LineMatrix, row: int, metric: int,
-                     limit: int = 200) -> list[dict[str, Any]]:
-    """The line scopes of the tree on axis row ``row``, by decreasing exclusive summary value
-    of metric ``metric``: ``key`` (the Top-down key ``t<context id>``), ``value`` and
-    ``path`` (the procedures from the outermost to the line, joined by " > ")."""
+                     limit: int = 200, profiles: list[int] | None = None
+                     ) -> list[dict[str, Any]]:
+    """The line scopes of the tree on axis row ``row``, by decreasing exclusive value of
+    metric ``metric`` (the summary's, or summed over ``profiles``, the Thread view's
+    contexts): ``key`` (the Top-down key ``t<context id>``), ``value`` and ``path`` (the
+    procedures from the outermost to the line, joined by " > ")."""
     cct = exp.cct
     nodes = np.nonzero(m.node_rows() == int(row))[0]
     if not len(nodes):
         return []
     try:
-        vals = exp.exclusive(metric)[nodes]
+        if profiles:
+            vals = np.zeros(len(nodes))
+            for p in profiles:  # the Thread view's few contexts: one dense read each
+                vals += exp.values_in(p, metric, "function")[nodes]
+        else:
+            vals = exp.exclusive(metric)[nodes]
     except CallpathError:
         vals = np.zeros(len(nodes))
     order = np.lexsort((nodes, -vals))[:limit]

@@ -141,6 +141,11 @@ def _json_rows(a: npt.NDArray[np.float64]) -> list[list[float | None]]:
     return [[number(v) for v in row] for row in a.tolist()]
 
 
+def _context_indices(db: Database, m: lm.LineMatrix) -> list[list[int]]:
+    pos = {c.index: i for i, c in enumerate(db.exp.contexts)}
+    return [[pos[p] for p in profs if p in pos] for profs in m.column_profiles]
+
+
 def _file_name(path: str) -> str:
     return os.path.basename(path) or path
 
@@ -161,6 +166,8 @@ def meta(db: Database, params: Params, body: bytes) -> Any:
         "metric": m.metric, "group": m.group, "contexts": m.labels, "short": m.short_labels,
         "rows": m.n_rows, "max": number(mx), "total": number(m.total),
         "hottest_row": hottest,
+        # per column, its execution contexts as /contexts indices (the Thread view's terms)
+        "context_index": _context_indices(db, m),
         "files": [{"file": f, "name": _file_name(f), "first_row": int(m.file_start[i]),
                    "rows": int(m.file_start[i + 1] - m.file_start[i]),
                    "source": bool(m.readable[i])} for i, f in enumerate(m.files)],
@@ -334,7 +341,10 @@ def contexts(db: Database, params: Params, body: bytes) -> Any:
     m = _matrix(db, params)
     r = _row(m, params)
     metric = parse_int(params, "metric", 0, lo=0)
-    return {"row": r, "nodes": lv.calling_contexts(db.exp, m, r, metric, limit=200)}
+    threads = parse_json_param(params, "threads") or []  # validated by _matrix
+    profiles = [db.exp.contexts[t].index for t in threads] if threads else None
+    return {"row": r, "nodes": lv.calling_contexts(db.exp, m, r, metric, limit=200,
+                                                    profiles=profiles)}
 
 
 def asm(db: Database, params: Params, body: bytes) -> Any:

@@ -202,6 +202,13 @@ export class LinesView {
       this.select(Number(r.dataset.row), c ? Number(c.dataset.ctx) : this.st.ctx);
     };
     for (const id of ["#ln-heat", "#ln-mm", "#ln-src"]) this.q(id).addEventListener("click", pick);
+    // a double click on a cell: the Thread view of that column's contexts, in the Top-down
+    // tree at the line's hottest calling context there (the selection's context, followed)
+    this.q("#ln-heat").addEventListener("dblclick", (e) => {
+      const r = e.target.closest("[data-row]");
+      const c = e.target.closest("[data-ctx]");
+      if (r && c) this.threadView(Number(r.dataset.row), Number(c.dataset.ctx), Number(c.dataset.ctxLast));
+    });
     this.q("#ln-detail").addEventListener("keydown", (e) => {
       const s = this.st;
       if (s.row === null || !this.meta) return;
@@ -312,11 +319,35 @@ export class LinesView {
       s.start = Math.max(0, row < s.start ? row : row - s.count + 1);
       this.refreshWindow();
     } else {
-      this.drawWindow();
+      this.markSelection();
     }
     this.refreshRanked();
     this.refreshAsm();
     this.refreshContexts();
+  }
+
+  /** Moves the cursor's marks in the drawn window without rebuilding it (the cells under
+   * the pointer stay the same elements: a double click still reaches its cell). */
+  markSelection() {
+    const s = this.st;
+    if (!this.win) return;
+    for (const box of ["#ln-heat", "#ln-mm", "#ln-src"]) {
+      for (const r of this.q(box).children) {
+        const on = Number(r.dataset.row) === s.row;
+        r.classList.toggle("sel", on);
+        if (r.classList.contains("ln-row")) {
+          r.setAttribute("aria-selected", on ? "true" : "false");
+          for (const c of r.children) {
+            c.classList.toggle("cur", on && s.ctx !== null && Number(c.dataset.ctx) <= s.ctx && s.ctx <= Number(c.dataset.ctxLast));
+          }
+        }
+      }
+    }
+    const d = this.q("#ln-detail");
+    d.dataset.row = s.row === null ? "" : String(s.row);
+    const selRow = this.win.rows.find((r) => r.row === s.row);
+    this.q("#ln-where").textContent = selRow ? `${selRow.file_name}:${selRow.line}${s.ctx !== null && s.ctx !== undefined ? " · " + this.meta.contexts[s.ctx] : ""}` : "";
+    this.surface.setData(this.win.rows.map((r) => r.values), this.surface.norm, this.win.rows.map((r) => r.row === s.row), this.win.rows.map((r) => r.sum === 0));
   }
 
   selectProcedure(start, end, hot) {
@@ -419,6 +450,19 @@ export class LinesView {
     if (!doc.nodes.length) list.appendChild(el("li", "muted", "no calling context has cost on this line"));
   }
 
+  async threadView(row, first, last) {
+    const idx = [];
+    for (let c = first; c <= last; c++) idx.push(...(this.meta.context_index[c] || []));
+    if (!idx.length) return;
+    const d = this.hooks.dbState(this.db);
+    d.threads = [...new Set(idx)].sort((a, b) => a - b);
+    this.hooks.save();
+    let doc = null;
+    try { doc = await this.get("contexts", { ...this.base(), row }, true); } catch (_) { doc = null; }
+    if (doc && doc.nodes.length) this.hooks.showTopDown(doc.nodes[0].key);
+    else this.open(this.db);  // no calling context of the line: the Lines tab, restricted
+  }
+
   toTopDown() {
     const nodes = this.ctxNodes || [];
     if (nodes.length) this.hooks.showTopDown(nodes[0].key);
@@ -492,6 +536,7 @@ export class LinesView {
         cell.style.background = css(col);
         cell.style.color = ink(col);
         cell.dataset.ctx = String(cols[c].first);
+        cell.dataset.ctxLast = String(cols[c].last);
         cell.title = `${cols[c].label}${doc.binned ? " (max)" : ""}: ${v}`;
         hr.appendChild(cell);
       }
