@@ -12,6 +12,7 @@ import itertools
 import os
 import shutil
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,14 +138,16 @@ def view_of(pg: Any) -> dict[str, Any]:
 
 
 def same_view(a: Any, b: Any, timeout: int = 15000) -> dict[str, Any]:
-    """Waits until b shows a's view state; returns it."""
-    want = view_of(a)
-    b.wait_for_function("""(w) => { const s = window.__callpath.state;
-        const d = s.dbs[s.db]; const v = d.views[d.view];
-        const got = {db: s.db, mode: d.mode, view: d.view, exp: [...v.exp].sort(), sel: v.sel,
-                     sort: v.sort, order: v.order, trace: d.trace};
-        return JSON.stringify(got) === JSON.stringify(w); }""", arg=want, timeout=timeout)
-    return want
+    """Waits until b shows a's view state (a's, read again each time: a may still be
+    settling, e.g. while a hot path opens); returns it."""
+    deadline = time.monotonic() + timeout / 1000
+    while True:
+        want, got = view_of(a), view_of(b)
+        if want == got:
+            return want
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the follower's view {got} is not the leader's {want}")
+        b.wait_for_timeout(100)
 
 
 def select_second_level(pg: Any) -> str:
@@ -378,6 +381,24 @@ def test_notes_shared_text_only_and_kept(people: People, dbs: list[Path], tmp_pa
                           "document.querySelectorAll('#notes-panel b, #notes-panel script')"
                           ".length === 0")
         shot(b, "note")
+        # a note on a trace interval: a band over that interval in the follower's trace
+        a.click("#view-tabs [data-view=trace]")
+        a.wait_for_function("() => document.getElementById('tr-canvas').dataset.rows === '4'")
+        a.click("#tr-zin")
+        a.click("#notes-toggle")
+        a.click("#notes-toggle")  # reopened: the anchors of the trace view
+        a.select_option("#note-anchor", label=a.evaluate(
+            "() => [...document.querySelectorAll('#note-anchor option')]"
+            ".map(o => o.textContent).find(t => t.startsWith('trace interval'))"))
+        a.fill("#note-text", "the middle of the run")
+        a.click("#note-add")
+        b.wait_for_function("() => document.getElementById('tr-canvas').dataset.rows === '4'")
+        band = b.locator(".note-layer .note-band")
+        band.wait_for()
+        assert "the middle of the run" in band.inner_text()
+        shot(b, "note-trace")
+        a.click("#view-tabs [data-view=top-down]")  # the trace would refetch as the page
+        same_view(a, b)                             # reflows once the server is gone
         # a read-only guest: sees the note, cannot add one, the server refuses its save
         g = people.page()
         g.goto(guest_link)
@@ -444,3 +465,24 @@ def test_trace_ruler_labels_sharp_on_hidpi(people: People, browser: Any, server:
     assert all(abs((b - a) - step) < 1e-6 * step + 1 for a, b in itertools.pairwise(ns))
     assert step * (len(ns) + 1) >= win[1] - win[0] >= step * (len(ns) - 1)
     shot(pg, "trace-hidpi")
+
+
+def test_scroll_position_follows(people: People, browser: Any, server: Any) -> None:
+    """The tree's scroll position (in rows) is part of what a follower mirrors."""
+    a = people.page()
+    a.set_viewport_size({"width": 1000, "height": 520})
+    links = start_session(a, server.url, "Ana")
+    b = people.page()
+    b.set_viewport_size({"width": 1000, "height": 520})
+    join(b, links["link"], "Bo", 2)
+    a.click(".tv-row:not([hidden])[aria-level='1']")
+    a.click("#tb-hot")  # open the hot path: more rows than the pane shows
+    idle(a)
+    a.wait_for_function("() => { const s = window.__callpath.tree.scroller;"
+                        " return s.scrollHeight > s.clientHeight + 60; }")
+    same_view(a, b)
+    idle(b)
+    a.evaluate("() => { const t = window.__callpath.tree;"
+               " t.scroller.scrollTop = 2 * t.rowHeight; }")
+    b.wait_for_function("() => { const t = window.__callpath.tree;"
+                        " return Math.round(t.scroller.scrollTop / t.rowHeight) === 2; }")

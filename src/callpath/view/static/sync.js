@@ -56,6 +56,17 @@ let uiScroll = null;
 /** Applies changes from elsewhere, then redraws once (debounced: a burst is one redraw).
  *  keepMode: the per-database "mode" (profile/trace/lines) stays this window's own. */
 export function applyChanges(changes, { keepMode = false } = {}) {
+  write(changes, keepMode);
+  for (const [path] of changes) if (path === "s" || path.startsWith("s.")) batch.push(path);
+  queued.push([changes, keepMode]);
+  clearTimeout(timer);
+  timer = setTimeout(redraw, 30);
+}
+
+let queued = [];   // changes applied but not drawn yet: written again just before the redraw
+
+/** Writes changes into the state (and keeps each database state complete). */
+function write(changes, keepMode) {
   const modes = {};
   for (const [id, d] of Object.entries(state.dbs)) modes[id] = d.mode;
   for (const [path, value] of changes) {
@@ -69,7 +80,6 @@ export function applyChanges(changes, { keepMode = false } = {}) {
     if (parts.length === 1) {  // the whole state
       if (!isObj(value)) continue;
       for (const k of ["db", "dbs", "filters"]) if (k in value) state[k] = JSON.parse(JSON.stringify(value[k]));
-      batch.push(path);
       continue;
     }
     if (keepMode && parts[parts.length - 1] === "mode") continue;
@@ -79,7 +89,6 @@ export function applyChanges(changes, { keepMode = false } = {}) {
       obj = obj[parts[i]];
     }
     obj[parts[parts.length - 1]] = JSON.parse(JSON.stringify(value));
-    batch.push(path);
   }
   // whatever arrived, each database state stays complete
   if (!isObj(state.dbs)) state.dbs = {};
@@ -92,17 +101,22 @@ export function applyChanges(changes, { keepMode = false } = {}) {
   }
   if (!Array.isArray(state.filters)) state.filters = [];
   if (!Number.isInteger(state.db)) state.db = 0;
-  clearTimeout(timer);
-  timer = setTimeout(redraw, 30);
 }
 
 let drawing = Promise.resolve();
 
 async function redraw() {
   const paths = batch;
+  const changes = queued;
   batch = [];
+  queued = [];
   await whenReady();
-  drawing = drawing.then(() => redrawNow(paths)).catch(() => {});
+  drawing = drawing.then(() => {
+    // a load still under way when these changes arrived may have selected its own row
+    // since (the tree reports selections as rows arrive): the changes win
+    for (const [c, keepMode] of changes) write(c, keepMode);
+    return redrawNow(paths);
+  }).catch(() => {});
   await drawing;
 }
 
