@@ -44,6 +44,7 @@ from callpath.measure.elfinfo import ElfInfo
 MAGIC = 0x4E4D5043
 HEAD_WORDS = 13          # sizeof(Head) / 8 in _callpath_native.c
 REPEAT = 8               # Head.flags: the thread has not run since its previous sample
+CODE_NOTE_SLACK_NS = 3_000_000_000  # a code object is noted within ~1 s of being seen
 EVAL_SYMBOLS = frozenset({"_PyEval_EvalFrameDefault"})
 IDLE_CPU_SHARE = 20      # as the Python sampler: IDLE when the thread used under 5% of a CPU
 STAGING = ".merging"
@@ -84,19 +85,21 @@ class Records:
 
 
 def read_records(path: Path) -> Records:
-    """Decode a ``.samples`` file; a torn last record (the process was killed) is dropped."""
-    data = path.read_bytes()
+    """Decode a ``.samples`` file; a torn last record (the process was killed) is dropped.
+    The file is memory-mapped (a long run of many threads writes gigabytes)."""
+    n = path.stat().st_size & ~7
+    data: Any = np.memmap(path, dtype="<u8", mode="r", shape=(n // 8,)) if n else \
+        np.zeros(0, dtype="<u8")
     offs: list[int] = []
-    o, n = 0, len(data)
-    head = np.frombuffer(data, dtype="<u4", count=(n // 4) & ~1) if n >= 8 else \
-        np.zeros(0, dtype="<u4")
+    o = 0
+    head = data.view("<u4")
     while o + HEAD_WORDS * 8 <= n:
         magic, size = int(head[o // 4]), int(head[o // 4 + 1])
         if magic != MAGIC or size < HEAD_WORDS * 8 or size % 8 or o + size > n:
             break
         offs.append(o)
         o += size
-    words = np.frombuffer(data, dtype="<u8", count=o // 8)
+    words: npt.NDArray[np.uint64] = data[:o // 8]
     b = np.array(offs, dtype=np.int64) // 8
     lo32 = np.uint64(0xFFFFFFFF)
 
@@ -124,7 +127,11 @@ def _read_notes(path: Path) -> dict[str, Any]:
         except json.JSONDecodeError:
             continue  # a torn last line
         for row in obj.get("codes", ()):
-            notes["codes"][int(row[1])] = (int(row[0]), row[2], row[3])
+            # the same address may name another code object later (a code object that was
+            # never interned can die and its memory hold one interned afterwards): keep when
+            # each was noted, and the first note of an address
+            notes["codes"].setdefault(int(row[1]), (int(row[0]), row[2], row[3],
+                                                    int(obj.get("t", 0))))
         if "maps" in obj:
             notes["maps"].append(obj["maps"])
         for k in ("start", "end"):
@@ -188,11 +195,19 @@ def _python_frames(rec: Records, notes: dict[str, Any], pycode: list[md.PyCode])
     meta = rec.words[idx + 1]
     offset = (meta & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32).astype(np.int64)
     fl = (meta >> np.uint64(32)).astype(np.int64)
-    known: dict[int, tuple[int, list[int], list[int]]] = notes["codes"]
+    known: dict[int, tuple[int, list[int], list[int], int]] = notes["codes"]
     ucode, inv = np.unique(code, return_inverse=True)
     ci_of = np.array([known[int(c)][0] if int(c) in known else -1 for c in ucode.tolist()],
                      dtype=np.int64)
+    noted = np.array([known[int(c)][3] if int(c) in known else 0 for c in ucode.tolist()],
+                     dtype=np.int64)
     ci = ci_of[inv.reshape(-1)] if total else np.zeros(0, dtype=np.int64)
+    if total:
+        # a code object is interned by the sampler's next walk of its thread and noted at the
+        # next flush (at least once a second): one noted much later than the sample is
+        # another object at the same address, not the one the sample saw
+        late = noted[inv.reshape(-1)] > rec.time[sample] + CODE_NOTE_SLACK_NS
+        ci = np.where(late & (noted[inv.reshape(-1)] > 0), -1, ci)
     # lines: per distinct (code, offset)
     line = np.zeros(total, dtype=np.int64)
     if total:
@@ -204,7 +219,7 @@ def _python_frames(rec: Records, notes: dict[str, Any], pycode: list[md.PyCode])
             if entry is None:
                 uline[u] = c  # unknown code: its address (an UNKNOWN node)
                 continue
-            cidx, starts, lines = entry
+            cidx, starts, lines, _t = entry
             ln = -1
             if off >= 0:
                 i = bisect.bisect_right(starts, off) - 1
@@ -306,6 +321,14 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
     fr = unwind.unwind(rec.words, rec.regs[:, 0].copy(), rec.regs[:, 1].copy(), saved,
                        rec.stack0, rec.nwords, mm, compiler)
     is_eval = _eval_frames(fr, mm)
+    if int(rec.npy.sum()) and not is_eval.any():
+        # no activation of the evaluation loop named in any native stack (a stripped or
+        # unknown interpreter build): nothing says where the Python frames belong
+        res.fallback = ("no frame of CPython's evaluation loop (_PyEval_EvalFrameDefault) "
+                        "found in the native stacks of this interpreter build")
+        samples_path.unlink()
+        notes_path.unlink()
+        return res
     fresh_rec = (rec.flags & REPEAT) == 0  # repeats carry no stack: nothing was unwound
     for code, cnt in zip(*np.unique(fr.reason[~fr.complete & fresh_rec], return_counts=True),
                          strict=True):

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from typing import Any
 
 ENV_NATIVE = "CALLPATH_PY_NATIVE"  # bytes of native stack copied per sample (e.g. 32768)
@@ -142,7 +143,7 @@ class NativeCapture:
                 starts, lines = s.line_tables[ci]
                 rows.append([ci, id(codes[ci]), starts, lines])
             self.codes_noted = len(codes)
-            self._note({"codes": rows})
+            self._note({"codes": rows, "t": time.monotonic_ns()})
         maps = _exec_maps()
         if maps != self.last_maps:
             self.last_maps = maps

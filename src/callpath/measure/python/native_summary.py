@@ -25,6 +25,10 @@ def finish_native(out: Path, top: int = 5) -> list[str]:
         except (CallpathError, OSError, ValueError) as e:
             sys.stderr.write(f"callpath: warning: {notes.name}: native paths not merged ({e}); "
                              "that process keeps Python-only call paths\n")
+    for reason in sorted({r.fallback for r in results if r.fallback}):
+        sys.stderr.write(f"callpath: warning: --native: {reason}; Python-only call paths for "
+                         "those processes\n")
+    results = [r for r in results if not r.fallback]
     for reason in merge.fallbacks(out):
         sys.stderr.write(f"callpath: warning: --native: {reason.removeprefix('python only: ')}"
                          "; Python-only call paths for those processes\n")
