@@ -141,15 +141,20 @@ def build(ss: StackSet) -> Experiment:
     while len(act):
         pos = toff[act] + d
         k, v = tkind[pos], tval[pos]
-        key = np.stack([cur[act], k, v], axis=1)
-        uniq, inv = np.unique(key, axis=0, return_inverse=True)
+        # one int64 key (parent, kind, value) sorted by parent first, so that siblings are
+        # contiguous (np.unique(axis=0) sorts a void view, ~30x slower)
+        if int(v.max(initial=0)) >= 1 << 32 or int(v.min(initial=0)) < 0 or count >= 1 << 28:
+            raise CallpathError(f"a profile too large to import ({count:,} contexts, a line or "
+                                "function index of 2^32 or more)")
+        key = ((cur[act] + 1) << 34) | (k << 32) | v
+        ukey, inv = np.unique(key, return_inverse=True)
         inv = inv.reshape(-1)
-        par_l.append(uniq[:, 0])
-        kind_l.append(uniq[:, 1])
-        val_l.append(uniq[:, 2])
-        level_l.append(np.full(len(uniq), d, dtype=np.int64))
+        par_l.append((ukey >> 34) - 1)
+        kind_l.append((ukey >> 32) & 3)
+        val_l.append(ukey & 0xFFFFFFFF)
+        level_l.append(np.full(len(ukey), d, dtype=np.int64))
         cur[act] = inv + count
-        count += len(uniq)
+        count += len(ukey)
         d += 1
         act = act[tok_len[act] > d]
     par = np.concatenate(par_l)

@@ -14,8 +14,6 @@ import re
 import zlib
 from pathlib import Path
 
-import numpy as np
-
 from callpath.errors import FormatError
 from callpath.formats import protowire as pw
 from callpath.formats.import_build import Interner, StackSet, stackset, thread_ids
@@ -124,12 +122,10 @@ def read_pprof(path: Path, data: bytes) -> StackSet:
         label = ""
         for g, _gw, gv in pw.fields(raw, path):
             if g == 1:
-                locs += (pw.unpack_varints(gv, path).tolist() if isinstance(gv, bytes)
-                         else [gv])
+                locs += pw.varint_list(gv, path) if isinstance(gv, bytes) else [gv]
             elif g == 2:
-                vals += (pw.unpack_varints(gv, path).astype(np.int64).tolist()
-                         if isinstance(gv, bytes) else [gv - (1 << 64) if gv >= 1 << 63
-                                                         else gv])
+                vals += (pw.varint_list(gv, path, signed=True) if isinstance(gv, bytes)
+                         else [gv - (1 << 64) if gv >= 1 << 63 else gv])
             elif g == 3 and isinstance(gv, bytes):
                 d = _ints(gv, path)
                 if s(d.get(1, 0)) in ("context", "thread"):
