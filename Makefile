@@ -6,7 +6,8 @@ DEMO_DB := out/heat.d
 
 .PHONY: demo test lint typecheck unit bench clean
 
-$(STAMP): pyproject.toml setup.py src/callpath/measure/python/_callpath_walk.c scripts/setup-venv.sh
+$(STAMP): pyproject.toml setup.py src/callpath/measure/python/_callpath_walk.c \
+		src/callpath/measure/python/_callpath_native.c scripts/setup-venv.sh
 	bash scripts/setup-venv.sh
 
 ## demo: set up, then profile the bundled example program and print its report
