@@ -40,7 +40,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 CACHE = BENCH / ".cache"
-GEN_VERSION = 1
+GEN_VERSION = 2
 N_PROFILES = 2
 
 
@@ -84,6 +84,33 @@ def _experiment(cct: Any, tree: dict[str, Any], point: Any, seed: int) -> Any:
         functions=[Function(*f) for f in tree["functions"]])
 
 
+def _distinct_siblings(cols: dict[str, Any]) -> dict[str, Any]:
+    """The generator draws lines, callees and offsets at random, so two siblings can be the
+    same thing (two statements of one line, two calls of one procedure from one call site),
+    which a real database never has (hpcprof merges them) and a comparison would merge: move
+    the k-th duplicate to line + 1000 k (and offset + 4 k)."""
+    import numpy as np
+
+    parent = np.asarray(cols["parent"], np.int64)
+    kind = np.asarray(cols["kind"], np.int64)
+    fn = np.asarray(cols["function"], np.int64)
+    line = np.asarray(cols["line"], np.int64).copy()
+    off = np.asarray(cols["offset"], np.int64).copy()
+    order = np.lexsort((off, line, fn, kind, parent))
+    keys = np.stack([parent, kind, fn, line, off])[:, order]
+    head = np.r_[True, np.any(keys[:, 1:] != keys[:, :-1], axis=0)]
+    grp_start = np.maximum.accumulate(np.where(head, np.arange(len(order)), 0))
+    k = np.zeros(len(order), np.int64)
+    k[order] = np.arange(len(order)) - grp_start
+    dup = k > 0
+    line[dup] += 1000 * k[dup]
+    off[dup] += 4 * k[dup]
+    file = np.asarray(cols["file"], np.int64).copy()
+    file[dup & (file < 0) & (kind != 3)] = 0  # a line is stored only with a file
+    cols.update(line=line, offset=off, file=file)
+    return cols
+
+
 def ensure_pair(n_nodes: int, seed: int) -> tuple[Path, Path, int]:
     """The cached (base, new) databases and the number of leaves that differ."""
     import numpy as np
@@ -101,8 +128,9 @@ def ensure_pair(n_nodes: int, seed: int) -> tuple[Path, Path, int]:
         return d / "base.d", d / "new.d", int(info["differing"])
     print(f"databases: generating two trees of {n_nodes:,} contexts (seed {seed})")
     t0 = time.perf_counter()
-    tree = generate_tree(n_nodes, int(min(5000, max(50, n_nodes // 250))), seed)
-    cols = tree["columns"]
+    n_functions = int(min(5000, max(50, n_nodes // 250)))
+    tree = generate_tree(n_nodes, n_functions, seed)
+    cols = _distinct_siblings(dict(tree["columns"]))
     cct = CCT.from_columns(**cols)
     rng = np.random.default_rng(seed + 7)
     leaves = np.flatnonzero(cct.subtree_end == np.arange(len(cct)) + 1)

@@ -22,6 +22,7 @@ Nothing downstream needs to know that the database is a comparison.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -265,8 +266,13 @@ def _input_blocks(exp: Experiment, node_map: I64, id_map: dict[int, int],
     mid = np.full(1 << 16, -1, dtype=np.int64)
     for old, new in id_map.items():
         mid[old] = new
+    olds = sorted(id_map)
+    keeps_order = all(id_map[x] < id_map[y] for x, y in itertools.pairwise(olds))
 
     def remap(blk: ProfileBlock) -> ProfileBlock:
+        fast = _permuted(blk, ctx_map, mid) if keeps_order else None
+        if fast is not None:
+            return fast
         c = blk.ctx_of_values().astype(np.int64)
         inside = c < len(ctx_map)
         oc = np.where(inside, ctx_map[np.minimum(c, len(ctx_map) - 1)], -1)
@@ -279,6 +285,35 @@ def _input_blocks(exp: Experiment, node_map: I64, id_map: dict[int, int],
     if out:
         return out
     return [((), 0, remap(exp.values[0]))]
+
+
+def _permuted(blk: ProfileBlock, ctx_map: I64, mid: I64) -> ProfileBlock | None:
+    """The common case of re-keying, without touching values one by one: every context of the
+    block is a node of the union (no two on one node) and every metric is kept, in the same
+    order. Then the block is its contexts renamed (already in order for the first input) or
+    its contexts' runs of values permuted; None when the general path is needed."""
+    ids = blk.ctx_ids.astype(np.int64)
+    if not len(ids) or ids[-1] >= len(ctx_map):
+        return None
+    oc = ctx_map[ids]
+    om = mid[np.asarray(blk.metric_ids, dtype=np.int64)]
+    if (oc < 0).any() or (om < 0).any():
+        return None
+    vals = np.asarray(blk.values)
+    if bool(np.all(oc[1:] > oc[:-1])):
+        return ProfileBlock(oc.astype(np.uint32), np.asarray(blk.starts, dtype=np.uint64),
+                            om.astype(np.uint16), vals)
+    perm = np.argsort(oc)
+    soc = oc[perm]
+    if not bool(np.all(soc[1:] > soc[:-1])):
+        return None  # two contexts on one node: their values add (general path)
+    starts = np.asarray(blk.starts, dtype=np.int64)
+    counts = np.diff(np.append(starts, len(vals)))[perm]
+    new_starts = np.zeros(len(counts), dtype=np.int64)
+    np.cumsum(counts[:-1], out=new_starts[1:])
+    idx = np.repeat(starts[perm] - new_starts, counts) + np.arange(len(vals), dtype=np.int64)
+    return ProfileBlock(soc.astype(np.uint32), new_starts.astype(np.uint64),
+                        om[idx].astype(np.uint16), vals[idx])
 
 
 def sorted_block(ctx: I64, metric: I64, value: npt.NDArray[np.float64]) -> ProfileBlock:
