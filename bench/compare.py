@@ -210,14 +210,16 @@ def worker_flame(db: str, repeat: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     first = fa.flame(database, params, b"")
     t1 = time.perf_counter()
-    times = []
+    times, cpu = [], []
     for _ in range(repeat):
-        s = time.perf_counter()
+        s, c = time.perf_counter(), time.process_time()
         fr = fa.flame(database, params, b"")
         json.dumps(fr)
         times.append(time.perf_counter() - s)
+        cpu.append(time.process_time() - c)
     return {"first_s": t1 - t0, "warm_s": statistics.median(times), "runs": times,
-            "rects": len(first["key"]), "nodes": len(database.exp.cct)}
+            "cpu_s": statistics.median(cpu), "rects": len(first["key"]),
+            "nodes": len(database.exp.cct)}
 
 
 def worker_main(argv: list[str]) -> None:
@@ -316,8 +318,9 @@ def section_flame(ctx: dict[str, Any]) -> None:
     print(f"\nflame frame, {r['nodes']:,}-node tree, 1,500 px: {r['rects']:,} rectangles; "
           f"first request {r['first_s'] * 1000:.0f} ms (builds the Top-down view), then "
           f"median {r['warm_s'] * 1000:.1f} ms (layout + labels + JSON; runs "
-          + ", ".join(f"{t * 1000:.1f}" for t in r["runs"]) + ")")
-    print(f"target: flame frame under 100 ms: {'met' if r['warm_s'] < 0.1 else 'NOT met'}")
+          + ", ".join(f"{t * 1000:.1f}" for t in r["runs"]) + f"); CPU {r['cpu_s'] * 1000:.1f} ms")
+    print(f"target: flame frame under 100 ms: {'met' if r['warm_s'] < 0.1 else 'NOT met'} "
+          f"(wall), {'met' if r['cpu_s'] < 0.1 else 'NOT met'} (CPU)")
 
 
 def ensure_traced(base: Path, samples: int = 100_000, run: int = 20) -> Path:

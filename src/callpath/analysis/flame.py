@@ -71,9 +71,8 @@ def topdown_frame(view: TopDownView, incl: F64, start: int, min_fraction: float,
     # sum of the own cost of each node's proper ancestors: +own at a node, -own at its
     # subtree's end, prefix-summed (an Euler tour)
     ends = cct.subtree_end[lo:hi] - lo
-    tour = np.zeros(n + 1)
+    tour = -np.bincount(ends, weights=own, minlength=n + 1)
     tour[:n] += own
-    np.subtract.at(tour, ends, own)
     anc = np.cumsum(tour)[:n] - own
     x = before[:n] - anc
     depth = cct.depth[lo:hi] - cct.depth[lo]
@@ -83,11 +82,11 @@ def topdown_frame(view: TopDownView, incl: F64, start: int, min_fraction: float,
     keep[0] = True
     # a node is drawn only under a drawn parent (a child can outgrow its parent only with
     # inconsistent values): count dropped ancestors-or-self with the same Euler tour
-    dropped = (~keep).astype(np.int64)
-    tour_d = np.zeros(n + 1, dtype=np.int64)
-    tour_d[:n] += dropped
-    np.subtract.at(tour_d, ends, dropped)
-    keep &= np.cumsum(tour_d)[:n] == 0
+    dropped = ~keep
+    if dropped.any():
+        tour_d = -np.bincount(ends[dropped], minlength=n + 1)
+        tour_d[:n] += dropped
+        keep &= np.cumsum(tour_d)[:n] == 0
     idx = np.flatnonzero(keep)
     where = np.full(n, -1, dtype=np.int64)
     where[idx] = np.arange(len(idx), dtype=np.int64)
