@@ -417,6 +417,10 @@ def test_notes_shared_text_only_and_kept(people: People, dbs: list[Path], tmp_pa
             body: '[]'})).status""")
         assert derived == 403
         shot(g, "guest")
+        # only the leader's page stays for the stop (the others would reflow as their
+        # presence bars empty, and fetch rows from a server that is gone)
+        b.context.close()
+        g.context.close()
     # the server stopped: the session ended, the note did not
     a.wait_for_selector(".share-ended")
     with serve([db]) as s2:
