@@ -39,6 +39,8 @@ SOURCES = {SRC_SAMPLE: "sample registers", SRC_CFI: "CFI", SRC_RECIPE: "recipes"
 #: how the unwinder chooses: CFI first (default); recipes first (to compare them with CFI on
 #: the same samples); CFI only (as before recipes existed)
 MODES = ("cfi", "recipes", "cfi-only")
+#: a module whose FDEs cover this share of its code gets recipes per procedure, on demand
+MOSTLY_CFI = 0.5
 # struct ucontext on x86-64: uc_flags, uc_link, uc_stack (24), then mcontext gregs[23]:
 # R8 R9 R10 R11 R12 R13 R14 R15 RDI RSI RBP RBX RDX RAX RCX RSP RIP ...
 UC_GREGS = 40
@@ -89,6 +91,8 @@ class Compiler:
         self._src: dict[tuple[str, int], tuple[int, int]] = {}
         self._rmemo: dict[tuple[str, int], int] = {}
         self._recipe_rows: dict[tuple[int, ...], int] = {}
+        self._proc_memo: dict[tuple[str, int], list[tuple[int, tuple[int, ...]]]] = {}
+        self._coverage: dict[str, bool] = {}
         self._decoded: dict[int, tuple[list[int], list[Any], bool]] = {}
         self.recipes = recipes if mode != "cfi-only" else None
         self.mode = mode
@@ -110,12 +114,16 @@ class Compiler:
         return r
 
     def recipe_row(self, elf: ElfInfo, vaddr: int) -> int:
-        """The row of the module's unwind recipe at a pc (0: no recipe)."""
+        """The row of the module's unwind recipe at a pc (0: no recipe). In a module that CFI
+        describes almost entirely (a system library), the few pcs it leaves out are analysed
+        procedure by procedure; other modules are analysed whole (and cached)."""
         if self.recipes is None:
             return 0
         key = (elf.path, vaddr)
         r = self._rmemo.get(key)
         if r is None:
+            if self.mode != "recipes" and self._mostly_cfi(elf):
+                return self.procedure_recipe_row(elf, vaddr)
             r = 0
             rec = self.recipes(elf)
             if rec is not None:
@@ -124,6 +132,54 @@ class Compiler:
                 if i >= 0:
                     r = self._recipe_table_row(tuple(int(x) for x in rec.rows[i]))
             self._rmemo[key] = r
+        return r
+
+    def _mostly_cfi(self, elf: ElfInfo) -> bool:
+        got = self._coverage.get(elf.path)
+        if got is None:
+            from callpath.structure.unwind_recipes import cfi_coverage
+            try:
+                got = cfi_coverage(elf.path) >= MOSTLY_CFI
+            except Exception:  # not an ELF file the analysis can open: whole-module path
+                got = False
+            self._coverage[elf.path] = got
+        return got
+
+    def procedure_recipe_row(self, elf: ElfInfo, vaddr: int) -> int:
+        """The recipe row at a pc from its procedure alone (bounds: the FDE's range, else the
+        function symbol's), so that one odd pc does not cost a whole library's analysis."""
+        if self.recipes is None:
+            return 0
+        key = (elf.path, vaddr)
+        r = self._rmemo.get(key)
+        if r is not None:
+            return r
+        fde = elf.fde_for(vaddr)
+        if fde is not None:
+            lo = int(fde.header["initial_location"])
+            hi = lo + int(fde.header["address_range"])
+        else:
+            starts, ends, _names = elf.symbols()
+            i = bisect.bisect_right(starts, vaddr) - 1
+            entry, after = elf.entry_point(), elf.next_fde_start(elf.entry_point())
+            if i >= 0 and vaddr < ends[i] and ends[i] - starts[i] > 1:
+                lo, hi = starts[i], ends[i]
+            elif entry <= vaddr < after:  # entry code without symbol nor CFI (ld.so's _start)
+                lo, hi = entry, after
+            else:
+                self._rmemo[key] = 0
+                return 0
+        rows = self._proc_memo.get((elf.path, lo))
+        if rows is None:
+            from callpath.structure.unwind_recipes import procedure_rows
+            code = elf.read_code(lo, hi)
+            rows = procedure_rows(code, lo, lo == elf.entry_point()) if code else []
+            self._proc_memo[(elf.path, lo)] = rows
+        r = 0
+        i = bisect.bisect_right([a for a, _ in rows], vaddr) - 1
+        if i >= 0 and rows[i][1][0] >= 1:
+            r = self._recipe_table_row(rows[i][1])
+        self._rmemo[key] = r
         return r
 
     def _recipe_table_row(self, rr: tuple[int, ...]) -> int:

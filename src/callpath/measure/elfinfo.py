@@ -86,6 +86,28 @@ class ElfInfo:
                 return s.vaddr + file_offset - s.offset
         return None
 
+    def entry_point(self) -> int:
+        return int(self._elf.header["e_entry"]) if self.ok else -1
+
+    def next_fde_start(self, vaddr: int) -> int:
+        """The first FDE start above ``vaddr`` (-1 if none): where code without CFI ends."""
+        if self._fde_starts is None:
+            self._load_cfi()
+        assert self._fde_starts is not None
+        i = bisect.bisect_right(self._fde_starts, vaddr)
+        return self._fde_starts[i] if i < len(self._fde_starts) else -1
+
+    def read_code(self, lo: int, hi: int) -> bytes:
+        """The bytes of ``[lo, hi)`` from the section holding them (b"" if none does)."""
+        if not self.ok:
+            return b""
+        for sec in self._elf.iter_sections():
+            a, n = int(sec["sh_addr"]), int(sec["sh_size"])
+            if a <= lo < a + n and sec["sh_type"] == "SHT_PROGBITS":
+                data: bytes = sec.data()
+                return data[lo - a:min(hi, a + n) - a]
+        return b""
+
     def plt_section(self, vaddr: int) -> str | None:
         for lo, hi, name in self.plt:
             if lo <= vaddr < hi:

@@ -184,7 +184,8 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
 
         def recipe_of(u: int, m: Any = m, lk: Any = lk, first: Any = first) -> int:
             elf = mm.elves[int(m[first[u]])]
-            return compiler.recipe_row(elf, int(lk[first[u]])) if elf is not None else 0
+            return (compiler.procedure_recipe_row(elf, int(lk[first[u]])) if elf is not None
+                    else 0)
 
         row = urow[inv]
         src = usrc[inv]
