@@ -316,3 +316,25 @@ def test_recipes_and_cfi_give_the_same_paths_on_the_same_samples(perf_ok: None,
     assert total == sum(pr.values()) and total >= 1000
     same = sum(min(n, pr[p]) for p, n in pc.items())
     assert same >= 0.99 * total, (same, total, (pc - pr).most_common(3), (pr - pc).most_common(3))
+
+
+def test_recipes_per_procedure_match_the_whole_module() -> None:
+    """In a library CFI describes, odd pcs get recipes from their procedure alone (FDE bounds);
+    those equal the whole-module analysis (which also sees jumps between procedures)."""
+    from callpath.measure import cfi
+    libm = _library("libm.so.6")
+    elf = ElfInfo.get(str(libm))
+    rec = compute(str(libm))
+    comp = cfi.Compiler(cfi.RowTable(), recipes=lambda _e: rec)
+    assert comp._mostly_cfi(elf)
+    probes = rec.starts[(rec.rid >= 0)][::7]
+    probes = np.array([p for p in probes.tolist() if elf.fde_for(p) is not None][:600],
+                      dtype=np.uint64)
+    assert len(probes) >= 300
+    whole = rec.lookup(probes)
+    same = 0
+    for pc, w in zip(probes.tolist(), whole.tolist(), strict=True):
+        per = comp.procedure_recipe_row(elf, pc)
+        same += per == (comp._recipe_table_row(tuple(int(x) for x in rec.rows[w]))
+                        if w >= 0 else 0)
+    assert same >= 0.99 * len(probes), (same, len(probes))
