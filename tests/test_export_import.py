@@ -192,6 +192,13 @@ def test_pprof_decodes_with_the_protobuf_runtime(profiled: Path, tmp_path: Path,
             assert abs(total - exp.inclusive(m)[0] * factor) <= len(prof.sample), m.name
             if m.name.endswith("(samples)"):
                 assert unit == "count" and total == round(float(exp.inclusive(m)[0]))
+        # inlined code is part of its caller's location (loops-cputime-t.d has some)
+        ft = stacks.frame_tree(exp)
+        if (ft.inlined & (ft.parent >= 0)).any():
+            fnames = {f.id: st_[f.name] for f in prof.function}
+            multi = [loc for loc in prof.location if len(loc.line) > 1]
+            assert multi and all(fnames[loc.line[-1].function_id] != fnames[
+                loc.line[0].function_id] for loc in multi)
         # the same stacks as the folded export of the first metric
         want = folded(export(db, "folded", tmp_path / f"{db.name}.folded", "--metric", "0"))
         got = pprof_folded(prof, 0)

@@ -4,8 +4,9 @@
   counts, see :func:`~callpath.formats.stacks.integer_scale`);
 - a sample per distinct (frame, source line) holding cost, optionally per execution context
   (a ``context`` label names it);
-- a location per distinct (procedure, line), with one ``Line``: a sample's stack is its own
-  location, then each caller's at the line of its call;
+- a location per distinct (procedure, line), with one ``Line``, and inlined code as extra
+  lines of its caller's location (innermost first); a sample's stack is its own location, then
+  each caller's at the line of its call;
 - a function per procedure (name, file, first line), a mapping per load module.
 
 All messages are laid out at once with :mod:`callpath.formats.protowire`.
@@ -20,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.formats import protowire as pw
+from callpath.formats import stacks
 from callpath.formats.stacks import FrameTree, IntegerScale, integer_scale, metric_unit_name
 from callpath.model import Metric
 
@@ -72,18 +74,26 @@ def pprof_bytes(ft: FrameTree, metrics: list[Metric], sources: list[PprofSource]
     scales = [integer_scale(metrics[m], raw[:, m].ravel()) for m in range(n_met)]
     vals = np.stack([np.rint(raw[:, m] * scales[m].factor).astype(np.int64)
                      for m in range(n_met)], axis=-1)  # source x sample x metric
-    # locations: (frame, line) of each sample's own point and of each frame's call site
-    callers = np.flatnonzero(ft.parent >= 0)
-    lk_frame = np.concatenate([ft.frame[sample_owner], ft.frame[ft.parent[callers]]])
-    lk_line = np.concatenate([sample_line, ft.call_line[callers]])
-    lmax = int(lk_line.max(initial=0)) + 1
-    lkey, linv = np.unique(lk_frame * lmax + lk_line, return_inverse=True)
-    linv = linv.reshape(-1)
-    loc_of_sample = linv[:len(sample_owner)] + 1
+    # locations. A called frame at a line is one location (frame, line), shared by every
+    # path through it. An inlined frame is part of its caller's location: its lines go
+    # innermost first up to the frame it was inlined into (pprof's rule), keyed by frame
+    # node since the chain above it is part of what it is.
+    inl = ft.inlined & (ft.parent >= 0)
+    phys = stacks.nearest(ft.parent, ~inl)
+    pparent = np.where(ft.parent >= 0, phys[np.maximum(ft.parent, 0)], -1)
+    callers = np.flatnonzero(~inl & (ft.parent >= 0))
+    k_node = np.concatenate([sample_owner, ft.parent[callers]])
+    k_line = np.concatenate([sample_line, ft.call_line[callers]])
+    k_tag = inl[k_node].astype(np.int64)
+    rows, _, linv = stacks._unique_rows(k_tag, np.where(k_tag == 1, k_node, ft.frame[k_node]),
+                                        k_line)
+    ns = len(sample_owner)
+    loc_of_sample = linv[:ns] + 1
     caller_loc = np.zeros(len(ft), dtype=np.int64)
-    caller_loc[callers] = linv[len(sample_owner):] + 1
-    # stacks, leaf first: own location, then the caller location of every frame but the top
-    offsets, path = ft.paths(sample_owner, leaf_first=True)
+    caller_loc[callers] = linv[ns:] + 1
+    # stacks, leaf first: own location, then the caller location of every physical frame
+    # but the outermost
+    offsets, path = ft.paths(phys[sample_owner], leaf_first=True, parent=pparent)
     counts = np.diff(offsets)
     shifted = np.empty_like(path)
     shifted[1:] = caller_loc[path[:-1]]
@@ -124,14 +134,38 @@ def pprof_bytes(ft: FrameTree, metrics: list[Metric], sources: list[PprofSource]
         pw.scalar_field(7, np.ones(nmod)), pw.scalar_field(8, np.ones(nmod)),
         pw.scalar_field(9, np.ones(nmod)), pw.scalar_field(10, np.ones(nmod))])) \
         if nmod else None
-    # locations
-    loc_frame = lkey // lmax
-    loc_line = lkey % lmax
-    line_msg = pw.concat([pw.scalar_field(1, loc_frame + 1), pw.scalar_field(2, loc_line)])
+    # locations with their lines (innermost first)
+    r = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+    tag, a, ln = r[:, 0], r[:, 1], r[:, 2]
+    node = np.where(tag == 1, a, -1)
+    first_frame = np.where(tag == 1, ft.frame[np.maximum(node, 0)], a)
+    outer = np.where(tag == 1, ft.frame[phys[np.maximum(node, 0)]], a)  # inlined into
+    mod = ft.frame_module[outer]
+    e_loc, e_lvl, e_frame, e_line = [np.arange(len(r))], [np.zeros(len(r), np.int64)], \
+        [first_frame], [ln]
+    act = np.flatnonzero(tag == 1)
+    cur = node[act]
+    lvl = 0
+    while len(act):
+        keep = inl[cur]
+        act, cur = act[keep], cur[keep]
+        if not len(act):
+            break
+        lvl += 1
+        e_line.append(ft.call_line[cur])
+        cur = ft.parent[cur]
+        e_loc.append(act)
+        e_lvl.append(np.full(len(act), lvl, np.int64))
+        e_frame.append(ft.frame[cur])
+    eo = np.lexsort((np.concatenate(e_lvl), np.concatenate(e_loc)))
+    e_locs = np.concatenate(e_loc)[eo]
+    line_msg = pw.len_field(4, pw.concat([pw.scalar_field(1, np.concatenate(e_frame)[eo] + 1),
+                                          pw.scalar_field(2, np.concatenate(e_line)[eo])]))
+    starts = np.searchsorted(e_locs, np.arange(len(r) + 1))
+    lines_of_loc = pw.Ragged(line_msg.data, line_msg.offsets[starts])
     location = pw.len_field(4, pw.concat([
-        pw.scalar_field(1, np.arange(1, len(lkey) + 1)),
-        pw.scalar_field(2, ft.frame_module[loc_frame] + 1),
-        pw.len_field(4, line_msg)]))
+        pw.scalar_field(1, np.arange(1, len(r) + 1)), pw.scalar_field(2, mod + 1),
+        lines_of_loc]))
     # functions
     nf = len(ft.names)
     name_ids = [strs(n) for n in ft.names]

@@ -109,16 +109,18 @@ class FrameTree:
     def __len__(self) -> int:
         return len(self.nodes)
 
-    def depth(self) -> I64:
-        """Frame depth of each frame node (0 at the top), one vectorised step per level."""
+    def depth(self, parent: I64 | None = None) -> I64:
+        """Frame depth of each frame node (0 at the top), one vectorised step per level;
+        along ``parent`` instead of the frame parents when given."""
+        par = self.parent if parent is None else parent
         d = np.zeros(len(self), dtype=np.int64)
-        cur = self.parent.copy()
+        cur = par.copy()
         while True:
-            act = cur >= 0
-            if not act.any():
+            act = np.flatnonzero(cur >= 0)
+            if not len(act):
                 return d
             d[act] += 1
-            cur[act] = self.parent[cur[act]]
+            cur[act] = par[cur[act]]
 
     def frame_weights(self, point: F64) -> tuple[F64, F64]:
         """(self, inclusive) weight of every frame node from per-tree-node point values."""
@@ -129,11 +131,14 @@ class FrameTree:
         incl = cct.inclusive(point)[self.nodes]
         return selfw, incl
 
-    def paths(self, leaves: I64, *, leaf_first: bool = False) -> tuple[I64, I64]:
+    def paths(self, leaves: I64, *, leaf_first: bool = False,
+              parent: I64 | None = None) -> tuple[I64, I64]:
         """The frame paths of frame nodes ``leaves``, root first (or leaf first), as a ragged
         array: ``(offsets, frames)`` with path ``i`` in ``frames[offsets[i]:offsets[i+1]]``
-        (frame node positions). Work is the total length of the paths."""
-        depth = self.depth()[leaves] + 1
+        (frame node positions), along ``parent`` when given. Work is the total length of
+        the paths."""
+        par = self.parent if parent is None else parent
+        depth = self.depth(par)[leaves] + 1
         offsets = np.zeros(len(leaves) + 1, dtype=np.int64)
         np.cumsum(depth, out=offsets[1:])
         out = np.empty(int(offsets[-1]), dtype=np.int64)
@@ -144,7 +149,7 @@ class FrameTree:
         while len(act):
             out[pos[act]] = cur[act]
             pos[act] += step
-            cur[act] = self.parent[cur[act]]
+            cur[act] = par[cur[act]]
             act = act[cur[act] >= 0]
         return offsets, out
 
