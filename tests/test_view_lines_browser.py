@@ -151,6 +151,14 @@ def test_detail_heat_map_source_and_min_max(page: Any, view_server: Any,
             assert r["stdev"] == pytest.approx(float(st["stdev"][i]))
             assert "μ " in r["mm_text"] and "σ " in r["mm_text"]
     assert [r["selected"] for r in rows] == [i == 5 for i in range(12)]
+    # the keyboard moves the cursor: a line down, a context right (the cell outlined)
+    pg.click("#ln-src [data-row='5']")
+    pg.press("#ln-detail", "ArrowDown")
+    pg.press("#ln-detail", "ArrowRight")  # no context yet: the first one
+    pg.press("#ln-detail", "ArrowRight")
+    pg.wait_for_selector("#ln-heat .ln-row[data-row='6'] .ln-cell.cur[data-ctx='1']")
+    cur = pg.eval_on_selector_all("#ln-heat .ln-cell.cur", "cs => cs.map(c => c.dataset.ctx)")
+    assert cur == ["1"] and lines_state(pg)["row"] == 6
 
     # normalised to the program, the window's hottest cell is not the hottest colour (the
     # program's hottest cell lies outside these rows); normalised to the window, it is

@@ -217,6 +217,12 @@ export class LinesView {
         const r = Math.max(0, Math.min(this.meta.rows - 1, s.row + (e.key === "ArrowDown" ? 1 : -1)));
         this.select(r, s.ctx, true);
       }
+      if (e.key === "ArrowLeft" || e.key === "ArrowRight") {  // the cursor's context
+        e.preventDefault();
+        const n = this.meta.contexts.length;
+        const c = s.ctx === null ? 0 : Math.max(0, Math.min(n - 1, s.ctx + (e.key === "ArrowRight" ? 1 : -1)));
+        this.select(s.row, c);
+      }
     });
     const ov = this.q("#ln-overview");
     ov.addEventListener("click", (e) => {
