@@ -66,6 +66,9 @@ class ProcessMerge:
     native_only_threads: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     fallback: str = ""   # why this process kept Python-only paths
+    handler_ns: int = 0  # CPU time of the capture: in the signal handler, in the writer thread
+    writer_ns: int = 0
+    cpu_ns: int = 0      # CPU time of the process's threads over their samples
 
 
 @dataclass
@@ -263,6 +266,10 @@ def merge_paths(native: list[Key], is_eval: list[bool], complete: bool,
     evals = [i for i, e in enumerate(is_eval) if e]  # leaf first
     npair = min(len(evals), len(groups))
     state = ""
+    if groups and npair == len(groups):
+        # every Python activation found its evaluation frame: what lies above the outermost
+        # (left out) need not have been unwound; the capture does not even copy it
+        complete = True
     if len(evals) < len(groups) or not complete:
         state = "partial"
     elif len(evals) > len(groups):
@@ -309,6 +316,8 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
     res = ProcessMerge(proc.pid)
     notes = _read_notes(notes_path)
     res.lost = int(notes["end"].get("lost", 0))
+    res.handler_ns = int(notes["end"].get("handler_ns", 0))
+    res.writer_ns = int(notes["end"].get("writer_ns", 0))
     if not samples_path.exists():
         res.fallback = "no native samples were written"
         return res
@@ -329,11 +338,6 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
         samples_path.unlink()
         notes_path.unlink()
         return res
-    fresh_rec = (rec.flags & REPEAT) == 0  # repeats carry no stack: nothing was unwound
-    for code, cnt in zip(*np.unique(fr.reason[~fr.complete & fresh_rec], return_counts=True),
-                         strict=True):
-        name = unwind.REASONS.get(int(code), "other")
-        res.reasons[name] = res.reasons.get(name, 0) + int(cnt)
     # native frames per sample, leaf first
     order = np.lexsort((fr.depth, fr.sample))
     fs = fr.sample[order]
@@ -408,6 +412,7 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
     tid_l = rec.tid.tolist()
     repeat = ((rec.flags & REPEAT) != 0).tolist()
     previous: dict[int, tuple[list[Key], str, bool]] = {}  # per thread: its last sample's
+    partial_s = [False] * n
     for s in range(n):
         if repeat[s]:
             # the thread has not run since its previous sample (same pc and sp, no CPU time):
@@ -418,6 +423,7 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
                 continue
         else:
             got = previous[tid_l[s]] = fresh(s)
+            partial_s[s] = got[1] == "partial" and not complete[s]
         path, state, has_python = got
         th = slot_of[tid_l[s]]
         tree, nl = trees[th], nodes[th]
@@ -447,6 +453,12 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
         st["python_samples"] += has_python
         if state:
             st[state] += 1
+    # why the unwinding stopped, for the samples whose merged path is partial
+    for code, cnt in zip(*np.unique(fr.reason[np.array(partial_s, dtype=bool)],
+                                    return_counts=True), strict=True):
+        name = unwind.REASONS.get(int(code), "other")
+        res.reasons[name] = res.reasons.get(name, 0) + int(cnt)
+    res.cpu_ns = sum(st["cpu_time_ns"] for st in stats)
     res.partial = sum(st["partial"] for st in stats)
     res.unmatched = sum(st["unmatched"] for st in stats)
     res.threads = len(tids)

@@ -25,7 +25,7 @@ from typing import Any
 
 ENV_NATIVE = "CALLPATH_PY_NATIVE"  # bytes of native stack copied per sample (e.g. 32768)
 DEFAULT_STACK = 32768
-SLOTS = 256  # ring slots of ~37 KiB: 5 ms of the writer's period for ~50 threads at 1 kHz
+SLOTS = 256  # ring slots of ~37 KiB: the writer drains at 64 (or every 20 ms)
 
 
 def _load_extension() -> tuple[Any, str | None]:
@@ -153,11 +153,12 @@ class NativeCapture:
         """Timers off, last records written, files closed (the sampler flushes after this)."""
         if not self.active:
             return
-        records, lost, nbytes, handler_ns, handled = self.ext.stop()
+        records, lost, nbytes, handler_ns, handled, writer_ns = self.ext.stop()
         self.flush()
         self.active = False
         self._note({"end": {"records": records, "lost": lost, "bytes": nbytes,
-                            "handler_ns": handler_ns, "handled": handled}})
+                            "handler_ns": handler_ns, "handled": handled,
+                            "writer_ns": writer_ns}})
         self._close()
 
     def _close(self) -> None:

@@ -47,6 +47,12 @@ def finish_native(out: Path, top: int = 5) -> list[str]:
     lines = [f"  native: {n} samples merged in {len(results)} process(es), {threads} thread(s) "
              f"({nat_only} running native code only); partial {pct(part)}, unmatched "
              f"{pct(unm)}, lost {lost}"]
+    cpu = sum(r.cpu_ns for r in results)
+    hns, wns = sum(r.handler_ns for r in results), sum(r.writer_ns for r in results)
+    if cpu and n:
+        lines.append(f"  capture cost: {hns / n / 1e3:.1f} us a sample in the signal handler, "
+                     f"writer thread {wns / 1e6:.0f} ms; {100.0 * (hns + wns) / cpu:.2f}% of "
+                     "the program's CPU time")
     reasons: dict[str, int] = {}
     for r in results:
         for k, v in r.reasons.items():
