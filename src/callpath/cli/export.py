@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any
 
 FORMATS = ("speedscope", "pprof", "chrome", "folded")
 
@@ -53,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
             raise CallpathError(f"--contexts {args.contexts!r} matches no execution context "
                                 f"of {args.database} (expected part of a label such as "
                                 f"{names or 'THREAD 0'})")
+    if args.to == "pprof" and args.output == "-":
+        raise CallpathError("pprof output is binary: give a file with -o")
     metric = exp.metric(_metric_key(args.metric)) if args.metric is not None \
         else stacks.default_metric(exp)
     ft = stacks.frame_tree(exp)
@@ -68,13 +73,12 @@ def run(args: argparse.Namespace) -> int:
         t0 = int(exp.traces.min_timestamp) if exp.traces is not None else 0
         data = pprof_bytes(ft, metrics, srcs, comment=f"callpath export of {title}",
                            time_nanos=t0)
-        if args.output == "-":
-            raise CallpathError("pprof output is binary: give a file with -o")
-        Path(args.output).write_bytes(data)
+        with _replacing(args.output, "wb") as f:
+            f.write(data)
         return 0
     with contextlib.ExitStack() as stack:
         out = sys.stdout if args.output == "-" else \
-            stack.enter_context(open(args.output, "w", encoding="utf-8"))
+            stack.enter_context(_replacing(args.output, "w"))
         if args.to == "folded":
             from callpath.formats.export_folded import write_folded
 
@@ -93,6 +97,27 @@ def run(args: argparse.Namespace) -> int:
 
             write_chrome(ft, out, title=title)
     return 0
+
+
+@contextlib.contextmanager
+def _replacing(path: str, mode: str) -> Iterator[IO[Any]]:
+    """A file written under a temporary name beside ``path`` and renamed onto it once
+    complete, so that an error half-way never leaves a truncated export behind."""
+    from callpath.errors import CallpathError
+
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        f: IO[Any] = (open(tmp, "wb") if "b" in mode  # noqa: SIM115 (closed below)
+                      else open(tmp, "w", encoding="utf-8"))  # noqa: SIM115
+    except OSError as e:
+        raise CallpathError(f"{target}: cannot write the export: {e.strerror or e}") from None
+    try:
+        with f:
+            yield f
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _metric_key(text: str) -> str | int:
