@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TextIO, cast
 
 FORMATS = ("speedscope", "pprof", "chrome", "folded")
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     with contextlib.ExitStack() as stack:
         out = sys.stdout if args.output == "-" else \
-            stack.enter_context(_replacing(args.output, "w"))
+            cast(TextIO, stack.enter_context(_replacing(args.output, "w")))
         if args.to == "folded":
             from callpath.formats.export_folded import write_folded
 
