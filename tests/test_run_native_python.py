@@ -355,8 +355,17 @@ def test_forked_worker_has_its_own_merged_paths(capture_ok: None, libs: dict[str
     assert callers.get(parent[0].pid) == {"in_parent"}, callers
 
 
-def test_native_with_trace_is_a_user_error(tmp_path: Path) -> None:
-    r = callpath("run", "--native", "-t", "-o", str(tmp_path / "m"), "--", sys.executable,
-                 "-c", "pass")
-    assert r.returncode == 2
-    assert len(r.stderr.strip().splitlines()) == 1 and "--native" in r.stderr, r.stderr
+def test_native_trace(capture_ok: None, libs: dict[str, Path], tmp_path: Path) -> None:
+    """``-t`` with ``--native``: one trace record per sample of each thread, in time order,
+    each naming a node of that thread's merged tree that holds samples."""
+    if "kernels" not in libs:
+        pytest.skip("gcc cannot build a shared library here")
+    out = tmp_path / "m"
+    r = callpath("run", "--native", "-t", "-o", str(out), "--", sys.executable,
+                 str(PROGRAMS / "two_callers.py"), str(libs["kernels"]), "5")
+    assert r.returncode == 0, r.stderr
+    (p,) = measdir.read(out).processes
+    t = p.threads[0]
+    assert len(t.trace) == int(t.samples[:, 0].sum()) > 0
+    assert np.all(np.diff(t.trace["time"].astype(np.int64)) >= 0)
+    assert np.all(t.samples[t.trace["node"].astype(np.int64), 0] > 0)

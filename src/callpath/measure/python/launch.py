@@ -189,8 +189,6 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
     out_dir = Path(out_dir)
     cmd = command_line(argv, module=module)
     _check(out_dir, frequency)
-    if native and trace:
-        raise CallpathError("--native does not record traces yet: leave out -t")
     child_env = measurement_env(out_dir, frequency, trace, env,
                                 native_stack if native else 0)
     metrics = [measdir.MetricInfo.from_json(d) for d in S.metric_descriptors(frequency)]

@@ -410,6 +410,8 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
         return got
 
     tid_l = rec.tid.tolist()
+    time_l = rec.time.tolist()
+    traces: list[list[tuple[int, int]]] = [[] for _ in tids]
     repeat = ((rec.flags & REPEAT) != 0).tolist()
     previous: dict[int, tuple[list[Key], str, bool]] = {}  # per thread: its last sample's
     partial_s = [False] * n
@@ -438,6 +440,7 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
                 tree[(node, key)] = child
                 nl.append((node, key))
             node = child
+        traces[th].append((time_l[s], node))
         c = counts[th].get(node)
         if c is None:
             counts[th][node] = [1, cpu_of[s], wall_of[s]]
@@ -464,7 +467,8 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
     res.threads = len(tids)
     res.native_only_threads = sum(1 for st in stats if st["samples"] and not
                                   st["python_samples"])
-    _write(out, proc, base, mods, tids, names, nodes, counts, stats, res, rec, notes)
+    _write(out, proc, base, mods, tids, names, nodes, counts, stats, res,
+           traces if proc.info.get("trace") else None)
     samples_path.unlink()
     notes_path.unlink()
     return res
@@ -473,7 +477,7 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
 def _write(out: Path, proc: md.ProcessProfile, base: str, mods: list[md.Module],
            tids: list[int], names: dict[int, str], nodes: list[list[tuple[int, Key]]],
            counts: list[dict[int, list[int]]], stats: list[dict[str, int]],
-           res: ProcessMerge, rec: Records, notes: dict[str, Any]) -> None:
+           res: ProcessMerge, traces: list[list[tuple[int, int]]] | None) -> None:
     staging = out / STAGING
     staging.mkdir(exist_ok=True)
     pid_s, gen_s = base.rsplit("-", 1)
@@ -517,6 +521,12 @@ def _write(out: Path, proc: md.ProcessProfile, base: str, mods: list[md.Module],
                 cnt[2 * i] = (node, 0, k, float(cpu))
                 cnt[2 * i + 1] = (node, 1, k, float(wall))
             w.counts(th, cnt)
+            if traces is not None and traces[th]:
+                tr = np.zeros(len(traces[th]), dtype=md.TRACE_DTYPE)
+                tv = np.array(traces[th], dtype=np.int64)
+                tr["time"] = tv[:, 0].astype(np.uint64)
+                tr["node"] = tv[:, 1]
+                w.trace(th, tr[np.argsort(tr["time"], kind="stable")])
             w.stats(th, **stats[th])
     os.replace(staging / md.process_file_name(int(pid_s), int(gen_s)),
                out / md.process_file_name(int(pid_s), int(gen_s)))
