@@ -167,6 +167,10 @@ def test_bounds(server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(share, "MAX_SESSIONS", len(server.app.share.sessions))
     status, doc = post_json(server.url, "/api/share/start", {})
     assert status == 400 and "at most" in doc["error"]
+    # sessions left empty long enough give way to a new one
+    monkeypatch.setattr(share, "EMPTY_EXPIRY", 0.0)
+    status, doc = post_json(server.url, "/api/share/start", {})
+    assert status == 200 and doc["session"] in server.app.share.sessions
 
 
 def test_first_message_must_be_hello(server: Any) -> None:

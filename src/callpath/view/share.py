@@ -20,7 +20,8 @@ Why each rule:
 - **A bad message closes only its sender** (code 1008, policy violation): not JSON, not an
   object, an unknown kind, a wrongly typed field, a path that is not dotted words, a text over
   :data:`MAX_MESSAGE` bytes, or a state over :data:`MAX_STATE` bytes.
-- **Bounded**: :data:`MAX_SESSIONS` sessions per server, :data:`MAX_PARTICIPANTS` per session.
+- **Bounded**: :data:`MAX_SESSIONS` sessions per server (at the bound, sessions empty for
+  :data:`EMPTY_EXPIRY` seconds give way to a new one), :data:`MAX_PARTICIPANTS` per session.
 - **Roles**: the session link grants what the viewer's token grants; the guest link (its
   own random key) is read-only: a guest may follow, explore and point, but not lead, offer,
   or save (the HTTP guard refuses a guest's saving requests, see :func:`is_guest_key`).
@@ -37,6 +38,7 @@ import json
 import logging
 import re
 import secrets
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +56,7 @@ MAX_MESSAGE = 64 << 10       # one message, as text
 MAX_STATE = 1 << 20          # one participant's kept state, as JSON text
 MAX_PATHS = 512              # distinct state paths one participant may keep
 MAX_SESSIONS = 16
+EMPTY_EXPIRY = 600.0         # a session empty this long gives way to a new one at the bound
 MAX_PARTICIPANTS = 64
 MAX_NAME = 40
 MAX_OUTBOX = 2048            # distinct queued keys before a participant counts as gone
@@ -99,6 +102,7 @@ class Session:
     leader: int | None = None
     seq: int = 0
     next_id: int = 1
+    empty_since: float | None = field(default_factory=time.monotonic)
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -120,6 +124,11 @@ class ShareHub:
     def create(self) -> Session:
         from callpath.errors import CallpathError
 
+        if len(self.sessions) >= MAX_SESSIONS:  # make room: sessions empty for long
+            now = time.monotonic()
+            for sid, old in list(self.sessions.items()):
+                if old.empty_since is not None and now - old.empty_since > EMPTY_EXPIRY:
+                    del self.sessions[sid]
         if len(self.sessions) >= MAX_SESSIONS:
             raise CallpathError(f"at most {MAX_SESSIONS} shared sessions per server: join "
                                 "one of the open sessions instead")
@@ -248,6 +257,7 @@ class ShareHub:
             raise BadMessage("the first message must be {\"t\": \"hello\", \"name\": ...}")
         p.name = hello["name"]
         s.participants[p.id] = p
+        s.empty_since = None
         if s.leader is None and not p.guest:
             s.leader = p.id
         self._queue(p, ("welcome", 0, ""), {
@@ -325,6 +335,8 @@ class ShareHub:
         if s.participants.get(p.id) is not p:
             return
         del s.participants[p.id]
+        if not s.participants:
+            s.empty_since = time.monotonic()
         self._broadcast(s, None, ("leave", p.id, ""), {"t": "leave", "id": p.id})
         if s.leader == p.id:  # the lead passes to the longest-present editor
             nxt = next((q.id for q in s.participants.values() if not q.guest), None)
