@@ -320,6 +320,58 @@ def test_perf_script_import(tmp_path: Path) -> None:
     export(db, "speedscope", tmp_path / "p.json")
 
 
+BUSY = ROOT / "tests" / "export_programs" / "busy.py"
+
+
+def _py_spy() -> str:
+    """py-spy (a real producer of speedscope and folded files): on PATH, in the bench's
+    environment, or installed by this test into .cache/py-spy (pip, the wheel bundles it)."""
+    for cand in (shutil.which("py-spy"), ROOT / "bench" / ".env-pyprof" / "bin" / "py-spy",
+                 ROOT / ".cache" / "py-spy" / "bin" / "py-spy"):
+        if cand and Path(cand).exists():
+            return str(cand)
+    target = ROOT / ".cache" / "py-spy"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target",
+                        str(target), "py-spy"], capture_output=True, text=True, timeout=300)
+    exe = target / "bin" / "py-spy"
+    if r.returncode != 0 or not exe.exists():
+        pytest.skip(f"py-spy cannot be installed here: {r.stderr.strip()[-200:]}")
+    return str(exe)
+
+
+def test_py_spy_files_import(tmp_path: Path) -> None:
+    """py-spy's speedscope (sampled profile) and raw (folded) output of a real run import
+    with every sample. busy.py spends nearly all its time in leaf(): with ~200 samples and
+    p(leaf) > 0.9, fewer than half in leaf has probability below 1e-20."""
+    exe = _py_spy()
+    out = {}
+    for fmt, name in (("speedscope", "busy.json"), ("raw", "busy.folded")):
+        r = subprocess.run([exe, "record", "-r", "200", "-f", fmt, "-o", str(tmp_path / name),
+                            "--", sys.executable, str(BUSY)], capture_output=True, text=True,
+                           timeout=120)
+        if r.returncode != 0 or not (tmp_path / name).exists():
+            pytest.skip(f"py-spy cannot sample here: {r.stderr.strip()[-200:]}")
+        db = tmp_path / f"{name}.d"
+        cli_ok("import", str(tmp_path / name), "-o", str(db))
+        out[fmt] = (tmp_path / name, db)
+    # speedscope: total weight (seconds) and the frames
+    doc = json.loads(out["speedscope"][0].read_text())
+    weight = sum(sum(p["weights"]) for p in doc["profiles"])
+    exp = callpath.open(out["speedscope"][1])
+    assert [m.name for m in exp.metrics] == ["time (sec)"]
+    assert abs(exp.inclusive(0)[0] - weight) < 1e-9 * max(1.0, weight)
+    lines = folded(export(out["speedscope"][1], "folded", tmp_path / "s.txt"))
+    leaf = sum(c for k, c in lines.items() if k.endswith("main;middle;leaf"))
+    assert leaf > 0.5 * sum(lines.values())
+    # raw: folded lines, some with an empty stack; the count total is kept
+    text = out["raw"][0].read_text()
+    total = sum(int(ln.rsplit(None, 1)[-1]) for ln in text.splitlines() if ln.strip())
+    lines = folded(export(out["raw"][1], "folded", tmp_path / "r.txt"))
+    assert sum(lines.values()) == total > 50
+    leaf = sum(c for k, c in lines.items() if "middle (busy.py" in k and "leaf (busy.py" in k)
+    assert leaf > 0.5 * total
+
+
 # ---- bad input -------------------------------------------------------------------------------
 
 
@@ -375,6 +427,7 @@ def _samples() -> dict[str, bytes]:
 
     f = io.StringIO()
     write_folded(ft, stacks.point_values(exp, m), m, f)
+    f.write(" 4\n")  # a sample without frames, as py-spy writes them
     s = io.StringIO()
     write_speedscope(ft, m, [("t", stacks.point_values(exp, m, 1))], s, "x")
     pb = pprof_bytes(ft, [m], [PprofSource(None, [stacks.point_values(exp, m)])])

@@ -110,11 +110,11 @@ def build(ss: StackSet) -> Experiment:
     if n == 0 or not np.any(ss.values != 0):
         raise CallpathError("no samples with a nonzero value to import")
     # tokens: each frame is a procedure token, then a line token when its line is known
-    fl = np.diff(ss.offsets)
     has_line = ss.frame_line > 0
     per_frame = 1 + has_line.astype(np.int64)
-    tok_len = np.add.reduceat(per_frame, ss.offsets[:-1]) if len(per_frame) else per_frame
-    tok_len = np.where(fl > 0, tok_len, 0)
+    cs = np.zeros(len(per_frame) + 1, dtype=np.int64)
+    np.cumsum(per_frame, out=cs[1:])
+    tok_len = cs[ss.offsets[1:]] - cs[ss.offsets[:-1]]  # tokens per sample (0 if no frames)
     n_tok = int(per_frame.sum())
     tpos = np.zeros(len(per_frame) + 1, dtype=np.int64)
     np.cumsum(per_frame, out=tpos[1:])
@@ -126,17 +126,14 @@ def build(ss: StackSet) -> Experiment:
     tval[lpos] = ss.frame_line[has_line]
     toff = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(tok_len, out=toff[1:])
-    keep = tok_len > 0
-    if not keep.all():
-        raise CallpathError("a sample has no frames (expected at least one function)")
-    # trie, one level at a time
+    # trie, one level at a time (a sample without frames stays at the entry point)
     cur = np.full(n, -1, dtype=np.int64)  # trie node of each sample at the current level
     par_l: list[I64] = []
     kind_l: list[I64] = []
     val_l: list[I64] = []
     level_l: list[I64] = []
     count = 0
-    act = np.arange(n)
+    act = np.flatnonzero(tok_len > 0)
     d = 0
     while len(act):
         pos = toff[act] + d
@@ -201,7 +198,7 @@ def build(ss: StackSet) -> Experiment:
     metrics = [standard_metric(nm, 3 * k, scopes, period=(ss.periods[k] if k < len(ss.periods)
                                                           else 1.0))
                for k, nm in enumerate(ss.metric_names)]
-    node_of_sample = pre[leaf] + 2
+    node_of_sample = np.where(leaf >= 0, pre[np.maximum(leaf, 0)] + 2, 1)
     blocks = []
     nz_ctx: list[ExecutionContext] = []
     lines: list[TraceLine] = []

@@ -37,7 +37,7 @@ def detect(path: Path, data: bytes) -> str:
     if looks_like_perf_script(text):
         return "perf"
     first = next((ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")), "")
-    if FOLDED_LINE.match(first) and not first[0].isspace():
+    if FOLDED_LINE.match(first):
         return "folded"
     if data[:1] in (b"\x0a", b"\x12"):
         return "pprof"

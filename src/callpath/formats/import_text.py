@@ -20,7 +20,9 @@ from callpath.errors import FormatError
 from callpath.formats.import_build import Interner, StackSet, stackset, thread_ids
 from callpath.model import Identifier, IdKind
 
-FOLDED_LINE = re.compile(r"^(?P<stack>.*\S)\s+(?P<count>[0-9]+(?:\.[0-9]*)?)$")
+# flamegraph.pl's rule: the count is the last field; the stack may be empty (py-spy writes
+# samples without frames that way), and then the cost stays at the thread's entry point
+FOLDED_LINE = re.compile(r"^(?P<stack>.*?)\s*(?<![^\s])(?P<count>[0-9]+(?:\.[0-9]*)?)$")
 PERF_HEADER = re.compile(
     r"^(?P<comm>\S.*?)\s+(?P<pid>-?\d+)(?:/(?P<tid>-?\d+))?\s+(?:\[(?P<cpu>\d+)\]\s+)?"
     r"(?P<time>\d+\.\d+):\s+(?:(?P<period>\d+)\s+)?(?P<event>[^\s:][^\s]*?):?(?:\s.*)?$")
@@ -39,7 +41,7 @@ def read_folded(path: Path, text: str) -> StackSet:
         if not m:
             raise FormatError(path, f"line {no}: expected 'frame;frame;... COUNT' (folded "
                               f"stacks), found {line[:60]!r}")
-        frames = m["stack"].split(";")
+        frames = m["stack"].split(";") if m["stack"] else []
         if any(not f for f in frames):
             raise FormatError(path, f"line {no}: empty frame name in {m['stack'][:60]!r}")
         stacks.append([(fns(f), 0, False) for f in frames])
