@@ -128,10 +128,11 @@ def build(ss: StackSet) -> Experiment:
     np.cumsum(tok_len, out=toff[1:])
     # trie, one level at a time (a sample without frames stays at the entry point)
     cur = np.full(n, -1, dtype=np.int64)  # trie node of each sample at the current level
-    par_l: list[I64] = []
-    kind_l: list[I64] = []
-    val_l: list[I64] = []
-    level_l: list[I64] = []
+    empty = np.zeros(0, dtype=np.int64)
+    par_l: list[I64] = [empty]
+    kind_l: list[I64] = [empty]
+    val_l: list[I64] = [empty]
+    level_l: list[I64] = [empty]
     count = 0
     act = np.flatnonzero(tok_len > 0)
     d = 0
@@ -198,7 +199,9 @@ def build(ss: StackSet) -> Experiment:
     metrics = [standard_metric(nm, 3 * k, scopes, period=(ss.periods[k] if k < len(ss.periods)
                                                           else 1.0))
                for k, nm in enumerate(ss.metric_names)]
-    node_of_sample = np.where(leaf >= 0, pre[np.maximum(leaf, 0)] + 2, 1)
+    node_of_sample = np.ones(n, dtype=np.int64)  # no frames: the entry point
+    has = leaf >= 0
+    node_of_sample[has] = pre[leaf[has]] + 2
     blocks = []
     nz_ctx: list[ExecutionContext] = []
     lines: list[TraceLine] = []
