@@ -481,3 +481,15 @@ def test_varints_round_trip(values: list[int]) -> None:
     assert back == values
     want = [10 if v < 0 else max(1, -(-v.bit_length() // 7)) for v in values]
     assert enc.lengths().tolist() == want
+
+
+def test_samples_without_frames(tmp_path: Path) -> None:
+    """A folded line with an empty stack (py-spy writes them) keeps its cost, at the
+    thread's entry point, also when no line has frames."""
+    for text, want in (("7\n", {"main thread": 7}),
+                       ("a;b 3\n 2\n", {"a;b": 3, "main thread": 2})):
+        src = tmp_path / "e.folded"
+        src.write_text(text)
+        db = tmp_path / f"e{len(want)}.d"
+        cli_ok("import", str(src), "-o", str(db))
+        assert folded(export(db, "folded", tmp_path / "e.txt")) == want
