@@ -206,6 +206,9 @@ def decode_ops(data: bytes, base: int) -> Decoded:
 # r12-r15 (0: not saved).
 State = tuple[int | None, int | None, tuple[int, ...]]
 ENTRY: State = (8, None, (0,) * len(SAVED_NAMES))
+#: rows of the procedure at the ELF entry point (no caller) and of signal trampolines
+OUTERMOST = (2, DW_RSP, 8, *ENTRY[2], 8)
+TRAMPOLINE = (3, DW_RSP, 0, *ENTRY[2], 0)
 
 
 def _row(s: State) -> tuple[int, ...]:
@@ -475,6 +478,40 @@ def _bounds(d: Decoded, lo: int, hi: int, starts: set[int], sized: list[tuple[in
     return sorted(set(entries) | set(extra))
 
 
+@dataclass
+class _Sweep:
+    """What one linear decode of a module's code yields."""
+
+    decoded: list[tuple[int, int, Decoded]]  # (section start, size, operations)
+    call_targets: set[int]
+    jump_src: dict[int, list[int]]           # direct jump target -> jump addresses
+    sigreturns: list[int]
+    text_bytes: int
+
+
+def _sweep(mod: ElfModule) -> _Sweep:
+    sw = _Sweep([], set(), {}, [], 0)
+    for sec in mod.text_sections:
+        if sec.name.startswith(".plt"):
+            continue  # PLT stubs have rules of their own (measure.cfi)
+        data = mod.elf.get_section_by_name(sec.name).data()
+        d = decode_ops(data, sec.addr)
+        sw.decoded.append((sec.addr, sec.size, d))
+        sw.text_bytes += sec.size
+        at = data.find(SIGRETURN)
+        while at >= 0:
+            sw.sigreturns.append(sec.addr + at)
+            at = data.find(SIGRETURN, at + 1)
+        for i in d.branches:
+            o, a = d.op[i], d.arg[i]
+            if o == OP_CALL:
+                if a:
+                    sw.call_targets.add(a)
+            else:
+                sw.jump_src.setdefault(a, []).append(d.ip[i])
+    return sw
+
+
 def compute(path: str | os.PathLike[str]) -> Recipes:
     """Analyse every executable section of the ELF file at ``path``."""
     t0 = time.perf_counter()
@@ -482,91 +519,66 @@ def compute(path: str | os.PathLike[str]) -> Recipes:
     try:
         syms = _symbols(mod)
         fdes = _eh_frame_ranges(mod)
-        sized = sorted({(a, n) for a, n in syms + fdes if n > 0})
-        starts = {a for a, _ in syms} | {a for a, _ in fdes}
-        starts.add(int(mod.elf.header["e_entry"]))
-        plt = [(s.addr, s.addr + s.size) for s in mod.text_sections if s.name.startswith(".plt")]
-        out_a: list[int] = []
-        out_r: list[int] = []
-        index: dict[tuple[int, ...], int] = {}
-        text = 0
-        nproc = 0
-        decoded = []
-        call_targets: set[int] = set()
-        jump_src: dict[int, list[int]] = {}
-        sigreturns: list[int] = []
-        for sec in mod.text_sections:
-            if sec.name.startswith(".plt"):
-                continue  # PLT stubs have rules of their own (measure.cfi)
-            data = mod.elf.get_section_by_name(sec.name).data()
-            d = decode_ops(data, sec.addr)
-            decoded.append((sec, d))
-            at = data.find(SIGRETURN)
-            while at >= 0:
-                sigreturns.append(sec.addr + at)
-                at = data.find(SIGRETURN, at + 1)
-            text += sec.size
-            for i in d.branches:
-                o, a = d.op[i], d.arg[i]
-                if o == OP_CALL:
-                    if a:
-                        call_targets.add(a)
-                else:
-                    jump_src.setdefault(a, []).append(d.ip[i])
-            starts.add(sec.addr)
-        starts |= call_targets
-        procs: list[tuple[Decoded, int, int]] = []
-        for sec, d in decoded:
-            entries = _bounds(d, sec.addr, sec.addr + sec.size, starts, sized, jump_src)
-            idx = [bisect.bisect_left(d.ip, e) for e in entries] + [len(d.ip)]
-            for e, i0, i1 in zip(entries, idx, idx[1:], strict=False):
-                if i0 < i1 and d.ip[i0] == e:
-                    procs.append((d, i0, i1))
-        xjumps: dict[int, State] = {}
-        results = [analyze_procedure(d, i0, i1, ENTRY, xjumps) for d, i0, i1 in procs]
-        # parts entered by a jmp in another frame's state (gcc's foo.cold): redo from there
-        for n, (d, i0, i1) in enumerate(procs):
-            e = d.ip[i0]
-            st = xjumps.get(e)
-            if st is not None and st != ENTRY and e not in call_targets:
-                results[n] = analyze_procedure(d, i0, i1, st)
         entry_point = int(mod.elf.header["e_entry"])
-        for (d, i0, i1), res in zip(procs, results, strict=True):
-            nproc += 1
-            outermost = d.ip[i0] == entry_point  # _start: no caller to find
-            for a, s in res:
-                row = _row(s) if not outermost else (2, DW_RSP, 8, *ENTRY[2], 8)
-                r = index.setdefault(row, len(index))
-                if out_r and out_r[-1] == r and out_a[-1] < a:
-                    continue
-                out_a.append(a)
-                out_r.append(r)
-            end = d.nxt[i1 - 1]
-            out_a.append(end)
-            out_r.append(-1)
-        del plt
+        sw = _sweep(mod)
     finally:
         mod.close()
+    sized = sorted({(a, n) for a, n in syms + fdes if n > 0})
+    starts = {a for a, _ in syms} | {a for a, _ in fdes} | sw.call_targets | {entry_point}
+    starts |= {lo for lo, _n, _d in sw.decoded}
+    procs: list[tuple[Decoded, int, int]] = []
+    for lo, size, d in sw.decoded:
+        entries = _bounds(d, lo, lo + size, starts, sized, sw.jump_src)
+        idx = [bisect.bisect_left(d.ip, e) for e in entries] + [len(d.ip)]
+        for e, i0, i1 in zip(entries, idx, idx[1:], strict=False):
+            if i0 < i1 and d.ip[i0] == e:
+                procs.append((d, i0, i1))
+    xjumps: dict[int, State] = {}
+    results = [analyze_procedure(d, i0, i1, ENTRY, xjumps) for d, i0, i1 in procs]
+    # parts entered by a jmp in another frame's state (gcc's foo.cold): redo from there
+    for n, (d, i0, i1) in enumerate(procs):
+        e = d.ip[i0]
+        st = xjumps.get(e)
+        if st is not None and st != ENTRY and e not in sw.call_targets:
+            results[n] = analyze_procedure(d, i0, i1, st)
+    out_a: list[int] = []
+    out_r: list[int] = []
+    index: dict[tuple[int, ...], int] = {}
+    for (d, i0, i1), res in zip(procs, results, strict=True):
+        outermost = d.ip[i0] == entry_point  # _start: no caller to find
+        for a, s in res:
+            row = _row(s) if not outermost else OUTERMOST
+            r = index.setdefault(row, len(index))
+            if out_r and out_r[-1] == r and out_a[-1] < a:
+                continue
+            out_a.append(a)
+            out_r.append(r)
+        out_a.append(d.nxt[i1 - 1])  # the end of the procedure: no recipe up to the next
+        out_r.append(-1)
     starts_a, rid = _sorted_ranges(out_a, out_r)
-    if sigreturns:
-        # signal trampolines: from the byte before (the unwinder looks up return address - 1)
-        # to the end of the syscall, the registers are in the kernel's signal frame
-        sig = index.setdefault((3, DW_RSP, 0, *ENTRY[2], 0), len(index))
-        ext_a, ext_r = [], []
-        for a in sigreturns:
-            j = int(np.searchsorted(starts_a, a + len(SIGRETURN), side="right")) - 1
-            ext_a += [a - 1, a + len(SIGRETURN)]
-            ext_r += [sig, int(rid[j]) if j >= 0 else -1]
-        # inside the trampoline, earlier range starts give way
-        inside = np.zeros(len(starts_a), dtype=bool)
-        for a in sigreturns:
-            inside |= (starts_a >= a - 1) & (starts_a < a + len(SIGRETURN))
-        starts_a, rid = _sorted_ranges(starts_a[~inside].tolist() + ext_a,
-                                       rid[~inside].tolist() + ext_r)
+    if sw.sigreturns:
+        starts_a, rid = _with_trampolines(starts_a, rid, sw.sigreturns,
+                                          index.setdefault(TRAMPOLINE, len(index)))
     rows = (np.array(sorted(index, key=index.__getitem__), dtype=np.int64).reshape(-1, NCOLS)
             if index else np.zeros((0, NCOLS), dtype=np.int64))
-    return Recipes(str(path), mod.build_id or "", starts_a, rid, rows, text, nproc,
-                   time.perf_counter() - t0)
+    return Recipes(str(path), mod.build_id or "", starts_a, rid, rows, sw.text_bytes,
+                   len(procs), time.perf_counter() - t0)
+
+
+def _with_trampolines(starts: npt.NDArray[np.uint64], rid: npt.NDArray[np.int32],
+                      sigreturns: list[int], sig: int
+                      ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int32]]:
+    """Signal trampolines: from the byte before (the unwinder looks up return address - 1)
+    to the end of the syscall, the registers are in the kernel's signal frame."""
+    n = len(SIGRETURN)
+    ext_a, ext_r = [], []
+    inside = np.zeros(len(starts), dtype=bool)
+    for a in sigreturns:
+        j = int(np.searchsorted(starts, a + n, side="right")) - 1
+        ext_a += [a - 1, a + n]
+        ext_r += [sig, int(rid[j]) if j >= 0 else -1]
+        inside |= (starts >= a - 1) & (starts < a + n)  # earlier range starts give way
+    return _sorted_ranges(starts[~inside].tolist() + ext_a, rid[~inside].tolist() + ext_r)
 
 
 def procedure_rows(code: bytes, lo: int, outermost: bool = False
@@ -578,7 +590,7 @@ def procedure_rows(code: bytes, lo: int, outermost: bool = False
     if not d.ip:
         return []
     if outermost:
-        return [(lo, (2, DW_RSP, 8, *ENTRY[2], 8))]
+        return [(lo, OUTERMOST)]
     return [(a, _row(st)) for a, st in analyze_procedure(d, 0, len(d.ip))]
 
 
