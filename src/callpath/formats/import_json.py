@@ -82,7 +82,7 @@ def read_speedscope(path: Path, doc: Any) -> StackSet:
             raise FormatError(path, f"speedscope profile {pi}: type {typ!r} (expected "
                               "'sampled' or 'evented')")
         for key, w in agg.items():
-            if key and w:
+            if w:  # an empty stack keeps its cost (at the entry point)
                 stacks.append([(fid[f], 0, False) for f in key])
                 values.append([w * scale])
                 ctx.append(pi)
