@@ -369,3 +369,35 @@ def test_native_trace(capture_ok: None, libs: dict[str, Path], tmp_path: Path) -
     assert len(t.trace) == int(t.samples[:, 0].sum()) > 0
     assert np.all(np.diff(t.trace["time"].astype(np.int64)) >= 0)
     assert np.all(t.samples[t.trace["node"].astype(np.int64), 0] > 0)
+
+
+def _other_cpython() -> str | None:
+    """A CPython 3.12+ on PATH, for which no native capture is built here."""
+    found = [shutil.which(name) for name in ("python3.13", "python3.12")]
+    found += [str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.1[2-9]*/bin/python3"))]
+    for exe in found:
+        if exe is None:
+            continue
+        r = subprocess.run([exe, "-c", "import sys; print(sys.version_info >= (3, 12))"],
+                           capture_output=True, text=True, check=False)
+        if r.returncode == 0 and r.stdout.strip() == "True":
+            return exe
+    return None
+
+
+def test_other_interpreter_falls_back_to_python_paths(tmp_path: Path) -> None:
+    """A program run by an interpreter the capture is not built for (CPython 3.12+ here)
+    keeps its Python call paths, and the run says why once."""
+    exe = _other_cpython()
+    if exe is None:
+        pytest.skip("no CPython 3.12+ on PATH")
+    out = tmp_path / "m"
+    code = "t = 0\nfor i in range(500_000):\n    t += i % 7\n"
+    r = callpath("run", "--native", "-o", str(out), "--", exe, "-c", code)
+    assert r.returncode == 0, r.stderr
+    warnings = [ln for ln in r.stderr.splitlines() if "warning: --native" in ln]
+    assert len(warnings) == 1 and "3.1" in warnings[0], r.stderr
+    (p,) = measdir.read(out).processes
+    assert str(p.info["native"]).startswith("python only"), p.info
+    assert set(p.threads[0].nodes["kind"][1:].tolist()) == {PY}
+    assert p.threads[0].stats["samples"] > 0
