@@ -161,13 +161,16 @@ def _library(name: str) -> Path:
     pytest.skip(f"{name} not found")
 
 
-# Measured on this machine (Debian 12, glibc 2.36, gcc 12 libstdc++, pyenv's CPython 3.11):
-# libc 98.3%, libm 99.0%, libstdc++ 95.4%, libpython 97.4% of the bytes both describe. The
-# rest is mostly where CFI and recipe differ legitimately or CFI is wrong (glibc's
-# hand-written __mpn_addmul_1 pushes rbx and rbp that its CFI never mentions), and code
-# entered only by indirect jumps. Thresholds sit ~2 points below: a deterministic figure,
-# so a failure means the analysis (or the library) changed, which is worth a look.
-THRESHOLDS = {"libc.so.6": 0.96, "libm.so.6": 0.97, "libstdc++.so.6": 0.93, "libpython": 0.95}
+# Measured on this machine (Debian 12, glibc 2.36, gcc 12 libstdc++, pyenv's CPython 3.11), all
+# FDEs: libc 99.2%, libm 99.3%, libstdc++ 96.7%, libpython 98.9% of the bytes both describe
+# (on the subsets below: 99.0, 99.3, 96.7, 98.9). The rest: landing pads and other code that
+# gcc moves to .cold parts reached only by the exception unwinder (libstdc++ has many; no
+# instruction leads there), code reached only by indirect jumps, and places where the CFI is
+# the one that is wrong (glibc's hand-written __mpn_addmul_1 pushes rbx and rbp that its CFI
+# never mentions). Thresholds sit ~1.5 points below: a deterministic figure, so a failure
+# means the analysis (or the library) changed, which is worth a look.
+THRESHOLDS = {"libc.so.6": 0.975, "libm.so.6": 0.975, "libstdc++.so.6": 0.95,
+              "libpython": 0.975}
 #: every n-th FDE is compared (reading FDE tables with pyelftools is the slow part): 900 to
 #: 3700 FDEs per library, a fixed subset, so the figure stays deterministic
 EVERY = {"libc.so.6": 2, "libm.so.6": 1, "libstdc++.so.6": 4, "libpython": 4}

@@ -110,8 +110,10 @@ class Agreement:
 def compare_with_cfi(path: str, rec: Recipes, every: int = 1) -> Agreement:
     """Walk every ``every``-th FDE of ``.eh_frame`` and compare its rows with the recipes,
     range by range. "Alike" means the same CFA (register and offset: the return address is
-    at CFA - 8 in both) and the same slot for rbp (the caller's frame pointer); a CFI rule
-    that is a DWARF expression is left out (no recipe can be compared with it)."""
+    at CFA - 8 in both) and the same slot for rbp (the caller's frame pointer); a CFI save
+    slot below the stack pointer (after the epilogue's pop, where gcc's CFI keeps the rule)
+    counts as restored, as the unwinder treats it; a CFI rule that is a DWARF expression is
+    left out (no recipe can be compared with it)."""
     import numpy as np
     from elftools.dwarf.callframe import FDE
     from elftools.elf.elffile import ELFFile
@@ -158,8 +160,10 @@ def compare_with_cfi(path: str, rec: Recipes, every: int = 1) -> Agreement:
                     slots = []
                     for c in dwarf_cols:
                         rr = r.get(c)
-                        slots.append(int(rr.arg) if rr is not None and rr.type == "OFFSET"
-                                     else 0)
+                        slot = int(rr.arg) if rr is not None and rr.type == "OFFSET" else 0
+                        if cfa.reg == 7 and slot < -int(cfa.offset):
+                            slot = 0  # below rsp (an epilogue popped it): the value is back
+                        slots.append(slot)
                     # the same CFA, or the same rsp offset beside a frame pointer
                     same_cfa = ((int(row[CFA_REG]), int(row[CFA_OFF])) == (int(cfa.reg),
                                                                             int(cfa.offset))
