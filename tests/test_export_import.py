@@ -493,3 +493,24 @@ def test_samples_without_frames(tmp_path: Path) -> None:
         db = tmp_path / f"e{len(want)}.d"
         cli_ok("import", str(src), "-o", str(db))
         assert folded(export(db, "folded", tmp_path / "e.txt")) == want
+
+
+def test_export_of_a_comparison(tmp_path: Path, profile_pb2: Any) -> None:
+    """A 'callpath diff' database exports its [base] and [new] columns (times in
+    nanoseconds, the tags kept), and its pprof re-imports with the same metric names."""
+    db = shared_path("hpctoolkit", "dbase", "loops-cputime-t.d")
+    diff = tmp_path / "self.d"
+    cli_ok("diff", str(db), str(db), "-o", str(diff))
+    exp = callpath.open(diff)
+    names = [m.name for m in exp.metrics]
+    assert names == ["CPUTIME (sec) [base]", "CPUTIME (sec) [new]"]
+    prof = decode(profile_pb2, export(diff, "pprof", tmp_path / "d.pb.gz"))
+    st_ = prof.string_table
+    assert [(st_[t.type], st_[t.unit]) for t in prof.sample_type] == [
+        ("CPUTIME [base]", "nanoseconds"), ("CPUTIME [new]", "nanoseconds")]
+    assert sum(s.value[0] for s in prof.sample) == sum(s.value[1] for s in prof.sample)
+    back = tmp_path / "back.d"
+    cli_ok("import", str(tmp_path / "d.pb.gz"), "-o", str(back))
+    assert [m.name for m in callpath.open(back).metrics] == names
+    a = folded(export(diff, "folded", tmp_path / "a.txt", "-m", names[0]))
+    assert a == folded(export(db, "folded", tmp_path / "b.txt"))

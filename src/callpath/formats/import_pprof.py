@@ -77,8 +77,9 @@ def read_pprof(path: Path, data: bytes) -> StackSet:
     metric_names, scales = [], []
     for t, u in st_raw:
         typ, unit = s(t), s(u)
-        if unit == "nanoseconds":
-            metric_names.append(f"{typ} (sec)")
+        if unit == "nanoseconds":  # a comparison's tag stays last: "CPUTIME (sec) [base]"
+            cut = typ.rindex(" [") if typ.endswith("]") and " [" in typ else len(typ)
+            metric_names.append(f"{typ[:cut]} (sec){typ[cut:]}")
             scales.append(1e-9)
         else:
             metric_names.append(typ if unit in ("count", "") or typ.endswith(f"({unit})")

@@ -278,17 +278,27 @@ def integer_scale(metric: Metric, values: F64) -> IntegerScale:
         q = nz / metric.period
         if np.allclose(q, np.rint(q), rtol=0, atol=1e-6):
             return IntegerScale(1.0 / metric.period, "count")
-    if name.endswith("(sec)") or metric.unit in ("s", "sec", "seconds"):
+    if bare_name(name).endswith("(sec)") or metric.unit in ("s", "sec", "seconds"):
         return IntegerScale(1e9, "nanoseconds")
     return IntegerScale(1e6, "millionths")
 
 
-def metric_unit_name(metric: Metric) -> str:
-    """The metric's name without a trailing unit in parentheses: ``CPUTIME (sec)`` → ``CPUTIME``."""
-    name = metric.name
-    if name.endswith(")") and " (" in name:
-        return name[:name.rindex(" (")]
+def bare_name(name: str) -> str:
+    """A metric name without the column tag of a comparison: ``CPUTIME (sec) [base]`` →
+    ``CPUTIME (sec)`` (``callpath diff`` and ``merge`` tag their columns so)."""
+    if name.endswith("]") and " [" in name:
+        return name[:name.rindex(" [")]
     return name
+
+
+def metric_unit_name(metric: Metric) -> str:
+    """The metric's name without a trailing unit in parentheses: ``CPUTIME (sec)`` →
+    ``CPUTIME``, ``CPUTIME (sec) [base]`` → ``CPUTIME [base]``."""
+    name = bare_name(metric.name)
+    tag = metric.name[len(name):]
+    if name.endswith(")") and " (" in name:
+        name = name[:name.rindex(" (")]
+    return name + tag
 
 
 def weight_sources(exp: Experiment, contexts: list[int] | None, *, summary: bool = True
