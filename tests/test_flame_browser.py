@@ -5,8 +5,9 @@ loops-cputime-t.d.
 
 The comparison's runs: base ``twoinputs 200000`` (common() twice as long as in the new run),
 new ``twoinputs 100000 extra`` (only_extra() only there). So common() has a negative delta of
-about half its base time (~0.13 s, ~130 samples each side: a sign error would need the two
-counts to cross, beyond 10 standard deviations) and only_extra() a positive one.
+about half its base time (~0.26 s against ~0.13 s: ~130 samples apart, while the
+difference of the two counts has a standard deviation of ~20; a sign error is beyond 6 of
+them, probability under 10^-9) and only_extra() a positive one.
 
 Screenshots: tests/artifacts/view/flame-*.png.
 """
@@ -230,5 +231,19 @@ def test_compare_two_open_databases(page: Any, server: Any) -> None:  # noqa: F8
     assert float(root[2].split()[0]) == pytest.approx(delta, rel=5e-3, abs=1e-9)
     red = pixel(pg, box_of(pg, "» only_extra"))
     assert red[0] > red[2] + 60, red
+    # coloured bars in the tree's delta column: more in only_extra, less in common
+    for name, want in (("» common", "less"), ("» only_extra", "more")):
+        pg.click("#flame-pane .flame-reset")
+        settle(pg)
+        click_box(pg, box_of(pg, name))
+        settle(pg)
+        pg.wait_for_function("""(want) => {
+            const heads = [...document.querySelectorAll('.tv-hcell.tv-metric')];
+            const i = heads.findIndex(h => h.title.includes('[delta] (I)'));
+            const row = document.querySelector('.tv-row.selected');
+            const cell = row && row.querySelectorAll('.tv-cell.tv-metric')[i];
+            return cell && cell.dataset.delta === want
+                && cell.style.background.includes('gradient');
+        }""", arg=want)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     pg.screenshot(path=str(ARTIFACTS / "flame-compare-tab.png"))

@@ -66,3 +66,44 @@ export function installCompare(button, hooks) {
 export function comparisonColumns() {
   return { order: ["m0i", "m1i", "d0", "d1"], hidden: [], names: {} };
 }
+
+/**
+ * Coloured bars in the tree's delta columns (any column named "… [delta] (I|E)", as
+ * `callpath diff` and Compare… make them): red for more in the new run, blue for less, the
+ * bar's length the value's share of the largest |delta| among the rows on screen. Watches the
+ * tree's DOM (rows are recycled as it scrolls) and paints only the rendered cells.
+ */
+export function installDeltaBars(host) {
+  let queued = false;
+  const paint = () => {
+    queued = false;
+    const heads = [...host.querySelectorAll(".tv-hcell.tv-metric")];
+    const cols = heads.map((h, i) => ({ i, key: h.dataset.key, delta: / \[delta\] \([IE]\)$/.test(h.title.split("\n")[0].split(" — ")[0]) }))
+      .filter((c) => c.delta);
+    const rows = [...host.querySelectorAll(".tv-row")].filter((r) => r._entry && r._entry.row && !r.hidden);
+    for (const c of cols) {
+      let max = 0;
+      for (const r of rows) max = Math.max(max, Math.abs(r._entry.row.values[c.key] || 0));
+      for (const r of rows) {
+        const cell = r._cells && r._cells[c.i];
+        if (!cell) continue;
+        const v = r._entry.row.values[c.key] || 0;
+        const pct = max > 0 ? Math.round(100 * Math.abs(v) / max) : 0;
+        const color = v > 0 ? "rgba(230,60,60,.35)" : "rgba(60,90,230,.35)";
+        cell.style.background = pct ? `linear-gradient(to left, ${color} ${pct}%, transparent ${pct}%)` : "";
+        cell.dataset.delta = v > 0 ? "more" : v < 0 ? "less" : "same";
+      }
+    }
+    for (const r of rows) {  // a recycled row that shows no delta column any more
+      for (let i = 0; r._cells && i < r._cells.length; i++) {
+        if (!cols.some((c) => c.i === i) && r._cells[i].dataset.delta) {
+          r._cells[i].style.background = "";
+          delete r._cells[i].dataset.delta;
+        }
+      }
+    }
+  };
+  new MutationObserver(() => {
+    if (!queued) { queued = true; requestAnimationFrame(paint); }
+  }).observe(host, { childList: true, subtree: true, characterData: true });
+}

@@ -11,7 +11,7 @@ import { PlotDialog } from "./plot.js";
 import { TraceView } from "./trace.js";
 import { LinesView } from "./lines.js";
 import { FlamePane } from "./flame.js";
-import { installCompare, comparisonColumns } from "./compare.js";
+import { installCompare, comparisonColumns, installDeltaBars } from "./compare.js";
 import { startLinks } from "./share.js";
 
 const $ = (id) => document.getElementById(id);
@@ -121,6 +121,7 @@ const flame = new FlamePane($("flame-pane"), {
   reveal: (keys) => tree.revealPath(keys),
 });
 $("tb-flame").onclick = () => flame.toggle();
+installDeltaBars(treeHost);  // red/blue bars in the delta columns of a comparison
 // two open databases compared (compare.js): the comparison opens as a new tab with its flame graph
 installCompare($("tb-compare"), {
   current: () => state.db, databases: () => databases,
