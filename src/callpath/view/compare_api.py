@@ -90,6 +90,9 @@ def route(dbs: list[Database]) -> Route:
     """The route, bound to the server's list of databases (which it extends)."""
 
     async def endpoint(request: Request) -> Response:
+        if request.scope.get("callpath_guest"):
+            return JSONResponse({"error": "read-only guest link: comparing databases opens a "
+                                 "new one, which guests may not"}, status_code=403)
         body = await request.body()
         try:
             base, new = _parse(body, len(dbs))
