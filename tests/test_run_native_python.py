@@ -374,7 +374,8 @@ def test_native_trace(capture_ok: None, libs: dict[str, Path], tmp_path: Path) -
 def _other_cpython() -> str | None:
     """A CPython 3.12+ on PATH, for which no native capture is built here."""
     found = [shutil.which(name) for name in ("python3.13", "python3.12")]
-    found += [str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.1[2-9]*/bin/python3"))]
+    found += [str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.1[2-9]*/bin/python3"),
+                                     reverse=True)]
     for exe in found:
         if exe is None:
             continue
@@ -401,3 +402,62 @@ def test_other_interpreter_falls_back_to_python_paths(tmp_path: Path) -> None:
     assert str(p.info["native"]).startswith("python only"), p.info
     assert set(p.threads[0].nodes["kind"][1:].tolist()) == {PY}
     assert p.threads[0].stats["samples"] > 0
+
+
+def _cpython_312() -> tuple[str, str] | None:
+    """A CPython 3.12 with its headers: (interpreter, include directory)."""
+    cands = [shutil.which("python3.12")]
+    cands += [str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3"))]
+    for exe in cands:
+        if exe is None:
+            continue
+        r = subprocess.run([exe, "-c", "import sys, sysconfig; print(sys.version_info[:2] == "
+                            "(3, 12), sysconfig.get_paths()['include'])"],
+                           capture_output=True, text=True, check=False)
+        words = r.stdout.split()
+        if r.returncode == 0 and words[:1] == ["True"] and (Path(words[1]) / "Python.h").exists():
+            return exe, words[1]
+    return None
+
+
+def test_cpython_312_frames_merged(libs: dict[str, Path], tmp_path: Path) -> None:
+    """CPython 3.12 marks an activation's first frame with a shim frame owned by the C stack:
+    with the capture built against 3.12's headers (as ``pip install`` does under 3.12), the
+    kernels are below their own Python callers there too. The sampler's files are copied
+    beside that build (the checkout's own modules are 3.11's)."""
+    found = _cpython_312()
+    if found is None or "kernels" not in libs:
+        pytest.skip("no CPython 3.12 with headers, or gcc cannot build here")
+    exe, include = found
+    src = ROOT / "src" / "callpath" / "measure" / "python"
+    here = tmp_path / "sampler"
+    shutil.copytree(src / "shim", here / "shim")
+    for f in ("sampler.py", "native_capture.py"):
+        shutil.copy(src / f, here / f)
+    r = subprocess.run(["gcc", "-O2", "-shared", "-fPIC", f"-I{include}", "-o",
+                        str(here / "_callpath_native.cpython-312-x86_64-linux-gnu.so"),
+                        str(src / "_callpath_native.c")], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "m"
+    out.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(here / "shim"), CALLPATH_PY_OUT=str(out),
+               CALLPATH_PY_FREQ="1000", CALLPATH_PY_NATIVE="32768")
+    r = subprocess.run([exe, str(PROGRAMS / "two_callers.py"), str(libs["kernels"]), "20"],
+                       env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        lines = finish_native(out)
+    assert lines and "warning" not in err.getvalue(), err.getvalue()
+    (pfile,) = out.glob(measdir.PROCESS_GLOB)
+    p = measdir.read_process(pfile)
+    assert p.info["python"].startswith("3.12") and str(p.info["native"]).startswith("merged")
+    seen: dict[str, set[str]] = {}
+    for frames, _n, _s in paths(out, p, p.threads[0]):
+        for i, f in enumerate(frames):
+            if f.kind == NAT and f.name in ("kernel_a", "kernel_b"):
+                caller = innermost_python_above(frames, i)
+                seen.setdefault(f.name, set()).add(caller.name if caller else "")
+    assert seen == {"kernel_a": {"small_part"}, "kernel_b": {"large_part"}}, seen
+    assert p.threads[0].stats["partial"] <= 0.02 * p.threads[0].stats["samples"]

@@ -10,8 +10,9 @@
  *   - thread id, CLOCK_MONOTONIC and the thread's CPU clock;
  *   - the interrupted registers from the ucontext (ip, sp, bp, bx, r12-r15: what the CFI
  *     unwinder of callpath.measure.unwind needs);
- *   - the thread's Python frame chain, read from its PyThreadState (CPython 3.11 frame records:
- *     code object address, byte offset of the instruction, is_entry, incomplete); nothing is
+ *   - the thread's Python frame chain, read from its PyThreadState (CPython frame records:
+ *     code object address, byte offset of the instruction, first of its activation,
+ *     incomplete); nothing is
  *     dereferenced but the frame records and the code objects they hold strong references to;
  *   - a bounded slice of the native stack from sp, copied with process_vm_readv on ourselves
  *     page by page, so that a copy that runs off the end of a thread's stack stops at the
@@ -21,8 +22,8 @@
  * (CLOCK_MONOTONIC, SIGEV_THREAD_ID), so threads that native libraries start (OpenMP, BLAS)
  * are sampled too. Unwinding and merging are post-mortem (callpath.measure.python.merge).
  *
- * Only CPython 3.11 and x86-64 Linux: elsewhere `supported()` names the reason and the sampler
- * falls back to Python-only paths.
+ * Only CPython 3.11 and 3.12 (their frame records) on x86-64 Linux: elsewhere `supported()`
+ * names the reason and the sampler falls back to Python-only paths.
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
@@ -42,7 +43,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && defined(__x86_64__) \
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000 && defined(__x86_64__) \
     && defined(__linux__)
 #define CAPTURE 1
 #define Py_BUILD_CORE 1
@@ -224,14 +225,27 @@ on_signal(int sig, siginfo_t *info, void *ucv)
                 hd->flags |= 2;
             } else {
                 _PyInterpreterFrame *f = ts_->cframe->current_frame;
-                while (f != NULL && npy < MAX_PY) {
+                for (int guard = 0; f != NULL && npy < MAX_PY && guard < 2 * MAX_PY; guard++) {
+#if PY_VERSION_HEX >= 0x030C0000
+                    /* 3.12: each evaluation activation pushes a shim frame owned by the C
+                     * stack below its first frame, instead of marking that one is_entry */
+                    if (f->owner == FRAME_OWNED_BY_CSTACK) {
+                        if (npy > 0)
+                            py[npy - 1].flags |= 1u;
+                        f = f->previous;
+                        continue;
+                    }
+                    unsigned entry = 0;
+#else
+                    unsigned entry = f->is_entry ? 1u : 0u;
+#endif
                     PyCodeObject *co = f->f_code;
                     if (co == NULL)
                         break;
                     _Py_CODEUNIT *first = _PyCode_CODE(co);
                     py[npy].code = (uint64_t)(uintptr_t)co;
                     py[npy].offset = (int32_t)((char *)f->prev_instr - (char *)first);
-                    py[npy].flags = (f->is_entry ? 1u : 0u)
+                    py[npy].flags = entry
                         | (f->owner != FRAME_OWNED_BY_GENERATOR
                            && f->prev_instr < first + co->_co_firsttraceable ? 2u : 0u);
                     npy++;
@@ -481,7 +495,8 @@ py_supported(PyObject *self, PyObject *noargs)
 #if CAPTURE
     Py_RETURN_NONE;
 #else
-    return PyUnicode_FromString("native capture is built only for CPython 3.11 on x86-64 Linux");
+    return PyUnicode_FromString("native capture is built only for CPython 3.11 and 3.12 on "
+                                "x86-64 Linux");
 #endif
 }
 
