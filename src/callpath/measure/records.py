@@ -164,7 +164,7 @@ def _samples(w: U64, o: npt.NDArray[np.int64], nregs: int,
     pidtid = w[o + 3]
     nr = w[o + 7].astype(np.int64)
     lim = len(w)
-    good = (nr < 4096) & (o + 8 + nr < lim)
+    good = (nr >= 0) & (nr < 4096) & (o + 8 + nr < lim)
     nr = np.where(good, nr, 0)
     abi_at = o + 8 + nr
     abi = w[np.minimum(abi_at, lim - 1)]
@@ -177,7 +177,7 @@ def _samples(w: U64, o: npt.NDArray[np.int64], nregs: int,
     stack0 = size_at + 1
     dyn_at = stack0 + ssize // 8
     ok = good & (ssize >= 0) & (dyn_at < lim)
-    dyn = np.where(ok, w[np.minimum(dyn_at, lim - 1)].astype(np.int64), 0)
+    dyn = np.where(ok, w[np.clip(dyn_at, 0, lim - 1)].astype(np.int64), 0)  # ssize < 0: junk
     dyn = np.where(ssize > 0, np.minimum(dyn, ssize), 0)
     uid, inv = np.unique(ident, return_inverse=True)
     metric = np.array([ids.get(int(i), -1) for i in uid.tolist()],
