@@ -111,13 +111,33 @@ async function redraw() {
   batch = [];
   queued = [];
   await whenReady();
-  drawing = drawing.then(() => {
-    // a load still under way when these changes arrived may have selected its own row
-    // since (the tree reports selections as rows arrive): the changes win
-    for (const [c, keepMode] of changes) write(c, keepMode);
-    return redrawNow(paths);
+  drawing = drawing.then(async () => {
+    // a load still under way when these changes arrived may have reported its own
+    // selection or expanded nodes since (the tree reports them as rows arrive): the changes
+    // win, and if such a report slipped in during this redraw, once more
+    for (let attempt = 0; attempt < 3; attempt++) {
+      for (const [c, keepMode] of changes) write(c, keepMode);
+      await redrawNow(attempt ? ["s"] : paths);
+      if (queued.length || batch.length) break;  // newer changes arrived: they redraw next
+      if (changes.every(([c]) => c.every(([p, v]) => holds(p, v)))) break;
+    }
   }).catch(() => {});
   await drawing;
+}
+
+const norm = (v) => (Array.isArray(v) && v.every((x) => typeof x === "string") ? [...v].sort() : v);
+
+/** Whether the state still holds value at path (lists of keys compared as sets). */
+function holds(path, value) {
+  const parts = path.split(".");
+  if (parts[0] !== "s" || parts.length < 2) return true;
+  let obj = state;
+  for (const k of parts.slice(1)) {
+    if (obj === null || typeof obj !== "object") return false;
+    obj = obj[k];
+  }
+  if (parts[parts.length - 1] === "mode") return true; // a pop-out keeps its own
+  return isObj(value) || same(norm(obj), norm(value));
 }
 
 async function redrawNow(paths) {
