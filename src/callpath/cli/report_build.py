@@ -200,6 +200,9 @@ def _flame(columns: ColumnSet, view: View, col: ColumnDef, start: int,
 
     if not args.output:
         raise CallpathError("--flame needs -o FILE.svg for the image")
+    if not args.metric and not args.columns:  # a comparison: the new run, coloured by delta
+        side = col.title.replace(" [base] (I)", " [new] (I)")
+        col = next((c for c in columns.columns if c.title == side), col)
     kind = "flame graph" if view.name == "top-down" else "icicle"
     title = f"{Path(args.database).name}: {view.name} {kind}"
     svg = flame_svg(columns, view, col, start, title=title)
