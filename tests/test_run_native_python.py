@@ -461,3 +461,33 @@ def test_cpython_312_frames_merged(libs: dict[str, Path], tmp_path: Path) -> Non
                 seen.setdefault(f.name, set()).add(caller.name if caller else "")
     assert seen == {"kernel_a": {"small_part"}, "kernel_b": {"large_part"}}, seen
     assert p.threads[0].stats["partial"] <= 0.02 * p.threads[0].stats["samples"]
+
+
+def test_torn_capture_files_merge_what_is_whole(capture_ok: None, libs: dict[str, Path],
+                                                tmp_path: Path) -> None:
+    """A process killed while writing (here: its capture files cut short by hand, the last
+    record torn and a half-written line of notes) merges the records that are whole."""
+    if "kernels" not in libs:
+        pytest.skip("gcc cannot build a shared library here")
+    out = tmp_path / "m"
+    out.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src" / "callpath" / "measure" / "python" /
+                                          "shim"),
+               CALLPATH_PY_OUT=str(out), CALLPATH_PY_FREQ="1000", CALLPATH_PY_NATIVE="32768")
+    r = subprocess.run([sys.executable, str(PROGRAMS / "two_callers.py"), str(libs["kernels"]),
+                        "10"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    (samples,) = out.glob("native-*.samples")
+    whole = len(merge.read_records(samples).tid)
+    data = samples.read_bytes()
+    samples.write_bytes(data[:-700])
+    kept = len(merge.read_records(samples).tid)
+    assert 0 < kept < whole
+    (notes,) = out.glob("native-*.json")
+    with notes.open("a") as f:
+        f.write('{"codes": [[1, 2')
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        lines = finish_native(out)
+    assert "warning" not in err.getvalue(), err.getvalue()
+    assert lines and f"{kept} samples merged" in lines[0], lines

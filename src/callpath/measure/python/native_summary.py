@@ -22,9 +22,10 @@ def finish_native(out: Path, top: int = 5) -> list[str]:
     for notes in sorted(out.glob("native-*.json")):
         try:
             results.append(merge.merge_process(out, notes))
-        except (CallpathError, OSError, ValueError) as e:
-            sys.stderr.write(f"callpath: warning: {notes.name}: native paths not merged ({e}); "
-                             "that process keeps Python-only call paths\n")
+        except Exception as e:  # the program ran: its exit status and Python paths stay
+            sys.stderr.write(f"callpath: warning: {notes.name}: native paths not merged "
+                             f"({type(e).__name__}: {e}); that process keeps Python-only call "
+                             "paths\n")
     for reason in sorted({r.fallback for r in results if r.fallback}):
         sys.stderr.write(f"callpath: warning: --native: {reason}; Python-only call paths for "
                          "those processes\n")
