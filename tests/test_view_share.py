@@ -207,6 +207,10 @@ def test_token_required_on_non_loopback_bind(db_copy: Path) -> None:
     with serve([db_copy], host=host) as s:
         assert s.token
         session = s.app.share.create()
+        links = s.app.share.links(session, f"http://{host}:{s.port}/")
+        assert f"token={s.token}" in links["link"]       # the join link carries the token,
+        assert s.token not in links["guest_link"]          # the guest link only its own key
+        assert f"guest={session.guest_key}" in links["guest_link"]
         base = f"ws://{host}:{s.port}/api/share/ws?session={session.id}"
         with pytest.raises(websockets.exceptions.InvalidStatus):
             connect(base).recv(timeout=5)  # no token: refused before joining

@@ -25,8 +25,9 @@ Why each rule:
 - **Roles**: the session link grants what the viewer's token grants; the guest link (its
   own random key) is read-only: a guest may follow, explore and point, but not lead, offer,
   or save (the HTTP guard refuses a guest's saving requests, see :func:`is_guest_key`).
-- **Sessions end when the server stops**: they live in memory only; :meth:`ShareHub.close`
-  closes every socket (code 1001). Notes are files beside the database and outlive them.
+- **Sessions end when the server stops**: they live in memory only, and uvicorn closes every
+  socket as it shuts down (the pages say the session ended). Notes are files beside the
+  database and outlive them.
 """
 
 from __future__ import annotations
@@ -116,7 +117,6 @@ class ShareHub:
         self.token = token
         self.loopback = loopback
         self.sessions: dict[str, Session] = {}
-        self.closed = False
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once seen
 
     # ---- sessions and links ------------------------------------------------------------
@@ -154,17 +154,6 @@ class ShareHub:
         for s in self.sessions.values():
             ok |= hmac.compare_digest(given.encode("utf-8", "replace"), s.guest_key.encode())
         return ok
-
-    async def close(self) -> None:
-        """End every session (the server stops): each socket gets close code 1001."""
-        self.closed = True
-        for s in list(self.sessions.values()):
-            for p in list(s.participants.values()):
-                p.gone = True
-                p.wake.set()
-                with contextlib.suppress(Exception):
-                    await p.ws.close(CLOSE_GOING_AWAY, "the viewer server stopped")
-        self.sessions.clear()
 
     # ---- HTTP: start a session ---------------------------------------------------------
 
@@ -218,7 +207,7 @@ class ShareHub:
             await ws.close(CLOSE_POLICY, "access token missing or wrong")
             return
         s = self.sessions.get(ws.query_params.get("session", ""))
-        if s is None or self.closed:
+        if s is None:
             await ws.close(CLOSE_POLICY, "no such session (it ended, or the link is wrong)")
             return
         await ws.accept()
