@@ -222,6 +222,10 @@ def test_flame_svg(runs: tuple[Path, Path], tmp_path: Path) -> None:
     assert frames[0]["value"] == pytest.approx(exp.inclusive("cpu-clock (sec)")[0])
     extra = next(f for f in frames if "only_extra" in str(f["title"]))
     assert str(extra["fill"]).startswith("rgb(235,")  # more in the new run: red
+    # without -m, a comparison's flame graph is the new run's too
+    plain = tmp_path / "plain.svg"
+    run_cli("report", str(out), "--flame", "-o", str(plain), check=True)
+    assert [f["value"] for f in _frames(plain)] == [f["value"] for f in frames]
     # the bottom-up icicle of a real HPCToolkit database: exclusive widths add up
     icicle = tmp_path / "icicle.svg"
     run_cli("report", str(shared_path("hpctoolkit", "dbase", "loops-cputime-t.d")),
