@@ -460,5 +460,5 @@ def database_tags(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     return tags
 
 
-__all__ = ["INPUT_KIND_NAME", "NodeKind", "UnionTree", "compare", "context_hashes",
-           "database_tags", "derived_metrics", "union_tree"]
+__all__ = ["INPUT_KIND_NAME", "UnionTree", "compare", "context_hashes", "database_tags",
+           "derived_metrics", "sorted_block", "union_tree"]
