@@ -339,11 +339,39 @@ def sorted_block(ctx: I64, metric: I64, value: npt.NDArray[np.float64]) -> Profi
                         (key & np.uint64(0xFFFF)).astype(np.uint16), val)
 
 
+def _merge_disjoint(blocks: Sequence[ProfileBlock]) -> ProfileBlock | None:
+    """Blocks that each hold other metrics (the inputs' re-keyed summaries) merged without a
+    sort: each block is in (context, metric) order already, so every value's place in the
+    result is its place in its block plus, per other block, how many of that block's keys
+    come before it (``searchsorted``). None when two blocks share a key."""
+    keys = [(b.ctx_of_values().astype(np.uint64) << np.uint64(16))
+            | np.asarray(b.metric_ids).astype(np.uint64) for b in blocks]
+    total = sum(len(k) for k in keys)
+    out_key = np.empty(total, dtype=np.uint64)
+    out_val = np.empty(total, dtype=np.float64)
+    for i, (k, b) in enumerate(zip(keys, blocks, strict=True)):
+        pos = np.arange(len(k), dtype=np.int64)
+        for j, other in enumerate(keys):
+            if j != i:
+                pos += np.searchsorted(other, k, side="left" if j > i else "right")
+        out_key[pos] = k
+        out_val[pos] = b.values
+    if len(out_key) > 1 and not bool(np.all(out_key[1:] > out_key[:-1])):
+        return None
+    cs = (out_key >> np.uint64(16)).astype(np.uint32)
+    first = np.flatnonzero(np.r_[True, cs[1:] != cs[:-1]]) if total else np.zeros(0, np.int64)
+    return ProfileBlock(cs[first], first.astype(np.uint64),
+                        (out_key & np.uint64(0xFFFF)).astype(np.uint16), out_val)
+
+
 def _summary(blocks: Sequence[ProfileBlock]) -> ProfileBlock:
     """The summary profile (every statistic is the SUM of ``$$`` with the same id as its
     propagated value): all blocks' triples merged by one stable sort."""
     if not blocks:
         return ProfileBlock.empty()
+    merged = _merge_disjoint(blocks)
+    if merged is not None:
+        return merged
     return sorted_block(np.concatenate([b.ctx_of_values() for b in blocks]).astype(np.int64),
                         np.concatenate([np.asarray(b.metric_ids) for b in blocks]).astype(
                             np.int64),
