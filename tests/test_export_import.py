@@ -2,8 +2,9 @@
 
 - folded stacks: totals equal the database's sample totals (a callpath-profiled program, with
   its ``(samples)`` metric) and its time totals within the rounding of each line;
-- pprof: decoded by the ``protobuf`` runtime against pprof's published ``profile.proto``
-  (tests/data/pprof, compiled here with grpcio-tools); its stacks equal the folded export's;
+- pprof: read by pprof itself (``go tool pprof -raw`` and ``-traces``; Debian's golang-go,
+  skipped without ``go``): each sample type's total equals the database's, its stacks equal
+  the folded export's;
 - Chrome trace: the trace-event format (complete events that nest per track, metadata), one
   ``samples`` entry per running trace sample, each naming the stack at that sample;
 - import of each format then export round-trips; ``perf script`` output of a real
@@ -33,7 +34,6 @@ from conftest import ROOT, run_cli, shared_path
 from test_prof_native import _perf_reason
 
 SPIN = ROOT / "tests" / "export_programs" / "spin.c"
-PROTO = ROOT / "tests" / "data" / "pprof" / "profile.proto"
 
 
 @pytest.fixture(scope="module")
@@ -135,73 +135,99 @@ def test_folded_of_hpctoolkit_database(tmp_path: Path) -> None:
 # ---- pprof ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def profile_pb2(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """pprof's profile.proto compiled with grpcio-tools (the dev extra)."""
-    protoc = pytest.importorskip("grpc_tools.protoc",
-                                 reason="grpcio-tools (dev extra) is not installed")
-    pytest.importorskip("google.protobuf", reason="protobuf (dev extra) is not installed")
-    out = tmp_path_factory.mktemp("pb")
-    rc = protoc.main(["protoc", f"-I{PROTO.parent}", f"--python_out={out}", str(PROTO)])
-    assert rc == 0
-    sys.path.insert(0, str(out))
-    try:
-        import profile_pb2 as mod
-    finally:
-        sys.path.remove(str(out))
-    return mod
+def go_pprof(*args: str) -> str:
+    """``go tool pprof -symbolize=none ARGS`` (pprof itself, as Debian's golang-go ships
+    it): its stdout. ``-symbolize=none``: function names as written. By default pprof
+    "demangles" a name equal to its system name by C++ heuristics, dropping anything in
+    ``<...>`` or ``(...)``, so ``<unknown procedure> 0x880 [vdso]`` would read `` 0x880
+    [vdso]``. Go versions that build the tool on first use cache it under .cache/go-build,
+    not in the per-run cache directory, so only the first run ever pays for the build."""
+    import os
+
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("go is not installed (Debian's golang-go ships 'go tool pprof')")
+    env = dict(os.environ)
+    env.setdefault("GOCACHE", str(ROOT / ".cache" / "go-build"))
+    r = subprocess.run([go, "tool", "pprof", "-symbolize=none", *args], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0, f"go tool pprof {' '.join(args)}: {r.stderr.strip()[-500:]}"
+    return r.stdout
 
 
-def decode(pb2: Any, path: Path) -> Any:
-    prof = pb2.Profile()
-    prof.ParseFromString(gzip.decompress(path.read_bytes()))
-    return prof
+class Pprof:
+    """What pprof reads in a profile: the sample types (``type``, ``unit``) and, per sample
+    with a stack, its values and its frames (leaf first, inlined ones with ``inline``). The
+    types and exact values come from ``-raw`` (the profile as pprof parsed it), the stacks
+    from ``-traces`` (one block per sample, in the same order, samples without locations
+    left out)."""
+
+    def __init__(self, path: Path) -> None:
+        import re
+
+        raw = go_pprof("-raw", str(path))
+        _, _, rest = raw.partition("\nSamples:\n")
+        samples_text, _, _ = rest.partition("\nLocations\n")
+        header, *lines = samples_text.splitlines()
+        self.types = [(t, u) for t, u in
+                      re.findall(r"(.+?)/(\w+)(?:\[dflt\])?(?: |$)", header)]
+        self.values: list[list[int]] = []
+        for line in lines:
+            m = re.fullmatch(r"\s*(-?\d+(?:\s+-?\d+)*):\s*((?:\d+\s*)*)", line)
+            if m and m.group(2).strip():  # a sample with locations (pprof lists their ids)
+                self.values.append([int(v) for v in m.group(1).split()])
+        self.stacks: list[list[tuple[str, bool]]] = []
+        blocks = go_pprof("-traces", str(path)).split("-" * 11 + "+" + "-" * 55 + "\n")[1:]
+        for block in blocks:
+            frames = []
+            for line in block.splitlines():
+                if not frames and re.match(r" *[^ :]+:  ", line):
+                    continue  # a label of the sample (context)
+                name = line[13:]
+                frames.append((name.removesuffix(" (inline)"), name.endswith(" (inline)")))
+            if frames:
+                self.stacks.append(frames)
+        assert len(self.stacks) == len(self.values) > 0, (len(self.stacks), len(self.values))
+
+    def total(self, k: int) -> int:
+        return sum(v[k] for v in self.values)
+
+    def folded(self, k: int) -> dict[str, int]:
+        """Sample type k's stacks as folded lines (root first, ';' in names as ':')."""
+        out: dict[str, int] = {}
+        for frames, v in zip(self.stacks, self.values, strict=True):
+            key = ";".join(n.replace(";", ":") for n, _ in reversed(frames))
+            out[key] = out.get(key, 0) + v[k]
+        return {k_: v for k_, v in out.items() if v}
 
 
-def pprof_folded(prof: Any, type_index: int) -> dict[str, int]:
-    st_ = prof.string_table
-    locs = {loc.id: loc for loc in prof.location}
-    fns = {f.id: f for f in prof.function}
-    out: dict[str, int] = {}
-    for s in prof.sample:
-        names = []
-        for lid in reversed(s.location_id):
-            names += [st_[fns[ln.function_id].name] for ln in reversed(locs[lid].line)]
-        key = ";".join(n.replace(";", ":") for n in names)
-        out[key] = out.get(key, 0) + s.value[type_index]
-    return {k: v for k, v in out.items() if v}
-
-
-def test_pprof_decodes_with_the_protobuf_runtime(profiled: Path, tmp_path: Path,
-                                                 profile_pb2: Any) -> None:
+def test_pprof_reads_the_export(profiled: Path, tmp_path: Path) -> None:
+    """pprof itself (``go tool pprof``) reads each export: parsing alone checks the string
+    table, and that every location and function a sample or line names exists. One sample
+    type per metric, each type's total the database's, inlined code as lines of its caller's
+    location, and the stacks of the folded export."""
     for db in _dbs(profiled):
         exp = callpath.open(db)
-        prof = decode(profile_pb2, export(db, "pprof", tmp_path / f"{db.name}.pb.gz"))
-        st_ = prof.string_table
-        assert st_[0] == ""
-        assert len(prof.sample_type) == len(exp.metrics)
-        assert {st_[f.name] for f in prof.function} >= {"main"}
-        loc_ids = {loc.id for loc in prof.location}
-        fn_ids = {f.id for f in prof.function}
-        assert all(ln.function_id in fn_ids for loc in prof.location for ln in loc.line)
-        assert all(lid in loc_ids for s in prof.sample for lid in s.location_id)
+        prof = Pprof(export(db, "pprof", tmp_path / f"{db.name}.pb.gz"))
+        assert len(prof.types) == len(exp.metrics)
+        assert "main" in {n for frames in prof.stacks for n, _ in frames}
         for k, m in enumerate(exp.metrics):
-            unit = st_[prof.sample_type[k].unit]
-            total = sum(s.value[k] for s in prof.sample)
+            unit = prof.types[k][1]
+            total = prof.total(k)
             factor = 1e9 if unit == "nanoseconds" else 1.0
-            assert abs(total - exp.inclusive(m)[0] * factor) <= len(prof.sample), m.name
+            assert abs(total - exp.inclusive(m)[0] * factor) <= len(prof.values), m.name
             if m.name.endswith("(samples)"):
                 assert unit == "count" and total == round(float(exp.inclusive(m)[0]))
-        # inlined code is part of its caller's location (loops-cputime-t.d has some)
+        # inlined code is part of its caller's location (loops-cputime-t.d has some): pprof
+        # marks those frames '(inline)', each above a frame of another function
         ft = stacks.frame_tree(exp)
         if (ft.inlined & (ft.parent >= 0)).any():
-            fnames = {f.id: st_[f.name] for f in prof.function}
-            multi = [loc for loc in prof.location if len(loc.line) > 1]
-            assert multi and all(fnames[loc.line[-1].function_id] != fnames[
-                loc.line[0].function_id] for loc in multi)
+            inl = [(f[i][0], f[i + 1][0]) for f in prof.stacks for i in range(len(f) - 1)
+                   if f[i][1]]
+            assert inl and all(a != b for a, b in inl)
         # the same stacks as the folded export of the first metric
         want = folded(export(db, "folded", tmp_path / f"{db.name}.folded", "--metric", "0"))
-        got = pprof_folded(prof, 0)
+        got = prof.folded(0)
         assert got.keys() == want.keys()
         assert all(abs(got[k] - want[k]) <= 8 for k in got)
 
@@ -495,7 +521,7 @@ def test_samples_without_frames(tmp_path: Path) -> None:
         assert folded(export(db, "folded", tmp_path / "e.txt")) == want
 
 
-def test_export_of_a_comparison(tmp_path: Path, profile_pb2: Any) -> None:
+def test_export_of_a_comparison(tmp_path: Path) -> None:
     """A 'callpath diff' database exports its [base] and [new] columns (times in
     nanoseconds, the tags kept), and its pprof re-imports with the same metric names."""
     db = shared_path("hpctoolkit", "dbase", "loops-cputime-t.d")
@@ -504,11 +530,9 @@ def test_export_of_a_comparison(tmp_path: Path, profile_pb2: Any) -> None:
     exp = callpath.open(diff)
     names = [m.name for m in exp.metrics]
     assert names == ["CPUTIME (sec) [base]", "CPUTIME (sec) [new]"]
-    prof = decode(profile_pb2, export(diff, "pprof", tmp_path / "d.pb.gz"))
-    st_ = prof.string_table
-    assert [(st_[t.type], st_[t.unit]) for t in prof.sample_type] == [
-        ("CPUTIME [base]", "nanoseconds"), ("CPUTIME [new]", "nanoseconds")]
-    assert sum(s.value[0] for s in prof.sample) == sum(s.value[1] for s in prof.sample)
+    prof = Pprof(export(diff, "pprof", tmp_path / "d.pb.gz"))
+    assert prof.types == [("CPUTIME [base]", "nanoseconds"), ("CPUTIME [new]", "nanoseconds")]
+    assert prof.total(0) == prof.total(1) > 0
     back = tmp_path / "back.d"
     cli_ok("import", str(tmp_path / "d.pb.gz"), "-o", str(back))
     assert [m.name for m in callpath.open(back).metrics] == names
