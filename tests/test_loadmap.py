@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -113,3 +114,23 @@ def test_build_id_is_the_gnu_note(lib: str) -> None:
         assert mod.build_id == found.group(1)
     finally:
         mod.close()
+
+
+def test_code_segment_link_addresses() -> None:
+    """A code segment whose file offset is not page-aligned (lld's layout: OpenBLAS's code at
+    offset 0x288800, vaddr 0x289800, right after a read-only segment ending at 0x2887dc): the
+    page-aligned offset of its mapping lies inside the read-only segment too, and must still
+    get the code segment's link address (checked against readelf's segments)."""
+    from callpath.measure.elfinfo import ElfInfo
+
+    blas = sorted(Path(np.__file__).parent.parent.glob("numpy.libs/libscipy_openblas*.so"))
+    if not blas or shutil.which("readelf") is None:
+        pytest.skip("numpy's bundled OpenBLAS or readelf is not here")
+    out = subprocess.run(["readelf", "-lW", str(blas[0])], capture_output=True, text=True,
+                         check=True).stdout
+    segs = [ln.split() for ln in out.splitlines() if ln.split()[:1] == ["LOAD"]]
+    code = next(s for s in segs if "E" in s[6:-1])
+    off, vaddr = int(code[1], 16), int(code[2], 16)
+    info = ElfInfo.get(str(blas[0]))
+    page = off & ~0xFFF
+    assert info.link_address(page, executable=True) == vaddr - (off - page)

@@ -79,12 +79,24 @@ class ElfInfo:
             self.ok = False
             self.error = str(e)
 
-    def link_address(self, file_offset: int) -> int | None:
-        """The link-time address of a file offset (from the loadable segment holding it)."""
+    def link_address(self, file_offset: int, executable: bool = False) -> int | None:
+        """The link-time address of a file offset (from the loadable segment holding it).
+
+        A mapping's offset is page-aligned, so it may lie before its segment's own offset and
+        inside the previous segment's bytes: OpenBLAS (lld) has a read-only segment ending at
+        0x2887dc and its code segment at offset 0x288800, vaddr 0x289800, so the code
+        mapping's offset 0x288000 is in both, with link addresses 0x1000 apart. For an
+        executable mapping (``executable``) the executable segment is the one mapped.
+        """
+        first = None
         for s in self.segments:
-            if s.offset <= file_offset < s.offset + max(s.filesz, 1):
-                return s.vaddr + file_offset - s.offset
-        return None
+            if s.offset & ~0xFFF <= file_offset < s.offset + max(s.filesz, 1):
+                la = s.vaddr + file_offset - s.offset
+                if not executable or s.flags & 1:  # PF_X
+                    return la
+                if first is None:
+                    first = la
+        return first
 
     def entry_point(self) -> int:
         return int(self._elf.header["e_entry"]) if self.ok else -1

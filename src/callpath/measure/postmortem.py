@@ -140,7 +140,7 @@ def _module_map(kept: list[Mapping], out: Path,
                 elf = None  # not ELF, or the file changed since the run
         vaddr = m.pgoff
         if elf is not None:
-            la = elf.link_address(m.pgoff)
+            la = elf.link_address(m.pgoff, executable=True)
             vaddr = la if la is not None else m.pgoff
         build_id = m.build_id or (elf.build_id if elf else "")
         name = loadmap.module_name(m.path)

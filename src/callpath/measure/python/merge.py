@@ -162,7 +162,8 @@ def _module_map(snapshots: list[list[Any]], out: Path) -> tuple[unwind.ModuleMap
         saved = ""
         file = str(path)
         if path == "[vdso]":
-            saved, file = ("vdso.so", str(out / "vdso.so")) if (out / "vdso.so").exists() \
+            saved, file = ("vdso.so", os.path.abspath(out / "vdso.so")) \
+                if (out / "vdso.so").exists() \
                 else ("", "")
         elf: ElfInfo | None = None
         if file.startswith("/") and os.path.exists(file):
@@ -171,7 +172,7 @@ def _module_map(snapshots: list[list[Any]], out: Path) -> tuple[unwind.ModuleMap
                 elf = None
         vaddr = int(off)
         if elf is not None:
-            la = elf.link_address(int(off))
+            la = elf.link_address(int(off), executable=True)
             vaddr = la if la is not None else int(off)
         mods.append(md.Module(i, str(path), int(lo), int(hi), int(off), vaddr,
                               elf.build_id if elf is not None else "", saved))
