@@ -4,8 +4,8 @@ Why our own and not the ``protobuf`` runtime: a pprof profile is a handful of me
 made of integers, and its bulk (10^6 samples, each a packed list of location ids and of values)
 can be laid out for all messages at once with numpy, as the v4 writer lays out its records;
 building 10^6 message objects through the runtime would cost seconds and add a compiled
-dependency to callpath. The tests decode what we write with the real ``protobuf`` runtime
-against pprof's published ``profile.proto``, so the two are checked against each other.
+dependency to callpath. The tests read what we write with pprof itself (``go tool pprof``),
+the format's own consumer.
 
 Writing works on :class:`Ragged` byte arrays: one byte string per message, all in one buffer.
 Reading (:func:`fields`) walks one message's fields in Python; packed integer arrays, the bulk
