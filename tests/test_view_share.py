@@ -249,6 +249,10 @@ def test_notes_saved_listed_and_guarded(tmp_path: Path) -> None:
             "anchor": anchor})
         assert code == 200, note
         assert recv_kind(watcher, "notes")["db"] == 0  # live participants hear of it
+        code, _ = post_json(s.url, "/api/db/0/notes/save", {
+            "author": "Bo", "text": "clear\x1b[2J screen\nsecond line", "anchor": {
+                "kind": "interval", "t0": 10, "t1": 20, "c0": 0, "c1": 2}})
+        assert code == 200
         watcher.close()
         for bad in ({"author": "a", "text": "", "anchor": anchor},
                     {"author": "a", "text": "x", "anchor": {"kind": "line", "file": "f",
@@ -266,6 +270,9 @@ def test_notes_saved_listed_and_guarded(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "Ana <script>" in out.stdout and "<program root>" in out.stdout
     assert "slow here" in out.stdout
+    # a terminal escape typed into a note is shown, not obeyed
+    assert "\x1b" not in out.stdout and "clear\\x1b[2J screen" in out.stdout
+    assert "    second line" in out.stdout and "trace 10..20, contexts 0..1" in out.stdout
     (db / "callpath" / "notes.json").write_text("{broken")
     out = subprocess.run([sys.executable, "-m", "callpath", "report", str(db), "--notes"],
                          capture_output=True, text=True, timeout=120)

@@ -178,6 +178,15 @@ def anchor_text(a: dict[str, Any]) -> str:
     return f"trace {a['t0']}..{a['t1']}, contexts {a['c0']}..{a['c1'] - 1}"
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f) if c not in (0x09, 0x0a)}
+
+
+def _plain(text: str) -> str:
+    """Text for a terminal: control characters (an escape sequence typed into a note) are
+    shown as ``\\xNN`` instead of acting on the terminal."""
+    return text.translate(_CONTROL)
+
+
 def render_notes(notes: list[dict[str, Any]], out: TextIO, fmt: str = "text") -> None:
     """``callpath report DB --notes``: one block per note, oldest first (or JSON)."""
     if fmt == "json":
@@ -188,9 +197,10 @@ def render_notes(notes: list[dict[str, Any]], out: TextIO, fmt: str = "text") ->
         out.write("no notes\n")
         return
     for n in notes:
-        out.write(f"{n['created']}  {n['author']}  on {anchor_text(n['anchor'])}\n")
-        for line in n["text"].splitlines() or [""]:
-            out.write(f"    {line}\n")
+        head = f"{n['created']}  {n['author']}  on {anchor_text(n['anchor'])}"
+        out.write(_plain(head.replace("\n", " ")) + "\n")
+        for line in n["text"].split("\n"):
+            out.write(f"    {_plain(line)}\n")
 
 
 # ---- the viewer's handlers (``(db, params, body) -> payload``, see view/app.py) --------------
