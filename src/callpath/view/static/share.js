@@ -135,14 +135,24 @@ function connect(sid) {
   for (const k of ["token", "guest"]) if (params.get(k)) q.set(k, params.get(k));
   const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/api/share/ws?${q}`);
   S.ws = ws;
-  ws.onopen = () => ws.send(JSON.stringify({ t: "hello", name: myName() }));
   ws.onmessage = onMessage;
+  ws.onopen = () => { S.retries = 0; ws.send(JSON.stringify({ t: "hello", name: myName() })); };
   ws.onclose = (e) => {
-    S.ws = null; S.ended = true; S.me = null;
+    S.ws = null; S.me = null;
     S.people.clear(); S.cursors.clear();
-    drawCursors(); drawBar(e.reason || "the shared session ended");
+    drawCursors();
+    // no close frame (1006): the network dropped or the laptop slept; the server may still
+    // be there: try again a few times before calling the session ended
+    if (e.code === 1006 && (S.retries || 0) < 5) {
+      S.retries = (S.retries || 0) + 1;
+      drawBar(null, `reconnecting (try ${S.retries} of 5)…`);
+      setTimeout(() => connect(sid), 1000 * 2 ** (S.retries - 1));
+      return;
+    }
+    S.ended = true;
+    drawBar(e.reason || "the shared session ended");
   };
-  setInterval(() => send({ t: "ping" }), 25000);
+  if (!S.pinging) S.pinging = setInterval(() => send({ t: "ping" }), 25000);
 }
 
 // ---- the presence bar --------------------------------------------------------------------
@@ -166,10 +176,12 @@ function button(id, text, title, onclick) {
   return b;
 }
 
-function drawBar(endedReason) {
+function drawBar(endedReason, status) {
   const b = bar();
   b.innerHTML = "";
-  if (!S.ws) {
+  if (status) { b.appendChild(el("span", "share-status", status)); return; }
+  if (!S.ws || S.ws.readyState !== 1) {
+    if (S.ws) return;  // connecting
     if (endedReason) b.appendChild(el("span", "share-ended", `Session ended: ${endedReason}`));
     else if (!params.get("session") && !params.get("popout")) {
       b.appendChild(button("share-start", "⇄ Share", "start a live session: colleagues open the link and see this view", startSession));

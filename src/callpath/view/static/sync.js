@@ -168,7 +168,8 @@ async function redrawNow(paths) {
   if (uiScroll !== null && d.mode === "profile") {
     const rows = uiScroll;
     uiScroll = null;
-    requestAnimationFrame(() => { tree.scroller.scrollTop = rows * tree.rowHeight; tree.render(); });
+    // after the tree's own reveal of the selection (one animation frame after a load)
+    setTimeout(() => requestAnimationFrame(() => { tree.scroller.scrollTop = rows * tree.rowHeight; tree.render(); }), 60);
   }
   document.dispatchEvent(new CustomEvent("callpath:state-applied", { detail: { paths } }));
 }
