@@ -142,7 +142,11 @@ function holds(path, value) {
 
 async function redrawNow(paths) {
   if (!hooks) return;
-  const { tree, trace, showDb } = hooks;
+  const { tree, trace } = hooks;
+  // a reload is coming: the tree's loads still under way are stale from now on, not only
+  // once the new load starts (the page first fetches the columns; an old expansion that
+  // completed meanwhile would report its expanded list, older than the one being applied)
+  const showDb = () => { tree.generation++; return hooks.showDb(); };
   const d = dbState(state.db);
   const v = d.views[d.view];
   const onlySel = paths.length && paths.every((p) => p === `s.dbs.${state.db}.views.${d.view}.sel`);
