@@ -225,7 +225,7 @@ function drawBar(endedReason, status) {
   }
   b.appendChild(ul);
   if (S.leader !== S.me) {
-    const f = button("share-follow", S.following ? "Following the leader" : "Exploring alone",
+    const f = button("share-follow", S.following ? "Following" : "Exploring alone",
       "follow the leader's view, or explore alone", () => {
         S.following = !S.following;
         if (S.following && S.leader !== null) adopt(S.leader);
