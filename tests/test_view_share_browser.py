@@ -417,6 +417,9 @@ def test_notes_shared_text_only_and_kept(people: People, dbs: list[Path], tmp_pa
             method: 'POST', headers: {'Content-Type': 'application/json'},
             body: '[]'})).status""")
         assert derived == 403
+        same_view(a, g)  # a guest follows like anyone
+        g.wait_for_selector(".tv-row:not([hidden])")
+        idle(g)
         shot(g, "guest")
         # only the leader's page stays for the stop (the others would reflow as their
         # presence bars empty, and fetch rows from a server that is gone)
