@@ -398,6 +398,19 @@ def test_notes_shared_text_only_and_kept(people: People, dbs: list[Path], tmp_pa
         band.wait_for()
         assert "the middle of the run" in band.inner_text()
         shot(b, "note-trace")
+        # a note on the line selected in the Lines tab: marked in the follower's Lines tab
+        a.click("#view-tabs [data-view=lines]")
+        a.wait_for_selector("#lines .ln-srow.sel")
+        a.click("#notes-toggle")
+        a.click("#notes-toggle")
+        label = a.evaluate("() => [...document.querySelectorAll('#note-anchor option')]"
+                           ".map(o => o.textContent).find(t => /:\\d+$/.test(t))")
+        assert label, "the Lines tab offers its selected line as an anchor"
+        a.select_option("#note-anchor", label=label)
+        a.fill("#note-text", "hot line")
+        a.click("#note-add")
+        b.wait_for_selector("#lines .ln-srow.sel.noted")
+        shot(b, "note-lines")
         a.click("#view-tabs [data-view=top-down]")  # the trace would refetch as the page
         same_view(a, b)                             # reflows once the server is gone
         # a read-only guest: sees the note, cannot add one, the server refuses its save

@@ -1,7 +1,7 @@
 // notes.js — notes pinned to a calling context, a source line or a trace interval, saved with
 // the database by the server (view/notes.py) and shown in every view: a pin on the tree row,
-// a marked line number in the source pane, a band over the trace interval, and the list in
-// the Notes panel. Texts and names are set with textContent only (never markup).
+// a marked line number in the source pane and in the Lines tab, a band over the trace
+// interval, and the list in the Notes panel. Texts and names are set with textContent only (never markup).
 // The Lines tab may draw them too: the page dispatches document "callpath:notes"
 // {detail: {db, notes}} whenever the notes of the shown database change.
 
@@ -52,8 +52,34 @@ function anchors() {
   const sel = tree.selected && tree.selected.row;
   if (sel && d.mode === "profile") out.push({ kind: "node", view: d.view, key: sel.key, label: sel.label });
   const file = source.body.dataset.file, line = Number(source.body.dataset.line);
-  if (file && line > 0) out.push({ kind: "line", file, line });
+  if (file && line > 0 && d.mode === "profile") out.push({ kind: "line", file, line });
+  if (d.mode === "lines") {  // the line selected in the Lines tab
+    const at = linesRowAt(document.querySelector("#lines .ln-srow.sel"));
+    if (at) out.push({ kind: "line", file: at.file, line: at.line });
+  }
   return out;
+}
+
+/** The file and line of a Lines-tab source row (its title is "FILE:LINE[  in PROC]"). */
+function linesRowAt(row) {
+  const m = row && /^(.*):(\d+)(?: {2}in .*)?$/s.exec(row.title || "");
+  return m && Number(m[2]) > 0 ? { file: m[1], line: Number(m[2]) } : null;
+}
+
+const base = (f) => f.split("/").pop();
+
+/** Marks the Lines tab's source rows that carry a note (re-marked as the tab re-renders). */
+function markLines() {
+  const host = document.getElementById("lines");
+  if (!host) return;
+  const here = loadedDb === state.db ? notes.filter((n) => n.anchor.kind === "line") : [];
+  for (const row of host.querySelectorAll(".ln-srow")) {
+    const at = linesRowAt(row);
+    const mine = at ? here.filter((n) => n.anchor.line === at.line && base(n.anchor.file) === base(at.file)) : [];
+    row.classList.toggle("noted", mine.length > 0);
+    if (mine.length) row.dataset.notes = mine.map((n) => `${n.author}: ${n.text}`).join("\n");
+    else delete row.dataset.notes;
+  }
 }
 
 function panel() {
@@ -198,6 +224,7 @@ function drawAll() {
   markTree();
   markSource();
   markTrace();
+  markLines();
   drawPanel();
   const b = $("notes-toggle");
   if (b) b.textContent = `✎ Notes (${notes.length})`;
@@ -217,6 +244,12 @@ export function startNotes(h) {
   b.onclick = () => { const p = panel(); p.hidden = !p.hidden; drawPanel(); };
   const tabs = $("mode-tabs");
   if (tabs) tabs.appendChild(b);
+  const linesHost = $("lines");
+  if (linesHost) {
+    let t = 0;
+    new MutationObserver(() => { clearTimeout(t); t = setTimeout(markLines, 20); })
+      .observe(linesHost, { childList: true, subtree: true });
+  }
   document.addEventListener("callpath:notes-changed", (e) => { if (!e.detail || e.detail.db === state.db) load(); });
   // another database on screen: its notes
   document.addEventListener("callpath:state-applied", () => { if (loadedDb !== state.db) load(); });
