@@ -297,6 +297,7 @@ def test_popout_window_linked_both_ways(people: People, server: Any) -> None:
         a.click("#popout-trace")
     pop = info.value
     pop.on("pageerror", lambda e: people.errors.append(str(e)))
+    pop.wait_for_selector("#tr-canvas", state="attached")  # the new window has loaded
     pop.wait_for_function("() => document.getElementById('tr-canvas').dataset.rows === '4'")
     assert pop.evaluate("() => document.body.classList.contains('popout-trace')")
     # the pop-out drives the page: zoom in there
@@ -327,6 +328,7 @@ def test_popout_window_linked_both_ways(people: People, server: Any) -> None:
     with a.context.expect_page() as info:
         a.click("#popout-source")
     src = info.value
+    src.wait_for_selector("#tree", state="attached")
     src.wait_for_function("() => document.body.classList.contains('popout-source')")
     src.wait_for_function("() => getComputedStyle(document.getElementById('tree')).display "
                           "=== 'none'")  # the pop-out shows its pane alone
