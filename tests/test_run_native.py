@@ -468,31 +468,39 @@ def test_plt_stubs_and_vdso(perf_ok: None, build, tmp_path: Path) -> None:  # ty
     exe = tmp_path / "plt_main"
     subprocess.run(["gcc", "-O2", "-g", "-o", str(exe), str(PROGRAMS / "plt_main.c"),
                     f"-L{tmp_path}", "-lplt_lib", f"-Wl,-rpath,{tmp_path}"], check=True)
-    # 2 kHz for 300 ms: ~600 samples. On this machine 25-35% of the PLT loop's samples fall on
-    # the stub (900 samples measured); were it as low as 3% elsewhere, none in 600 samples has
-    # probability 0.97**600 < 1e-7, so the stub check fails only when the unwinding is wrong
+    # 2 kHz for 300 ms: ~600 samples. Where the samples of the PLT loop fall is the
+    # processor's business: 25-35% on the stub in most runs here (900 samples measured), but a
+    # clean-clone CI run once had none in 600 (1 of ~10 full-suite runs seen). So the PLT run
+    # is repeated, up to 5 times, until one sample falls on the stub: were such runs as
+    # frequent as 1 in 10 and independent, 5 in a row is 1e-5. Every run's paths must unwind,
+    # and a stub never sampled in 5 runs (or never named as one) fails
     for mode, fn in (("plt", "call_plt"), ("vdso", "call_vdso")):
-        out = tmp_path / mode
-        proc = callpath("run", "-e", "cpu-clock@500000", "-o", str(out), "--", str(exe), mode,
-                        "300")
-        assert proc.returncode == 0, proc.stderr
-        m = measdir.read(out)
-        (p,) = m.processes
-        (t,) = p.threads
-        assert (out / "vdso.so").exists()
-        assert any(mod.path == "[vdso]" and mod.saved == "vdso.so" for mod in p.modules)
-        paths = symbolised_paths(m, p, t)
-        total = sum(paths.values())
-        ok = sum(c for path, c in paths.items()
-                 if path[0] == ("plt_main", "_start")
-                 and [f for mod, f in path if mod == "plt_main"][:3] == ["_start", "main", fn])
-        assert ok >= 0.98 * total, paths
+        for attempt in range(5 if mode == "plt" else 1):
+            out = tmp_path / f"{mode}{attempt}"
+            proc = callpath("run", "-e", "cpu-clock@500000", "-o", str(out), "--", str(exe),
+                            mode, "300")
+            assert proc.returncode == 0, proc.stderr
+            m = measdir.read(out)
+            (p,) = m.processes
+            (t,) = p.threads
+            assert (out / "vdso.so").exists()
+            assert any(mod.path == "[vdso]" and mod.saved == "vdso.so" for mod in p.modules)
+            paths = symbolised_paths(m, p, t)
+            total = sum(paths.values())
+            ok = sum(c for path, c in paths.items()
+                     if path[0] == ("plt_main", "_start")
+                     and [f for mod, f in path if mod == "plt_main"][:3] == ["_start", "main", fn])
+            assert ok >= 0.98 * total, paths
+            if mode == "plt":
+                in_plt = sum(c for path, c in paths.items()
+                             if path[-1][1].startswith("<.plt"))
+                if in_plt >= 1:
+                    break
+            else:
+                in_vdso = sum(c for path, c in paths.items() if path[-1][0] == "[vdso]")
+                assert in_vdso >= 0.5 * total, paths
         if mode == "plt":
-            in_plt = sum(c for path, c in paths.items() if path[-1][1].startswith("<.plt"))
             assert in_plt >= 1, paths
-        else:
-            in_vdso = sum(c for path, c in paths.items() if path[-1][0] == "[vdso]")
-            assert in_vdso >= 0.5 * total, paths
 
 
 def test_finish_is_idempotent_after_interruption(perf_ok: None, build,  # type: ignore[no-untyped-def]
