@@ -112,19 +112,21 @@ def save_derived(dbdir: str | os.PathLike[str], metrics: Iterable[DerivedMetric]
     text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
     target = db_store_path(db)
     try:
-        _write_atomically(target, text)
+        write_atomically(target, text)
         return target
     except OSError as first:
         fallback = fallback_store_path(db)
         try:
-            _write_atomically(fallback, text)
+            write_atomically(fallback, text)
         except OSError as second:
             raise CallpathError(f"cannot save derived metrics: {target}: {first.strerror}; "
                                 f"{fallback}: {second.strerror}") from second
         return fallback
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a synced temporary file renamed over it, so that a
+    crash leaves the old file or the new one, never half of one (also the viewer's notes)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

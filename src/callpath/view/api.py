@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -35,6 +34,7 @@ from callpath.errors import CallpathError
 from callpath.present import viewreport
 from callpath.view import traces
 from callpath.view.errors import NotFound as NotFound  # re-exported: app.py uses api.NotFound
+from callpath.view.errors import json_body
 from callpath.view.rows import column_subset, columns_json, number, rows_json
 from callpath.view.session import Built, Database
 from callpath.view.sources import Servable, read_lines
@@ -300,7 +300,7 @@ def csv_text(db: Database, params: Params, body: bytes) -> str:
     exp_keys = parse_json_param(params, "expanded") or []
     col_keys = parse_json_param(params, "columns") or []
     if body:  # POST: the lists in the body (a fully expanded tree does not fit in a URL)
-        doc = _body_json(body)
+        doc = json_body(body)
         if not isinstance(doc, dict):
             raise CallpathError("request body: expected {\"expanded\": [KEY...], "
                                 "\"columns\": [COL...]}")
@@ -319,15 +319,8 @@ def csv_text(db: Database, params: Params, body: bytes) -> str:
     return out.getvalue()
 
 
-def _body_json(body: bytes) -> Any:
-    try:
-        return json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CallpathError(f"request body: expected JSON ({e})") from None
-
-
 def derived_check(db: Database, params: Params, body: bytes) -> Any:
-    doc = _body_json(body)
+    doc = json_body(body)
     if not isinstance(doc, dict) or not isinstance(doc.get("formula"), str):
         raise CallpathError("request body: expected {\"formula\": \"...\"}")
     b = built(db, params)
@@ -340,7 +333,7 @@ def derived_check(db: Database, params: Params, body: bytes) -> Any:
 
 
 def derived_save(db: Database, params: Params, body: bytes) -> Any:
-    doc = _body_json(body)
+    doc = json_body(body)
     if not isinstance(doc, list):
         raise CallpathError("request body: expected the JSON list of derived metrics")
     items = parse_derived(doc, "request body")

@@ -19,18 +19,18 @@ rendered as text (``textContent`` in the viewer), never as markup.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
-import tempfile
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from callpath.analysis.derived import write_atomically
 from callpath.errors import CallpathError, FormatError
+from callpath.view.errors import json_body
 
 FILE_FORMAT = "callpath-notes"
 VERSION = 1
@@ -77,18 +77,7 @@ def _save(dbdir: str | os.PathLike[str], notes: list[dict[str, Any]]) -> Path:
     text = json.dumps({"format": FILE_FORMAT, "version": VERSION, "notes": notes},
                       indent=1, ensure_ascii=False) + "\n"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".notes.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomically(path, text)
     except OSError as e:
         raise CallpathError(f"cannot save the notes: {path}: {e.strerror}") from None
     return path
@@ -211,22 +200,16 @@ def handlers(changed: Callable[[int], None]) -> tuple[dict[str, Any], dict[str, 
     worker thread) after a note was added or deleted, so that live sessions hear of it."""
     from callpath.view.session import Database
 
-    def _body(body: bytes) -> Any:
-        try:
-            return json.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CallpathError(f"request body: expected JSON ({e})") from None
-
     def list_notes(db: Database, params: Any, body: bytes) -> Any:
         return {"notes": load_notes(db.path)}
 
     def save(db: Database, params: Any, body: bytes) -> Any:
-        note = add_note(db.path, _body(body))
+        note = add_note(db.path, json_body(body))
         changed(db.id)
         return note
 
     def delete(db: Database, params: Any, body: bytes) -> Any:
-        doc = _body(body)
+        doc = json_body(body)
         ok = delete_note(db.path, doc.get("id") if isinstance(doc, dict) else None)
         if ok:
             changed(db.id)
