@@ -23,6 +23,7 @@ import pytest
 
 import callpath
 from conftest import ROOT, run_cli, shared_path
+from test_view_browser import browser  # noqa: F401  (Debian's Chromium, launched once)
 
 playwright_sync = pytest.importorskip(
     "playwright.sync_api", reason="the Python package playwright is not installed")
@@ -64,27 +65,11 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    exe = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)),
-               None)
-    if exe is None:
-        pytest.skip("no Chromium on this machine (Debian: apt-get install chromium)")
-    with playwright_sync.sync_playwright() as p:
-        try:
-            b = p.chromium.launch(executable_path=exe,
-                                  args=["--no-sandbox", "--disable-dev-shm-usage"])
-        except Exception as e:
-            pytest.skip(f"Chromium at {exe} does not start headless: {str(e).splitlines()[0]}")
-        yield b
-        b.close()
-
-
 @pytest.mark.parametrize("db,frames", [
     ("small.d", ["main", "caller", "spinsleep"]),
     ("loops-cputime-t.d", ["main._omp_fn.0", "func1", "func2", "test_separated_loops"]),
 ])
-def test_speedscope_app_shows_the_frames(site: tuple[str, Path], browser: Any, db: str,
+def test_speedscope_app_shows_the_frames(site: tuple[str, Path], browser: Any, db: str,  # noqa: F811
                                          frames: list[str]) -> None:
     base, root = site
     src = shared_path("hpctoolkit", "dbase", db)

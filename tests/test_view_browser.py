@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 
 from conftest import ROOT, run_cli
-from view_support import view_server_fixture  # noqa: F401
+from view_support import CHROME_ARGS, chromium, view_server_fixture  # noqa: F401
 
 SMALL, LOOPS, CPI = 0, 1, 2
 ARTIFACTS = ROOT / "tests" / "artifacts" / "view"
@@ -31,22 +30,12 @@ playwright_sync = pytest.importorskip(
     "playwright.sync_api", reason="the Python package playwright is not installed")
 
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser"):
-        path = shutil.which(name)
-        if path:
-            return path
-    pytest.skip("no Chromium on this machine (Debian: apt-get install chromium)")
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    exe = _chromium()
+    exe = chromium()
     with playwright_sync.sync_playwright() as p:
         try:
-            # no sandbox as root in CI; /tmp instead of /dev/shm, which containers keep small
-            b = p.chromium.launch(executable_path=exe,
-                                  args=["--no-sandbox", "--disable-dev-shm-usage"])
+            b = p.chromium.launch(executable_path=exe, args=CHROME_ARGS)
         except Exception as e:  # any launch failure is a missing capability
             pytest.skip(f"Chromium at {exe} does not start headless: {str(e).splitlines()[0]}")
         yield b

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import shutil
 import signal
 import time
 import uuid
@@ -21,22 +20,13 @@ from typing import Any
 import pytest
 
 from conftest import ROOT
-from view_support import copy_database, database_sources, serve
+from view_support import CHROME_ARGS, chromium, copy_database, database_sources, serve
 
 playwright_sync = pytest.importorskip(
     "playwright.sync_api", reason="the Python package playwright is not installed")
 
 LOOPS = 1
 ARTIFACTS = ROOT / "tests" / "artifacts" / "view"
-CHROME_ARGS = ["--no-sandbox", "--disable-dev-shm-usage"]
-
-
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser"):
-        path = shutil.which(name)
-        if path:
-            return path
-    pytest.skip("no Chromium on this machine (Debian: apt-get install chromium)")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +37,7 @@ def pw() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def browser(pw: Any) -> Iterator[Any]:
-    exe = _chromium()
+    exe = chromium()
     try:
         b = pw.chromium.launch(executable_path=exe, args=CHROME_ARGS)
     except Exception as e:  # any launch failure is a missing capability
@@ -229,7 +219,7 @@ def test_explore_alone_jump_back_and_killed_participant(people: People, server: 
     a, b, c = people.page(), people.page(), people.page()
     # the third participant runs in its own Chromium process, which the test kills
     mark = f"--callpath-victim={uuid.uuid4().hex}"
-    victim = pw.chromium.launch(executable_path=_chromium(), args=[*CHROME_ARGS, mark])
+    victim = pw.chromium.launch(executable_path=chromium(), args=[*CHROME_ARGS, mark])
     d = people.page(victim)
     links = start_session(a, server.url, "Ana")
     join(b, links["link"], "Bo", 2)

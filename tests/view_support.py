@@ -31,6 +31,18 @@ import pytest
 from callpath.view.server import BackgroundServer
 from conftest import shared_path
 
+# no sandbox as root in CI; /tmp instead of /dev/shm, which containers keep small
+CHROME_ARGS = ["--no-sandbox", "--disable-dev-shm-usage"]
+
+
+def chromium() -> str:
+    """Debian's Chromium for the browser tests, or a skip with the reason."""
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("no Chromium on this machine (Debian: apt-get install chromium)")
+
 VIEW_DATABASES = ["small.d", "loops-cputime-t.d", "hpctoolkit-cpi-database"]
 
 
