@@ -32,6 +32,7 @@ import pytest
 import mpi_launch
 from callpath.formats import measdir
 from test_run_native import callpath, perf_ok, symbolised_paths  # noqa: F401
+from test_run_python import paths as python_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELD = ROOT / "tests" / "field_programs"
@@ -409,24 +410,15 @@ def test_python_ctypes(perf_ok: None, bindir: Path, tmp_path: Path,  # noqa: F81
     assert proc.returncode == 0, proc.stderr
     m = measdir.read(out)
     (p,) = [q for q in m.processes if q.info.get("language") == "python"]
-    t = p.threads[0]
-    cpu = next(i for i, x in enumerate(p.metrics or m.metrics) if "cpu" in x.name.lower())
     # a sample's value is the thread's CPU time since the previous one: a long C call holds
     # the signal until it returns, then its time arrives in one sample at the calling line
     funcs: dict[str, float] = {}
-    for leaf in range(len(t.nodes)):
-        v = float(t.values[leaf, cpu]) * 1e-9  # ns
-        if not v:
-            continue
-        names = []
-        for nid in t.path_of(leaf)[1:]:
-            nd = t.nodes[nid]
-            if nd["kind"] == measdir.NodeKind.PYTHON:
-                names.append(p.pycode[int(nd["module"])].function)
+    for path in python_paths(p, p.threads[0], p.metrics or m.metrics):
+        names = [f for _file, f, _line in path.frames]
         for f in ("short_phase", "long_phase"):
             if f in names:
                 assert names[:2] == ["<module>", f], names
-                funcs[f] = funcs.get(f, 0.0) + v
+                funcs[f] = funcs.get(f, 0.0) + path.cpu * 1e-9  # ns
     with capsys.disabled():
         print(f"\nmatrix: ctypes_app (Python -> C) mpi=no short={funcs.get('short_phase', 0):.3g} "
               f"long={funcs.get('long_phase', 0):.3g} (CPU)")
