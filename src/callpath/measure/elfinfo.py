@@ -34,7 +34,6 @@ class ElfInfo:
     plt: list[tuple[int, int, str]] = field(default_factory=list)  # (start, end, name)
     ok: bool = True
     error: str = ""
-    entry: int = 0      # e_entry: where the kernel starts the process (in ld.so, its _start)
     _fde_starts: list[int] | None = None
     _fde_ends: list[int] = field(default_factory=list)
     _fdes: list[Any] = field(default_factory=list)
@@ -59,7 +58,6 @@ class ElfInfo:
         from elftools.common.exceptions import ELFError
         try:
             elf = self._open()
-            self.entry = int(elf.header["e_entry"])
             for seg in elf.iter_segments():
                 if seg["p_type"] == "PT_LOAD":
                     self.segments.append(Segment(seg["p_vaddr"], seg["p_offset"],
@@ -110,14 +108,21 @@ class ElfInfo:
         return self._fde_starts[i] if i < len(self._fde_starts) else -1
 
     def read_code(self, lo: int, hi: int) -> bytes:
-        """The bytes of ``[lo, hi)`` from the section holding them (b"" if none does)."""
+        """The bytes of ``[lo, hi)`` from the section holding ``lo``, cut at its end (b"" if
+        no section holds it). Read with ``pread``: only those bytes (a procedure's recipe or a
+        return address's call, not the whole ``.text`` each time), and no shared file
+        position that forked unwinding workers could move under each other."""
         if not self.ok:
             return b""
         for sec in self._elf.iter_sections():
             a, n = int(sec["sh_addr"]), int(sec["sh_size"])
             if a <= lo < a + n and sec["sh_type"] == "SHT_PROGBITS":
-                data: bytes = sec.data()
-                return data[lo - a:min(hi, a + n) - a]
+                size = min(hi, a + n) - lo
+                try:
+                    return os.pread(self._elf.stream.fileno(), size,
+                                    int(sec["sh_offset"]) + lo - a)
+                except OSError:
+                    return b""
         return b""
 
     def plt_section(self, vaddr: int) -> str | None:
@@ -238,29 +243,6 @@ class ElfInfo:
                 d._load_all_cfi([d])
             return d.fde_for(vaddr)
         return None
-
-    def entry_routine(self) -> tuple[int, int] | None:
-        """Link-time range of the module's entry code when no CFI covers it, else None.
-
-        The dynamic loader's ``_start`` / ``_dl_start_user`` (glibc's RTLD_START) is written in
-        assembly without call-frame information: every sample taken in a library constructor
-        before ``main`` ends there. Nothing calls it (the kernel jumps to it), so a frame there
-        is the bottom of the stack, as the executable's ``_start`` is through its CFI's
-        undefined return address. The range ends at the next function start (symbol or FDE),
-        at most 256 bytes on.
-        """
-        if not self.ok or not self.entry or self.fde_for(self.entry) is not None:
-            return None
-        hi = self.entry + 256
-        starts = self.symbols()[0]
-        i = bisect.bisect_right(starts, self.entry)
-        if i < len(starts):
-            hi = min(hi, starts[i])
-        fdes = self._fde_starts or []
-        j = bisect.bisect_right(fdes, self.entry)
-        if j < len(fdes):
-            hi = min(hi, fdes[j])
-        return self.entry, hi
 
     # -- symbols (for the quick flat summary)
 

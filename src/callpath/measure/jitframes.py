@@ -24,19 +24,6 @@ U64 = npt.NDArray[np.uint64]
 _CALL_CACHE: dict[tuple[str, int], bool] = {}
 
 
-def _code_bytes(elf: ElfInfo, vaddr: int, n: int) -> bytes:
-    """``n`` bytes of the file's image ending at link-time address ``vaddr`` (or b"")."""
-    for seg in elf.segments:
-        if seg.vaddr <= vaddr - n and vaddr <= seg.vaddr + seg.filesz and seg.flags & 1:
-            try:
-                with open(elf.path, "rb") as f:
-                    f.seek(seg.offset + (vaddr - n - seg.vaddr))
-                    return f.read(n)
-            except OSError:
-                return b""
-    return b""
-
-
 def follows_call(elf: ElfInfo, vaddr: int) -> bool:
     """Whether the instruction just before link-time address ``vaddr`` is a call.
 
@@ -49,7 +36,9 @@ def follows_call(elf: ElfInfo, vaddr: int) -> bool:
         return hit
     import iced_x86
 
-    code = _code_bytes(elf, vaddr, 7)
+    code = elf.read_code(vaddr - 7, vaddr)
+    if len(code) != 7:
+        code = b""  # cut by a section start: the call cannot be decoded, so it is no proof
     ok = False
     for back in (5, 2, 3, 4, 6, 7):
         if len(code) < back:

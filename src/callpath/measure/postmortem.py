@@ -149,13 +149,10 @@ def _module_map(kept: list[Mapping], out: Path,
         names.append(name)
         bias.append(vaddr - m.start)
         file_ids.append(_FILE_IDS.setdefault(path, len(_FILE_IDS)))
-    roots = [(e.entry_routine() if e is not None else None) or (0, 0) for e in elves]
     mm = unwind.ModuleMap(np.array([m.start for m in kept], dtype=np.uint64),
                           np.array([m.end for m in kept], dtype=np.uint64),
                           np.array(bias, dtype=np.int64), elves,
-                          np.array(file_ids, dtype=np.int64),
-                          np.array([r[0] for r in roots], dtype=np.int64),
-                          np.array([r[1] for r in roots], dtype=np.int64))
+                          np.array(file_ids, dtype=np.int64))
     return mm, mods, names
 
 

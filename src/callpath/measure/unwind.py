@@ -39,10 +39,6 @@ class ModuleMap:
     bias: I64           # link-time address = pc + bias (per mapping)
     elves: list[ElfInfo | None]
     file_ids: I64       # a small integer per distinct file (memo key)
-    # link-time range of each mapping's entry code without CFI (ld.so's _start), else (0, 0):
-    # a frame there is the bottom of the stack (``ElfInfo.entry_routine``)
-    root_lo: I64 | None = None
-    root_hi: I64 | None = None
 
 
 @dataclass
@@ -247,12 +243,6 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
             new_sp[sgi] = vals[cfi.RSP]
             new_exact[sgi] = True
             stop[sgi] = np.where(oks, 0, PARTIAL_STACK)
-        if mm.root_lo is not None and mm.root_hi is not None and len(mm.starts):
-            mi = np.maximum(m, 0)
-            at_root = (inmod & (rk == cfi.KIND_NONE) & (lk >= mm.root_lo[mi])
-                       & (lk < mm.root_hi[mi]))
-            stop[at_root] = 0
-            done_ok[at_root] = True
         _leave_fileless_code(a, m, inmod, stop, depth, sp, saved, valid, load, mm,
                              new_pc, new_sp, new_saved, new_valid, src)
         finished = (stop != 0) | done_ok
