@@ -42,6 +42,11 @@ def _name(info: dict[str, Any]) -> str:
     return os.path.basename(exe) if exe else str(info.get("comm") or "?")
 
 
+def _parent(info: dict[str, Any]) -> Any:
+    """The pid a process came from: the one it forked from (no exec), else its parent."""
+    return info.get("forked_from") or info.get("ppid")
+
+
 def _is_launcher_program(info: dict[str, Any]) -> bool:
     names = {os.path.basename(str(info.get("exe") or "")), str(info.get("comm") or "")}
     return bool(names & LAUNCHERS)
@@ -62,24 +67,24 @@ def select(units: Sequence[Path], keep_launchers: bool = False) -> Selection:
             if rank[k] is None:
                 continue
             seen: set[int] = set()
-            parent = infos[k].get("forked_from") or infos[k].get("ppid")
+            parent = _parent(infos[k])
             while isinstance(parent, int) and parent not in seen and parent in by_pid:
                 seen.add(parent)
                 for j in by_pid[parent]:
                     if rank[j] is None:
                         launcher[j] = True
-                parent = infos[by_pid[parent][0]].get("forked_from") or \
-                    infos[by_pid[parent][0]].get("ppid")
+                parent = _parent(infos[by_pid[parent][0]])
         for k, i in enumerate(infos):
             if rank[k] is None and _is_launcher_program(i):
                 launcher[k] = True
     sel = Selection([])
+    kept: list[int] = []
     for k, u in enumerate(units):
         if launcher[k] and not keep_launchers:
             sel.launchers.append((u, _name(infos[k])))
         else:
             sel.units.append(u)
-    kept = [k for k, u in enumerate(units) if u in set(sel.units)]
+            kept.append(k)
     groups: dict[tuple[Any, Any], list[int]] = {}
     for k in kept:
         groups.setdefault((infos[k].get("node_id"), rank[k]), []).append(k)
