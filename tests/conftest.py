@@ -26,6 +26,18 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
 
 
+def perf_reason() -> str | None:
+    """Why perf_event sampling cannot run here (None when it can): the tests that measure
+    real programs skip with it. Any failure of the probe (no perf_event at all, another
+    architecture) is a missing capability."""
+    try:
+        from callpath.measure import events, launch
+        (_, reason), = launch.probe_events([events.parse_event("cpu-clock")])
+    except Exception as e:
+        return str(e)
+    return reason
+
+
 def shared_path(*parts: str) -> Path:
     p = DATA.joinpath(*parts)
     if not p.exists():

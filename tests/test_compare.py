@@ -24,9 +24,8 @@ from callpath.analysis.derived import load_derived
 from callpath.analysis.source import tree_source
 from callpath.analysis.views import make_view
 from callpath.model import Experiment, NodeKind
-from conftest import ROOT, run_cli, shared_path
+from conftest import ROOT, perf_reason, run_cli, shared_path
 from prof_tree import find
-from test_prof_native import _perf_reason
 
 PROGRAM = ROOT / "tests" / "compare_programs" / "twoinputs.c"
 
@@ -35,7 +34,7 @@ PROGRAM = ROOT / "tests" / "compare_programs" / "twoinputs.c"
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
-    reason = _perf_reason()
+    reason = perf_reason()
     if reason is not None:
         pytest.skip(f"perf_event sampling is not available here: {reason}")
     d = tmp_path_factory.mktemp("compare")

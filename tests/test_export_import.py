@@ -30,8 +30,7 @@ from hypothesis import strategies as st
 import callpath
 from callpath.errors import CallpathError
 from callpath.formats import stacks
-from conftest import ROOT, run_cli, shared_path
-from test_prof_native import _perf_reason
+from conftest import ROOT, perf_reason, run_cli, shared_path
 
 SPIN = ROOT / "tests" / "export_programs" / "spin.c"
 
@@ -41,7 +40,7 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A database of a real run of spin.c by ``callpath profile -t`` (samples and traces)."""
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
-    reason = _perf_reason()
+    reason = perf_reason()
     if reason is not None:
         pytest.skip(f"perf_event sampling is not available here: {reason}")
     d = tmp_path_factory.mktemp("export")

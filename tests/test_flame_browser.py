@@ -22,8 +22,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT, run_cli, shared_path
-from test_prof_native import _perf_reason
+from conftest import ROOT, perf_reason, run_cli, shared_path
 from test_view_browser import ARTIFACTS, browser, page  # noqa: F401
 from view_support import serve
 
@@ -35,7 +34,7 @@ DIFF, LOOPS, BASE, NEW = 0, 1, 2, 3
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
-    reason = _perf_reason()
+    reason = perf_reason()
     if reason is not None:
         pytest.skip(f"perf_event sampling is not available here: {reason}")
     d = tmp_path_factory.mktemp("flame")

@@ -30,27 +30,18 @@ from callpath.analysis.flat import FlatView
 from callpath.analysis.nodes import ViewKind
 from callpath.analysis.source import tree_source
 from callpath.model import NodeKind
-from conftest import ROOT, run_cli
+from conftest import ROOT, perf_reason, run_cli
 
 SRC = ROOT / "tests" / "lines_programs" / "imbalance.c"
 WORK_LINE = 12  # the line where thread k does k+1 units
 THREADS = 4
 
 
-def _perf_reason() -> str | None:
-    from callpath.measure import events, launch
-    try:
-        (_, reason), = launch.probe_events([events.parse_event("cpu-clock")])
-    except Exception as e:  # no perf_event at all
-        return str(e)
-    return reason
-
-
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
-    reason = _perf_reason()
+    reason = perf_reason()
     if reason is not None:
         pytest.skip(f"perf_event sampling is not available here: {reason}")
     d = tmp_path_factory.mktemp("lines-measured")
@@ -176,7 +167,7 @@ def test_mpi_ranks_min_first_max_last(tmp_path: Path) -> None:
         pytest.skip("no mpirun (pip install 'callpath[mpi]' brings MPICH's)")
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
-    reason = _perf_reason()
+    reason = perf_reason()
     if reason is not None:
         pytest.skip(f"perf_event sampling is not available here: {reason}")
     exe = tmp_path / "imbalance"

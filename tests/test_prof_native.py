@@ -14,26 +14,17 @@ import pytest
 import callpath
 from callpath.formats import measdir
 from callpath.model import NodeKind
-from conftest import ROOT, run_cli
+from conftest import ROOT, perf_reason, run_cli
 from prof_tree import find
 
 SRC = ROOT / "tests" / "prof_programs" / "hotloop.c"
-
-
-def _perf_reason() -> str | None:
-    from callpath.measure import events, launch
-    try:
-        (_, reason), = launch.probe_events([events.parse_event("cpu-clock")])
-    except Exception as e:  # no perf_event at all
-        return str(e)
-    return reason
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
-    reason = _perf_reason()
+    reason = perf_reason()
     if reason is not None:
         pytest.skip(f"perf_event sampling is not available here: {reason}")
     d = tmp_path_factory.mktemp("prof-native")

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 import mpi_launch
-from conftest import ROOT, run_cli, shared_path
-from test_prof_native import _perf_reason
+from conftest import ROOT, perf_reason, run_cli, shared_path
 
 DB_FILES = ("meta.db", "profile.db", "cct.db", "trace.db")
 
@@ -30,7 +29,7 @@ def two_processes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A callpath measurement of a shell running a C program twice: three process files."""
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
-    reason = _perf_reason()
+    reason = perf_reason()
     if reason is not None:
         pytest.skip(f"perf_event sampling is not available here: {reason}")
     d = tmp_path_factory.mktemp("prof-par")

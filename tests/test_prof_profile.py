@@ -12,9 +12,8 @@ import pytest
 import callpath
 from callpath.formats import measdir
 from callpath.model import NodeKind
-from conftest import ROOT, run_cli
+from conftest import ROOT, perf_reason, run_cli
 from prof_tree import find
-from test_prof_native import _perf_reason
 
 PROGS = ROOT / "tests" / "prof_programs"
 
@@ -31,7 +30,7 @@ def _check(meas: Path, db: Path) -> callpath.model.Experiment:
 def test_profile_c_program(tmp_path: Path) -> None:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
-    reason = _perf_reason()
+    reason = perf_reason()
     if reason is not None:
         pytest.skip(f"perf_event sampling is not available here: {reason}")
     exe = tmp_path / "hotloop"

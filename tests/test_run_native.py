@@ -20,25 +20,16 @@ import pytest
 
 from callpath.formats import measdir
 from callpath.measure.elfinfo import ElfInfo
-from conftest import interruptible, kill_group
+from conftest import interruptible, kill_group, perf_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "tests" / "programs"
 PERIOD_NS = 1_000_000  # the default event: cpu-clock every 1 ms
 
 
-def _perf_reason() -> str | None:
-    from callpath.measure import events, launch
-    try:
-        (_, reason), = launch.probe_events([events.parse_event("cpu-clock")])
-    except Exception as e:  # no perf_event at all, unsupported architecture
-        return str(e)
-    return reason
-
-
 @pytest.fixture(scope="session")
 def perf_ok() -> None:
-    reason = _perf_reason()
+    reason = perf_reason()
     if reason is not None:
         pytest.skip(f"perf_event sampling is not available here: {reason}")
 
@@ -313,7 +304,7 @@ def test_user_errors(tmp_path: Path) -> None:
     garbage.write_bytes(b"\x7fELF not really")
     garbage.chmod(0o755)
     proc = callpath("run", "-o", str(tmp_path / "g"), "--", str(garbage))
-    if _perf_reason() is None:
+    if perf_reason() is None:
         assert proc.returncode == 2 and "cannot execute" in proc.stderr, proc.stderr
         assert proc.stderr.count("\n") == 1 and not (tmp_path / "g").exists()
     proc = callpath("run", "--", "callpath-no-such-command")

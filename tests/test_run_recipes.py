@@ -29,7 +29,8 @@ from callpath.formats import measdir
 from callpath.measure.elfinfo import ElfInfo
 from callpath.measure.recipes import RecipeStore, compare_with_cfi
 from callpath.structure.unwind_recipes import compute
-from test_run_native import _perf_reason, callpath, symbolised_paths
+from conftest import perf_reason
+from test_run_native import callpath, symbolised_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "tests" / "programs"
@@ -40,7 +41,7 @@ CHAIN = ["level1", "level2"] + ["recurse"] * 6 + ["kernel_loop"]
 
 @pytest.fixture(scope="module")
 def perf_ok() -> None:
-    reason = _perf_reason()
+    reason = perf_reason()
     if reason is not None:
         pytest.skip(f"perf_event sampling is not available here: {reason}")
 

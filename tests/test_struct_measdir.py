@@ -22,7 +22,7 @@ from callpath.formats import measdir
 from callpath.formats.hpcstruct import read_hpcstruct
 from callpath.structure.driver import measurement_structures
 from callpath.structure.model import Kind, Structure
-from conftest import ROOT, run_cli
+from conftest import ROOT, perf_reason, run_cli
 
 PROGRAMS = ROOT / "tests" / "struct_programs"
 
@@ -34,15 +34,6 @@ def _marker(src: Path, name: str) -> int:
     raise AssertionError(name)
 
 
-def _perf_reason() -> str | None:
-    try:
-        from callpath.measure import events, launch
-        (_, reason), = launch.probe_events([events.parse_event("cpu-clock")])
-    except Exception as e:  # no perf_event at all, or the measurement code is absent
-        return str(e)
-    return reason
-
-
 def _compile(src: Path, out: Path, *flags: str) -> Path:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
@@ -51,7 +42,7 @@ def _compile(src: Path, out: Path, *flags: str) -> Path:
 
 
 def _measure(tmp: Path, exe: Path, name: str, twice: bool = False) -> Path:
-    reason = _perf_reason()
+    reason = perf_reason()
     if reason is not None:
         pytest.skip(f"perf_event sampling is not available here: {reason}")
     d = tmp / name
