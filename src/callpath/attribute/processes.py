@@ -26,8 +26,6 @@ from callpath.model.contexts import Identifier, IdKind
 
 PROCESS_KIND = len(IdKind)  # the first kind after HPCToolkit's own; named "PROCESS" in meta.db
 PROCESS_NAME = "PROCESS"
-LAUNCHERS = frozenset({"mpirun", "mpiexec", "mpiexec.hydra", "mpiexec.gforker", "hydra_pmi_proxy",
-                       "orterun", "orted", "prterun", "prte", "prted", "srun", "aprun"})
 
 
 @dataclass
@@ -49,7 +47,7 @@ def _parent(info: dict[str, Any]) -> Any:
 
 def _is_launcher_program(info: dict[str, Any]) -> bool:
     names = {os.path.basename(str(info.get("exe") or "")), str(info.get("comm") or "")}
-    return bool(names & LAUNCHERS)
+    return bool(names & md.LAUNCHER_PROGRAMS)
 
 
 def select(units: Sequence[Path], keep_launchers: bool = False) -> Selection:

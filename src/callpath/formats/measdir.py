@@ -549,6 +549,14 @@ def read_process(path: str | os.PathLike[str], n_metrics: int | None = None) -> 
     return ProcessProfile(p, info, modules, pycode, threads, metrics, complete, truncated)
 
 
+# The commands that start MPI ranks (what a user types before the program), and every program
+# of a launch that is not a rank: those commands and the daemons and proxies they start.
+# ``callpath run --native`` recognises the former; ``callpath prof`` leaves the latter out.
+MPI_LAUNCHERS = frozenset({"mpirun", "mpiexec", "mpiexec.hydra", "orterun", "srun"})
+LAUNCHER_PROGRAMS = MPI_LAUNCHERS | {"mpiexec.gforker", "hydra_pmi_proxy", "orted", "prterun",
+                                     "prte", "prted", "aprun"}
+
+
 def rank_from_environ(env: dict[str, str]) -> int | None:
     """The MPI rank a launcher gave the process, from the variables the common launchers set."""
     for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):

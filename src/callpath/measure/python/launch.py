@@ -77,14 +77,11 @@ def is_python_target(argv: Sequence[str]) -> bool:
     return bool(words) and _is_interpreter(words[0])
 
 
-MPI_LAUNCHERS = frozenset({"mpirun", "mpiexec", "mpiexec.hydra", "orterun", "srun"})
-
-
 def mpi_python_target(argv: Sequence[str]) -> bool:
     """Whether ``argv`` is an MPI launcher starting a Python program (``mpirun -n 2 python
     app.py``): the launcher passes our environment to every rank, so each rank measures
     itself into the one directory."""
-    if not argv or os.path.basename(argv[0]) not in MPI_LAUNCHERS:
+    if not argv or os.path.basename(argv[0]) not in measdir.MPI_LAUNCHERS:
         return False
     return any(not w.startswith("-") and is_python_target(argv[i:])
                for i, w in enumerate(argv[1:], 1))
