@@ -119,9 +119,10 @@ def _images(side: list[records.Sideband]) -> tuple[list[Image], dict[int, list[t
     return images, history
 
 
-def _module_map(kept: list[Mapping], out: Path,
+def module_map(kept: list[Mapping], out: Path,
                 vdso: str) -> tuple[unwind.ModuleMap, list[measdir.Module], list[str]]:
-    """The unwinder's map and the module records of one load map (``loadmap.pieces``)."""
+    """The unwinder's map, the module records and the module names of one load map
+    (``loadmap.pieces``); also ``callpath run --native``'s, from its ``/proc`` snapshots."""
     elves: list[ElfInfo | None] = []
     mods: list[measdir.Module] = []
     names: list[str] = []
@@ -188,7 +189,7 @@ def _unwind_epochs(img: Image, s: records.Samples, col: dict[str, int], words: A
         sel = np.nonzero(which == e)[0] if len(eps) > 1 else np.arange(len(s), dtype=np.int64)
         if not len(sel) and len(eps) > 1:
             continue
-        mm, _mods, _names = _module_map(kept, out, vdso)
+        mm, _mods, _names = module_map(kept, out, vdso)
         sub = s.take(sel) if len(eps) > 1 else s
         saved_regs = sub.regs[:, [col[r] for r in ("bx", "bp", "r12", "r13", "r14", "r15")]]
         fr = unwind.unwind_parallel(words, sub.regs[:, col["ip"]], sub.regs[:, col["sp"]],
@@ -197,7 +198,7 @@ def _unwind_epochs(img: Image, s: records.Samples, col: dict[str, int], words: A
     order = sorted(range(len(all_pieces)), key=lambda i: (all_pieces[i].start, i))
     rank = np.empty(len(all_pieces), dtype=np.int64)
     rank[order] = np.arange(len(order))
-    mm, mods, names = _module_map([all_pieces[i] for i in order], out, vdso)
+    mm, mods, names = module_map([all_pieces[i] for i in order], out, vdso)
     if len(parts) == 1 and len(parts[0][0]) == len(s):
         _sel, g, fr = parts[0]
         fr.module = _remap(fr.module, rank[g])

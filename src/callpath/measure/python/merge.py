@@ -39,8 +39,8 @@ import numpy.typing as npt
 
 from callpath.errors import FormatError
 from callpath.formats import measdir as md
-from callpath.measure import cfi, unwind
-from callpath.measure.elfinfo import ElfInfo
+from callpath.measure import cfi, loadmap, postmortem, unwind
+from callpath.measure.loadmap import Mapping
 
 MAGIC = 0x4E4D5043
 HEAD_WORDS = 13          # sizeof(Head) / 8 in _callpath_native.c
@@ -146,43 +146,13 @@ def _read_notes(path: Path) -> dict[str, Any]:
 
 def _module_map(snapshots: list[list[Any]], out: Path) -> tuple[unwind.ModuleMap,
                                                                  list[md.Module]]:
-    """Executable mappings over the run: a later snapshot's mapping hides older overlaps."""
-    kept: list[list[Any]] = []
-    for snap in snapshots:
-        for m in snap:
-            if m in kept:
-                continue
-            kept = [k for k in kept if k[1] <= m[0] or k[0] >= m[1]]
-            kept.append(m)
-    kept.sort(key=lambda m: int(m[0]))
-    elves: list[ElfInfo | None] = []
-    mods: list[md.Module] = []
-    bias, fids = [], []
-    for i, (lo, hi, off, path) in enumerate(kept):
-        saved = ""
-        file = str(path)
-        if path == "[vdso]":
-            saved, file = ("vdso.so", os.path.abspath(out / "vdso.so")) \
-                if (out / "vdso.so").exists() \
-                else ("", "")
-        elf: ElfInfo | None = None
-        if file.startswith("/") and os.path.exists(file):
-            elf = ElfInfo.get(file)
-            if not elf.ok:
-                elf = None
-        vaddr = int(off)
-        if elf is not None:
-            la = elf.link_address(int(off), executable=True)
-            vaddr = la if la is not None else int(off)
-        mods.append(md.Module(i, str(path), int(lo), int(hi), int(off), vaddr,
-                              elf.build_id if elf is not None else "", saved))
-        elves.append(elf)
-        bias.append(vaddr - int(lo))
-        fids.append(hash(file) & 0x7FFF)
-    mm = unwind.ModuleMap(np.array([m[0] for m in kept], dtype=np.uint64),
-                          np.array([m[1] for m in kept], dtype=np.uint64),
-                          np.array(bias, dtype=np.int64), elves,
-                          np.array(fids, dtype=np.int64))
+    """Executable mappings over the run, from the capture's ``/proc`` snapshots in order: each
+    changes only the ranges it covers, as the kernel's mapping records do for ``callpath run``
+    (``loadmap.pieces``), and the modules are made as there (``postmortem.module_map``)."""
+    maps = [Mapping(t, int(lo), int(hi), int(off), str(path), "")
+            for t, snap in enumerate(snapshots) for lo, hi, off, path in snap]
+    vdso = "vdso.so" if (out / "vdso.so").exists() else ""
+    mm, mods, _names = postmortem.module_map(loadmap.pieces(maps), out, vdso)
     return mm, mods
 
 
