@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -218,12 +219,16 @@ def test_pprof_reads_the_export(profiled: Path, tmp_path: Path) -> None:
             if m.name.endswith("(samples)"):
                 assert unit == "count" and total == round(float(exp.inclusive(m)[0]))
         # inlined code is part of its caller's location (loops-cputime-t.d has some): pprof
-        # marks those frames '(inline)', each above a frame of another function
+        # marks those frames '(inline)', each above the frame the database inlined it into
+        # (a routine may be inlined into one of the same name: glibc's _IO_doallocbuf is)
         ft = stacks.frame_tree(exp)
-        if (ft.inlined & (ft.parent >= 0)).any():
-            inl = [(f[i][0], f[i + 1][0]) for f in prof.stacks for i in range(len(f) - 1)
-                   if f[i][1]]
-            assert inl and all(a != b for a, b in inl)
+        sub = np.flatnonzero(ft.inlined & (ft.parent >= 0))
+        if len(sub):
+            name = [ft.names[f] for f in ft.frame]
+            pairs = {(name[k], name[ft.parent[k]]) for k in sub}
+            inl = {(f[i][0], f[i + 1][0]) for f in prof.stacks for i in range(len(f) - 1)
+                   if f[i][1]}
+            assert inl and inl <= pairs, sorted(inl - pairs)[:5]
         # the same stacks as the folded export of the first metric
         want = folded(export(db, "folded", tmp_path / f"{db.name}.folded", "--metric", "0"))
         got = prof.folded(0)
