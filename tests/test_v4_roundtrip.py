@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
+import callpath
 from callpath.errors import CallpathError
 from callpath.formats.v4 import writer as writer_module
 from callpath.formats.v4.reader import read_v4
@@ -315,7 +316,33 @@ def test_contexts_below_the_root_get_an_entry_point(tmp_path: Path) -> None:
     assert b.cct.entry_names == {1: "unknown entry"}
     assert b.n_ctx_slots == 4
     cpu = b.metric(0)
-    assert b.inclusive(cpu).tolist() == [1.5, 0.0, 1.5, 1.5]  # the entry has no values of its own
+    # the entry holds everything below it, as the root does, and runs no code of its own
+    assert b.inclusive(cpu).tolist() == [1.5, 1.5, 1.5, 1.5]
+    assert b.exclusive(cpu)[1] == 0.0
+    assert b.values_in(1, cpu, "execution").tolist() == [1.5, 1.5, 1.5, 1.5]
+
+
+def test_experiment_xml_database_written_as_v4_keeps_its_costs(tmp_path: Path) -> None:
+    """Hatchet's experiment.xml database (procedures below the root, 4 ranks) written as v4:
+    the synthetic entry carries the root's inclusive cost in the summary (sum and every other
+    statistic) and in each rank, and every other node keeps its values."""
+    a = callpath.open(shared_path("hatchet", "hpctoolkit-cpi-database"))
+    b = read_v4(write_v4(a, tmp_path / "cpi.d"))
+    assert len(b.cct) == len(a.cct) + 1 and b.cct.kind[1] == NodeKind.ENTRY
+    rest = np.r_[0, 2:len(b.cct)]
+    for m, mb in zip(a.metrics, b.metrics, strict=True):
+        inc = b.inclusive(mb)
+        assert inc[1] == inc[0] > 0 and b.exclusive(mb)[1] == 0
+        assert np.array_equal(inc[rest], a.inclusive(m))
+        assert np.array_equal(b.exclusive(mb)[rest], a.exclusive(m))
+        for s in mb.summaries:
+            if b.scopes[s.scope].name == "execution":
+                col = b.summary(s.stat_metric_id)[b.cct.ctx_id.astype(np.int64)]
+                assert col[1] == col[0], s
+        for p in range(1, len(b.profiles)):
+            ctx = b.values_in(p, mb, "execution")
+            assert ctx[1] == ctx[0]
+            assert np.array_equal(ctx[rest], a.values_in(p, m, "execution"))
 
 
 # ---- failures -------------------------------------------------------------------------------

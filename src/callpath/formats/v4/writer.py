@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.errors import CallpathError
-from callpath.formats.v4 import stream
+from callpath.formats.v4 import entry, stream
 from callpath.formats.v4.stream import (  # noqa: F401  (the record layouts, named here too)
     CONTEXT_INDEX,
     CONTEXT_VALUE,
@@ -224,6 +224,12 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
         n0 = max(exp.n_ctx_slots, int(exp.cct.ctx_id.max()) + 1)
         if summary is not None and len(summary.ctx_ids):
             n0 = max(n0, int(summary.ctx_ids[-1]) + 1)
+        synthetic = -1
+        if entry.needs_synthetic_entry(exp):
+            synthetic, n0 = n0, n0 + 1
+            source = entry.with_entry_values(exp, source, synthetic)
+            if summary is not None:
+                summary = stream.sorted_block(source.block(0), 0)
         n_ids = len({i.prop_metric_id for m in exp.metrics for i in m.scope_insts})
         bounds = stream.bucket_bounds(n0, int(transposed.sum()), n_ids)
         head = _ProfileHead.of(exp)
@@ -238,7 +244,7 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
         n_slots = max([n0, *(sp.top_ctx for sp in spools)])
         if n_slots > 0xFFFFFFFF:
             raise CallpathError(f"{n_slots} contexts; v4 allows at most 2^32-1")
-        tree = _TreeLayout.build(exp, n_slots)
+        tree = _TreeLayout.build(exp, n_slots, synthetic)
         with open(temp("meta.db"), "wb") as f:
             f.write(_meta_db(exp, files, tree))
         layout = stream.ContextLayout.of(spools, tree.n_slots)
@@ -428,17 +434,15 @@ class _TreeLayout:
     n_slots: int  # cct.db context count
 
     @classmethod
-    def build(cls, exp: Experiment, n_slots: int) -> _TreeLayout:
+    def build(cls, exp: Experiment, n_slots: int, synthetic: int) -> _TreeLayout:
+        """``synthetic``: the context id of the "unknown entry" v4 needs above contexts that
+        hang directly below the global context (e.g. from experiment.xml), -1 for none;
+        :mod:`callpath.formats.v4.entry` chose it and gave it its values."""
         cct = exp.cct
         kind = cct.kind
         is_ctx = kind <= NodeKind.INSTRUCTION
         entries = np.flatnonzero(kind == NodeKind.ENTRY).astype(np.int64)
-        synthetic = -1
-        if np.any(is_ctx & (cct.parent == 0)):
-            # Contexts hanging directly below the global context (e.g. from experiment.xml):
-            # v4 needs an entry point above them, so add an "unknown entry" with a fresh id.
-            synthetic = n_slots
-            n_slots += 1
+        if synthetic >= 0:
             entries = np.append(entries, -1)
         body = np.flatnonzero(is_ctx).astype(np.int64)
         body = body[np.argsort(cct.parent[body], kind="stable")]
