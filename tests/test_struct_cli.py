@@ -202,6 +202,13 @@ def test_measdir_and_option_mistakes_are_one_line(tmp_path: Path) -> None:
     assert rc == 2 and "must be the only input" in err
     rc, _, err = _env_cli(tmp_path, str(binary), "-j", "0")
     assert rc == 2 and "-j 0" in err
+    # an output in a directory that does not exist names that file and directory, not the
+    # temporary file written beside it, and leaves nothing behind
+    out = tmp_path / "no-such-dir" / "x.hpcstruct"
+    rc, _, err = _env_cli(tmp_path, str(binary), "-o", str(out))
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{out}: cannot write the structure file: the directory {out.parent} does not " \
+           "exist" in err and ".tmp" not in err
 
 
 def _children(pid: int) -> list[int]:

@@ -36,7 +36,7 @@ from xml.sax.saxutils import quoteattr
 import numpy as np
 import numpy.typing as npt
 
-from callpath.errors import FormatError
+from callpath.errors import CallpathError, FormatError
 from callpath.structure.model import Kind, Structure, StructureBuilder
 
 DTD_PATH_NOTE = "hpc-structure.dtd version 4.9"
@@ -113,9 +113,20 @@ def write_hpcstruct_file(structs: list[Structure], path: str | os.PathLike[str],
                          comment: str | None = None) -> None:
     """Write atomically (a temporary file renamed over ``path``): readers never see half."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        write_hpcstruct(structs, f, comment)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            write_hpcstruct(structs, f, comment)
+        os.replace(tmp, path)
+    except OSError as e:
+        # name the file the user asked for, not the temporary one beside it
+        where = os.path.dirname(os.fspath(path)) or "."
+        why = (f"the directory {where} does not exist" if not os.path.isdir(where)
+               else e.strerror or str(e))
+        raise CallpathError(f"{os.fspath(path)}: cannot write the structure file: {why}") \
+            from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def _write_lm(s: Structure, out: IO[str], ident: list[int]) -> None:
