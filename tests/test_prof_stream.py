@@ -50,7 +50,8 @@ def test_block_bounds_are_exact_on_real_measurements() -> None:
     """The bounds that let the writer place each chunk of profiles before computing it are
     the blocks' exact sizes here (values are positive), so every chunk is written in place
     with no move (``tests/test_v4_writer_stream.py`` covers wrong bounds)."""
-    from callpath.formats.v4.stream import sorted_block, value_source
+    from callpath.formats.v4.blocks import sorted_block
+    from callpath.formats.v4.stream import value_source
 
     for name in ("loops-cputime-t.m", "small.m"):
         exp = prof_hpctoolkit([shared_path("hpctoolkit", "meas", name)], [], workers=1)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from callpath.attribute.forked import map_chunks
 from callpath.errors import CallpathError
-from callpath.formats.v4 import stream
+from callpath.formats.v4 import spool, stream, transpose
 from callpath.formats.v4.reader import read_v4
 from callpath.formats.v4.writer import write_v4
 from callpath.model import ExecutionContext, Experiment, ProfileBlock
@@ -66,8 +66,8 @@ def test_any_split_gives_the_same_files(experiment: Experiment, tmp_path: Path,
     forked workers: byte-identical databases."""
     write_v4(experiment, tmp_path / "plain.d", copy_sources=False)
     plain = _files(tmp_path / "plain.d")
-    monkeypatch.setattr(stream, "VALUES_PER_BUCKET", 7)
-    monkeypatch.setattr(stream, "MAX_BUCKETS", 5)
+    monkeypatch.setattr(transpose, "VALUES_PER_BUCKET", 7)
+    monkeypatch.setattr(transpose, "MAX_BUCKETS", 5)
     mappers: list[tuple[str, stream.Mapper]] = [
         ("chunks", _in_chunks(1)), ("chunks3", _in_chunks(3)),
         ("forked", functools.partial(map_chunks, workers=2))]
@@ -89,7 +89,7 @@ def test_blocks_go_where_their_bounds_say(experiment: Experiment, tmp_path: Path
     chunk's place, so that chunk switches to a spool file. Always the same bytes."""
     write_v4(experiment, tmp_path / "plain.d", copy_sources=False)
     plain = _files(tmp_path / "plain.d")
-    monkeypatch.setattr(stream, "VALUES_PER_BUCKET", 7)
+    monkeypatch.setattr(transpose, "VALUES_PER_BUCKET", 7)
     n = len(experiment.profiles)
 
     def bound(i: int) -> tuple[int, int]:
@@ -102,13 +102,13 @@ def test_blocks_go_where_their_bounds_say(experiment: Experiment, tmp_path: Path
         return nv, nc
 
     seen: list[str] = []
-    place = stream.place_spools
+    place = spool.place_spools
 
-    def spy(spools: list[stream.Spool], *args: Any) -> int:
+    def spy(spools: list[spool.Spool], *args: Any) -> int:
         seen.extend("in place" if sp.in_place else "spooled" for sp in spools)
         return place(spools, *args)
 
-    monkeypatch.setattr(stream, "place_spools", spy)
+    monkeypatch.setattr(spool, "place_spools", spy)
     mappers: list[tuple[str, stream.Mapper]] = [
         ("chunks1", _in_chunks(1)), ("chunks2", _in_chunks(2)),
         ("forked", functools.partial(map_chunks, workers=2))]
@@ -147,7 +147,7 @@ def test_blocks_outside_cct_db_are_placed_too(tmp_path: Path,
                               traces=None)
     write_v4(exp, tmp_path / "plain.d", copy_sources=False)
     plain = _files(tmp_path / "plain.d")
-    monkeypatch.setattr(stream, "VALUES_PER_BUCKET", 5)
+    monkeypatch.setattr(transpose, "VALUES_PER_BUCKET", 5)
     mappers: list[tuple[str, stream.Mapper]] = [
         ("chunks1", _in_chunks(1)), ("chunks2", _in_chunks(2)),
         ("forked", functools.partial(map_chunks, workers=3))]
@@ -244,7 +244,7 @@ def runs(draw: st.DrawFn) -> tuple[Any, ...]:
 @given(runs())
 def test_transpose_is_a_stable_sort(case: tuple[Any, ...]) -> None:
     c, m, val, run_prof, run_len, c0, c1 = case
-    g = stream._transpose(c, m, val, run_prof, run_len, c0, c1)
+    g = transpose._transpose(c, m, val, run_prof, run_len, c0, c1)
     prof = np.repeat(run_prof, run_len)
     ctx, met, p, v = _reference(c.astype(np.int64), m.astype(np.int64), prof, val)
     sizes = np.diff(g.starts)

@@ -10,7 +10,8 @@ Python loop over values, and none over contexts either:
   contiguous array, in preorder), ordered by the parent's preorder index. Record sizes follow from
   the flags (flex words), so every record's position, every ``pChildren``/``szChildren`` and the
   flex sub-fields are computed for all nodes at once and stored into one array of u64 words.
-- ``profile.db`` and ``cct.db`` are streamed (:mod:`callpath.formats.v4.stream`): each
+- ``profile.db`` and ``cct.db`` are streamed (:mod:`callpath.formats.v4.stream`, whose phases
+  are :mod:`~callpath.formats.v4.spool` and :mod:`~callpath.formats.v4.transpose`): each
   profile's block is written as soon as it is produced, straight into ``profile.db`` behind
   its fixed-size head for the first chunk of profiles, to a spool file for the others;
   their values are then read back by context range, put in ``cct.db``'s order one range at
@@ -42,15 +43,8 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.errors import CallpathError
-from callpath.formats.v4 import entry, stream
-from callpath.formats.v4.stream import (  # noqa: F401  (the record layouts, named here too)
-    CONTEXT_INDEX,
-    CONTEXT_VALUE,
-    PROFILE_INDEX,
-    PROFILE_VALUE,
-    align_up,
-    pad_to,
-)
+from callpath.formats.v4 import entry, spool, stream, transpose
+from callpath.formats.v4.blocks import align_up, pad_to, sorted_block, write_profile_block
 from callpath.model.cct import HAS_FUNCTION, HAS_POINT, HAS_SRCLOC, EntryPoint, NodeKind
 from callpath.model.experiment import Experiment
 from callpath.model.metrics import Combine, Metric, PropagationScope
@@ -220,7 +214,7 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
         source = stream.value_source(exp)
         transposed = np.array([not p.is_summary for p in exp.profiles], dtype=bool)
         summary = (None if source.summary is not None
-                   else stream.sorted_block(source.block(0), 0))
+                   else sorted_block(source.block(0), 0))
         n0 = max(exp.n_ctx_slots, int(exp.cct.ctx_id.max()) + 1)
         if summary is not None and len(summary.ctx_ids):
             n0 = max(n0, int(summary.ctx_ids[-1]) + 1)
@@ -229,17 +223,17 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
             synthetic, n0 = n0, n0 + 1
             source = entry.with_entry_values(exp, source, synthetic)
             if summary is not None:
-                summary = stream.sorted_block(source.block(0), 0)
+                summary = sorted_block(source.block(0), 0)
         n_ids = len({i.prop_metric_id for m in exp.metrics for i in m.scope_insts})
-        bounds = stream.bucket_bounds(n0, int(transposed.sum()), n_ids)
+        bounds = transpose.bucket_bounds(n0, int(transposed.sum()), n_ids)
         head = _ProfileHead.of(exp)
         spool_dir.mkdir(exist_ok=True)
         with open(temp("profile.db"), "wb"):
             pass  # the first chunk of profiles is written into it behind the head
-        spools = stream.spool_profiles(source, spool_dir, transposed, bounds, n0,
-                                       (temps["profile.db"], head.data_base))
-        blocks_end = stream.place_spools(spools, head.data_base, temps["profile.db"],
-                                         spool_dir)
+        spools = spool.spool_profiles(source, spool_dir, transposed, bounds, n0,
+                                      (temps["profile.db"], head.data_base))
+        blocks_end = spool.place_spools(spools, head.data_base, temps["profile.db"],
+                                        spool_dir)
         _fill_infos(head, spools)
         n_slots = max([n0, *(sp.top_ctx for sp in spools)])
         if n_slots > 0xFFFFFFFF:
@@ -247,16 +241,16 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
         tree = _TreeLayout.build(exp, n_slots, synthetic)
         with open(temp("meta.db"), "wb") as f:
             f.write(_meta_db(exp, files, tree))
-        layout = stream.ContextLayout.of(spools, tree.n_slots)
+        layout = transpose.ContextLayout.of(spools, tree.n_slots)
         with open(temp("cct.db"), "wb") as f:
             data_base = _write_cct_db(f, layout)
-        groups = stream.transpose_buckets(source, spools, bounds, layout, temps["cct.db"],
-                                          data_base, temps["profile.db"])
-        stream.copy_uncopied(temps["profile.db"], spools)
-        stream.remove_spools(spool_dir)
+        groups = transpose.transpose_buckets(source, spools, bounds, layout, temps["cct.db"],
+                                             data_base, temps["profile.db"])
+        spool.copy_uncopied(temps["profile.db"], spools)
+        spool.remove_spools(spool_dir)
         if summary is None:
             assert source.summary is not None
-            summary = stream.sorted_block(source.summary(groups), 0)
+            summary = sorted_block(source.summary(groups), 0)
             if len(summary.ctx_ids) and int(summary.ctx_ids[-1]) >= n_slots:
                 raise CallpathError(f"the summary profile has a value at context "
                                     f"{int(summary.ctx_ids[-1])}, beyond the {n_slots} "
@@ -282,7 +276,7 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
         for p in temps.values():
             with contextlib.suppress(OSError):
                 p.unlink()
-        stream.remove_spools(spool_dir)
+        spool.remove_spools(spool_dir)
     return out
 
 
@@ -771,9 +765,9 @@ class _ProfileHead:
         return cls(p_infos, p_array, infos_size, info, tuples)
 
 
-def _fill_infos(head: _ProfileHead, spools: list[stream.Spool]) -> None:
+def _fill_infos(head: _ProfileHead, spools: list[spool.Spool]) -> None:
     """The info of the profiles in the spools, which have their places
-    (:func:`stream.place_spools`)."""
+    (:func:`spool.place_spools`)."""
     info = head.info
     for sp in spools:
         at = sp.profiles
@@ -790,7 +784,7 @@ def _write_profile_db(f: BinaryIO, head: _ProfileHead, summary: ProfileBlock, po
     if len(summary.ctx_ids) > 0xFFFFFFFF:
         raise CallpathError("profile 0: too many contexts for v4")
     f.seek(pos)
-    p_values, p_ctx, pos = stream.write_profile_block(f, pos, summary)
+    p_values, p_ctx, pos = write_profile_block(f, pos, summary)
     info = head.info
     info[0]["nValues"], info[0]["pValues"] = len(summary.values), p_values
     info[0]["nCtxs"], info[0]["pCtxIndices"] = len(summary.ctx_ids), p_ctx
@@ -811,9 +805,9 @@ def _write_profile_db(f: BinaryIO, head: _ProfileHead, summary: ProfileBlock, po
 # ==== cct.db ============================================================================
 
 
-def _write_cct_db(f: BinaryIO, layout: stream.ContextLayout) -> int:
+def _write_cct_db(f: BinaryIO, layout: transpose.ContextLayout) -> int:
     """The header, the context index and the footer, the file sized for the blocks, which
-    the transposing workers write in place (:func:`stream.transpose_buckets`). Returns the
+    the transposing workers write in place (:func:`transpose.transpose_buckets`). Returns the
     offset of the first block."""
     n_slots = len(layout.n_values)
     header_size = 0x10 + 16
