@@ -20,7 +20,12 @@ from typing import Any
 import pytest
 
 from conftest import ROOT, run_cli
-from view_support import CHROME_ARGS, chromium, view_server_fixture  # noqa: F401
+from view_support import (  # noqa: F401
+    CHROME_ARGS,
+    chromium,
+    trace_painted,
+    view_server_fixture,
+)
 
 SMALL, LOOPS, CPI = 0, 1, 2
 ARTIFACTS = ROOT / "tests" / "artifacts" / "view"
@@ -174,13 +179,6 @@ def selected_chain(pg: Any) -> list[dict[str, Any]]:
             out.unshift({label: e.row.label, cells: t.columns.map(c => e.row.text[c.key])});
         return out;
     }""")
-
-
-def trace_painted(pg: Any) -> None:
-    """Waits until the trace canvas shows the current window (its frame has been painted)."""
-    pg.wait_for_function("""() => { const t = window.__callpath.trace, w = t.win;
-        return document.getElementById('tr-canvas').dataset.frame ===
-            `${Math.floor(w.t0)},${Math.ceil(w.t1)},${w.c0},${w.c1},${t.depth}`; }""")
 
 
 # ---- the profile views -----------------------------------------------------------------

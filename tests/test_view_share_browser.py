@@ -20,7 +20,14 @@ from typing import Any
 import pytest
 
 from conftest import ROOT
-from view_support import CHROME_ARGS, chromium, copy_database, database_sources, serve
+from view_support import (
+    CHROME_ARGS,
+    chromium,
+    copy_database,
+    database_sources,
+    serve,
+    trace_painted,
+)
 
 playwright_sync = pytest.importorskip(
     "playwright.sync_api", reason="the Python package playwright is not installed")
@@ -184,9 +191,11 @@ def test_leader_view_reaches_follower(people: People, server: Any) -> None:
     a.wait_for_function("() => document.getElementById('tr-canvas').dataset.rows === '4'")
     for button in ("#tr-zin", "#tr-zin", "#tr-right"):
         a.click(button)
-    a.wait_for_timeout(300)
     want = same_view(a, b)
     assert want["mode"] == "trace" and want["trace"]
+    # the leader's frame of its final window (a fixed pause read an older frame when the
+    # request was slow, and the follower, already past it, never showed that one)
+    trace_painted(a)
     frame = a.get_attribute("#tr-canvas", "data-frame")
     b.wait_for_function("(f) => document.getElementById('tr-canvas').dataset.frame === f",
                         arg=frame)
@@ -466,7 +475,7 @@ def test_trace_ruler_labels_sharp_on_hidpi(people: People, browser: Any, server:
     assert sorted(labels) == ["0", "1", "2", "3"]
     for _ in range(6):  # deep zoom: the ruler changes unit
         pg.click("#tr-zin")
-    pg.wait_for_timeout(300)
+    trace_painted(pg)  # the ruler is drawn with the frame of the final window
     deep = (pg.get_attribute("#tr-ruler", "data-ticks") or "").split("|")
     scale = {"s": 1e9, "ms": 1e6, "µs": 1e3, "ns": 1.0}
     ns = [float(t.split()[0]) * scale[t.split()[1]] for t in deep]

@@ -11,7 +11,8 @@ Interface (stable, used by tests/test_view_*.py and the browser tests):
 ``view_server`` fixture (import ``view_server_fixture``), ``serve(paths, host=...,
 token=...)`` context manager, ``copy_database(src, dst_dir)``,
 ``get_json(base_url, path, **params)``, ``get_text(base_url, path, **params)``,
-``post_json(base_url, path, doc, **params)``, ``VIEW_DATABASES`` (names in id order).
+``post_json(base_url, path, doc, **params)``, ``VIEW_DATABASES`` (names in id order),
+``trace_painted(page)`` (the browser tests: wait for the trace frame of the current window).
 """
 
 from __future__ import annotations
@@ -33,6 +34,16 @@ from conftest import shared_path
 
 # no sandbox as root in CI; /tmp instead of /dev/shm, which containers keep small
 CHROME_ARGS = ["--no-sandbox", "--disable-dev-shm-usage"]
+
+
+def trace_painted(pg: Any) -> None:
+    """Waits until the trace canvas shows the current window (its frame has been painted).
+    The window changes at once on a click, but the canvas, the ruler and ``data-frame`` are
+    drawn only when that window's frame has come from the server: reading them after a fixed
+    pause read an older frame whenever the request took longer (a loaded machine)."""
+    pg.wait_for_function("""() => { const t = window.__callpath.trace, w = t.win;
+        return document.getElementById('tr-canvas').dataset.frame ===
+            `${Math.floor(w.t0)},${Math.ceil(w.t1)},${w.c0},${w.c1},${t.depth}`; }""")
 
 
 def chromium() -> str:
