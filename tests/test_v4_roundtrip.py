@@ -361,7 +361,7 @@ def test_failure_leaves_no_partial_database(tmp_path: Path, monkeypatch: pytest.
     def boom(*args: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(writer_module, "_write_cct_db", boom)
+    monkeypatch.setattr(writer_module, "write_cct_db", boom)
     out = tmp_path / "db.d"
     with pytest.raises(CallpathError, match="No space left on device"):
         write_v4(small_experiment(), out)
