@@ -64,8 +64,15 @@ REASONS = {PARTIAL_NO_INFO: "no unwind information", PARTIAL_STACK: "stack copy 
 
 
 def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64,
-           mm: ModuleMap, compiler: cfi.Compiler) -> Frames:
-    """Unwind every sample. ``saved0`` is (n, 6): rbx rbp r12 r13 r14 r15 at the sample."""
+           mm: ModuleMap, compiler: cfi.Compiler,
+           high: tuple[I64, I64, I64] | None = None) -> Frames:
+    """Unwind every sample. ``saved0`` is (n, 6): rbx rbp r12 r13 r14 r15 at the sample.
+
+    Each sample's stack copy is ``nwords`` words from its sp, at ``words[stack0]``; ``high``,
+    when given, is a second window per sample (its start in words above sp, its length in
+    words, its first word in ``words``): the outer end of a stack too deep to copy whole
+    (``run --native`` copies the frames near sp and those near the outermost evaluation
+    frame, with a native frame of hundreds of KiB, such as OpenBLAS's gemm driver, between)."""
     n = len(pc0)
     pc = pc0.astype(np.uint64).copy()
     sp = sp0.astype(np.uint64).copy()
@@ -95,6 +102,14 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
         k = a - base
         ok = (k >= 0) & ((k & 7) == 0) & ((k >> 3) < lim)
         w = np.where(ok, first + (k >> 3), 0)
+        if high is not None:
+            at, hn, hfirst = high[0][idx], high[1][idx], high[2][idx]
+            if a.ndim == 2:
+                at, hn, hfirst = at[:, None], hn[:, None], hfirst[:, None]
+            kh = (k >> 3) - at
+            okh = ~ok & (k >= 0) & ((k & 7) == 0) & (kh >= 0) & (kh < hn)
+            w = np.where(okh, hfirst + kh, w)
+            ok = ok | okh
         if not nw:
             return np.zeros(a.shape, dtype=np.uint64), ok & False
         return words[w], ok

@@ -16,7 +16,8 @@
  *     dereferenced but the frame records and the code objects they hold strong references to;
  *   - a bounded slice of the native stack from sp, copied with process_vm_readv on ourselves
  *     page by page, so that a copy that runs off the end of a thread's stack stops at the
- *     fault instead of crashing.
+ *     fault instead of crashing; when the frames down to the outermost evaluation frame do
+ *     not fit, two windows: one at sp and one that ends at that frame.
  * A plain pthread (no Python thread state, never sampled) drains the ring to a file every 20 ms
  * (at once when a handler finds it a quarter full) and every 100 ms gives each thread of the process that has none its own POSIX timer
  * (CLOCK_MONOTONIC, SIGEV_THREAD_ID), so threads that native libraries start (OpenMP, BLAS)
@@ -60,6 +61,8 @@
 #define MAGIC 0x4e4d5043u /* "CPMN" */
 #define MAX_PY 256
 #define EVAL_MARGIN 1024  /* stack kept above the outermost evaluation frame's _PyCFrame */
+#define HIGH_MIN 4096     /* the least stack copy that is split into two windows, halved */
+#define MAX_EXTENT (64u << 20)  /* a _PyCFrame farther than this from sp is not on its stack */
 #define MAX_TIMERS 512
 #define PAGE 4096
 
@@ -71,6 +74,8 @@ typedef struct {
     uint64_t time, cpu;
     uint64_t regs[8];         /* ip sp bp bx r12 r13 r14 r15 */
     uint32_t npy, nstack;     /* Python frames (16 bytes each), stack bytes (from sp) */
+    uint32_t nhigh, high_at;  /* a second window of the stack, after the first: nhigh bytes
+                                 from sp + high_at (0, 0: none) */
 } Head;
 
 typedef struct {
@@ -219,6 +224,7 @@ on_signal(int sig, siginfo_t *info, void *ucv)
             PyRec *py = (PyRec *)(p + sizeof(Head));
             uint32_t npy = 0;
             size_t want = G.stack_bytes;
+            size_t need = 0;  /* bytes from sp to the end of the outermost evaluation frame */
             /* pthread_getspecific: the thread's own state, also while it released the GIL */
             PyThreadState *ts_ = PyGILState_GetThisThreadState();
             if (ts_ == NULL || ts_->cframe == NULL) {
@@ -263,14 +269,29 @@ on_signal(int sig, siginfo_t *info, void *ucv)
                 }
                 uintptr_t sp0 = (uintptr_t)hd->regs[1];
                 if (outer != NULL && cf == &ts_->root_cframe && (uintptr_t)outer > sp0
-                    && (uintptr_t)outer - sp0 + EVAL_MARGIN < want)
-                    want = ((uintptr_t)outer - sp0 + EVAL_MARGIN) & ~(size_t)7;
+                    && (uintptr_t)outer - sp0 < MAX_EXTENT) {
+                    need = ((uintptr_t)outer - sp0 + EVAL_MARGIN) & ~(size_t)7;
+                    if (need < want)
+                        want = need;
+                }
             }
             hd->npy = npy;
+            hd->nhigh = hd->high_at = 0;
             /* the stack follows the frames actually recorded */
             char *dst = p + sizeof(Head) + (size_t)npy * sizeof(PyRec);
             uintptr_t sp = (uintptr_t)hd->regs[1];
             size_t got;
+            size_t high = 0, high_at = 0;
+            if (need > want && want >= 2 * HIGH_MIN) {
+                /* Too deep to copy whole (a native frame of hundreds of KiB between sp and
+                 * the evaluation loop: OpenBLAS's gemm driver keeps its job array on the
+                 * stack). Copy the frames near sp and, separately, those below the
+                 * outermost evaluation frame: the unwinder steps over the big frame by its
+                 * CFA and finds its return address in the second window. */
+                high = want / 2 & ~(size_t)7;
+                want -= high;
+                high_at = (need - high) & ~(size_t)7;
+            }
             if (main && G.main_top > sp && sp + 65536 > G.main_top) {
                 /* the main thread's stack is mapped from sp to its known end: plain copy */
                 got = G.main_top - sp < want ? G.main_top - sp : want;
@@ -280,7 +301,14 @@ on_signal(int sig, siginfo_t *info, void *ucv)
             }
             got &= ~(size_t)7;
             hd->nstack = (uint32_t)got;
-            hd->size = (uint32_t)(sizeof(Head) + npy * sizeof(PyRec) + got);
+            if (high && got == want) {
+                size_t got2 = copy_stack(dst + got, sp + high_at, high) & ~(size_t)7;
+                if (got2) {
+                    hd->nhigh = (uint32_t)got2;
+                    hd->high_at = (uint32_t)high_at;
+                }
+            }
+            hd->size = (uint32_t)(sizeof(Head) + npy * sizeof(PyRec) + got + hd->nhigh);
             ls->ip = hd->regs[0];
             ls->sp = hd->regs[1];
             ls->print = fingerprint(dst, got < FINGERPRINT ? got : FINGERPRINT);

@@ -43,7 +43,7 @@ from callpath.measure import cfi, loadmap, postmortem, unwind
 from callpath.measure.loadmap import Mapping
 
 MAGIC = 0x4E4D5043
-HEAD_WORDS = 13          # sizeof(Head) / 8 in _callpath_native.c
+HEAD_WORDS = 14          # sizeof(Head) / 8 in _callpath_native.c
 REPEAT = 8               # Head.flags: the thread has not run since its previous sample
 CODE_NOTE_SLACK_NS = 3_000_000_000  # a code object is noted within ~1 s of being seen
 EVAL_SYMBOLS = frozenset({"_PyEval_EvalFrameDefault"})
@@ -86,6 +86,9 @@ class Records:
     py0: npt.NDArray[np.int64]          # word index of the first Python frame record
     stack0: npt.NDArray[np.int64]
     nwords: npt.NDArray[np.int64]
+    high_at: npt.NDArray[np.int64]      # the outer window of a stack too deep to copy whole:
+    high_n: npt.NDArray[np.int64]       # its start in words above sp, its length in words,
+    high0: npt.NDArray[np.int64]        # and its first word (after the window at sp)
 
 
 def read_records(path: Path) -> Records:
@@ -112,10 +115,13 @@ def read_records(path: Path) -> Records:
 
     npy = (w(12) & lo32).astype(np.int64)
     nstack = (w(12) >> np.uint64(32)).astype(np.int64)
+    nhigh = (w(13) & lo32).astype(np.int64)
+    high_at = (w(13) >> np.uint64(32)).astype(np.int64)
     regs = words[b[:, None] + 4 + np.arange(8)] if len(b) else np.zeros((0, 8), np.uint64)
+    stack0 = b + HEAD_WORDS + 2 * npy
     return Records(words, (w(1) & lo32).astype(np.int64), (w(1) >> np.uint64(32)).astype(
         np.int64), w(2).astype(np.int64), w(3).astype(np.int64), regs, npy,
-        b + HEAD_WORDS, b + HEAD_WORDS + 2 * npy, nstack // 8)
+        b + HEAD_WORDS, stack0, nstack // 8, high_at // 8, nhigh // 8, stack0 + nstack // 8)
 
 
 def _read_notes(path: Path) -> dict[str, Any]:
@@ -300,7 +306,8 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
     compiler = _compiler()
     saved = rec.regs[:, [3, 2, 4, 5, 6, 7]]  # rbx rbp r12 r13 r14 r15
     fr = unwind.unwind(rec.words, rec.regs[:, 0].copy(), rec.regs[:, 1].copy(), saved,
-                       rec.stack0, rec.nwords, mm, compiler)
+                       rec.stack0, rec.nwords, mm, compiler,
+                       high=(rec.high_at, rec.high_n, rec.high0))
     is_eval = _eval_frames(fr, mm)
     if int(rec.npy.sum()) and not is_eval.any():
         # no activation of the evaluation loop named in any native stack (a stripped or
