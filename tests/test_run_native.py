@@ -409,11 +409,12 @@ def test_deep_recursion_is_partial_not_invented(perf_ok: None, build,  # type: i
     (t,) = p.threads
     # The program's own frames are judged, not those of the code burn calls: which libc or
     # vdso routine reads the thread's clock, under which of its aliases, is glibc's business,
-    # and the first call of clock_gettime binds it lazily (ld.so's resolver, inside the
-    # recursion; a sample there is rare but possible). Below PARTIAL, the program's frames
-    # must be the recursion then burn (its PLT stub at most after it), and any other
-    # module's frames come only below them: a guessed frame would be a program frame out of
-    # that order (main, _start) or a foreign frame between the program's.
+    # and the first call of clock_gettime binds it lazily inside the recursion (ld.so's
+    # resolver: ~8,500 cycles, ~3 us, more than later calls here, so at 1 ms a sample falls
+    # there in ~1 run of 300, and the old list of names failed it). Below PARTIAL, the
+    # program's frames must be the recursion then burn (its PLT stub at most after it), and
+    # any other module's frames come only below them: a guessed frame would be a program
+    # frame out of that order (main, _start) or a foreign frame between the program's.
     prog = exe.name
     partial = long = 0
     for path, count in symbolised_paths(m, p, t).items():
