@@ -22,9 +22,11 @@ import numpy as np
 import pytest
 
 from callpath.formats import measdir
+from callpath.measure.python import measfile
 from callpath.measure.python import sampler as S
+from callpath.measure.python import walk as W
 
-MODULE, WALKER = S._c_walk()
+MODULE, WALKER = W.c_walk()
 STACK_OF = MODULE.stack_of if MODULE is not None else None
 pytestmark = pytest.mark.skipif(
     MODULE is None, reason="the C stack walk (_callpath_walk.c) was not built: no compiler "
@@ -67,18 +69,18 @@ def test_c_walk_agrees_with_python_walk(tmp_path: Path) -> None:
     for name, frame in frames:
         # unseen: both miss; after the slow path interned it, both find the same stack
         assert STACK_OF(frame, smp.locs_of, smp.stacks) is None, name
-        assert S.py_stack_of(frame, smp.locs_of, smp.stacks) is None, name
+        assert W.py_stack_of(frame, smp.locs_of, smp.stacks) is None, name
         v = smp._new_stack(frame)
         assert v >= 0, name
         assert STACK_OF(frame, smp.locs_of, smp.stacks) == v, name
-        assert S.py_stack_of(frame, smp.locs_of, smp.stacks) == v, name
+        assert W.py_stack_of(frame, smp.locs_of, smp.stacks) == v, name
     ids = [smp._new_stack(f) for _, f in frames]
     assert len(set(ids)) == len(ids)  # every kind is its own call path
     # a location missing from a known code object's table is a miss, not an error
     name, frame = frames[1]
     smp.locs_of[id(frame.f_code)].clear()
     assert STACK_OF(frame, smp.locs_of, smp.stacks) is None
-    assert S.py_stack_of(frame, smp.locs_of, smp.stacks) is None
+    assert W.py_stack_of(frame, smp.locs_of, smp.stacks) is None
 
 
 def test_cache_gives_the_answers_of_the_tables(tmp_path: Path) -> None:
@@ -110,7 +112,7 @@ def test_cache_gives_the_answers_of_the_tables(tmp_path: Path) -> None:
     for f in sequence:
         smp._new_stack(f)
     for f in sequence + sequence[::-1]:
-        v = S.py_stack_of(f, smp.locs_of, smp.stacks)
+        v = W.py_stack_of(f, smp.locs_of, smp.stacks)
         assert v is not None and STACK_OF(f, smp.locs_of, smp.stacks, cache) == v
     # new tables (a fork's reset): the cache must not answer from the old ones
     fresh = S.Sampler(str(tmp_path / "fresh"), 1000.0, False)
@@ -136,7 +138,7 @@ def test_c_walk_rejects_wrong_arguments(args: tuple[Any, ...]) -> None:
 # ---- the C signal handler (_callpath_walk.Handler) ------------------------------------------
 
 def _sampler(path: Path, walk: str, monkeypatch: pytest.MonkeyPatch) -> S.Sampler:
-    monkeypatch.setenv(S.ENV_WALK, walk)
+    monkeypatch.setenv(W.ENV_WALK, walk)
     smp = S.Sampler(str(path), 1000.0, True)
     smp._open()
     return smp
@@ -150,9 +152,9 @@ def _paths(smp: S.Sampler) -> dict[tuple[tuple[str, int], ...], int]:
     names = [c.function for c in proc.pycode]
     addr, mod = t.nodes["address"], t.nodes["module"]
     out: dict[tuple[tuple[str, int], ...], int] = {}
-    for node in np.flatnonzero(t.samples[:, S.METRIC_CPU]):
+    for node in np.flatnonzero(t.samples[:, measfile.METRIC_CPU]):
         key = tuple((names[mod[n]], int(addr[n])) for n in t.path_of(int(node))[1:])
-        out[key] = out.get(key, 0) + int(t.samples[node, S.METRIC_CPU])
+        out[key] = out.get(key, 0) + int(t.samples[node, measfile.METRIC_CPU])
     assert sum(out.values()) == t.stats["samples"]
     return out
 
@@ -199,7 +201,7 @@ def test_c_handler_drains_into_the_aggregate(tmp_path: Path,
     frame = next(suspended())  # a stack that does not change between the calls
     for _ in range(5):
         handler(signal.SIGPROF, frame)
-    v = S.py_stack_of(frame, smp.locs_of, smp.stacks)
+    v = W.py_stack_of(frame, smp.locs_of, smp.stacks)
     agg: dict[int, list[int]] = {}
     trace = array.array("q")
     assert smp._drain is not None
@@ -290,7 +292,7 @@ def test_c_walk_agrees_with_python_walk_on_live_frames(tmp_path: Path) -> None:
         v = smp._new_stack(frame)
         assert v >= 0, name
         assert (STACK_OF(frame, smp.locs_of, smp.stacks),
-                S.py_stack_of(frame, smp.locs_of, smp.stacks)) == (v, v), name
+                W.py_stack_of(frame, smp.locs_of, smp.stacks)) == (v, v), name
         seen.append(name)
         return True
 

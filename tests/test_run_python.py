@@ -122,8 +122,8 @@ def ok(run: Run, status: int = 0) -> None:
 
 
 def _c_walk_built() -> bool:
-    from callpath.measure.python import sampler as S
-    return S._c_walk()[0] is not None
+    from callpath.measure.python import walk
+    return walk.c_walk()[0] is not None
 
 
 NO_C_WALK = "the C stack walk (_callpath_walk.c) was not built: no compiler or Python headers"
@@ -444,8 +444,10 @@ def test_interpreter_command_line_and_trace(tmp_path: Path) -> None:
 
 
 def test_format_constants_agree_with_measdir() -> None:
-    """sampler.py repeats the layout of callpath.formats.measdir (it cannot import it)."""
-    from callpath.measure.python import sampler as S
+    """The sampler's measfile.py repeats the layout of callpath.formats.measdir (it cannot
+    import it)."""
+    from callpath.measure.python import measfile as S
+    from callpath.measure.python import timer
     assert S.FILE_MAGIC == measdir.MAGIC and S.FILE_VERSION == measdir.VERSION
     assert S._NODE.size == measdir.NODE_DTYPE.itemsize
     assert S._COUNT.size == measdir.COUNT_DTYPE.itemsize
@@ -456,7 +458,7 @@ def test_format_constants_agree_with_measdir() -> None:
     assert (S.KIND_ROOT, S.KIND_PYTHON) == (measdir.NodeKind.ROOT, measdir.NodeKind.PYTHON)
     assert S.NODE_FLAG_IDLE == measdir.NodeFlag.IDLE
     assert (S.ID_NODE, S.ID_RANK, S.ID_THREAD) == (IdKind.NODE, IdKind.RANK, IdKind.THREAD)
-    assert S.mpi_rank({"PMI_RANK": "7"}) == measdir.rank_from_environ({"PMI_RANK": "7"}) == 7
+    assert timer.mpi_rank({"PMI_RANK": "7"}) == measdir.rank_from_environ({"PMI_RANK": "7"}) == 7
 
 
 @pytest.mark.parametrize("walker", WALKERS)
@@ -467,6 +469,7 @@ def test_handler_keys_stacks_by_line_and_flags_calls(tmp_path: Path, walker: tup
     per depth and leaf line, not one per combination of call sites, so its cache stays small; a
     leaf stopped inside a call to C is NATIVE, one that called Python is not; every sample
     reaches the file, its counts and its trace. The same with either stack walk."""
+    from callpath.measure.python import measfile
     from callpath.measure.python import sampler as S
     for k, v in _walker_env(walker).items():
         monkeypatch.setenv(k, v)
@@ -503,7 +506,7 @@ def test_handler_keys_stacks_by_line_and_flags_calls(tmp_path: Path, walker: tup
     (t,) = measdir.read_process(smp.path).threads
     n_native = sum(1 for n, _ in expected if n == 1)
     assert t.stats["samples"] == 610 and t.stats["native_samples"] == n_native
-    cpu = t.samples[:, S.METRIC_CPU]
+    cpu = t.samples[:, measfile.METRIC_CPU]
     nodes = np.flatnonzero(cpu)
     assert int(cpu.sum()) == 610
     # (a preempted sample is IDLE, a distinct leaf of the same path: compare paths)

@@ -10,7 +10,7 @@
  *
  * stack_of(frame, locs_of, stacks[, cache]) -> stacks[(loc, loc, ...)] or None
  *   locs_of: {id(code): {f_lasti: location}}; the key lists the frames' locations leaf first,
- *   following f_back, as sampler.py's Python loop does.
+ *   following f_back, as walk.py's Python loop does.
  *
  * With a Cache (one per thread), the walk remembers the previous sample's frames as
  * (code, f_lasti) pairs and their locations: the frames nearer the root that are unchanged,
@@ -264,7 +264,7 @@ stack_of(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 /* ---- the signal handler ---------------------------------------------------------------------
  *
  * Handler(sampler, locs_of, stacks, cache, t, cpu, last_flush, trace, flush_ns, trace_flush,
- *         idle_share, count) is the main thread's SIGPROF handler in C: what sampler.py's
+ *         idle_share, count) is the main thread's SIGPROF handler in C: what walk.py's
  * make_handler() closure does, without running a bytecode on the fast path. Why: at 1 kHz the
  * handler's cost is mostly cache misses, in the handler and in the program after it, and a
  * Python function touches far more memory (its frame, its bytecode, boxed integers, a dict

@@ -24,6 +24,7 @@ from typing import TextIO
 
 from callpath.errors import CallpathError
 from callpath.formats import measdir
+from callpath.measure.python import measfile
 from callpath.measure.python import sampler as S
 
 SHIM_DIR = Path(__file__).resolve().parent / "shim"
@@ -188,7 +189,7 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
     _check(out_dir, frequency)
     child_env = measurement_env(out_dir, frequency, trace, env,
                                 native_stack if native else 0)
-    metrics = [measdir.MetricInfo.from_json(d) for d in S.metric_descriptors(frequency)]
+    metrics = [measdir.MetricInfo.from_json(d) for d in measfile.metric_descriptors(frequency)]
     fields = {"command": list(cmd), "producer": "python", "frequency": frequency,
               "trace": trace, "start_time": time.time()}
     if native:

@@ -1,0 +1,347 @@
+"""The sampler's frame walking: the signal handler (in C where ``_callpath_walk.c`` is built,
+else a Python closure), the walk of other threads, and the slow path that interns new code
+objects, offsets and stacks.
+
+Runs inside the measured program, loaded by path by ``sampler.py`` (standard library only, no
+import of the ``callpath`` package or of the other modules beside it). Why a module of its own:
+this is the code that runs a thousand times a second inside the program, written for its cost
+(closures over local bindings, subscripts rather than method calls); keeping it apart from the
+file writing and the life cycle keeps that discipline in one place. :class:`Walker` is the
+half of ``Sampler`` that samples; it calls the writing half (``measfile.Recorder``) only to
+register a thread and to flush.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import sys
+import time
+from bisect import bisect_right
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from callpath.measure.python.timer import Timer
+
+# "python": the handler and the walk in Python even where the C ones are built; "c-walk": the
+# handler in Python, the walk in C (for measuring what each part costs)
+ENV_WALK = "CALLPATH_PY_WALK"
+
+IDLE_CPU_SHARE = 20  # IDLE when cpu * 20 < wall, i.e. under 5% of one CPU
+OTHERS_BUDGET = 50  # sample other threads at most every 50 x the CPU time it took last time
+STACK_CACHE = 50_000  # entries of the offset-keyed stack cache before it is cleared
+FLUSH_NS = 1_000_000_000  # flush at least once a second ...
+TRACE_FLUSH = 2 * 8192  # ... or when the trace holds this many samples (two integers each)
+
+
+def call_opcodes() -> frozenset[int]:
+    import opcode
+    return frozenset(v for k, v in opcode.opmap.items() if k.startswith(("CALL", "PRECALL")))
+
+
+def c_walk() -> tuple[Any, str]:
+    """The C stack walk and handler (``_callpath_walk.c``, built by ``pip install`` when a
+    compiler and Python's headers are there) for this interpreter, loaded by path like this
+    module; else None, and the handler walks in Python. Returns its module and the walker's
+    name for the metadata: ``C`` (C handler and walk), ``C walk`` (``CALLPATH_PY_WALK=c-walk``:
+    the handler in Python), or ``python`` with the reason."""
+    choice = os.environ.get(ENV_WALK, "")
+    if choice == "python":
+        return None, "python (CALLPATH_PY_WALK=python)"
+    try:
+        import importlib.machinery
+        import importlib.util
+        here = os.path.dirname(os.path.abspath(__file__))
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(here, "_callpath_walk" + suffix)
+            if os.path.exists(path):
+                spec = importlib.util.spec_from_file_location("_callpath_walk", path)
+                if spec is None or spec.loader is None:
+                    break
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                if all(callable(getattr(mod, name, None))
+                       for name in ("stack_of", "Cache", "Handler")):
+                    return mod, "C walk (CALLPATH_PY_WALK=c-walk)" if choice == "c-walk" else "C"
+    except (ImportError, OSError, AttributeError):
+        pass
+    return None, "python (no C walk built for this interpreter)"
+
+
+def py_stack_of(frame: FrameType, locs_of: dict[int, dict[int, int]],
+                stacks: dict[tuple[int, ...], int], cache: Any = None) -> int | None:
+    """The stack walk in Python, where the C one (``_callpath_walk.stack_of``, same signature
+    and answer) is not built: ``stacks`` of the frames' locations leaf first, or None when a
+    code object, offset or stack is new (the slow path's business). ``cache`` is ignored.
+    Subscripts, not ``.get``: they are specialised bytecodes, not method calls."""
+    key: list[int] = []
+    ap = key.append
+    f: FrameType | None = frame
+    try:
+        while f is not None:
+            ap(locs_of[id(f.f_code)][f.f_lasti])
+            f = f.f_back
+        return stacks[tuple(key)]
+    except KeyError:
+        return None
+
+
+class Walker:
+    """The sampling half of :class:`Sampler` (``sampler.py``). The attributes below are the
+    sampler's per-process state (set by ``Sampler._reset``) that this half reads and updates;
+    ``own_files`` are the files the sampler's code is in (a sample whose leaf is there is the
+    sampler's own), and the two callables are the writing half's."""
+
+    trace: bool
+    period_ns: int
+    timer: Timer
+    call_ops: frozenset[int]
+    stack_of: Callable[..., int | None]
+    c_handler: Callable[..., Any] | None
+    own_files: frozenset[str]
+    main_ident: int
+    threads: dict[int, list[Any]]
+    locs_of: dict[int, dict[int, int]]
+    locs: list[tuple[int, int, int]]
+    loc_ids: dict[tuple[int, int, int], int]
+    stacks: dict[tuple[int, ...], int]
+    line_stacks: dict[tuple[int, ...], int]
+    n_stacks: int
+    code_index: dict[int, int]
+    codes: list[CodeType]
+    line_tables: list[tuple[list[int], list[int]]]
+    pending_stacks: list[tuple[int, tuple[int, ...]]]
+    busy: bool
+    dropped: int
+    errors: int
+    last_flush: int
+    last_others: int
+    others_gap: int
+    _drain: Callable[[dict[int, list[int]], Any], None] | None
+    _flush_locked: Callable[[], None]
+    _thread_state: Callable[[int, int, int], list[Any]]
+
+    def make_handler(self) -> Callable[[int, FrameType | None], None]:
+        """The main thread's SIGPROF handler: the C one (``_callpath_walk.Handler``) where it
+        is built, else this closure. Both do the same per sample: read two clocks, map each
+        frame to a location (``locs_of[id(code)][f_lasti]``: recursion through different call
+        sites of one line gives one key, not one per combination), look the stack up, and add
+        the sample to the thread's aggregate, which is what gets written; anything new (a code
+        object, an offset, a stack) takes the slow path once, other threads and the periodic
+        flush are visited from here. The C handler aggregates in its own table, which
+        ``_flush_locked`` drains first.
+        """
+        st = self.threads[self.main_ident]
+        if self.c_handler is not None:
+            h = self.c_handler(self, self.locs_of, self.stacks, st[5], st[1], st[2],
+                               self.last_flush, self.trace, FLUSH_NS, TRACE_FLUSH,
+                               IDLE_CPU_SHARE, _thread._count)
+            self._drain = h.drain
+            return cast(Callable[[int, FrameType | None], None], h)
+        self._drain = None
+        return self._py_handler(st)
+
+    def _py_handler(self, st: list[Any]) -> Callable[[int, FrameType | None], None]:
+        """The handler in Python, as a closure over local bindings (the fastest lookups
+        CPython has): every bytecode here runs about a thousand times a second with cold
+        caches (the program evicts them between samples)."""
+        stacks = self.stacks
+        locs_of = self.locs_of
+        walk_new = self._new_stack
+        mono = time.monotonic_ns
+        tcpu = time.thread_time_ns
+        n_others = _thread._count
+        agg = st[3]
+        trace = st[4] if self.trace else None
+        cache = st[5]
+        share = IDLE_CPU_SHARE
+        sampler = self
+        stack_of = self.stack_of
+
+        def on_sample(signum: int, frame: FrameType | None) -> None:
+            if sampler.busy or frame is None:
+                sampler.dropped += 1
+                return
+            sampler.busy = True
+            try:
+                t = mono()
+                c = tcpu()
+                v = stack_of(frame, locs_of, stacks, cache)  # C or Python; None: a miss
+                if v is None:
+                    v = walk_new(frame)
+                if v < 0:  # the signal hit the sampler's own code (finishing, forking)
+                    return
+                dc = c - st[2]
+                wall = t - st[1]
+                k = v << 1 | (dc * share < wall)
+                try:
+                    r = agg[k]
+                    r[0] += 1
+                    r[1] += dc
+                    r[2] += wall
+                except KeyError:
+                    agg[k] = [1, dc, wall]
+                if trace is not None:
+                    trace.append(t)
+                    trace.append(k)
+                st[1] = t
+                if n_others():
+                    sampler._maybe_others(t)
+                if t - sampler.last_flush >= FLUSH_NS or (
+                        trace is not None and len(trace) >= TRACE_FLUSH):
+                    sampler._flush_locked()
+                # The handler's own CPU time is the profiler's, not the program's; it is taken
+                # as the handler's wall-clock time (reading a CPU clock costs 5 times more).
+                st[2] = c + mono() - t
+            except BaseException:
+                sampler._handler_error()
+            finally:
+                sampler.busy = False
+
+        return on_sample
+
+    def _handler_error(self) -> None:
+        """Never let the profiler raise into the user's code; give up after a few errors."""
+        self.errors += 1
+        if self.errors > 10:
+            self.timer.stop()
+
+    def _maybe_others(self, t: int) -> None:
+        """Sample the other threads, unless the last walk of them was too recent: many
+        threads make it long, so it is kept under ~2% of the time by visiting them less often
+        (their weights still cover every interval). Its cost is measured in CPU time, which
+        preemption does not inflate."""
+        if t - self.last_others >= self.others_gap:
+            c0 = time.thread_time_ns()
+            self._sample_others(t)
+            self.others_gap = (time.thread_time_ns() - c0) * OTHERS_BUDGET
+            self.last_others = t
+
+    def _sample_others(self, t: int) -> None:
+        """Sample every thread but the main one (which the handler sampled from its frame)."""
+        threads = self.threads
+        stacks = self.stacks
+        locs_of = self.locs_of
+        cpu_of = time.clock_gettime_ns
+        clock_of = time.pthread_getcpuclockid
+        main = self.main_ident
+        trace = self.trace
+        stack_of = self.stack_of
+        frames = sys._current_frames()
+        for ident, top in frames.items():
+            if ident == main:
+                continue
+            try:
+                c = cpu_of(clock_of(ident))
+            except OSError:
+                continue  # the thread is exiting
+            st = threads.get(ident)
+            if st is None or c < st[2]:  # new thread, or a new one reusing an ident
+                # its CPU clock started at zero; its wall time is counted from one period ago
+                st = self._thread_state(ident, 0, t - self.period_ns)
+            v = stack_of(top, locs_of, stacks, st[5])
+            if v is None:
+                v = self._new_stack(top)
+            if v < 0:
+                continue
+            dc = c - st[2]
+            wall = t - st[1]
+            k = v << 1 | (dc * IDLE_CPU_SHARE < wall)
+            r = st[3].get(k)
+            if r is None:
+                st[3][k] = [1, dc, wall]
+            else:
+                r[0] += 1
+                r[1] += dc
+                r[2] += wall
+            if trace:
+                st[4].append(t)
+                st[4].append(k)
+            st[1] = t
+            st[2] = c
+        if len(threads) > len(frames):
+            for ident in [i for i in threads if i not in frames and i != main]:
+                del threads[ident]
+
+    # ---- the slow path: new code objects, offsets and stacks ----------------------------------
+
+    def _register(self, co: CodeType) -> dict[int, int]:
+        """Intern a code object (kept alive, so that its id stays unique) and its line table."""
+        ci = len(self.codes)
+        self.code_index[id(co)] = ci
+        self.codes.append(co)
+        starts: list[int] = []
+        lines: list[int] = []
+        for start, _end, line in co.co_lines():
+            starts.append(start)
+            lines.append(line if line else -1)  # None, or 0 (the module's RESUME)
+        self.line_tables.append((starts, lines))
+        table: dict[int, int] = {}
+        self.locs_of[id(co)] = table
+        return table
+
+    def _loc(self, co: CodeType, lasti: int) -> int:
+        """The location of a byte offset: its line, and whether it is a call (NATIVE)."""
+        ci = self.code_index[id(co)]
+        if lasti < 0:
+            line, native = co.co_firstlineno, 0
+        else:
+            starts, lines = self.line_tables[ci]
+            i = bisect_right(starts, lasti) - 1
+            line = lines[i] if i >= 0 else -1
+            if line < 0:
+                line = co.co_firstlineno
+            ops = co.co_code
+            native = 1 if lasti < len(ops) and ops[lasti] in self.call_ops else 0
+        loc = (ci, line, native)
+        lid = self.loc_ids.get(loc)
+        if lid is None:
+            lid = self.loc_ids[loc] = len(self.locs)
+            self.locs.append(loc)
+        return lid
+
+    def _new_stack(self, frame: FrameType) -> int:
+        """Slow path, on a miss of the handler's lookup: intern what is new, name the stack.
+
+        Returns ``stack << 1 | NATIVE`` (the leaf's location says whether it is inside a call),
+        or -1 for a stack whose leaf is the sampler itself. Stacks that differ only in the
+        NATIVE bit of their leaf share a stack id; the cache is bounded and cleared when full
+        (deep recursion of varying depth makes many), the line-keyed table only grows with new
+        call paths.
+        """
+        key: list[int] = []
+        f: FrameType | None = frame
+        locs_of = self.locs_of
+        while f is not None:
+            co = f.f_code
+            table = locs_of.get(id(co))
+            if table is None:
+                table = self._register(co)
+            lasti = f.f_lasti
+            lid = table.get(lasti)
+            if lid is None:
+                lid = table[lasti] = self._loc(co, lasti)
+            key.append(lid)
+            f = f.f_back
+        tkey = tuple(key)
+        value = self.stacks.get(tkey)
+        if value is not None:
+            return value
+        if frame.f_code.co_filename in self.own_files:
+            value = -1
+        else:
+            locs = self.locs
+            lkey = tuple(x for lid in key for x in locs[lid][:2])
+            sid = self.line_stacks.get(lkey)
+            if sid is None:
+                sid = self.n_stacks
+                self.n_stacks += 1
+                self.line_stacks[lkey] = sid
+                self.pending_stacks.append((sid, lkey))
+            value = sid << 1 | locs[key[0]][2]
+        if len(self.stacks) >= STACK_CACHE:
+            self.stacks.clear()  # in place: the handler holds this very dict
+        self.stacks[tkey] = value
+        return value
