@@ -20,7 +20,9 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "tests" / "programs"
 NO_CFI = ["-fno-asynchronous-unwind-tables", "-fno-unwind-tables"]
 RATE = "cpu-clock@100000"  # 10 kHz
+T = TypeVar("T")
 CHAIN = ["level1", "level2"] + ["recurse"] * 6 + ["kernel_loop"]
 
 
@@ -80,6 +83,18 @@ def _chain_share(paths: collections.Counter[tuple[tuple[str, str], ...]], prog: 
     return judged, right
 
 
+def _enough(sample: Callable[[int], T], rounds: int, share: Callable[[T], float]) -> T:
+    """``sample(rounds)``, run once more with proportionally more rounds when ``share`` (the
+    least of have/need over the counts a test requires) is under 1. The work is a fixed
+    number of iterations, so how many samples it yields depends on the processor's speed,
+    not on whether the unwinding is right: a machine 1.5x faster than this one gave too few."""
+    got = sample(rounds)
+    have = share(got)
+    if have < 1:
+        got = sample(int(rounds * 1.5 / max(have, 0.05)) + 1)
+    return got
+
+
 def _has_fde(exe: Path, symbol: str) -> bool:
     elf = ElfInfo.get(str(exe))
     starts, _ends, names = elf.symbols()
@@ -93,7 +108,7 @@ def test_no_cfi_build_unwinds_like_the_cfi_build(perf_ok: None, tmp_path: Path, 
                                                  opt: str, fp: bool) -> None:
     compiler = _compiler(cc)
     flags = [opt, "-fno-omit-frame-pointer" if fp else "-fomit-frame-pointer", "-pthread"]
-    rounds = "15" if opt == "-O0" else "40"
+    rounds = 15 if opt == "-O0" else 40
     # at -O0 the inline helper mix() stays a function called by kernel_loop
     chain = [*CHAIN, "mix"]
     expected_main = [["_start", "main", *chain[:i]] for i in range(1, len(chain) + 1)]
@@ -104,15 +119,20 @@ def test_no_cfi_build_unwinds_like_the_cfi_build(perf_ok: None, tmp_path: Path, 
         subprocess.run([compiler, *flags, *([] if cfi else NO_CFI), "-o", str(exe),
                         str(PROGRAMS / "callchain.c")], check=True)
         assert _has_fde(exe, "kernel_loop") == cfi  # the no-CFI build really has none
-        out = tmp_path / f"m-{exe.name}"
-        proc = callpath("run", "-e", RATE, "-o", str(out), "--", str(exe), rounds, "1")
-        assert proc.returncode == 0, proc.stderr
+        expected = {leaf: expected_main + expected_thread for leaf in set(chain)}
+
+        def sample(r: int, exe: Path = exe, expected: dict[str, list[list[str]]] = expected
+                   ) -> tuple[Any, Any, int, int]:
+            out = tmp_path / f"m-{exe.name}-{r}"
+            proc = callpath("run", "-e", RATE, "-o", str(out), "--", str(exe), str(r), "1")
+            assert proc.returncode == 0, proc.stderr
+            paths = _paths(out, exe)
+            return (proc, paths, *_chain_share(paths, exe.name, expected))
+
+        proc, paths, judged, right = _enough(sample, rounds, lambda g: g[2] / 1000)
         if not cfi:
             assert re.search(r"found by .*recipes: \d+", " ".join(proc.stderr.split())), \
                 proc.stderr
-        paths = _paths(out, exe)
-        expected = {leaf: expected_main + expected_thread for leaf in set(chain)}
-        judged, right = _chain_share(paths, exe.name, expected)
         results[cfi] = (judged, right)
         assert judged >= 1000, (cfi, judged, proc.stderr)
         assert right >= 0.99 * judged, (cfi, judged, right, paths.most_common(8))
@@ -125,19 +145,24 @@ def test_assembly_without_cfi_in_the_middle_of_the_chain(perf_ok: None, tmp_path
                     str(PROGRAMS / "asm_middle.s")], check=True)
     assert not _has_fde(exe, "asm_fp") and not _has_fde(exe, "asm_nofp")
     assert _has_fde(exe, "asm_badcfi")  # ... whose CFI is wrong
-    out = tmp_path / "m"
-    proc = callpath("run", "-e", RATE, "-o", str(out), "--", str(exe), "400")
-    assert proc.returncode == 0, proc.stderr
-    assert re.search(r"recipes where CFI failed: \d+", " ".join(proc.stderr.split()))
-    paths = _paths(out, exe)
     chain = ["_start", "main", "level1", "asm_fp", "level2", "asm_nofp", "level3", "asm_badcfi",
              "kernel"]
     expected = {leaf: [chain[:chain.index(leaf) + 1]] for leaf in chain[2:]}
-    judged, right = _chain_share(paths, exe.name, expected)
+
+    def sample(r: int) -> tuple[Any, Any, int, int, dict[str, int]]:
+        out = tmp_path / f"m{r}"
+        proc = callpath("run", "-e", RATE, "-o", str(out), "--", str(exe), str(r))
+        assert proc.returncode == 0, proc.stderr
+        paths = _paths(out, exe)
+        # the assembly itself is sampled (its loops run as long as kernel's)
+        in_asm = {leaf: sum(n for p, n in paths.items() if p and p[-1][1] == leaf)
+                  for leaf in ("asm_fp", "asm_nofp", "asm_badcfi")}
+        return (proc, paths, *_chain_share(paths, exe.name, expected), in_asm)
+
+    proc, paths, judged, right, in_asm = _enough(
+        sample, 400, lambda g: min(g[2] / 1000, min(g[4].values()) / 100))
+    assert re.search(r"recipes where CFI failed: \d+", " ".join(proc.stderr.split()))
     assert judged >= 1000 and right >= 0.99 * judged, (judged, right, paths.most_common(6))
-    # the assembly itself is sampled (its loops run as long as kernel's)
-    in_asm = {leaf: sum(n for p, n in paths.items() if p and p[-1][1] == leaf)
-              for leaf in ("asm_fp", "asm_nofp", "asm_badcfi")}
     assert min(in_asm.values()) >= 100, in_asm
 
 
@@ -268,19 +293,24 @@ def test_variable_and_realigned_frames_without_cfi(perf_ok: None, tmp_path: Path
     exe = tmp_path / "varframe"
     subprocess.run([cc, "-O2", "-fomit-frame-pointer", *NO_CFI, "-o", str(exe),
                     str(PROGRAMS / "varframe.c")], check=True)
-    out = tmp_path / "m"
-    proc = callpath("run", "-e", RATE, "-o", str(out), "--", str(exe), "3000")
-    assert proc.returncode == 0, proc.stderr
-    paths = _paths(out, exe)
     head = ["_start", "main", "level1"]
     expected = {"level1": [head], "work": [], "with_alloca": [], "aligned_frame": []}
     for mid in ("with_alloca", "aligned_frame"):
         expected[mid].append([*head, mid])
         expected["work"].append([*head, mid, "work"])
-    judged, right = _chain_share(paths, exe.name, expected)
+
+    def sample(r: int) -> tuple[Any, int, int, dict[str, int]]:
+        out = tmp_path / f"m{r}"
+        proc = callpath("run", "-e", RATE, "-o", str(out), "--", str(exe), str(r))
+        assert proc.returncode == 0, proc.stderr
+        paths = _paths(out, exe)
+        in_frames = {leaf: sum(n for p, n in paths.items() if p and p[-1][1] == leaf)
+                     for leaf in ("with_alloca", "aligned_frame")}
+        return (paths, *_chain_share(paths, exe.name, expected), in_frames)
+
+    paths, judged, right, in_frames = _enough(
+        sample, 3000, lambda g: min(g[1] / 1000, min(g[3].values()) / 100))
     assert judged >= 1000 and right >= 0.99 * judged, (judged, right, paths.most_common(6))
-    in_frames = {leaf: sum(n for p, n in paths.items() if p and p[-1][1] == leaf)
-                 for leaf in ("with_alloca", "aligned_frame")}
     assert min(in_frames.values()) >= 100, in_frames
 
 
@@ -294,30 +324,35 @@ def test_recipes_and_cfi_give_the_same_paths_on_the_same_samples(perf_ok: None,
     exe = tmp_path / "callchain"
     subprocess.run([cc, "-O2", "-g", "-pthread", "-o", str(exe), str(PROGRAMS / "callchain.c")],
                    check=True)
-    raw = tmp_path / "raw"
-    with open(os.devnull, "w") as devnull:
-        saved = os.dup(1)
-        os.dup2(devnull.fileno(), 1)
-        try:
-            launch.run([str(exe), "40", "1"],
-                       launch.RunOptions([events.parse_event(RATE)], raw))
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
-    got = {}
-    for mode in ("cfi", "recipes"):
-        d = tmp_path / mode
-        shutil.copytree(raw, d)
-        old = os.environ.get("CALLPATH_UNWIND")
-        os.environ["CALLPATH_UNWIND"] = mode
-        try:
-            res = postmortem.finish(d)
-        finally:
-            if old is None:
-                del os.environ["CALLPATH_UNWIND"]
-            else:
-                os.environ["CALLPATH_UNWIND"] = old
-        got[mode] = (res, _paths(d, exe))
+
+    def sample(r: int) -> dict[str, Any]:
+        raw = tmp_path / f"raw{r}"
+        with open(os.devnull, "w") as devnull:
+            saved = os.dup(1)
+            os.dup2(devnull.fileno(), 1)
+            try:
+                launch.run([str(exe), str(r), "1"],
+                           launch.RunOptions([events.parse_event(RATE)], raw))
+            finally:
+                os.dup2(saved, 1)
+                os.close(saved)
+        got = {}
+        for mode in ("cfi", "recipes"):
+            d = tmp_path / f"{mode}{r}"
+            shutil.copytree(raw, d)
+            old = os.environ.get("CALLPATH_UNWIND")
+            os.environ["CALLPATH_UNWIND"] = mode
+            try:
+                res = postmortem.finish(d)
+            finally:
+                if old is None:
+                    del os.environ["CALLPATH_UNWIND"]
+                else:
+                    os.environ["CALLPATH_UNWIND"] = old
+            got[mode] = (res, _paths(d, exe))
+        return got
+
+    got = _enough(sample, 40, lambda g: sum(g["cfi"][1].values()) / 1000)
     (rc, pc), (rr, pr) = got["cfi"], got["recipes"]
     assert rr.frame_sources.get("recipes", 0) > 0.9 * rc.frame_sources.get("CFI", 1)
     total = sum(pc.values())
