@@ -7,13 +7,13 @@ key rather than per node, so searching a 10^6-node view formats a few thousand s
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
 import numpy.typing as npt
 
+from callpath.analysis.shortnames import file_names, module_names
 from callpath.model import Experiment
 
 I64 = npt.NDArray[np.int64]
@@ -41,10 +41,6 @@ KIND_TYPES = {
 }
 
 ROOT_LABEL = "<program root>"
-
-
-def _base(path: str) -> str:
-    return os.path.basename(path) or path
 
 
 @dataclass
@@ -90,10 +86,10 @@ class NodeTable:
             return self.entry_names.get(i, "<entry>")
         if kind == ViewKind.MODULE:
             m = int(self.module[i])
-            return _base(exp.modules[m].path) if m >= 0 else "<unknown module>"
+            return module_names(exp)[m] if m >= 0 else "<unknown module>"
         if kind == ViewKind.FILE:
             f = int(self.file[i])
-            return _base(exp.files[f].path) if f >= 0 else "<unknown file>"
+            return file_names(exp)[f] if f >= 0 else "<unknown file>"
         if kind in (ViewKind.PROCEDURE, ViewKind.ACTIVATION, ViewKind.INLINED, ViewKind.CALLER):
             return self._function_name(exp, i)
         if kind == ViewKind.LOOP:
@@ -101,7 +97,7 @@ class NodeTable:
         if kind == ViewKind.LINE:
             return self._srcloc(exp, i)
         m = int(self.module[i])
-        mod = _base(exp.modules[m].path) if m >= 0 else "<unknown module>"
+        mod = module_names(exp)[m] if m >= 0 else "<unknown module>"
         return f"{mod}+{int(self.offset[i]):#x}"
 
     def label(self, exp: Experiment, i: int) -> str:
@@ -125,15 +121,15 @@ class NodeTable:
             if fn.has_name and fn.name:
                 return fn.name
             if fn.module >= 0:
-                return f"<unknown procedure> {_base(exp.modules[fn.module].path)}+{fn.offset:#x}"
+                return f"<unknown procedure> {module_names(exp)[fn.module]}+{fn.offset:#x}"
         m = int(self.module[i])
         if m >= 0:
-            return f"<unknown procedure> {_base(exp.modules[m].path)}+{int(self.offset[i]):#x}"
+            return f"<unknown procedure> {module_names(exp)[m]}+{int(self.offset[i]):#x}"
         return "<unknown procedure>"
 
     def _srcloc(self, exp: Experiment, i: int) -> str:
         f = int(self.file[i])
-        name = _base(exp.files[f].path) if f >= 0 else "<unknown file>"
+        name = file_names(exp)[f] if f >= 0 else "<unknown file>"
         return f"{name}:{int(self.line[i])}"
 
     def name_keys(self, ids: I64 | None = None) -> tuple[I64, I64]:
@@ -164,8 +160,8 @@ class NodeTable:
 
     def names(self, exp: Experiment, ids: I64) -> list[str]:
         """Names of many nodes at once: per-table strings computed once, then one pass."""
-        files = [_base(f.path) for f in exp.files]
-        mods = [_base(m.path) for m in exp.modules]
+        files = file_names(exp)
+        mods = module_names(exp)
         out: list[str] = []
         kinds = self.kind[ids].tolist()
         fns = self.function[ids].tolist()
