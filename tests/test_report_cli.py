@@ -112,6 +112,8 @@ def test_contexts_listing() -> None:
     (["report", "{small}", "--view", "flat", "--zoom", "99999"], "no node 99999"),
     (["report", "{small}", "--filter", "x:", "--threads", "RANK 9"], "selects no execution"),
     (["report", "{small}", "--view-config", "nosuch"], "no predefined view"),
+    (["report", "{small}", "--columns", ",,"], "--columns ',,': expected a comma-separated"),
+    (["report", "{small}", "--columns", ""], "--columns '': expected a comma-separated"),
 ])
 def test_user_errors_are_one_line_and_exit_2(args: list[str], needle: str,
                                               tmp_path: object) -> None:

@@ -81,8 +81,12 @@ def _derived(args: argparse.Namespace) -> list[DerivedMetric]:
 
 def _selected_columns(columns: ColumnSet, args: argparse.Namespace, new: list[DerivedMetric]
                       ) -> list[ColumnDef]:
-    if args.columns:
-        return [columns.resolve(k.strip()) for k in args.columns.split(",") if k.strip()]
+    if args.columns is not None:
+        keys = [k.strip() for k in args.columns.split(",") if k.strip()]
+        if not keys:  # '' or ',,': a report of no column would have nothing to sort or show
+            raise CallpathError(f"--columns {args.columns!r}: expected a comma-separated list "
+                                "of columns ($n or title; see --list-metrics)")
+        return [columns.resolve(k) for k in keys]
     cols: list[ColumnDef] = []
     for key in args.metric or []:
         key = int(key) if key.isdigit() and not any(m.name == key for m in columns.source.metrics) \
