@@ -23,8 +23,10 @@
  * (CLOCK_MONOTONIC, SIGEV_THREAD_ID), so threads that native libraries start (OpenMP, BLAS)
  * are sampled too. Unwinding and merging are post-mortem (callpath.measure.python.merge).
  *
- * Only CPython 3.11 and 3.12 (their frame records) on x86-64 Linux: elsewhere `supported()`
- * names the reason and the sampler falls back to Python-only paths.
+ * Only CPython 3.11, 3.12 and 3.13 with the GIL (their frame records; walk_frames has one
+ * branch for 3.11/3.12, which find the current frame through _PyCFrame, and one for 3.13,
+ * which has none) on x86-64 Linux: elsewhere, free-threaded builds (Py_GIL_DISABLED) included,
+ * `supported()` names the reason and the sampler falls back to Python-only paths.
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
@@ -44,8 +46,8 @@
 #include <ucontext.h>
 #include <unistd.h>
 
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000 && defined(__x86_64__) \
-    && defined(__linux__)
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && defined(__x86_64__) \
+    && defined(__linux__) && !defined(Py_GIL_DISABLED)
 #define CAPTURE 1
 #define Py_BUILD_CORE 1
 #include "internal/pycore_frame.h"
@@ -60,9 +62,12 @@
 
 #define MAGIC 0x4e4d5043u /* "CPMN" */
 #define MAX_PY 256
-#define EVAL_MARGIN 1024  /* stack kept above the outermost evaluation frame's _PyCFrame */
+#define EVAL_MARGIN 1024  /* stack kept above the outermost evaluation frame's _PyCFrame
+                              (3.11, 3.12) or shim frame (3.13) */
+#define MAX_CHAIN 4096    /* frames walked in search of the outermost shim frame (3.13) */
 #define HIGH_MIN 4096     /* the least stack copy that is split into two windows, halved */
-#define MAX_EXTENT (64u << 20)  /* a _PyCFrame farther than this from sp is not on its stack */
+#define MAX_EXTENT (64u << 20)  /* a _PyCFrame (3.13: shim frame) farther than this from sp
+                                   is not on its stack */
 #define MAX_TIMERS 512
 #define PAGE 4096
 
@@ -155,6 +160,106 @@ copy_stack(char *dst, uintptr_t sp, size_t want)
     return got > 0 ? (size_t)got : 0;
 }
 
+/* The thread's Python frames, innermost first, into py[0..*npy) (at most MAX_PY), and in
+ * *outer the address of a local of the outermost evaluation activation's C frame (0: not
+ * found): the stack above it (the interpreter's entry, which the merge leaves out) need not
+ * be copied, only the rest of that frame (EVAL_MARGIN). Returns -1 when the thread has no
+ * Python state, 1 when the frames were cut short, else 0. Signal context: nothing is
+ * dereferenced but the thread state, the frame records and the code objects they hold strong
+ * references to. */
+static int
+walk_frames(PyThreadState *ts_, PyRec *py, uint32_t *npy_out, uintptr_t *outer_out)
+{
+    uint32_t npy = 0;
+#if PY_VERSION_HEX >= 0x030D0000
+    /* 3.13: no _PyCFrame; the thread state points at the innermost frame itself. Each
+     * evaluation activation links a shim frame owned by the C stack (a local of
+     * _PyEval_EvalFrameDefault's C frame) below its first frame: that marks the activation's
+     * entry, and the outermost shim's address bounds the stack copy as the outermost
+     * _PyCFrame did in 3.11 and 3.12. The walk goes on past MAX_PY recorded frames (up to
+     * MAX_CHAIN) only to find that shim. */
+    if (ts_ == NULL)
+        return -1;
+    _PyInterpreterFrame *f = ts_->current_frame, *shim = NULL;
+    int cut = 0, guard = 0;
+    for (; f != NULL && guard < MAX_CHAIN; guard++, f = f->previous) {
+        if (f->owner == FRAME_OWNED_BY_CSTACK) {
+            if (npy > 0 && !cut)
+                py[npy - 1].flags |= 1u;
+            shim = f;
+            continue;
+        }
+        /* f_executable is a strong reference: the code object for Python frames; anything
+         * else (None) is no Python code to record. A type test, no call into CPython. */
+        PyObject *ex = f->f_executable;
+        if (ex == NULL || Py_TYPE(ex) != &PyCode_Type)
+            continue;
+        if (npy >= MAX_PY) {
+            cut = 1;
+            continue;
+        }
+        PyCodeObject *co = (PyCodeObject *)ex;
+        _Py_CODEUNIT *first = _PyCode_CODE(co);
+        py[npy].code = (uint64_t)(uintptr_t)co;
+        /* instr_ptr is the instruction being executed (a caller's: its CALL, while the
+         * callee runs; 3.12's prev_instr pointed into the same instruction), so its byte
+         * offset falls in the call's line; before the first RESUME the frame is incomplete,
+         * as _PyFrame_IsIncomplete says */
+        py[npy].offset = (int32_t)((char *)f->instr_ptr - (char *)first);
+        py[npy].flags = f->owner != FRAME_OWNED_BY_GENERATOR
+                                && f->instr_ptr < first + co->_co_firsttraceable
+                            ? 2u
+                            : 0u;
+        npy++;
+    }
+    if (f != NULL)
+        cut = 1;
+    *npy_out = npy;
+    *outer_out = f == NULL && shim != NULL ? (uintptr_t)shim : 0;
+    return cut;
+#else
+    if (ts_ == NULL || ts_->cframe == NULL)
+        return -1;
+    _PyInterpreterFrame *f = ts_->cframe->current_frame;
+    for (int guard = 0; f != NULL && npy < MAX_PY && guard < 2 * MAX_PY; guard++) {
+#if PY_VERSION_HEX >= 0x030C0000
+        /* 3.12: each evaluation activation pushes a shim frame owned by the C stack below
+         * its first frame, instead of marking that one is_entry */
+        if (f->owner == FRAME_OWNED_BY_CSTACK) {
+            if (npy > 0)
+                py[npy - 1].flags |= 1u;
+            f = f->previous;
+            continue;
+        }
+        unsigned entry = 0;
+#else
+        unsigned entry = f->is_entry ? 1u : 0u;
+#endif
+        PyCodeObject *co = f->f_code;
+        if (co == NULL)
+            break;
+        _Py_CODEUNIT *first = _PyCode_CODE(co);
+        py[npy].code = (uint64_t)(uintptr_t)co;
+        py[npy].offset = (int32_t)((char *)f->prev_instr - (char *)first);
+        py[npy].flags = entry
+            | (f->owner != FRAME_OWNED_BY_GENERATOR
+               && f->prev_instr < first + co->_co_firsttraceable ? 2u : 0u);
+        npy++;
+        f = f->previous;
+    }
+    *npy_out = npy;
+    /* The outermost evaluation activation's _PyCFrame is a local of its C frame (the rest
+     * of that frame: 336 bytes in 3.11.7's libpython). */
+    _PyCFrame *cf = ts_->cframe, *outer = NULL;
+    for (int i = 0; cf != NULL && cf != &ts_->root_cframe && i < 4096; i++) {
+        outer = cf;
+        cf = cf->previous;
+    }
+    *outer_out = outer != NULL && cf == &ts_->root_cframe ? (uintptr_t)outer : 0;
+    return f != NULL ? 1 : 0;
+#endif
+}
+
 static void
 on_signal(int sig, siginfo_t *info, void *ucv)
 {
@@ -227,53 +332,17 @@ on_signal(int sig, siginfo_t *info, void *ucv)
             size_t need = 0;  /* bytes from sp to the end of the outermost evaluation frame */
             /* pthread_getspecific: the thread's own state, also while it released the GIL */
             PyThreadState *ts_ = PyGILState_GetThisThreadState();
-            if (ts_ == NULL || ts_->cframe == NULL) {
+            uintptr_t outer = 0;
+            int walked = walk_frames(ts_, py, &npy, &outer);
+            if (walked < 0)
                 hd->flags |= 2;
-            } else {
-                _PyInterpreterFrame *f = ts_->cframe->current_frame;
-                for (int guard = 0; f != NULL && npy < MAX_PY && guard < 2 * MAX_PY; guard++) {
-#if PY_VERSION_HEX >= 0x030C0000
-                    /* 3.12: each evaluation activation pushes a shim frame owned by the C
-                     * stack below its first frame, instead of marking that one is_entry */
-                    if (f->owner == FRAME_OWNED_BY_CSTACK) {
-                        if (npy > 0)
-                            py[npy - 1].flags |= 1u;
-                        f = f->previous;
-                        continue;
-                    }
-                    unsigned entry = 0;
-#else
-                    unsigned entry = f->is_entry ? 1u : 0u;
-#endif
-                    PyCodeObject *co = f->f_code;
-                    if (co == NULL)
-                        break;
-                    _Py_CODEUNIT *first = _PyCode_CODE(co);
-                    py[npy].code = (uint64_t)(uintptr_t)co;
-                    py[npy].offset = (int32_t)((char *)f->prev_instr - (char *)first);
-                    py[npy].flags = entry
-                        | (f->owner != FRAME_OWNED_BY_GENERATOR
-                           && f->prev_instr < first + co->_co_firsttraceable ? 2u : 0u);
-                    npy++;
-                    f = f->previous;
-                }
-                if (f != NULL)
-                    hd->flags |= 4;
-                /* The outermost evaluation activation's _PyCFrame is a local of its C frame:
-                 * the stack above it (the interpreter's entry, which the merge leaves out) is
-                 * not needed, only the rest of that frame (336 bytes in 3.11.7's libpython). */
-                _PyCFrame *cf = ts_->cframe, *outer = NULL;
-                for (int i = 0; cf != NULL && cf != &ts_->root_cframe && i < 4096; i++) {
-                    outer = cf;
-                    cf = cf->previous;
-                }
-                uintptr_t sp0 = (uintptr_t)hd->regs[1];
-                if (outer != NULL && cf == &ts_->root_cframe && (uintptr_t)outer > sp0
-                    && (uintptr_t)outer - sp0 < MAX_EXTENT) {
-                    need = ((uintptr_t)outer - sp0 + EVAL_MARGIN) & ~(size_t)7;
-                    if (need < want)
-                        want = need;
-                }
+            else if (walked > 0)
+                hd->flags |= 4;
+            uintptr_t sp0 = (uintptr_t)hd->regs[1];
+            if (outer > sp0 && outer - sp0 < MAX_EXTENT) {
+                need = (outer - sp0 + EVAL_MARGIN) & ~(size_t)7;
+                if (need < want)
+                    want = need;
             }
             hd->npy = npy;
             hd->nhigh = hd->high_at = 0;
@@ -522,9 +591,12 @@ py_supported(PyObject *self, PyObject *noargs)
 {
 #if CAPTURE
     Py_RETURN_NONE;
+#elif defined(Py_GIL_DISABLED)
+    return PyUnicode_FromString("native capture is not built for free-threaded CPython "
+                                "(Py_GIL_DISABLED): only for builds with the GIL");
 #else
-    return PyUnicode_FromString("native capture is built only for CPython 3.11 and 3.12 on "
-                                "x86-64 Linux");
+    return PyUnicode_FromString("native capture is built only for CPython 3.11, 3.12 and 3.13 "
+                                "on x86-64 Linux");
 #endif
 }
 

@@ -10,12 +10,12 @@ their line tables, executable mappings as they changed, the capture's facts).
 Merging: the native stack is unwound with callpath's CFI unwinder (``measure.unwind``, all
 samples of the process at once). Every activation of CPython's ``_PyEval_EvalFrameDefault``
 in it runs one or more Python frames: from 3.11 a Python-to-Python call does not recurse in
-C, and the frame that an activation started with is marked (3.11: ``is_entry``; 3.12: the
-shim frame owned by the C stack below it, which the capture turns into the same mark). The
-Python frames, leaf first, are therefore cut after each entry frame into groups, and the k-th
-group from the leaf replaces the k-th evaluation frame from the leaf; the native frames
-between two evaluation frames (the call machinery, a C extension, ctypes, a library) stay
-where they are, so native code sits below the Python line that called it, and the native
+C, and the frame that an activation started with is marked (3.11: ``is_entry``; 3.12 and
+3.13: the shim frame owned by the C stack below it, which the capture turns into the same
+mark). The Python frames, leaf first, are therefore cut after each entry frame into groups,
+and the k-th group from the leaf replaces the k-th evaluation frame from the leaf; the native
+frames between two evaluation frames (the call machinery, a C extension, ctypes, a library)
+stay where they are, so native code sits below the Python line that called it, and the native
 frames above the outermost replaced one (the interpreter's entry) are left out. Nothing is
 guessed (``merge_paths``): Python groups left without an evaluation frame (the unwinding
 stopped below them) go on top, above the native frames that were recovered, and the sample
