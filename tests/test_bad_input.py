@@ -159,3 +159,34 @@ def test_random_mutations_read_or_fail_cleanly(tmp_path_factory: pytest.TempPath
         assert "\n" not in msg and msg
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize("args", [
+    ["report", "{db}", "--flame", "-o", "{db}/meta.db"],
+    ["report", "{db}", "--plot", "0", "-o", "{db}/profile.db"],
+    ["report", "{db}", "--flame", "-o", "{db}"],
+    ["export", "{db}", "--to", "folded", "-o", "{db}/cct.db"],
+    ["export", "{db}", "--to", "pprof", "-o", "{db}/trace.db"],
+    ["lines", "{db}", "--overview", "--png", "{db}/meta.db"],
+    ["report", "{xml}", "--flame", "-o", "{xml}/experiment.xml"],
+])
+def test_output_over_the_input_database_is_refused(args: list[str], tmp_path: Path) -> None:
+    """An output named inside the database being read must not replace its files: the
+    database is the user's data and a drawing of it is no substitute."""
+    db = _copy("small.d", tmp_path)
+    xml = tmp_path / "cpi"
+    shutil.copytree(shared_path("hatchet", "hpctoolkit-cpi-database"), xml)
+    before = {p: p.read_bytes() for d in (db, xml) for p in d.rglob("*") if p.is_file()}
+    proc = run_cli(*[a.format(db=db, xml=xml) for a in args])
+    assert proc.returncode == 2, proc.stdout
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "database being read" in err and "expected a path outside it" in err, err
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_output_beside_the_database_files_is_allowed(tmp_path: Path) -> None:
+    db = _copy("small.d", tmp_path)
+    proc = run_cli("report", str(db), "--flame", "-o", str(db / "flame.svg"))
+    assert proc.returncode == 0, proc.stderr
+    assert "<svg" in (db / "flame.svg").read_text()[:300]

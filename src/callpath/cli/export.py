@@ -45,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from callpath.errors import CallpathError
     from callpath.formats import stacks
 
+    if args.output != "-":
+        from callpath.formats.detect import refuse_overwriting
+        refuse_overwriting(args.output, args.database)
     exp = callpath.open(args.database)
     contexts: list[int] | None = None
     if args.contexts is not None:

@@ -100,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
     from callpath.errors import CallpathError
     from callpath.present import lines as P
 
+    if args.png:
+        from callpath.formats.detect import refuse_overwriting
+        refuse_overwriting(args.png, args.database, "--png")
     exp = callpath.open(args.database)
     if not exp.metrics:
         raise CallpathError(f"{args.database}: the database has no metrics")

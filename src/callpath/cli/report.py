@@ -142,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
             raise CallpathError(f"{args.database}: not a database directory")
         render_notes(load_notes(args.database), sys.stdout, args.format)
         return 0
+    if args.output:
+        from callpath.formats.detect import refuse_overwriting
+        refuse_overwriting(args.output, args.database)
     exp = callpath.open(args.database)
     out: TextIO = sys.stdout
     if args.contexts:
