@@ -7,8 +7,11 @@ and asserts that everything callpath reads from them either works or raises Call
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +27,7 @@ from callpath.analysis.source import tree_source
 from callpath.analysis.views import make_view
 from callpath.errors import CallpathError
 from callpath.present.viewreport import records
-from conftest import V4_DATABASES, run_cli, shared_path
+from conftest import ROOT, V4_DATABASES, run_cli, shared_path
 
 
 def _copy(name: str, tmp: Path) -> Path:
@@ -190,3 +193,42 @@ def test_output_beside_the_database_files_is_allowed(tmp_path: Path) -> None:
     proc = run_cli("report", str(db), "--flame", "-o", str(db / "flame.svg"))
     assert proc.returncode == 0, proc.stderr
     assert "<svg" in (db / "flame.svg").read_text()[:300]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["prof", "-o", "{meas}", "{meas}"], "{meas}: holds a measurement"),
+    (["import", "{folded}", "-o", "{meas}"], "{meas}: holds a measurement"),
+    (["merge", "-o", "{meas}", "{db}", "{db}"], "{meas}: holds a measurement"),
+    (["diff", "-o", "{xml}", "{db}", "{db}"], "{xml}: holds an experiment.xml database"),
+    (["prof", "-o", "", "{meas}"], "database directory '': expected a directory path"),
+    (["import", "{folded}", "-o", ""], "database directory '': expected a directory path"),
+    (["diff", "-o", "", "{db}", "{db}"], "database directory '': expected a directory path"),
+    (["profile", "-m", "{tmp}/x", "-o", "{tmp}/x", "--", "true"],
+     "-o {tmp}/x: is also the measurement directory (-m)"),
+])
+def test_database_written_over_other_data_is_refused(args: list[str], needle: str,
+                                                     tmp_path: Path) -> None:
+    """A database is never mixed into a measurement or an experiment.xml database, and ''
+    is not taken for the current directory (it scattered a database among the user's
+    files); nothing in those directories changes."""
+    db = _copy("small.d", tmp_path)
+    meas = tmp_path / "small.m"
+    shutil.copytree(shared_path("hpctoolkit", "meas", "small.m"), meas)
+    xml = tmp_path / "cpi"
+    shutil.copytree(shared_path("hatchet", "hpctoolkit-cpi-database"), xml)
+    folded = tmp_path / "stacks.folded"
+    folded.write_text("main;work 10\nmain;idle 3\n")
+    work = tmp_path / "cwd"
+    work.mkdir()
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    names = {"meas": meas, "db": db, "xml": xml, "folded": folded, "tmp": tmp_path}
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "config"),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "callpath", *[a.format(**names) for a in args]],
+                          capture_output=True, text=True, cwd=work, timeout=120, env=env,
+                          check=False)
+    assert proc.returncode == 2, proc.stdout
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert needle.format(**names) in err, err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

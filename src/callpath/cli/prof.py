@@ -83,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
     for s in structs:
         if not s.is_file():
             raise CallpathError(f"-S {s}: no such structure file")
-    out = Path(args.output)
+    from callpath.formats.v4.writer import check_output_directory
+
+    out = check_output_directory(args.output)
     if out.exists() and not out.is_dir():
         raise CallpathError(f"-o {out}: exists and is not a directory")
     if args.jobs is not None and args.jobs < 1:

@@ -59,6 +59,15 @@ def run(args: argparse.Namespace) -> int:
     meas = Path(args.measurements) if args.measurements else fresh_path(
         f"callpath-{name}-measurements")
     db = Path(args.output) if args.output else fresh_path(f"callpath-{name}-database")
+    if args.output is not None:
+        # before the program runs: a database directory that cannot take the database would
+        # otherwise be found only after the whole measurement
+        from callpath.formats.v4.writer import check_output_directory
+
+        check_output_directory(args.output)
+        if db.resolve() == meas.resolve():
+            raise CallpathError(f"-o {args.output}: is also the measurement directory (-m); "
+                                "expected two different directories")
     status = _measure(cmd, meas, args, python)
     if not (meas / "measurement.json").is_file():
         raise CallpathError(f"{meas}: the measurement was not written (the program could not "

@@ -59,10 +59,30 @@ from callpath.model.experiment import Experiment
 from callpath.model.metrics import Combine
 from callpath.model.tables import SourceFile
 
-__all__ = ["write_v4"]
+__all__ = ["check_output_directory", "write_v4"]
 
 
 # ==== the public entry point ============================================================
+
+
+def check_output_directory(directory: str | os.PathLike[str]) -> Path:
+    """The database directory to write, refused (:class:`CallpathError`) when it is the empty
+    string (which ``Path`` reads as the current directory: '-o ""' scattered a database among
+    the user's files) or a directory that holds other data a database would be mixed into: a
+    measurement (its files stay, but 'prof -o MEASDIR MEASDIR' left a directory that is both)
+    or an experiment.xml database (meta.db beside it would hide it from every reader).
+    Callers that work long before writing call it first, so a mistake costs no time."""
+    if not os.fspath(directory):
+        raise CallpathError("database directory '': expected a directory path")
+    out = Path(directory)
+    if out.is_dir():
+        if (out / "measurement.json").exists() or any(out.glob("*.hpcrun")):
+            raise CallpathError(f"{out}: holds a measurement; expected a new or database "
+                                "directory for the database")
+        if (out / "experiment.xml").exists() and not (out / "meta.db").exists():
+            raise CallpathError(f"{out}: holds an experiment.xml database; expected a new or "
+                                "v4 database directory")
+    return out
 
 
 def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
@@ -75,7 +95,7 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
     Raises :class:`CallpathError` when the experiment cannot be represented (e.g. profile 0 is
     not a summary profile) or the directory cannot be written.
     """
-    out = Path(directory)
+    out = check_output_directory(directory)
     _check_experiment(exp)
     try:
         out.mkdir(parents=True, exist_ok=True)
