@@ -211,6 +211,27 @@ def test_measdir_and_option_mistakes_are_one_line(tmp_path: Path) -> None:
            "exist" in err and ".tmp" not in err
 
 
+def test_output_over_an_input_is_refused(tmp_path: Path) -> None:
+    """'struct -o prog prog' replaced the binary it analysed with XML; an output at the top
+    of the input measurement directory would replace measurement files the same way."""
+    binary = tmp_path / "prog"
+    binary.write_bytes(shared_path("hpctoolkit", "bin", "recursion-x86_64-gcc12-0").read_bytes())
+    before = binary.read_bytes()
+    for out in (str(binary), str(tmp_path / "." / "prog")):
+        rc, _, err = _env_cli(tmp_path, str(binary), "-o", out)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert f"-o {out}: is the input {binary}" in err, err
+    assert binary.read_bytes() == before
+    meas = tmp_path / "meas"
+    meas.mkdir()
+    (meas / "measurement.json").write_text("{}")
+    rc, _, err = _env_cli(tmp_path, str(meas), "-o", str(meas / "measurement.json"))
+    assert rc == 2 and "would overwrite a file of the measurement directory" in err, err
+    assert (meas / "measurement.json").read_text() == "{}"
+    rc, _, err = _env_cli(tmp_path, str(binary), "-o", "")
+    assert rc == 2 and "-o '': expected a file name" in err, err
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for d in Path("/proc").iterdir():

@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise CallpathError(f"-j {args.jobs}: expected a positive number of workers")
     workers = args.jobs or os.cpu_count() or 1
+    if args.output not in (None, "-"):
+        _refuse_overwriting_inputs(args.output, args.inputs)
     if args.debug_root:
         for r in args.debug_root:
             if not os.path.isdir(r):
@@ -74,6 +76,25 @@ def run(args: argparse.Namespace) -> int:
         jobs.append(Job(x, os.path.abspath(x), cache))
     results = run_jobs(jobs, workers, ProgressBar())
     return _write(results, args.output, per_input_dir=Path.cwd(), verbose=args.verbose)
+
+
+def _refuse_overwriting_inputs(output: str, inputs: Sequence[str]) -> None:
+    """'struct -o prog prog' wrote the XML over the binary it analysed: an output that is an
+    input, or a file at the top of an input measurement directory (its measurement.json and
+    profiles), is refused before anything is read."""
+    if not output:
+        raise CallpathError("-o '': expected a file name ('-' for standard output)")
+    out = Path(output).resolve()
+    if not out.exists():
+        return
+    for x in inputs:
+        if os.path.isdir(x):
+            if out.parent == Path(x).resolve():
+                raise CallpathError(f"-o {output}: would overwrite a file of the measurement "
+                                    f"directory {x}; expected a path outside it")
+        elif os.path.exists(x) and os.path.samefile(out, x):
+            raise CallpathError(f"-o {output}: is the input {x}; expected another file for "
+                                "the structure")
 
 
 def _write(results: Sequence[object], output: str | None, per_input_dir: Path | None,
