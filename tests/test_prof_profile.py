@@ -56,3 +56,18 @@ def test_profile_python_program(tmp_path: Path) -> None:
 def test_profile_needs_a_command() -> None:
     r = run_cli("profile")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--python", "--", "{tmp}/missing.py"], "missing.py: no such Python script"),
+    (["-F", "-1", "--python", "--", "{tmp}/x.py"], "sampling frequency -1 Hz is out of range"),
+])
+def test_profile_python_refusal_is_one_line(args: list[str], needle: str,
+                                            tmp_path: Path) -> None:
+    """The Python sampler's own one-line refusal is the whole message: profile added a
+    second line ('the measurement was not written') that said less."""
+    (tmp_path / "x.py").write_text("print(1)\n")
+    r = run_cli("profile", "-m", str(tmp_path / "m"), "-o", str(tmp_path / "d"),
+                *[a.format(tmp=tmp_path) for a in args])
+    assert r.returncode == 2, r.stdout
+    assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr

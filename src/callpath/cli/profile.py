@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
                                 "expected two different directories")
     status = _measure(cmd, meas, args, python)
     if not (meas / "measurement.json").is_file():
+        if status != 0:  # the Python sampler refused (no such script, a bad -F) and said why
+            return status
         raise CallpathError(f"{meas}: the measurement was not written (the program could not "
                             "be measured)")
     _struct(meas)
