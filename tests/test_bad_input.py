@@ -232,3 +232,12 @@ def test_database_written_over_other_data_is_refused(args: list[str], needle: st
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert needle.format(**names) in err, err
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_export_to_an_empty_file_name_is_one_line(tmp_path: Path) -> None:
+    """-o '' raised ValueError from pathlib (a traceback) when the temporary name was made."""
+    proc = run_cli("export", str(shared_path("hpctoolkit", "dbase", "small.d")), "--to",
+                   "folded", "-o", "")
+    assert proc.returncode == 2, proc.stdout
+    err = proc.stderr.strip()
+    assert err == "callpath: error: -o '': expected a file name ('-' for standard output)", err

@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     from callpath.errors import CallpathError
     from callpath.formats import stacks
 
+    if not args.output:
+        raise CallpathError("-o '': expected a file name ('-' for standard output)")
     if args.output != "-":
         from callpath.formats.detect import refuse_overwriting
         refuse_overwriting(args.output, args.database)
