@@ -41,6 +41,62 @@ def call_opcodes() -> frozenset[int]:
     return frozenset(v for k, v in opcode.opmap.items() if k.startswith(("CALL", "PRECALL")))
 
 
+def backward_jumps() -> tuple[dict[int, int], int]:
+    """This interpreter's backward-jump opcodes with their inline cache entries (code units
+    between the jump and the offset its argument counts from), and ``EXTENDED_ARG``."""
+    import opcode
+    caches = getattr(opcode, "_inline_cache_entries", None)
+    jumps: dict[int, int] = {}
+    for name, op in opcode.opmap.items():
+        if "JUMP_BACKWARD" in name:
+            n = 0
+            if isinstance(caches, dict):  # 3.13: by name
+                n = int(caches.get(name, 0))
+            elif isinstance(caches, list | tuple) and op < len(caches):  # 3.11, 3.12
+                n = int(caches[op])
+            jumps[op] = n
+    return jumps, int(opcode.opmap.get("EXTENDED_ARG", -1))
+
+
+_BACK_JUMPS, _EXTENDED_ARG = backward_jumps()
+
+
+def line_table(co: CodeType) -> tuple[list[int], list[int]]:
+    """``co.co_lines()`` as (range starts, lines), with a line for every range that has one
+    to give.
+
+    CPython 3.11 gives the back edge of a loop whose body ends in an ``if`` no line (the
+    ``JUMP_BACKWARD`` after the ``if`` body); 3.12 gives it the line of the loop's ``for`` or
+    ``while``. Such a back edge is where the interpreter checks for pending signals in a loop
+    without calls, so *every* sample of that loop lands on it: without a line it fell back to
+    the ``def`` line (a coroutine's whole loop appeared at ``async def``). A range without a
+    line whose instruction is a backward jump gets the line of the jump's target, the loop
+    header, as 3.12 locates it; other ranges without a line keep -1 (the first line)."""
+    starts: list[int] = []
+    lines: list[int] = []
+    for start, _end, line in co.co_lines():
+        starts.append(start)
+        lines.append(line if line else -1)  # None, or 0 (the module's RESUME)
+    if -1 in lines and _BACK_JUMPS:
+        code = co.co_code
+        n = len(code)
+        for k, start in enumerate(starts):
+            if lines[k] >= 0:
+                continue
+            i, arg = start, 0
+            while i + 1 < n and code[i] == _EXTENDED_ARG:
+                arg = (arg | code[i + 1]) << 8
+                i += 2
+            caches = _BACK_JUMPS.get(code[i]) if i + 1 < n else None
+            if caches is None:
+                continue
+            target = i + 2 + 2 * caches - 2 * (arg | code[i + 1])
+            j = bisect_right(starts, target) - 1
+            if 0 <= target < start and j >= 0:
+                lines[k] = lines[j]
+    return starts, lines
+
+
 def c_walk() -> tuple[Any, str]:
     """The C stack walk and handler (``_callpath_walk.c``, built by ``pip install`` when a
     compiler and Python's headers are there) for this interpreter, loaded by path like this
@@ -272,12 +328,7 @@ class Walker:
         ci = len(self.codes)
         self.code_index[id(co)] = ci
         self.codes.append(co)
-        starts: list[int] = []
-        lines: list[int] = []
-        for start, _end, line in co.co_lines():
-            starts.append(start)
-            lines.append(line if line else -1)  # None, or 0 (the module's RESUME)
-        self.line_tables.append((starts, lines))
+        self.line_tables.append(line_table(co))
         table: dict[int, int] = {}
         self.locs_of[id(co)] = table
         return table
