@@ -32,6 +32,7 @@ from callpath.attribute.hpctk import (
     INS,
     LEX,
     LN,
+    LP,
     F,
     ModuleMapper,
     Step,
@@ -44,7 +45,7 @@ from callpath.attribute.walk import Walker
 from callpath.errors import CallpathError, FormatError
 from callpath.formats import measdir as md
 from callpath.model import Experiment
-from callpath.structure.model import Structure
+from callpath.structure.model import Kind, Structure
 
 _ROOT, _NATIVE, _PYTHON, _PARTIAL, _UNKNOWN = (int(k) for k in (
     md.NodeKind.ROOT, md.NodeKind.NATIVE, md.NodeKind.PYTHON, md.NodeKind.PARTIAL,
@@ -57,7 +58,17 @@ def is_callpath_measurements(d: Path) -> bool:
 
 
 class _PyMapper:
-    """Python code locations → steps: through the file's structure, else function + line."""
+    """Python code locations → steps: through the file's structure, else function + line.
+
+    The structure knows lines, the measurement knows which code object ran. A line inside a
+    lambda, a comprehension or generator expression (separate code objects up to 3.11; 3.12
+    inlines list, set and dict comprehensions) or a class body lies in the structure's
+    enclosing function, so its frame was named after that function: a module-level lambda
+    called from ``<module>`` read ``<module> » <module>``, a generator expression in ``evens``
+    read ``evens``. Where the code object's qualified name is not the structure's procedure
+    for its line, the frame is the code object's (as py-spy and tracebacks name it), with the
+    structure's loops that begin inside it and the statement line.
+    """
 
     def __init__(self, tables: Tables, structs: dict[str, Structure]) -> None:
         self.t = tables
@@ -79,6 +90,12 @@ class _PyMapper:
             out = m.steps(line)
             if out and out[0][0] == INS:
                 out = ()
+            if out and out[0][0] == F and _proc_name(s, line) != code.function:
+                lm = self.t.module(code.file)
+                fid = self.t.function(code.function, lm, code.first_line,
+                                      self.t.file(code.file), code.first_line)
+                inner = [x for x in out[1:] if x[0] != LP or x[4] >= code.first_line]
+                out = ((F, CALL, fid, -1, 0, -1, 0), *inner)
         if not out:
             lm = self.t.module(code.file)
             f = self.t.file(code.file)
@@ -86,6 +103,17 @@ class _PyMapper:
             out = ((F, CALL, fid, -1, 0, -1, 0), (LN, LEX, -1, f, line, -1, 0))
         self.cache[key] = out
         return out
+
+
+def _proc_name(s: Structure, line: int) -> str | None:
+    """The name of the innermost procedure of a Python file's structure around ``line``."""
+    scope = int(s.lookup(np.array([line], dtype=np.uint64))[0])
+    if scope < 0:
+        return None
+    for c in s.chain(scope):
+        if s.kind[c] == Kind.PROC:
+            return s.text(int(s.name[c]))
+    return None
 
 
 def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
