@@ -205,6 +205,10 @@ def test_output_beside_the_database_files_is_allowed(tmp_path: Path) -> None:
     (["diff", "-o", "", "{db}", "{db}"], "database directory '': expected a directory path"),
     (["profile", "-m", "{tmp}/x", "-o", "{tmp}/x", "--", "true"],
      "-o {tmp}/x: is also the measurement directory (-m)"),
+    (["profile", "-o", "{folded}", "--", "true"],
+     "{folded}: cannot create the database directory: File exists"),
+    (["run", "-o", "{db}", "--", "true"], "{db}: holds a database"),
+    (["run", "-o", "{xml}", "--", "{py}"], "{xml}: holds a database"),
 ])
 def test_database_written_over_other_data_is_refused(args: list[str], needle: str,
                                                      tmp_path: Path) -> None:
@@ -220,8 +224,10 @@ def test_database_written_over_other_data_is_refused(args: list[str], needle: st
     folded.write_text("main;work 10\nmain;idle 3\n")
     work = tmp_path / "cwd"
     work.mkdir()
+    py = tmp_path / "x.py"
+    py.write_text("print(1)\n")
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    names = {"meas": meas, "db": db, "xml": xml, "folded": folded, "tmp": tmp_path}
+    names = {"meas": meas, "db": db, "xml": xml, "folded": folded, "tmp": tmp_path, "py": py}
     env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "config"),
                PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-m", "callpath", *[a.format(**names) for a in args]],

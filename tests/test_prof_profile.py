@@ -61,6 +61,7 @@ def test_profile_needs_a_command() -> None:
 @pytest.mark.parametrize("args, needle", [
     (["--python", "--", "{tmp}/missing.py"], "missing.py: no such Python script"),
     (["-F", "-1", "--python", "--", "{tmp}/x.py"], "sampling frequency -1 Hz is out of range"),
+    (["-F", "0", "--python", "--", "{tmp}/x.py"], "sampling frequency 0 Hz is out of range"),
 ])
 def test_profile_python_refusal_is_one_line(args: list[str], needle: str,
                                             tmp_path: Path) -> None:

@@ -68,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
         if db.resolve() == meas.resolve():
             raise CallpathError(f"-o {args.output}: is also the measurement directory (-m); "
                                 "expected two different directories")
+        try:  # a file in the way, a read-only parent: said before, not after, the run
+            db.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CallpathError(f"{db}: cannot create the database directory: "
+                                f"{e.strerror or e}") from None
     status = _measure(cmd, meas, args, python)
     if not (meas / "measurement.json").is_file():
         if status != 0:  # the Python sampler refused (no such script, a bad -F) and said why
@@ -103,7 +108,7 @@ def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool)
             argv.append("-t")
         if args.native:
             argv.append("--native")
-        if args.frequency:
+        if args.frequency is not None:  # 0 too: the sampler says why it is refused
             argv += ["-F", str(args.frequency)]
         if cmd[0].endswith(".py"):
             argv += cmd

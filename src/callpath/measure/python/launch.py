@@ -162,6 +162,9 @@ def _check(out_dir: Path, frequency: float) -> None:
                              or any(out_dir.glob(measdir.PROCESS_GLOB))):
         raise CallpathError(f"{out_dir}: already holds a measurement (expected a new or empty "
                             "directory; remove it or choose another -o)")
+    if (out_dir / "meta.db").exists() or (out_dir / "experiment.xml").exists():
+        raise CallpathError(f"{out_dir}: holds a database (expected a new or empty directory; "
+                            "choose another -o)")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
