@@ -1,14 +1,18 @@
 """A real Python program, really sampled and attributed (``callpath profile``): the frames of
 code objects that a file's structure cannot tell apart by line (lambdas, generator expressions,
 class bodies) carry their own names, and a loop whose back edge CPython 3.11 leaves without a
-line is charged to the loop, not to the ``def`` line."""
+line is charged to the loop, not to the ``def`` line; forked workers carry their own thread
+ids."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import callpath
+from callpath.formats import measdir
 from callpath.model import Experiment, NodeKind
 from conftest import ROOT, run_cli
 from prof_tree import find
@@ -73,3 +77,15 @@ def test_loop_back_edge_without_line_is_the_loop(exp: Experiment) -> None:
     assert incl[spin] >= 100, incl[spin]
     assert head >= 0.9 * incl[spin], (head, at_def, incl[spin])
     assert at_def <= 0.05 * incl[spin], (head, at_def, incl[spin])
+
+
+def test_forked_workers_carry_their_own_thread_ids(tmp_path: Path) -> None:
+    out = tmp_path / "m"
+    pool = ROOT / "tests" / "python_programs" / "pool.py"
+    run_cli("run", "-o", str(out), "--", "python", str(pool), "fork", check=True)
+    forked = [p for p in measdir.read(out).processes if p.info.get("forked_from")]
+    assert len(forked) >= 3
+    for p in forked:
+        # a forked worker's only thread is its main thread, whose tid is the process's pid;
+        # it was labelled with the parent's (3.11 leaves Thread.native_id stale after fork)
+        assert p.threads[0].tid == p.pid != p.info["forked_from"], (p.pid, p.threads[0].info)

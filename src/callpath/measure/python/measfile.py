@@ -151,6 +151,11 @@ class Recorder:
             th = threading._active.get(ident)
             if th is not None:
                 name, native = th.name, getattr(th, "native_id", native)
+        if ident == _thread.get_ident():
+            # the calling thread's own id, never threading's: 3.11 keeps a forked child's
+            # Thread.native_id at the parent's value (a pool worker was labelled with the
+            # parent's tid)
+            native = _thread.get_native_id()
         ids = [[ID_NODE, self.node_id, self.node_id, 1]]
         if self.rank is not None:
             ids.append([ID_RANK, self.rank, self.rank, 0])
