@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import callpath
-from conftest import V4_DATABASES, run_cli, shared_path
+from conftest import ROOT, V4_DATABASES, run_cli, shared_path
 
 
 @pytest.mark.parametrize("db", [*V4_DATABASES, "cpi"])
@@ -135,3 +139,31 @@ def test_inclusive_is_consistent_with_children() -> None:
     sums = np.add.reduceat(np.append(inc[children], 0), offsets[:-1])
     has = np.diff(offsets) > 0
     assert np.all(inc[has] >= sums[has] - 1e-9)
+
+
+def _cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.mark.parametrize("args", [
+    ["report", "{db}", "--format", "json"],
+    ["export", "{db}", "--to", "speedscope", "-o", "-"],
+    ["lines", "{db}"],
+])
+def test_closed_stdout_and_early_pipe_close_are_quiet(args: list[str], tmp_path: Path) -> None:
+    """'callpath report DB >&-' raised AttributeError on sys.stdout None (a traceback), and
+    '| head -c 1' must not print BrokenPipeError's: no reader, no error."""
+    db = str(shared_path("hpctoolkit", "dbase", "loops-cputime-t.d"))
+    argv = [sys.executable, "-m", "callpath", *[a.format(db=db) for a in args]]
+    env = {**_cli_env(), "XDG_CONFIG_HOME": str(tmp_path)}
+    closed = subprocess.run(argv, preexec_fn=lambda: os.close(1), stderr=subprocess.PIPE,
+                            text=True, env=env, timeout=120, check=False)
+    assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as p:
+        assert p.stdout is not None and p.stderr is not None
+        assert p.stdout.read(1)
+        p.stdout.close()  # the reader goes away after one byte, like 'head -c 1'
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=120) == 0 and "Traceback" not in err, err

@@ -66,7 +66,28 @@ def _planned(name: str):  # type: ignore[no-untyped-def]
     return run
 
 
+def _reopen_closed_std_streams() -> None:
+    """Put /dev/null on standard input, output or error when the caller closed it
+    ('callpath report DB >&-'). Python then has ``sys.stdout = None`` and the first print
+    raised AttributeError (a traceback); worse, the next file callpath opened would get
+    descriptor 1, and whatever a measured program or a stray print wrote to its standard
+    output would land in that file. With no reader the output is dropped, as when the
+    reader of a pipe goes away (BrokenPipeError below)."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if getattr(sys, name) is None:
+                setattr(sys, name, open(fd, "r" if fd == 0 else "w",  # noqa: SIM115
+                                        closefd=False, encoding="utf-8"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _reopen_closed_std_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
