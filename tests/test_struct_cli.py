@@ -211,6 +211,14 @@ def test_measdir_and_option_mistakes_are_one_line(tmp_path: Path) -> None:
            "exist" in err and ".tmp" not in err
 
 
+def test_unreadable_input_names_the_file(tmp_path: Path) -> None:
+    """A file that opens but cannot be read (EIO from /proc/self/mem at offset 0) said only
+    'callpath: error: Input/output error', naming no file."""
+    rc, _, err = _env_cli(tmp_path, "/proc/self/mem", "-o", "-", "--no-cache")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "/proc/self/mem: cannot read: Input/output error" in err, err
+
+
 def test_output_over_an_input_is_refused(tmp_path: Path) -> None:
     """'struct -o prog prog' replaced the binary it analysed with XML; an output at the top
     of the input measurement directory would replace measurement files the same way."""

@@ -107,7 +107,10 @@ def open_elf(path: str | os.PathLike[str], *, require_code: bool = True) -> ElfM
     except OSError as e:
         raise FormatError(p, f"cannot open: {e.strerror or e}") from None
     try:
-        magic = stream.read(4)
+        try:
+            magic = stream.read(4)
+        except OSError as e:  # a device or /proc file that opens but cannot be read
+            raise FormatError(p, f"cannot read: {e.strerror or e}") from None
         if magic != b"\x7fELF":
             raise FormatError(p, "not an ELF file (expected the magic bytes 7f 45 4c 46)", 0)
         stream.seek(0)
