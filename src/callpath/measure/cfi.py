@@ -30,7 +30,13 @@ RBX, RBP, RSP, R12, R13, R14, R15, RA = 3, 6, 7, 12, 13, 14, 15, 16
 TRACKED = (RBX, RBP, R12, R13, R14, R15, RA)  # column order of RowTable.rule/off
 SAVED = TRACKED[:-1]
 RULE_SAME, RULE_OFFSET, RULE_UNDEF, RULE_UNKNOWN = 0, 1, 2, 3
-KIND_NONE, KIND_CFA, KIND_SIGNAL = 0, 1, 2
+#: saved at rbp + offset, rbp being the frame's own (``DW_CFA_expression: DW_OP_breg6 N``):
+#: how gcc describes the saves of a function that realigns its stack (AVX-512 code)
+RULE_AT_RBP = 4
+#: KIND_CFA_DEREF: CFA = *(register + offset) (``DW_CFA_def_cfa_expression: DW_OP_bregN
+#: M; DW_OP_deref``), the caller's stack pointer read from where a realigning prologue kept it
+KIND_NONE, KIND_CFA, KIND_SIGNAL, KIND_CFA_DEREF = 0, 1, 2, 3
+DW_OP_deref, DW_OP_breg0 = 0x06, 0x70
 # where the rule that found a frame came from (``Frames.source``, the run's summary)
 SRC_SAMPLE, SRC_CFI, SRC_RECIPE, SRC_RECIPE_FIX, SRC_SIGNAL, SRC_PLT, SRC_JIT = range(7)
 SOURCES = {SRC_SAMPLE: "sample registers", SRC_CFI: "CFI", SRC_RECIPE: "recipes",
@@ -248,8 +254,18 @@ class Compiler:
             return 0
         row = table[i]
         cfa = row["cfa"]
-        if cfa.expr is not None or cfa.reg is None:
+        kind = KIND_CFA
+        if cfa.expr is not None:
+            got = _breg(cfa.expr, deref=True)
+            if got is None:
+                return 0
+            kind, cfa_reg, cfa_off = KIND_CFA_DEREF, *got
+        elif cfa.reg is None:
             return 0
+        else:
+            cfa_reg, cfa_off = int(cfa.reg), int(cfa.offset)
+        if cfa_reg not in (RSP, *SAVED):
+            return 0  # a register the unwinder does not recover
         rules: list[int] = []
         offs: list[int] = []
         for reg in TRACKED:
@@ -266,11 +282,14 @@ class Compiler:
             elif rr.type == "SAME_VALUE":
                 rules.append(RULE_SAME)
                 offs.append(0)
+            elif rr.type == "EXPRESSION" and reg != RA and (b := _breg(rr.arg)) is not None \
+                    and b[0] == RBP:
+                rules.append(RULE_AT_RBP)
+                offs.append(b[1])
             else:
                 rules.append(RULE_UNKNOWN)
                 offs.append(0)
-        return self.table.add(KIND_CFA, int(cfa.reg), int(cfa.offset), tuple(rules),
-                              tuple(offs))
+        return self.table.add(kind, cfa_reg, cfa_off, tuple(rules), tuple(offs))
 
     def _plt_row(self, elf: ElfInfo, vaddr: int, name: str | None) -> int:
         """PLT stubs: CFA = rsp + 8 except after the push of a lazy-binding stub."""
@@ -283,3 +302,25 @@ class Compiler:
             off = plt0 if rel < 16 else (16 if (vaddr & 15) >= 11 else 8)
         rules = (RULE_SAME,) * len(SAVED) + (RULE_OFFSET,)
         return self.table.add(KIND_CFA, RSP, off, rules, (0,) * len(SAVED) + (-8,))
+
+
+def _breg(expr: Any, deref: bool = False) -> tuple[int, int] | None:
+    """(register, offset) of a DWARF expression ``DW_OP_bregN offset`` (followed by
+    ``DW_OP_deref`` when ``deref``); None for any other expression."""
+    ops = list(expr)
+    if not ops or not DW_OP_breg0 <= ops[0] < DW_OP_breg0 + 32:
+        return None
+    reg, value, shift, i = ops[0] - DW_OP_breg0, 0, 0, 1
+    while i < len(ops):  # SLEB128
+        byte = ops[i]
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        i += 1
+        if not byte & 0x80:
+            if byte & 0x40:
+                value -= 1 << shift
+            break
+    else:
+        return None
+    rest = ops[i:]
+    return (reg, value) if rest == ([DW_OP_deref] if deref else []) else None

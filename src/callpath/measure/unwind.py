@@ -123,9 +123,9 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
         return (k >= 0) & (q < mm.ends[np.maximum(k, 0)]) & (p > 0)
 
     def step(ai: I64, r: I64) -> tuple[Any, ...]:
-        """One frame up for the samples ``ai`` by the (KIND_CFA) rows ``r``: stop code,
-        outermost, and the caller's pc, sp, saved registers and their validity."""
-        _kind, cfa_reg, cfa_off, rule, off = compiler.table.arrays()
+        """One frame up for the samples ``ai`` by the (KIND_CFA, KIND_CFA_DEREF) rows ``r``:
+        stop code, outermost, and the caller's pc, sp, saved registers and their validity."""
+        kind, cfa_reg, cfa_off, rule, off = compiler.table.arrays()
         creg = cfa_reg[r]
         base = sp[ai].copy()
         base_ok = creg == cfi.RSP
@@ -135,6 +135,11 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
                 base = np.where(sel, saved[ai, col], base)
                 base_ok |= sel & valid[ai, col]
         cfa = (base.astype(np.int64) + cfa_off[r]).astype(np.uint64)
+        deref = np.flatnonzero(kind[r] == cfi.KIND_CFA_DEREF)
+        if len(deref):  # the CFA is kept in memory (a prologue that realigns the stack)
+            v, ok = load(ai[deref], cfa[deref])
+            cfa[deref] = v
+            base_ok[deref] &= ok
         ru, ro = rule[r], off[r]
         ra_rule = ru[:, -1]
         ra, ra_ok = load(ai, (cfa.astype(np.int64) + ro[:, -1]).astype(np.uint64))
@@ -149,10 +154,19 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
         addr2 = cfa.astype(np.int64)[:, None] + ro[:, :ns]
         v2, ok2 = load(ai, addr2)
         is_off = ru[:, :ns] == cfi.RULE_OFFSET
+        at_rbp = ru[:, :ns] == cfi.RULE_AT_RBP
+        old_s, old_v = saved[ai], valid[ai]
+        if at_rbp.any():  # saved relative to the frame's own rbp, not to the CFA
+            rbp = cfi.SAVED.index(cfi.RBP)
+            addr3 = old_s[:, rbp].astype(np.int64)[:, None] + ro[:, :ns]
+            v3, ok3 = load(ai, addr3)
+            addr2 = np.where(at_rbp, addr3, addr2)
+            v2 = np.where(at_rbp, v3, v2)
+            ok2 = np.where(at_rbp, ok3 & old_v[:, rbp][:, None], ok2)
+            is_off = is_off | at_rbp
         # a save slot below the stack pointer (epilogue rows) is stale: keep the value
         stale = is_off & (addr2 < sp[ai].astype(np.int64)[:, None])
         take = is_off & ~stale
-        old_s, old_v = saved[ai], valid[ai]
         nsv = np.where(take, v2, old_s)
         nvl = np.where(take, ok2, ((ru[:, :ns] == cfi.RULE_SAME) | stale) & old_v)
         return st, root, np.where(root, np.uint64(0), ra), cfa, nsv, nvl
@@ -211,7 +225,7 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
         new_exact = np.zeros(len(a), dtype=bool)
         done_ok = np.zeros(len(a), dtype=bool)
         # ordinary frames
-        c = np.nonzero((rk == cfi.KIND_CFA) & (stop == 0))[0]
+        c = np.nonzero(((rk == cfi.KIND_CFA) | (rk == cfi.KIND_CFA_DEREF)) & (stop == 0))[0]
         if len(c):
             st, root, npc, nsp, nsv, nvl = step(a[c], row[c])
             if compiler.recipes is not None:
