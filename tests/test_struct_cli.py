@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -284,3 +285,20 @@ def test_struct_worker_killed_is_one_line(tmp_path: Path) -> None:
     assert err.strip().splitlines() == [
         "callpath: error: a worker process of the structure analysis died (killed by a "
         "signal; out of memory?)"], err
+
+
+def test_symbol_names_are_demangled(tmp_path: Path) -> None:
+    """A C++ program without debug information: procedures named from the symbol table are
+    shown demangled (hpcstruct's n=), the linkage name kept in ln=, as hpcstruct does."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed")
+    src = ROOT / "tests" / "field_programs"
+    exe = tmp_path / "throw"
+    subprocess.run(["g++", "-O2", "-I", str(src), "-o", str(exe), str(src / "throw.cpp")],
+                   check=True)
+    out = tmp_path / "throw.hpcstruct"
+    rc, _, err = _env_cli(tmp_path, str(exe), "-o", str(out))
+    assert rc == 0, err
+    text = out.read_text()
+    assert 'n="level3(double) [throw]" ln="_Z6level3d"' in text, text[:2000]
+    assert 'n="main [throw]" ln="main"' in text

@@ -16,49 +16,20 @@ symbols here, and its frames stay instruction contexts (docs/prof.md lists this)
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from callpath.structure.demangle import demangle
+
+__all__ = ["DirectSymbols", "demangle"]  # demangle: re-exported for its callers
 
 DWARF_MAX_SIZE = 100 * 1024 * 1024  # hpcprof's default --dwarf-max-size
 _SYM64 = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
                    ("value", "<u8"), ("size", "<u8")])
 _cache: dict[str, DirectSymbols | None] = {}
-_cxa: Any = None
-
-
-def demangle(name: str) -> str:
-    """A C++ (``_Z``) name demangled by libstdc++'s ``__cxa_demangle`` (what hpcprof's
-    ``cplus_demangle`` gives); any other name, or one that fails, unchanged."""
-    global _cxa
-    if not name.startswith("_Z"):
-        return name
-    if _cxa is None:
-        lib = ctypes.util.find_library("stdc++")
-        try:
-            fn = ctypes.CDLL(lib or "libstdc++.so.6").__cxa_demangle
-        except (OSError, AttributeError):
-            _cxa = False
-            return name
-        fn.restype = ctypes.c_void_p
-        fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.POINTER(ctypes.c_int)]
-        _cxa = fn
-    if _cxa is False:
-        return name
-    status = ctypes.c_int(0)
-    ptr = _cxa(name.encode(), None, None, ctypes.byref(status))
-    if not ptr or status.value != 0:
-        return name
-    try:
-        return ctypes.string_at(ptr).decode("utf-8", "replace")
-    finally:
-        ctypes.CDLL(None).free(ctypes.c_void_p(ptr))
 
 
 class DirectSymbols:

@@ -30,6 +30,7 @@ from callpath.measure import cfi, loadmap, recipes, records, unwind
 from callpath.measure.elfinfo import ElfInfo
 from callpath.measure.launch import PROCS_FILE, RAW_FILE
 from callpath.measure.loadmap import Mapping
+from callpath.structure.demangle import demangle
 
 PROT_EXEC = 4
 STAGING = ".finishing"
@@ -451,7 +452,8 @@ def _flat(acc: dict[tuple[str, str], int], fr: unwind.Frames, s: records.Samples
         else:
             elf = mm.elves[m]
             sym = elf.symbolize(a) if elf is not None else None
-            key = (sym or f"{os.path.basename(names[m])}+{a:#x}", os.path.basename(names[m]))
+            key = (demangle(sym) if sym else f"{os.path.basename(names[m])}+{a:#x}",
+                   os.path.basename(names[m]))
         acc[key] = acc.get(key, 0) + c
 
 

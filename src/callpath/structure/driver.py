@@ -56,9 +56,10 @@ def analyze_path(path: str, threads: int = 1) -> Structure:
     return analyze_binary(path, jobs=threads)
 
 
-#: Bumped whenever the analysis changes what it finds (v2: call sites, split DWARF, ifuncs):
-#: cache entries stamped with another version are recomputed.
-ANALYSIS_VERSION = 2
+#: Bumped whenever the analysis changes what it finds (v2: call sites, split DWARF, ifuncs;
+#: v3: procedures named from symbols demangled): cache entries stamped with another version
+#: are recomputed.
+ANALYSIS_VERSION = 3
 _STAMP = f"callpath struct analysis {ANALYSIS_VERSION}"
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from callpath.errors import FormatError
+from callpath.structure.demangle import demangle
 from callpath.structure.elf import ElfModule
 
 _BIND_RANK = {"STB_GLOBAL": 0, "STB_WEAK": 1, "STB_LOCAL": 2}
@@ -218,5 +219,6 @@ def procedures(mod: ElfModule, extra_symbol_elves: list[Any] | None = None,
         if i + 1 < len(entries) and entries[i + 1] < limit:
             limit = entries[i + 1]
         end = min(a + c.size, limit) if c.size else limit
-        out.append(Procedure(a, max(end, a + 1), c.name, c.name, c.origin))
+        # shown demangled, as hpcstruct's n= (its ln= keeps the linkage name)
+        out.append(Procedure(a, max(end, a + 1), c.name, demangle(c.name), c.origin))
     return out

@@ -13,6 +13,7 @@ from callpath.errors import CallpathError
 from callpath.formats import measdir as md
 from callpath.measure.elfinfo import ElfInfo
 from callpath.measure.python import merge
+from callpath.structure.demangle import demangle
 
 
 def finish_native(out: Path, top: int = 5) -> list[str]:
@@ -86,8 +87,9 @@ def hottest_native(out: Path, top: int) -> list[tuple[str, str, float]]:
                 exact = int(nodes["flags"][i]) & int(md.NodeFlag.EXACT_PC)
                 elf = ElfInfo.get(mod.path) if mod.path.startswith("/") and os.path.exists(
                     mod.path) else None
-                name = (elf.symbolize(addr if exact else addr - 1) if elf is not None and
-                        elf.ok else None) or f"{os.path.basename(mod.path)}+{addr:#x}"
+                sym = (elf.symbolize(addr if exact else addr - 1) if elf is not None and
+                       elf.ok else None)
+                name = demangle(sym) if sym else f"{os.path.basename(mod.path)}+{addr:#x}"
                 key = (name, os.path.basename(mod.path))
                 acc[key] = acc.get(key, 0.0) + float(t.values[i, 0]) * 1e-9
     ranked = sorted(((k[0], k[1], v) for k, v in acc.items()), key=lambda x: -x[2])
