@@ -13,6 +13,7 @@ def arithmetic(n):
     for i in range(n):
         s += i * i % 11  # ARITH
     cpu["arith"] = time.thread_time()
+    time.sleep(0.2)  # TAIL: a sample here carries the CPU used since the last one
     return s
 
 
@@ -21,6 +22,7 @@ def strings(n):
     for i in range(n):
         out += len(str(i) + "x")  # STRINGS
     cpu["strings"] = time.thread_time()
+    time.sleep(0.2)  # TAIL
     return out
 
 
