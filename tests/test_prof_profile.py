@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,13 @@ def test_profile_python_refusal_is_one_line(args: list[str], needle: str,
                 *[a.format(tmp=tmp_path) for a in args])
     assert r.returncode == 2, r.stdout
     assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
+    assert not (tmp_path / "d").exists()  # the database directory made for it is gone
+
+
+def test_profile_leaves_no_empty_database_when_nothing_was_measured(tmp_path: Path) -> None:
+    """A program that fails before its first sample: the error, and no empty database
+    directory left behind (profile makes it before the run, to refuse a bad -o early)."""
+    r = run_cli("profile", "-m", str(tmp_path / "m"), "-o", str(tmp_path / "d"), "--",
+                sys.executable, str(tmp_path / "missing.py"))
+    assert r.returncode != 0 and "no execution contexts" in r.stderr, r.stderr
+    assert not (tmp_path / "d").exists() and (tmp_path / "m" / "measurement.json").exists()

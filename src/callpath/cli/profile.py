@@ -10,6 +10,7 @@ address; the database is still written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import subprocess
@@ -68,11 +69,24 @@ def run(args: argparse.Namespace) -> int:
         if db.resolve() == meas.resolve():
             raise CallpathError(f"-o {args.output}: is also the measurement directory (-m); "
                                 "expected two different directories")
+        created = not db.exists()
         try:  # a file in the way, a read-only parent: said before, not after, the run
             db.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise CallpathError(f"{db}: cannot create the database directory: "
                                 f"{e.strerror or e}") from None
+    else:
+        created = False
+    try:
+        return _measure_and_write(cmd, meas, db, args, python)
+    finally:
+        if created:  # the directory made for a database that did not come: not left behind
+            with contextlib.suppress(OSError):
+                db.rmdir()  # only when empty
+
+
+def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Namespace,
+                       python: bool) -> int:
     status = _measure(cmd, meas, args, python)
     if not (meas / "measurement.json").is_file():
         if status != 0:  # the Python sampler refused (no such script, a bad -F) and said why
