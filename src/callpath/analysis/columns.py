@@ -22,6 +22,7 @@ from callpath.analysis.source import TreeSource
 from callpath.analysis.view import View
 from callpath.analysis.viewconfig import ColumnSpec, evaluate_column
 from callpath.errors import CallpathError
+from callpath.model.metrics import resolve_name
 
 F64 = npt.NDArray[np.float64]
 
@@ -95,30 +96,23 @@ class ColumnSet:
             if c.metric is not None and c.scope == "inclusive" \
                     and self.source.metrics[c.metric].name == key:
                 return c
-        low = key.lower()
-        hits = [c for c in self.columns if c.title.lower() == low]
-        if not hits:
-            hits = [c for c in self.columns if c.title.lower().startswith(low)]
-        if len(hits) == 1:
-            return hits[0]
-        names = ", ".join(f"{c.ref} {c.title!r}" for c in self.columns)
-        raise CallpathError(f"{'ambiguous' if hits else 'unknown'} column {key!r}: expected "
-                            f"one of {names}")
+        return self.columns[resolve_name(key, [c.title for c in self.columns], "column")]
 
     def for_metric(self, key: str | int) -> list[ColumnDef]:
         """The inclusive and exclusive columns of a measured metric, or the one column of a
         derived metric / configured column named ``key``."""
-        try:
+        if isinstance(key, int):
             k = self.source.metric_index(key)
-        except CallpathError:
-            named = [c for c in self.columns if c.metric is None and c.title == key]
-            if named:
-                return named
-            names = [m.name for m in self.source.metrics]
-            names += [c.title for c in self.columns if c.metric is None]
-            raise CallpathError(f"unknown metric {key!r}: expected one of "
-                                f"{', '.join(repr(n) for n in names)}") from None
-        return [self.columns[2 * k], self.columns[2 * k + 1]]
+            return [self.columns[2 * k], self.columns[2 * k + 1]]
+        # the measured metrics and the columns that stand alone (derived, configured), under
+        # the one resolver of every --metric: a prefix that fits several is ambiguous
+        measured = [self.source.metrics[c.metric].name for c in self.columns
+                    if c.metric is not None and c.scope == "inclusive"]
+        named = [c for c in self.columns if c.metric is None]
+        i = resolve_name(key, measured + [c.title for c in named])
+        if i < len(measured):
+            return [self.columns[2 * i], self.columns[2 * i + 1]]
+        return [named[i - len(measured)]]
 
     # ---- values --------------------------------------------------------------------------
 

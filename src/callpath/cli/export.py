@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                                 f"{names or 'THREAD 0'})")
     if args.to == "pprof" and args.output == "-":
         raise CallpathError("pprof output is binary: give a file with -o")
-    metric = exp.metric(_metric_key(args.metric)) if args.metric is not None \
+    metric = exp.metric(args.metric) if args.metric is not None \
         else stacks.default_metric(exp)
     ft = stacks.frame_tree(exp)
     title = exp.title or Path(args.database).name
@@ -123,7 +123,3 @@ def _replacing(path: str, mode: str) -> Iterator[IO[Any]]:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def _metric_key(text: str) -> str | int:
-    return int(text) if text.isdigit() else text

@@ -106,9 +106,7 @@ def run(args: argparse.Namespace) -> int:
     exp = callpath.open(args.database)
     if not exp.metrics:
         raise CallpathError(f"{args.database}: the database has no metrics")
-    metric: str | int = 0
-    if args.metric is not None:
-        metric = int(args.metric) if args.metric.isdigit() else args.metric
+    metric: str | int = 0 if args.metric is None else args.metric  # name, prefix or index
     m = L.build_line_matrix(exp, metric, args.group, args.contexts,
                             contexts_regex=args.contexts_regex)
     out: TextIO = sys.stdout

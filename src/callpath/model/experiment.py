@@ -25,6 +25,7 @@ from callpath.model.metrics import (
     PropagationScope,
     ScopeInstance,
     SummaryStatistic,
+    resolve_name,
 )
 from callpath.model.tables import Function, LoadModule, SourceFile
 from callpath.model.values import (
@@ -71,23 +72,13 @@ class Experiment:
         return [p for p in self.profiles if not p.is_summary]
 
     def metric(self, key: str | int) -> Metric:
-        """A metric by index or by name (exact, then case-insensitive, then unique prefix)."""
+        """A metric by index or by name: exact, then an index written as digits, then
+        case-insensitive, then unique case-insensitive prefix (see :func:`resolve_name`)."""
         if isinstance(key, int):
             if 0 <= key < len(self.metrics):
                 return self.metrics[key]
             raise CallpathError(f"metric index {key} out of range (0..{len(self.metrics) - 1})")
-        for m in self.metrics:
-            if m.name == key:
-                return m
-        low = key.lower()
-        hits = [m for m in self.metrics if m.name.lower() == low]
-        if not hits:
-            hits = [m for m in self.metrics if m.name.lower().startswith(low)]
-        if len(hits) == 1:
-            return hits[0]
-        names = ", ".join(repr(m.name) for m in self.metrics)
-        what = "ambiguous" if hits else "unknown"
-        raise CallpathError(f"{what} metric {key!r}: expected one of {names}")
+        return self.metrics[resolve_name(key, [m.name for m in self.metrics])]
 
     def node_of_ctx(self) -> npt.NDArray[np.int64]:
         if self._node_of_ctx is None:

@@ -11,8 +11,11 @@ back exactly and lets views pick inclusive/exclusive values without guessing fro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+
+from callpath.errors import CallpathError
 
 
 class ScopeType(IntEnum):
@@ -93,3 +96,33 @@ class Metric:
                     and s.formula == formula):
                 return s.stat_metric_id
         return None
+
+
+def resolve_name(key: str, names: Sequence[str], what: str = "metric") -> int:
+    """Index of the name ``key`` designates among ``names``: the exact name, else the one
+    name equal to it ignoring case, else the one name it begins (ignoring case); a string of
+    digits that is no name is an index.
+
+    Every command that takes a metric (``report -m``, ``lines -m``, ``export --metric``, the
+    viewer's columns) resolves it here, so one spelling means the same everywhere. A key that
+    fits several names is an error that lists exactly those (``-m REALTIME`` fits both
+    ``REALTIME (sec)`` and ``REALTIME (samples)``; picking one would silently report the
+    other unit); one that fits none lists all of them."""
+    if key in names:
+        return list(names).index(key)
+    if key.isdigit():
+        n = int(key)
+        if 0 <= n < len(names):
+            return n
+        raise CallpathError(f"{what} index {n} out of range (0..{len(names) - 1})")
+    low = key.lower()
+    hits = [i for i, n in enumerate(names) if n.lower() == low]
+    if not hits:
+        hits = [i for i, n in enumerate(names) if n.lower().startswith(low)]
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        raise CallpathError(f"ambiguous {what} {key!r}: matches "
+                            f"{', '.join(repr(names[i]) for i in hits)}")
+    raise CallpathError(f"unknown {what} {key!r}: expected one of "
+                        f"{', '.join(repr(n) for n in names)}")
