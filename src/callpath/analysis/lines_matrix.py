@@ -1,12 +1,12 @@
 """The line × context matrix of PerfVisS (seeds/003): the cost of every source line in every
 execution context, for one metric, built once per (database, metric, grouping, selection).
 
-Rows form one long *line axis*: the files in the Flat view's order (load module, then file
-index), and within a file every line of the source when the file can be read (zero lines
-included, so that a window of the axis aligns with the listing), else only the lines the
-database knows, with ``gap_before`` marking where lines are missing. Columns are execution
-contexts ordered by their identifiers, or groups of them (``group="rank"`` sums the threads of
-each rank, ``"node"`` the ranks of each node).
+Rows form one long *line axis*: the files in the Flat view's default order (load modules by
+cost, descending, then each module's files by cost), and within a file every line of the
+source when the file can be read (zero lines included, so that a window of the axis aligns
+with the listing), else only the lines the database knows, with ``gap_before`` marking where
+lines are missing. Columns are execution contexts ordered by their identifiers, or groups of
+them (``group="rank"`` sums the threads of each rank, ``"node"`` the ranks of each node).
 
 A cell is the exclusive ("function" scope) value of the line scopes at that (file, line), over
 all calling contexts, in that context: exactly what the Flat view's line scopes sum, split by
@@ -51,9 +51,11 @@ class LineMatrix:
     """M[line, context] for one metric. Axis arrays have one element per row (``n_rows``);
     the values are CSR over the rows that have a nonzero value (``nz_rows``, sorted).
 
-    - ``files[i]``: recorded path of axis file ``i``; ``file_ids[i]`` its index in
-      ``exp.files``; ``file_start[i]:file_start[i+1]`` its rows; ``readable[i]`` whether the
-      source was read (then every line of it is a row); ``source_paths[i]`` the file read.
+    - ``files[i]``: recorded path of axis file ``i`` (a copy's ``src/...`` path inside the
+      database); ``file_labels[i]``: the path it was measured at, which the CLI prints and
+      ``--file`` matches; ``file_ids[i]`` its index in ``exp.files``;
+      ``file_start[i]:file_start[i+1]`` its rows; ``readable[i]`` whether the source was read
+      (then every line of it is a row); ``source_paths[i]`` the file read.
     - ``file_of_row``, ``line_of_row``: axis file index and line number of each row;
       ``known``: the database has a line scope there (cost or not); ``gap_before``: lines of
       the file missing just before this row (0 where the source was read).
@@ -88,6 +90,7 @@ class LineMatrix:
     proc_file: I64
     proc_function: I64
     database: str = ""
+    file_labels: list[str] = field(default_factory=list)
     _row_of_key: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
     _node_rows: I64 = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -303,9 +306,15 @@ def _build(exp: Experiment, m: Metric, group: str, profiles: list[int]) -> LineM
         canon[f] = fkeys[k]
     node_proc = canon[np.where(fn_of >= 0, fn_of, len(exp.functions))]
 
-    # ---- files in the Flat view's order: (load module of the enclosing procedure, file) ----
+    # ---- files in the Flat view's order, sorted as it sorts by default: load modules by
+    # cost, descending, and within each module its files by cost, descending (the cost of
+    # the metric's line scopes over all contexts: what the file's rows sum to). A file goes
+    # with the first module (by index) of a procedure enclosing its lines; ties keep the
+    # table order (module, then file index). By path instead, a Python program's own file
+    # came after every library file of the interpreter's prefix.
     fmod = np.array([f.module for f in exp.functions] + [-1], dtype=np.int64)
     nmod = np.where(fn_of >= 0, fmod[np.where(fn_of >= 0, fn_of, len(exp.functions))], -1)
+    s_ex = _summary_exclusive(exp, m, nodes)
     file_list: list[int] = []
     if len(nodes):
         big = np.int64(len(exp.files) + 1)
@@ -313,7 +322,13 @@ def _build(exp: Experiment, m: Metric, group: str, profiles: list[int]) -> LineM
         ufile, inv = np.unique(nfile, return_inverse=True)
         best = np.full(len(ufile), np.iinfo(np.int64).max, dtype=np.int64)
         np.minimum.at(best, inv, key)
-        file_list = ufile[np.argsort(best, kind="stable")].tolist()
+        umod = best // big  # each file's module (1 << 40: no enclosing procedure)
+        fcost = np.bincount(inv, weights=s_ex, minlength=len(ufile))
+        mods, minv = np.unique(umod, return_inverse=True)
+        mcost = np.bincount(minv, weights=fcost, minlength=len(mods))[minv]
+        # unknown modules last, whatever their cost; then modules by cost, files by cost
+        file_list = ufile[np.lexsort((ufile, -fcost, umod, -mcost,
+                                      umod == np.int64(1 << 40)))].tolist()
 
     # ---- the axis ----------------------------------------------------------------------
     files, readable, paths = [], [], []
@@ -428,7 +443,6 @@ def _build(exp: Experiment, m: Metric, group: str, profiles: list[int]) -> LineM
     has = (node_proc >= 0)
     if has.any():
         tot = np.zeros(len(cct))
-        s_ex = _summary_exclusive(exp, m, nodes)
         tot[nodes] = s_ex
         w = tot[nodes][has]
         o2 = np.lexsort((-w, node_row[has]))
@@ -460,7 +474,8 @@ def _build(exp: Experiment, m: Metric, group: str, profiles: list[int]) -> LineM
         nz_rows=nz_rows, indptr=indptr, cols=colv.astype(np.int32), vals=vals,
         row_sum=row_sum, row_proc=row_proc, procedures=proc_names,
         proc_file=proc_file.astype(np.int64), proc_function=np.asarray(proc_fn, np.int64),
-        database=str(exp.path or ""), _node_rows=all_node_rows)
+        database=str(exp.path or ""), _node_rows=all_node_rows,
+        file_labels=[exp.files[f].original for f in file_list])
 
 
 def _summary_exclusive(exp: Experiment, m: Metric, nodes: I64) -> F64:
@@ -541,31 +556,33 @@ def row_of(m: LineMatrix, file: str | int, line: int) -> int:
     lo, hi = int(m.file_start[fi]), int(m.file_start[fi + 1])
     k = lo + int(np.searchsorted(m.line_of_row[lo:hi], int(line)))
     if k >= hi or int(m.line_of_row[k]) != int(line):
-        raise CallpathError(f"line {line} of {m.files[fi]} is not on the line axis (the "
+        raise CallpathError(f"line {line} of {m.file_labels[fi]} is not on the line axis (the "
                             f"file has lines {int(m.line_of_row[lo]) if hi > lo else 0}.."
                             f"{int(m.line_of_row[hi - 1]) if hi > lo else 0})")
     return k
 
 
 def file_index(m: LineMatrix, file: str | int) -> int:
-    """Axis index of a file named by its recorded path, a unique path suffix or base name,
-    or an axis index."""
+    """Axis index of a file named by its original path (or its recorded one), a unique path
+    suffix or base name, or an axis index."""
     if isinstance(file, int):
         if 0 <= file < len(m.files):
             return file
         raise CallpathError(f"file index {file} out of range (0..{len(m.files) - 1})")
-    if file in m.files:
-        return m.files.index(file)
-    hits = [i for i, f in enumerate(m.files) if f.endswith("/" + file.lstrip("/"))
+    names = m.file_labels or m.files
+    for table in (names, m.files):  # the original path, or a copy's path in the database
+        if file in table:
+            return table.index(file)
+    hits = [i for i, f in enumerate(names) if f.endswith("/" + file.lstrip("/"))
             or Path(f).name == file]
     if len(hits) == 1:
         return hits[0]
-    listed = ", ".join(m.files[:10])
+    listed = ", ".join(names[:10])
     if not hits:
         raise CallpathError(f"file {file!r} has no line with data in this database "
-                            f"(expected one of: {listed}{', ...' if len(m.files) > 10 else ''})")
+                            f"(expected one of: {listed}{', ...' if len(names) > 10 else ''})")
     raise CallpathError(f"file {file!r} is ambiguous: "
-                        f"{', '.join(m.files[i] for i in hits[:5])}")
+                        f"{', '.join(names[i] for i in hits[:5])}")
 
 
 def source_text(m: LineMatrix, file: int) -> list[str] | None:

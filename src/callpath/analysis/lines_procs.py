@@ -65,7 +65,7 @@ def describe(m: LineMatrix, proc: int, sums: np.ndarray | None = None,
     first, last = segment(m, proc)
     f = int(m.proc_file[proc])
     return {"rank": rank, "procedure": m.procedures[proc], "index": proc,
-            "file": m.files[f] if f >= 0 else "", "sum": float(s[proc]),
+            "file": m.file_labels[f] if f >= 0 else "", "sum": float(s[proc]),
             "percent": float(100.0 * s[proc] / total) if total else 0.0,
             "first_row": first, "last_row": last}
 

@@ -28,7 +28,7 @@ def nearest_row(m: LineMatrix, file: str | int, line: int) -> int:
     fi = file_index(m, file)
     lo, hi = int(m.file_start[fi]), int(m.file_start[fi + 1])
     if hi <= lo:
-        raise CallpathError(f"file {m.files[fi]} has no line on the axis")
+        raise CallpathError(f"file {m.file_labels[fi]} has no line on the axis")
     lines = m.line_of_row[lo:hi]
     k = int(np.searchsorted(lines, int(line)))
     if k >= len(lines):

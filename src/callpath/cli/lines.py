@@ -212,7 +212,7 @@ def _range(m: LineMatrix, args: argparse.Namespace
     a = lo + int(np.searchsorted(lines, first))
     b = lo + int(np.searchsorted(lines, last, side="right"))
     if b <= a:
-        raise CallpathError(f"lines {first}..{last} of {m.files[fi]} are not on the line "
+        raise CallpathError(f"lines {first}..{last} of {m.file_labels[fi]} are not on the line "
                             f"axis (it has lines {int(lines[0])}..{int(lines[-1])})")
     return np.arange(a, b, dtype=np.int64), True
 
@@ -228,7 +228,7 @@ def _instructions(exp: Experiment, m: LineMatrix, rows: npt.NDArray[np.int64], f
     centre = (first + last) // 2
     listing = L.line_instructions(exp, m.files[f], centre, around=(last - first + 1) // 2)
     if fmt == "json":
-        json.dump({"file": m.files[f], "first_line": first, "last_line": last,
+        json.dump({"file": m.file_labels[f], "first_line": first, "last_line": last,
                    "reason": listing.reason, "instructions": list(listing)}, out, indent=1)
         out.write("\n")
         return

@@ -22,6 +22,15 @@ class SourceFile:
     copied: bool = False
     flags: int = 0  # all bits of the v4 flags field, bit 0 being ``copied``
 
+    @property
+    def original(self) -> str:
+        """The path the source had where it was measured: a copy's ``src/`` + the absolute
+        path without its leading slash (hpcprof's convention) read back as that absolute
+        path. Users know their files by it; the copy's path is the database's business."""
+        if self.copied and self.path.startswith("src/") and len(self.path) > 4:
+            return "/" + self.path[4:].lstrip("/")
+        return self.path
+
 
 @dataclass(frozen=True)
 class Function:

@@ -49,7 +49,7 @@ def line_records(m: LineMatrix, rows: npt.NDArray[np.int64]) -> list[dict[str, A
     out = []
     for i, r in enumerate(rows.tolist()):
         out.append({
-            "file": m.files[int(m.file_of_row[r])], "line": int(m.line_of_row[r]),
+            "file": m.file_labels[int(m.file_of_row[r])], "line": int(m.line_of_row[r]),
             "values": [float(x) for x in dense[i]], "sum": float(st["sum"][i]),
             "min": float(st["min"][i]), "min_context": m.labels[int(st["min_context"][i])],
             "max": float(st["max"][i]), "max_context": m.labels[int(st["max_context"][i])],
@@ -105,7 +105,7 @@ def write_text_lines(m: LineMatrix, rows: npt.NDArray[np.int64], out: TextIO, *,
         if f != cur_file:
             cur_file = f
             note = "" if m.readable[f] else "  (source not available: known lines only)"
-            out.write(f"== {m.files[f]}{note}\n{header}  {'line':>5}  source\n")
+            out.write(f"== {m.file_labels[f]}{note}\n{header}  {'line':>5}  source\n")
         elif m.gap_before[r] > 0:
             out.write(f"{'':{len(header)}}  {'...':>5}\n")
         line = int(m.line_of_row[r])
@@ -157,7 +157,7 @@ def overview_records(m: LineMatrix, ov: Overview) -> dict[str, Any]:
         a = int(ov.inv_first[o])
         rec: dict[str, Any] = {
             "strip": o // ov.strip_lines, "row": o % ov.strip_lines, "first_row": a,
-            "last_row": int(ov.inv_last[o]), "file": m.files[int(m.file_of_row[a])],
+            "last_row": int(ov.inv_last[o]), "file": m.file_labels[int(m.file_of_row[a])],
             "line": int(m.line_of_row[a]), "values": [float(x) for x in ov.values[o]]}
         if ov.top_index is not None:
             rec["contexts"] = [m.labels[int(k)] for k in ov.top_index[o]]
