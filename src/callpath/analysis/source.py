@@ -159,8 +159,11 @@ def select_contexts(exp: Experiment, pattern: str, *, regex: bool = False,
     """Profiles whose label matches ``pattern``, hpcviewer's execution-context filter.
 
     A plain pattern matches as a substring of the full label (``THREAD 0`` selects every
-    thread 0 of every rank) and of the short label (``1.0``); with ``regex`` it is a regular
-    expression searched in both. Returns profile indices (the summary is never selected)."""
+    thread 0 of every rank), of the short label (``1.0``) and of the thread's name
+    (``worker_1``, a pool's worker; a plain pattern must end where a word does, so it is not
+    ``worker_10``); with ``regex`` it is a regular expression searched in all three
+    (``^worker_`` against the name: every worker). Returns profile indices (the summary is
+    never selected)."""
     names = exp.id_names
     flags = 0 if case_sensitive else re.IGNORECASE
     if regex:
@@ -176,6 +179,7 @@ def select_contexts(exp: Experiment, pattern: str, *, regex: bool = False,
     for p in exp.profiles:
         if p.is_summary:
             continue
-        if rx.search(p.label(names)) or rx.search(p.short_label(names)):
+        if rx.search(p.label(names)) or rx.search(p.short_label(names)) \
+                or (p.name and rx.search(p.name)):
             out.append(p.index)
     return out

@@ -71,6 +71,7 @@ class ThreadData:
     trace_nodes: npt.NDArray[np.int64] | None = None
     node_map: npt.NDArray[np.int64] | None = None
     metric_map: npt.NDArray[np.int64] | None = None
+    name: str = ""  # the thread's name as measured (ExecutionContext.name)
 
     def arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
                               npt.NDArray[np.float64]]:
@@ -237,7 +238,7 @@ def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
     values = ContextValues(cct, new_index, ordered, nm, stats)
     contexts, lines = [], []
     for pi, th in enumerate(ordered):
-        contexts.append(ExecutionContext(pi + 1, th.ids))
+        contexts.append(ExecutionContext(pi + 1, th.ids, name=th.name))
         if th.trace_times is not None and th.trace_nodes is not None:
             nodes = th.trace_nodes if th.node_map is None else th.node_map[th.trace_nodes]
             lines.append(TraceLine(pi + 1, th.trace_times, cct.ctx_id[new_index[nodes]]))

@@ -39,6 +39,7 @@ from callpath.attribute.hpctk import (
     SymbolTable,
     load_structures,
 )
+from callpath.attribute.pypackages import package_root
 from callpath.attribute.reduce import Partial, reduce_units, writer_mapper
 from callpath.attribute.samples import spill
 from callpath.attribute.walk import Walker
@@ -86,18 +87,18 @@ class _PyMapper:
         if s is not None:
             m = self.mappers.get(code.file)
             if m is None:
-                m = self.mappers[code.file] = ModuleMapper(code.file, s, self.t)
+                m = self.mappers[code.file] = ModuleMapper(package_root(code.file), s, self.t)
             out = m.steps(line)
             if out and out[0][0] == INS:
                 out = ()
             if out and out[0][0] == F and _proc_name(s, line) != code.function:
-                lm = self.t.module(code.file)
+                lm = self.t.module(package_root(code.file))
                 fid = self.t.function(code.function, lm, code.first_line,
                                       self.t.file(code.file), code.first_line)
                 inner = [x for x in out[1:] if x[0] != LP or x[4] >= code.first_line]
                 out = ((F, CALL, fid, -1, 0, -1, 0), *inner)
         if not out:
-            lm = self.t.module(code.file)
+            lm = self.t.module(package_root(code.file))
             f = self.t.file(code.file)
             fid = self.t.function(code.function, lm, code.first_line, f, code.first_line)
             out = ((F, CALL, fid, -1, 0, -1, 0), (LN, LEX, -1, f, line, -1, 0))
@@ -283,7 +284,8 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
             val = np.concatenate([th.values[vrows, vcols] * scale[vcols],
                                   th.samples[rows, cols].astype(np.float64)])
             td = ThreadData(processes.with_process(th.ids, proc_id),
-                            spill(STATE.get("spill"), an, met, val))
+                            spill(STATE.get("spill"), an, met, val),
+                            name=str(th.info.get("name") or ""))
             if len(th.trace):
                 order = np.argsort(th.trace["time"], kind="stable")
                 tr = th.trace[order]

@@ -195,7 +195,7 @@ def merge(parts: Sequence[Partial]) -> Partial:
             out.threads.append(ThreadData(
                 th.ids, th.samples, th.trace_times, th.trace_nodes,
                 _compose(th.node_map, node_map),
-                _compose(th.metric_map, mets) if len(mets) else th.metric_map))
+                _compose(th.metric_map, mets) if len(mets) else th.metric_map, th.name))
     return out
 
 

@@ -49,6 +49,13 @@ class Image:
     mappings: list[Mapping] = field(default_factory=list)
     thread_birth: dict[int, int] = field(default_factory=dict)  # tid -> fork time
     comm: str = ""
+    #: tid -> the thread's name (comm) as last set: the creating thread's at birth, then the
+    #: COMM records of prctl(PR_SET_NAME) / pthread_setname_np; the main thread's is ``comm``
+    thread_names: dict[int, str] = field(default_factory=dict)
+
+    def thread_name(self, tid: int) -> str:
+        """What /proc/PID/task/TID/comm read at the thread's last rename (or birth)."""
+        return self.thread_names.get(tid, self.comm)
 
 
 @dataclass
@@ -60,6 +67,7 @@ class ThreadSummary:
     samples: int
     partial: int
     program: str = ""  # the process's executable (basename): names launchers in the summary
+    name: str = ""  # the thread's name (comm), as the database's context carries it
 
 
 @dataclass
@@ -105,9 +113,18 @@ def _images(side: list[records.Sideband]) -> tuple[list[Image], dict[int, list[t
                             forked_from=ppid if parent is not None else None,
                             parent_image=parent, mappings=maps,
                             comm=images[parent].comm if parent is not None else "")
+                if parent is not None:  # the child's thread is named as the forking one
+                    img.thread_names[sb.pid] = images[parent].thread_name(
+                        int(sb.fields["ptid"]))
                 new(img)
             elif sb.pid in current:
-                images[current[sb.pid]].thread_birth.setdefault(sb.tid, sb.time)
+                img = images[current[sb.pid]]
+                img.thread_birth.setdefault(sb.tid, sb.time)
+                # a new thread inherits its creator's name (the kernel copies comm)
+                img.thread_names.setdefault(sb.tid, img.thread_name(int(sb.fields["ptid"])))
+        elif sb.kind == "comm" and sb.pid in current:
+            # a rename (the process's comm stays the exec's: it names the program)
+            images[current[sb.pid]].thread_names[sb.tid] = sb.fields["comm"]
         elif (sb.kind == "mmap" and sb.fields["prot"] & PROT_EXEC and sb.fields["len"] > 0
               and sb.fields["addr"] + sb.fields["len"] <= USER_LIMIT
               and sb.fields["pgoff"] < USER_LIMIT):
@@ -397,7 +414,8 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
                 tn["parent"] = np.where(tn["parent"] >= 0,
                                         new_id[np.maximum(tn["parent"], 0)], -1)
                 ts = np.nonzero(thread_of == t)[0]
-                w.thread(t, tid=tid, ids=measdir.context_ids(node_id, rank, t), index=t)
+                w.thread(t, tid=tid, ids=measdir.context_ids(node_id, rank, t), index=t,
+                         name=img.thread_name(tid))
                 w.nodes(t, tn)
                 lk = new_id[leaf[ts]] * nmet + s.metric[ts]
                 uk, inv = np.unique(lk, return_inverse=True)
@@ -419,7 +437,7 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
                 w.stats(t, samples=len(ts), partial=npart)
                 summaries.append(ThreadSummary(img.pid, tid, t, rank, len(ts), npart,
                                                os.path.basename(str(f.get("exe", "")))
-                                               or img.comm))
+                                               or img.comm, img.thread_name(tid)))
         for code, cnt_ in zip(*np.unique(fr.reason[~fr.complete], return_counts=True),
                               strict=True):
             name = unwind.REASONS.get(int(code), "no user registers")

@@ -52,7 +52,8 @@ def print_summary(out: Path, res: Result, run: RunResult | None, top: int,
     for t in rows[:MAX_CONTEXT_LINES]:
         rank = f"rank {t.rank} " if t.rank is not None else ""
         prog = f" {t.program}" if t.program else ""
-        stream.write(f"  {rank}pid {t.pid}{prog} thread {t.index} (tid {t.tid}): "
+        named = f", {t.name}" if t.name else ""
+        stream.write(f"  {rank}pid {t.pid}{prog} thread {t.index} (tid {t.tid}{named}): "
                      f"{t.samples} samples"
                      f", {t.partial} partial\n")
     if len(rows) > MAX_CONTEXT_LINES:

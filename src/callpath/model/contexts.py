@@ -48,15 +48,22 @@ class ExecutionContext:
     ids: tuple[Identifier, ...] = ()
     is_summary: bool = False
     flags: int = 0  # all bits of the v4 profile flags, bit 0 being ``is_summary``
+    #: the thread's own name where the measurement recorded one (Python's Thread.name,
+    #: ``thread_name_prefix`` workers, a native thread's comm set by pthread_setname_np);
+    #: v4 has no string per profile, so databases keep it beside them (formats.v4.names)
+    name: str = ""
 
     def label(self, id_names: list[str]) -> str:
-        """``NODE 0 CORE 0 THREAD 0``-style label; ``summary`` for summary profiles."""
+        """``NODE 0 CORE 0 THREAD 0``-style label, then the thread's name in parentheses when
+        it has one (``THREAD 2 (worker_1)``); ``summary`` for summary profiles."""
         if self.is_summary and not self.ids:
             return "summary"
         parts = []
         for ident in self.ids:
             name = id_names[ident.kind] if ident.kind < len(id_names) else f"KIND{ident.kind}"
             parts.append(f"{name} {ident.logical_id}")
+        if self.name:
+            parts.append(f"({self.name})")
         return " ".join(parts)
 
     def short_label(self, id_names: list[str]) -> str:

@@ -257,7 +257,8 @@ def contexts(db: Database, params: Params, body: bytes) -> Any:
                 else f"KIND{ident.kind}"
             ids[name] = ident.logical_id
         out.append({"index": i, "label": c.label(exp.id_names), "attrs": {
-            "short": c.short_label(exp.id_names), "profile": c.index, "ids": ids}})
+            "short": c.short_label(exp.id_names), "profile": c.index, "ids": ids,
+            "name": c.name}})
     return out
 
 

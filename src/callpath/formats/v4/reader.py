@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from callpath.errors import FormatError
 from callpath.formats.v4.binfile import BinFile, index_of
+from callpath.formats.v4.names import read_names
 from callpath.model import (
     CCT,
     Combine,
@@ -57,6 +58,7 @@ def read_v4(directory: str | Path) -> Experiment:
     meta = _read_meta(BinFile(d / "meta.db", b"meta"))
     prof = BinFile(d / "profile.db", b"prof")
     profiles, loader = _read_profiles(prof)
+    profiles = read_names(d, profiles)  # thread names, kept beside the database
     max_ctx = int(meta.cct.ctx_id.max())
     n_slots = max_ctx + 1
     context_values: BlockStore[ContextBlock] | None = None

@@ -44,7 +44,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from callpath.errors import CallpathError
-from callpath.formats.v4 import entry, spool, stream, transpose
+from callpath.formats.v4 import entry, names, spool, stream, transpose
 from callpath.formats.v4.blocks import sorted_block
 from callpath.formats.v4.meta_db import TreeLayout, meta_db_bytes
 from callpath.formats.v4.value_dbs import (
@@ -169,12 +169,19 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
         (out / "metrics").mkdir(exist_ok=True)
         yaml_text = exp.metrics_yaml if exp.metrics_yaml is not None else default_metrics_yaml(exp)
         temp("metrics/default.yaml").write_text(yaml_text, encoding="utf-8")
+        # thread names have no place in v4: beside the database (formats.v4.names)
+        names_doc = names.names_document(exp.profiles)
+        if names_doc is not None:
+            (out / names.RELPATH).parent.mkdir(exist_ok=True)
+            temp(str(names.RELPATH)).write_text(names_doc, encoding="utf-8")
         _copy_sources(exp, out, files)
         for name, p in temps.items():
             os.replace(p, out / name)
         temps.clear()
         if exp.traces is None and (out / "trace.db").exists():
             (out / "trace.db").unlink()
+        if names_doc is None:
+            (out / names.RELPATH).unlink(missing_ok=True)  # an earlier database's names
     except OSError as e:
         what = e.filename or out
         raise CallpathError(f"{what}: cannot write the database: {e.strerror or e}") from None
