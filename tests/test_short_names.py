@@ -43,9 +43,13 @@ def test_same_base_names_are_told_apart(tmp_path: Path) -> None:
     # (the database records the copies of the sources it holds: src/<the original path>)
     (main_name,) = [n for p, n in names.items() if p.endswith(str(main))]
     assert main_name == "main.py"
-    flat = run_cli("report", str(db), "-v", "flat", "-d", "1").stdout
-    rows = {line.split()[-1] for line in flat.splitlines()[2:]}
+    # the Flat view: packages (Python's load modules), then their files
+    flat = run_cli("report", str(db), "-v", "flat", "-d", "2").stdout
+    depth = {line.split()[-1]: line.rindex(line.split()[-1]) for line in
+             flat.splitlines()[2:]}  # the label's column: its depth in the tree
+    rows = set(depth)
     assert want <= rows and "__init__.py" not in rows and "core.py" not in rows, flat
+    assert {"pkg_a", "pkg_b"} <= rows and depth["pkg_a"] < depth["pkg_a/core.py"], flat
     lines = run_cli("report", str(db), "--hot-path").stdout
     assert "__init__.py:" not in lines.replace("pkg_a/__init__.py:", "").replace(
         "pkg_b/__init__.py:", ""), lines
