@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 from callpath.model.experiment import Experiment
 
@@ -48,19 +49,20 @@ def unique_suffixes(paths: Sequence[str]) -> list[str]:
     return [chosen.get(p, b) for p, b in zip(paths, out, strict=True)]
 
 
+def _kept(exp: Experiment, key: str, table: Sequence[Any]) -> list[str]:
+    """The display names of ``table``'s paths, kept on the experiment under ``key`` and
+    recomputed only when the table has grown (this runs once per node named)."""
+    got: list[str] | None = exp.__dict__.get(key)
+    if got is None or len(got) != len(table):
+        got = exp.__dict__[key] = unique_suffixes([x.path for x in table])
+    return got
+
+
 def file_names(exp: Experiment) -> list[str]:
     """Display name of every entry of ``exp.files``."""
-    got: list[str] | None = exp.__dict__.get("_short_file_names")
-    if got is None or len(got) != len(exp.files):
-        got = unique_suffixes([f.path for f in exp.files])
-        exp.__dict__["_short_file_names"] = got
-    return got
+    return _kept(exp, "_short_file_names", exp.files)
 
 
 def module_names(exp: Experiment) -> list[str]:
     """Display name of every entry of ``exp.modules``."""
-    got: list[str] | None = exp.__dict__.get("_short_module_names")
-    if got is None or len(got) != len(exp.modules):
-        got = unique_suffixes([m.path for m in exp.modules])
-        exp.__dict__["_short_module_names"] = got
-    return got
+    return _kept(exp, "_short_module_names", exp.modules)
