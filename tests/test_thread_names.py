@@ -147,3 +147,16 @@ def test_native_thread_names(tmp_path: Path) -> None:
     assert select_contexts(exp, "crunch") == [crunch.index]
     r = run_cli("report", str(db), "--threads", "crunch", "-d", "0")
     assert r.returncode == 0, r.stderr
+
+
+def test_comparisons_keep_thread_names(pydb: Path, tmp_path: Path) -> None:
+    """diff and merge keep each input's thread names on its contexts (under INPUT i)."""
+    names = sorted(c.name for c in callpath.open(pydb).contexts)
+    for cmd in ("diff", "merge"):
+        out = tmp_path / f"{cmd}.d"
+        r = run_cli(cmd, str(pydb), str(pydb), "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        exp = callpath.open(out)
+        assert sorted(c.name for c in exp.contexts) == sorted(names * 2), cmd
+        r = run_cli("report", str(out), "--threads", "worker_1", "-d", "0")
+        assert r.returncode == 0, r.stderr

@@ -257,10 +257,10 @@ def _metric_names(inputs: Sequence[Experiment]) -> list[str]:
 
 def _input_blocks(exp: Experiment, node_map: I64, id_map: dict[int, int],
                   summary: bool = False
-                  ) -> list[tuple[tuple[Identifier, ...], int, ProfileBlock]]:
+                  ) -> list[tuple[tuple[Identifier, ...], int, str, ProfileBlock]]:
     """The values of one input re-keyed to the union's contexts and the new metric ids: one
-    block per execution context (or one from the summary profile when it has none, or when
-    ``summary`` asks for it)."""
+    block per execution context, with its identifiers, flags and thread name (or one from the
+    summary profile when it has none, or when ``summary`` asks for it)."""
     n2c = exp.node_of_ctx()
     ctx_map = np.where(n2c >= 0, node_map[np.maximum(n2c, 0)], -1)
     mid = np.full(1 << 16, -1, dtype=np.int64)
@@ -280,11 +280,11 @@ def _input_blocks(exp: Experiment, node_map: I64, id_map: dict[int, int],
         keep = (oc >= 0) & (om >= 0)
         return sorted_block(oc[keep], om[keep], np.asarray(blk.values)[keep])
 
-    out = [] if summary else [(p.ids, p.flags, remap(exp.values[p.index]))
+    out = [] if summary else [(p.ids, p.flags, p.name, remap(exp.values[p.index]))
                               for p in exp.profiles if not p.is_summary]
     if out:
         return out
-    return [((), 0, remap(exp.values[0]))]
+    return [((), 0, "", remap(exp.values[0]))]
 
 
 def _permuted(blk: ProfileBlock, ctx_map: I64, mid: I64) -> ProfileBlock | None:
@@ -424,17 +424,17 @@ def compare(inputs: Sequence[Experiment], tags: Sequence[str], *, diff: bool
         first_block = len(blocks)
         has_contexts = any(not p.is_summary for p in e.profiles)
         kind_map = _kind_map(e.id_names, id_names)
-        for ids, flags, blk in _input_blocks(e, union.maps[i],
-                                             id_maps[i] if has_contexts else summary_maps[i]):
+        for ids, flags, name, blk in _input_blocks(e, union.maps[i],
+                                                   id_maps[i] if has_contexts else summary_maps[i]):
             new_ids = (Identifier(input_kind, i),
                        *(Identifier(kind_map[x.kind], x.logical_id, x.physical_id, x.flags)
                          for x in ids))
-            contexts.append(ExecutionContext(len(contexts) + 1, new_ids, False, flags))
+            contexts.append(ExecutionContext(len(contexts) + 1, new_ids, False, flags, name))
             blocks.append(blk)
         if has_contexts and set(summary_maps[i].values()) == set(id_maps[i].values()):
             # the input's own sums over its contexts, re-keyed: no merge of its profiles
             summaries.append(_input_blocks(e, union.maps[i], summary_maps[i],
-                                           summary=True)[0][2])
+                                           summary=True)[0][3])
         else:
             summaries.append(_summary(blocks[first_block:]))
     title = (f"{tags[1]} against {tags[0]}" if diff else "merge of " + ", ".join(tags))
