@@ -98,6 +98,57 @@ def test_relay_late_join_and_lead(server: Any) -> None:
         ws.close()
 
 
+def rejoin(server: Any, sid: str, hello: dict[str, Any], **extra: str
+           ) -> tuple[ClientConnection, dict[str, Any]]:
+    """A new connection whose hello is ``hello`` (a page reconnecting)."""
+    q = urllib.parse.urlencode({"session": sid, **extra})
+    ws = connect(f"ws://127.0.0.1:{server.port}/api/share/ws?{q}", open_timeout=10)
+    ws.send(json.dumps(hello))
+    return ws, recv_kind(ws, "welcome")
+
+
+def test_reconnect_takes_over_dead_connection(server: Any) -> None:
+    """A page reconnecting with its welcome's resume key while the hub still holds its old
+    connection (which went silent, as after a laptop slept) takes its old place: same id,
+    colour, kept state, cursor and lead; the old connection is closed; the others see the
+    same participant come back, never a leave or a second entry. A wrong or someone else's
+    key of the other role joins as a new participant."""
+    links = new_session(server)
+    sid = links["session"]
+    guest_key = urllib.parse.parse_qs(urllib.parse.urlsplit(links["guest_link"]).query)["guest"][0]
+    b, wb = join(server, sid, "Bo")           # the first editor: the leader
+    a, wa = join(server, sid, "Ana")
+    b.send(json.dumps({"t": "set", "path": "s.db", "value": 0}))
+    b.send(json.dumps({"t": "cursor", "value": {"key": "t7"}}))
+    recv_kind(a, "cursor")
+    before = [(p["id"], p["colour"]) for p in wa["participants"]]  # Bo, then Ana
+    # b's old connection stays open and unread: the hub has not heard of the drop
+    b2, w2 = rejoin(server, sid, {"t": "hello", "name": "Bo", "resume": wb["resume"]})
+    assert w2["you"] == wb["you"] and w2["leader"] == wb["you"]
+    assert [(p["id"], p["colour"]) for p in w2["participants"]] == before
+    assert w2["resume"] != wb["resume"]    # each connection its own key
+    assert closed_code(b) == share.CLOSE_GOING_AWAY
+    # the others: the same participant again, no leave, its state and cursor kept
+    kinds = []
+    b2.send(json.dumps({"t": "set", "path": "s.mark", "value": 1}))
+    while (m := json.loads(a.recv(timeout=10)))["t"] != "set":
+        kinds.append((m["t"], m.get("id")))
+    assert kinds == [("join", wb["you"])] and m["from"] == wb["you"]
+    c, wc = join(server, sid, "Cy")
+    assert wc["states"][str(wb["you"])] == {"s.db": 0, "s.mark": 1}
+    assert wc["cursors"][str(wb["you"])] == {"key": "t7"}
+    assert len(wc["participants"]) == 3
+    # a wrong key, or an editor's key on a guest connection: a new participant
+    d, wd = rejoin(server, sid, {"t": "hello", "name": "Di", "resume": "x" * 24})
+    g, wg = rejoin(server, sid, {"t": "hello", "name": "G", "resume": wa["resume"]},
+                   guest=guest_key)
+    assert wd["you"] not in (wa["you"], wb["you"], wc["you"])
+    assert wg["guest"] and wg["you"] not in (wa["you"], wd["you"])
+    assert len(wg["participants"]) == 5
+    for ws in (a, b2, c, d, g):
+        ws.close()
+
+
 BAD = [
     "not json",                                                     # malformed
     json.dumps([1, 2]),                                             # not an object
@@ -106,11 +157,12 @@ BAD = [
     json.dumps({"t": "set", "path": "a..b", "value": 1}),           # bad path
     json.dumps({"t": "handover", "to": "x"}),                       # wrongly typed
     json.dumps({"t": "set", "path": "s.big", "value": "x" * (share.MAX_MESSAGE + 10)}),
+    json.dumps({"t": "hello", "name": "x", "resume": 5}),          # wrongly typed key
 ]
 
 
 @pytest.mark.parametrize("bad", BAD, ids=["malformed", "array", "kind", "type", "path",
-                                           "handover", "oversized"])
+                                           "handover", "oversized", "resume"])
 def test_bad_message_closes_only_its_sender(server: Any, bad: str) -> None:
     sid = new_session(server)["session"]
     a, wa = join(server, sid, "good")

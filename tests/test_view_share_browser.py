@@ -12,6 +12,7 @@ import itertools
 import os
 import signal
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from conftest import ROOT
 from view_support import (
     CHROME_ARGS,
+    TcpRelay,
     chromium,
     copy_database,
     database_sources,
@@ -508,3 +510,173 @@ def test_scroll_position_follows(people: People, browser: Any, server: Any) -> N
                " t.scroller.scrollTop = 2 * t.rowHeight; }")
     b.wait_for_function("() => { const t = window.__callpath.tree;"
                         " return Math.round(t.scroller.scrollTop / t.rowHeight) === 2; }")
+
+
+# ---- reconnecting after a dropped connection --------------------------------------------
+
+WATCH_BAR = """() => { window.__barLog = []; const b = document.getElementById('share-bar');
+    new MutationObserver(() => { const t = b.textContent;
+        if (window.__barLog[window.__barLog.length - 1] !== t) window.__barLog.push(t); })
+      .observe(b, {childList: true, subtree: true, characterData: true}); }"""
+
+
+def via(link: str, port: int) -> str:
+    """The same link through another port of the same host (the relay's)."""
+    u = urllib.parse.urlsplit(link)
+    return urllib.parse.urlunsplit(u._replace(netloc=f"{u.hostname}:{port}"))
+
+
+def bar_log(pg: Any) -> list[str]:
+    return list(pg.evaluate("() => window.__barLog"))
+
+
+def people_of(pg: Any) -> list[tuple[int, str]]:
+    """The presence list as this page shows it: (id, name) per entry, in order."""
+    return [(int(i), str(n)) for i, n in pg.evaluate(
+        "() => [...document.querySelectorAll('.share-person')]"
+        ".map(e => [e.dataset.id, e.querySelector('.share-name').textContent])")]
+
+
+def test_follower_reconnects_after_connection_drop(people: People, server: Any) -> None:
+    """A follower whose connections are reset (through a relay standing for its network)
+    says it is reconnecting, retries with backoff while the network stays down, rejoins by
+    itself as one participant, catches up with what the leader did meanwhile and follows
+    on; the leader is not disturbed, and the old connection's cursor is gone from its page."""
+    a, b = people.page(), people.page()
+    links = start_session(a, server.url, "Ana")
+    with TcpRelay(server.port) as relay:
+        join(b, via(links["link"], relay.port), "Bo", 2)
+        assert relay.accepted > 0  # the follower's page and socket do go through the relay
+        key = select_second_level(a)
+        same_view(a, b)
+        a.wait_for_selector(f".tv-row[data-key='{key}'][data-remote='Bo']")
+        for pg in (a, b):
+            pg.evaluate(WATCH_BAR)
+        before = relay.accepted
+        relay.refusing = True  # the network stays down for the first retry
+        relay.drop()
+        b.wait_for_function("() => window.__barLog.some(t => t.includes('try 2 of 5'))")
+        shot(b, "reconnecting")
+        # the server saw the drop: the leader sees the follower leave, and stays leader
+        a.wait_for_function("() => document.querySelectorAll('.share-person').length === 1")
+        # the leader works on while the follower is away: another tab, another selection
+        a.click("#view-tabs [data-view=bottom-up]")
+        idle(a)
+        a.locator(".tv-row:not([hidden])").nth(1).click()
+        idle(a)
+        relay.refusing = False
+        b.wait_for_function("() => document.querySelectorAll('.share-person').length === 2")
+        a.wait_for_function("() => document.querySelectorAll('.share-person').length === 2")
+        assert relay.accepted > before + 1  # the refused retry, then the one that got in
+        log = bar_log(b)
+        tries = [t for t in log if t.startswith("reconnecting")]
+        assert tries[:2] == ["reconnecting (try 1 of 5)…", "reconnecting (try 2 of 5)…"], log
+        assert not any("ended" in t for t in log), log
+        # one participant each: the follower came back under a new id, the old one is gone
+        me = b.evaluate("() => window.__callpathShare.S.me")
+        assert me not in (1, 2)
+        assert people_of(a) == [(1, "Ana"), (me, "Bo")]
+        assert people_of(b) == [(1, "Ana"), (me, "Bo")]
+        assert "lead" in b.inner_text(".share-person[data-id='1']")
+        # still following: it caught up with the leader's change made while it was away
+        assert b.inner_text("#share-follow") == "Following"
+        assert b.get_attribute("#share-follow", "aria-pressed") == "true"
+        want = same_view(a, b)
+        assert want["view"] == "bottom-up"
+        idle(b)
+        shot(b, "reconnected")
+        # ... and it follows on: the leader goes back, collapses the node it had opened,
+        # opens it again and selects a row in it
+        a.click("#view-tabs [data-view=top-down]")
+        idle(a)
+        toggle = ".tv-row:not([hidden])[aria-level='2'] .tv-toggle"
+        a.click(toggle)
+        a.wait_for_selector(".tv-row:not([hidden])[aria-level='3']", state="detached")
+        idle(a)
+        assert same_view(a, b)["exp"] == []
+        a.click(toggle)
+        a.wait_for_selector(".tv-row:not([hidden])[aria-level='3']")
+        idle(a)
+        row = a.locator(".tv-row:not([hidden])[aria-level='3']").last
+        key2 = str(row.get_attribute("data-key"))
+        row.click()
+        want = same_view(a, b)
+        assert want["sel"] == key2 and want["exp"]
+        idle(b)
+        b.wait_for_selector(f".tv-row[data-key='{key2}'][aria-selected='true']")
+        # the leader's page: the follower's cursor under its new id only (the dropped
+        # connection's is gone), and its own connection never went away
+        a.wait_for_selector(f".tv-row[data-key='{key2}'][data-remote='Bo']")
+        assert a.evaluate("() => [...window.__callpathShare.S.cursors.keys()]") == [me]
+        assert a.evaluate("() => document.querySelectorAll('.tv-row[data-remote]').length") == 1
+        assert a.evaluate("() => [window.__callpathShare.S.me, "
+                          "window.__callpathShare.S.leader]") == [1, 1]
+        assert not any("reconnecting" in t or "ended" in t for t in bar_log(a)), bar_log(a)
+        shot(a, "leader-after-reconnect")
+
+
+def test_rejoin_while_server_still_holds_old_connection(people: People, server: Any) -> None:
+    """The follower's side of its connections is reset but the server's side stays open (a
+    laptop that slept, a changed network: the server hears nothing until its ping times
+    out, 20 to 40 s later). The follower rejoins at once as the SAME participant (id,
+    colour): no second "Bo" in anyone's presence list, no second cursor; it follows on."""
+    a, b = people.page(), people.page()
+    links = start_session(a, server.url, "Ana")
+    with TcpRelay(server.port) as relay:
+        join(b, via(links["link"], relay.port), "Bo", 2)
+        key = select_second_level(a)
+        same_view(a, b)
+        a.wait_for_selector(f".tv-row[data-key='{key}'][data-remote='Bo']")
+        idle(b)
+        colour = a.evaluate("() => window.__callpathShare.S.people.get(2).colour")
+        for pg in (a, b):
+            pg.evaluate(WATCH_BAR)
+        relay.drop(server_notices=False)
+        b.wait_for_function("() => window.__barLog.some(t => t.includes('try 1 of 5'))")
+        b.wait_for_function("() => window.__callpathShare.S.me !== null && "
+                            "document.querySelectorAll('.share-person').length >= 2")
+        a.click(".tv-row:not([hidden])[aria-level='2']")  # another selection: it follows on
+        assert same_view(a, b)["sel"] != key
+        # the pages have heard everything the hub sent in the meantime once the follower's
+        # cursor for the new selection has reached the leader
+        sel = view_of(a)["sel"]
+        a.wait_for_selector(f".tv-row[data-key='{sel}'][data-remote='Bo']")
+        assert people_of(b) == [(1, "Ana"), (2, "Bo")]
+        assert people_of(a) == [(1, "Ana"), (2, "Bo")]
+        assert a.evaluate("() => window.__callpathShare.S.people.get(2).colour") == colour
+        assert a.evaluate("() => [...window.__callpathShare.S.cursors.keys()]") == [2]
+        assert a.evaluate("() => document.querySelectorAll('.tv-row[data-remote]').length") == 1
+        assert b.inner_text("#share-follow") == "Following"
+        assert not any("reconnecting" in t or "ended" in t for t in bar_log(a)), bar_log(a)
+        shot(a, "leader-after-rejoin")
+
+
+def test_follower_gives_up_when_server_stopped(people: People, dbs: list[Path],
+                                               tmp_path: Path) -> None:
+    """The follower's network goes silent, the server stops behind it, then the follower's
+    connections are reset: it tries five times with growing pauses (1+2+4+8+16 s), then
+    says the session ended. The leader, connected directly, is told at once."""
+    db = copy_database(dbs[LOOPS], tmp_path)
+    a, b = people.page(), people.page()
+    relay: TcpRelay | None = None
+    try:
+        with serve([db]) as s:
+            relay = TcpRelay(s.port)
+            links = start_session(a, s.url, "Ana")
+            join(b, via(links["link"], relay.port), "Bo", 2)
+            b.evaluate(WATCH_BAR)
+            relay.hold()  # the server's goodbye will not reach the follower
+        # the server stopped; the leader, connected directly, is told at once
+        a.wait_for_selector(".share-ended")
+        relay.drop()  # the follower's connections are reset; its retries find no server
+        t0 = time.monotonic()
+        b.wait_for_selector(".share-ended", timeout=60000)
+        waited = time.monotonic() - t0
+    finally:
+        if relay is not None:
+            relay.close()
+    assert b.inner_text(".share-ended") == "Session ended: the shared session ended"
+    tries = [t for t in bar_log(b) if t.startswith("reconnecting")]
+    assert tries == [f"reconnecting (try {k} of 5)…" for k in range(1, 6)], bar_log(b)
+    assert waited > 25, f"gave up after {waited:.1f} s: the backoff is 1+2+4+8+16 s"
+    shot(b, "gave-up")

@@ -25,6 +25,13 @@ Why each rule:
 - **Roles**: the session link grants what the viewer's token grants; the guest link (its
   own random key) is read-only: a guest may follow, explore and point, but not lead, offer,
   or save (the HTTP guard refuses a guest's saving requests, see :func:`is_guest_key`).
+- **A page that reconnects is the same participant.** Each ``welcome`` carries a random
+  ``resume`` key, sent to that participant only; a page whose connection dropped sends it in
+  its next ``hello``. When the hub still holds the old connection (a laptop that slept or
+  changed networks: the server hears nothing until its ping times out), the new connection
+  takes over that participant's id, colour, kept state, cursor and lead, and the old one is
+  closed; the others see no one leave and no second entry. A key the hub no longer knows (the
+  old connection was already dropped) just joins as a new participant.
 - **Sessions end when the server stops**: they live in memory only, and uvicorn closes every
   socket as it shuts down (the pages say the session ended). Notes are files beside the
   database and outlive them.
@@ -90,6 +97,7 @@ class Participant:
         default_factory=OrderedDict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     gone: bool = False
+    resume: str = field(default_factory=lambda: secrets.token_urlsafe(18))
 
     def public(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "colour": self.colour, "guest": self.guest}
@@ -245,12 +253,19 @@ class ShareHub:
         if hello["t"] != "hello":
             raise BadMessage("the first message must be {\"t\": \"hello\", \"name\": ...}")
         p.name = hello["name"]
+        old = self._resumed(s, hello.get("resume"), p.guest)
+        if old is not None:  # the same page again: it takes its old place
+            p.id, p.colour, p.cursor = old.id, old.colour, old.cursor
+            p.state, p.state_bytes = old.state, old.state_bytes
+            old.gone = True   # its sender closes the dead connection; its _leave is a no-op
+            old.wake.set()
         s.participants[p.id] = p
         s.empty_since = None
         if s.leader is None and not p.guest:
             s.leader = p.id
         self._queue(p, ("welcome", 0, ""), {
             "t": "welcome", "you": p.id, "guest": p.guest, "leader": s.leader, "seq": s.seq,
+            "resume": p.resume,
             "participants": [q.public() for q in s.participants.values()],
             "states": {str(q.id): dict(q.state) for q in s.participants.values() if q is not p},
             "cursors": {str(q.id): q.cursor for q in s.participants.values()
@@ -259,6 +274,17 @@ class ShareHub:
         while True:
             msg = parse(await self._receive(p))
             self._handle(s, p, msg)
+
+    @staticmethod
+    def _resumed(s: Session, key: Any, guest: bool) -> Participant | None:
+        """The present participant whose ``resume`` key is ``key`` (same role), or None."""
+        if not isinstance(key, str) or not key:
+            return None
+        found = None
+        for q in s.participants.values():  # constant-time compares, every one of them
+            if hmac.compare_digest(key.encode("utf-8", "replace"), q.resume.encode()):
+                found = q
+        return found if found is not None and found.guest == guest else None
 
     async def _receive(self, p: Participant) -> str:
         m = await p.ws.receive()
@@ -398,6 +424,10 @@ def parse(text: str) -> dict[str, Any]:
         raise BadMessage(f"\"t\" must be one of {', '.join(sorted(KINDS))}")
     if t in ("hello", "name"):
         msg["name"] = _name(msg.get("name"))
+        resume = msg.get("resume")
+        if t == "hello" and resume is not None and (not isinstance(resume, str)
+                                                    or len(resume) > 64):
+            raise BadMessage("\"resume\" must be the key of an earlier welcome")
     elif t == "set":
         path = msg.get("path")
         if not isinstance(path, str) or not PATH_RE.match(path):

@@ -34,6 +34,8 @@ const S = {
   cursor: {},          // this participant's cursor
   links: null,         // the links returned by "Share" (the sharer's page only)
   ended: false,
+  retries: 0,          // reconnection attempts since the socket last opened
+  resume: null,        // the last welcome's resume key (see connect)
 };
 let hooks = null;
 
@@ -101,7 +103,7 @@ function onMessage(ev) {
   try { m = JSON.parse(ev.data); } catch (_) { return; }
   switch (m.t) {
     case "welcome":
-      S.me = m.you; S.guest = m.guest; S.leader = m.leader;
+      S.me = m.you; S.guest = m.guest; S.leader = m.leader; S.resume = m.resume || null;
       S.people = new Map(m.participants.map((p) => [p.id, p]));
       for (const [id, st] of Object.entries(m.states || {})) S.states.set(Number(id), new Map(Object.entries(st)));
       for (const [id, c] of Object.entries(m.cursors || {})) S.cursors.set(Number(id), c);
@@ -136,15 +138,21 @@ function connect(sid) {
   const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/api/share/ws?${q}`);
   S.ws = ws;
   ws.onmessage = onMessage;
-  ws.onopen = () => { S.retries = 0; ws.send(JSON.stringify({ t: "hello", name: myName() })); };
+  // after a drop, the welcome's resume key makes this page its old participant again (same
+  // id, colour, lead) if the server still holds the dead connection
+  ws.onopen = () => {
+    S.retries = 0;
+    ws.send(JSON.stringify(S.resume ? { t: "hello", name: myName(), resume: S.resume }
+                                    : { t: "hello", name: myName() }));
+  };
   ws.onclose = (e) => {
     S.ws = null; S.me = null;
     S.people.clear(); S.cursors.clear();
     drawCursors();
     // no close frame (1006): the network dropped or the laptop slept; the server may still
     // be there: try again a few times before calling the session ended
-    if (e.code === 1006 && (S.retries || 0) < 5) {
-      S.retries = (S.retries || 0) + 1;
+    if (e.code === 1006 && S.retries < 5) {
+      S.retries += 1;
       drawBar(null, `reconnecting (try ${S.retries} of 5)…`);
       setTimeout(() => connect(sid), 1000 * 2 ** (S.retries - 1));
       return;
