@@ -247,6 +247,10 @@ def test_openmp_worker_threads(capture_ok: None, libs: dict[str, Path], tmp_path
     assert len(p.threads) >= 2
     workers = [t for t in p.threads[1:] if t.stats.get("python_samples") == 0]
     assert workers
+    # no Python thread object names them: the kernel's name does (libgomp's workers inherit
+    # the process's, as ps -L shows them)
+    comm = Path(sys.executable).name[:15]  # what execve of the interpreter names it
+    assert all(t.info.get("name") == comm for t in workers), [t.info for t in workers]
     total = in_loop = 0.0
     for t in workers:
         for frames, _n, secs in paths(out, p, t):

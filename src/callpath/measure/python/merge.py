@@ -125,7 +125,7 @@ def read_records(path: Path) -> Records:
 
 
 def _read_notes(path: Path) -> dict[str, Any]:
-    notes: dict[str, Any] = {"codes": {}, "maps": [], "start": {}, "end": {}}
+    notes: dict[str, Any] = {"codes": {}, "maps": [], "start": {}, "end": {}, "comm": {}}
     try:
         text = path.read_text()
     except OSError as e:
@@ -144,6 +144,9 @@ def _read_notes(path: Path) -> dict[str, Any]:
                                                     int(obj.get("t", 0))))
         if "maps" in obj:
             notes["maps"].append(obj["maps"])
+        if isinstance(obj.get("comm"), dict):
+            notes["comm"].update({int(t): str(n) for t, n in obj["comm"].items()
+                                  if str(t).isdigit()})
         for k in ("start", "end"):
             if k in obj:
                 notes[k] = obj[k]
@@ -352,6 +355,9 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
     tids = [main_tid] + [t for t in tids_by_first if t != main_tid]
     slot_of = {t: i for i, t in enumerate(tids)}
     names = {int(t.info.get("tid", -1)): str(t.info.get("name", "")) for t in proc.threads}
+    for tid, comm in notes["comm"].items():  # native-only threads: the kernel's name
+        if not names.get(tid):
+            names[tid] = comm
     trees: list[dict[tuple[int, Key], int]] = [{} for _ in tids]
     nodes: list[list[tuple[int, Key]]] = [[] for _ in tids]
     counts: list[dict[int, list[int]]] = [{} for _ in tids]

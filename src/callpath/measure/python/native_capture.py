@@ -79,6 +79,7 @@ class NativeCapture:
         self.fd = self.jfd = -1
         self.codes_noted = 0
         self.last_maps: list[list[Any]] = []
+        self.comms: dict[int, str] = {}
         self.active = False
 
     def start(self) -> str:
@@ -148,6 +149,11 @@ class NativeCapture:
         if maps != self.last_maps:
             self.last_maps = maps
             self._note({"maps": maps})
+        comms = _thread_names()
+        new = {t: n for t, n in comms.items() if self.comms.get(t) != n}
+        if new:  # threads that native libraries start have no Python name: the kernel's
+            self.comms.update(new)
+            self._note({"comm": {str(t): n for t, n in new.items()}})
 
     def stop(self) -> None:
         """Timers off, last records written, files closed (the sampler flushes after this)."""
@@ -177,8 +183,26 @@ class NativeCapture:
         self._close()
         self.codes_noted = 0
         self.last_maps = []
+        self.comms = {}
         self.active = False
         return self.start()
+
+
+def _thread_names() -> dict[int, str]:
+    """Each thread's kernel name (``comm``: what pthread_setname_np set, else inherited from
+    its creator), by thread id; a thread that ends while it is read is left out."""
+    out: dict[int, str] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for t in tids:
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                out[int(t)] = f.read().rstrip("\n")
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def _native_tid() -> int:
