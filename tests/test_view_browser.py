@@ -772,3 +772,33 @@ def test_token_and_error_bar(page: Any, view_server: Any) -> None:
     shot(pg, "error-bar")
     pg.click("#error-close")
     assert pg.is_hidden("#error-bar")
+
+
+def test_bottom_up_first_expansion_by_click(page: Any, tmp_path: Path) -> None:
+    """A fresh server (no node materialized by an earlier test): clicking ▸ on Bottom-up
+    nodes opens them on the first click. Bottom-up materializes a node's children when they
+    are first asked for, and the server computed the sort column before that: every first
+    expansion of a node with two or more callers was a 500 ('internal error (IndexError)')
+    in the red bar and the node stayed closed. The opened tree is ``report --depth 3``'s."""
+    from view_support import copy_database, database_sources, serve
+
+    pg = page
+    db = copy_database(database_sources()[SMALL], tmp_path)
+    with serve([db]) as server:
+        open_db(pg, server.url, 0, "bottom-up")
+        for depth in (1, 2):  # the root (depth 0) is open
+            keys = pg.evaluate("""(d) => window.__callpath.tree.rows.filter(
+                e => e.row && e.depth === d && e.row.has_children && !e.kids)
+                .map(e => e.row.key)""", depth)
+            assert keys or depth > 1
+            for key in keys:
+                pg.evaluate("""(k) => { const t = window.__callpath.tree;
+                    t.reveal(t.rows.find(e => e.row && e.row.key === k)); }""", key)
+                row = f".tv-row:not([hidden])[data-key='{key}']"
+                pg.click(f"{row} .tv-toggle")
+                pg.wait_for_selector(f"{row}[aria-expanded='true']")
+                idle(pg)
+        assert pg.is_hidden("#error-bar"), pg.inner_text("#error-text")
+        shot(pg, "bottom-up-clicked-open")
+        assert download_csv(pg, tmp_path) == report(db, "--view", "bottom-up", "--depth", "3",
+                                                    "--format", "csv")

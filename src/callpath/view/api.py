@@ -80,8 +80,13 @@ def _sort_column(b: Built, params: Params, name: str = "sort") -> ColumnDef:
 
 def ordered_children(b: Built, node: int, col: ColumnDef, descending: bool) -> I64:
     """Children of ``node`` sorted on the server; in Flat with ``flatten``, the start node's
-    children are the flattened scopes (hpcviewer's flatten)."""
+    children are the flattened scopes (hpcviewer's flatten).
+
+    The children are materialized before the column is computed: Bottom-up adds a node's
+    children to the view on first access, and a column computed before that has no value
+    for them (an IndexError, a 500, on every first expansion of a Bottom-up node)."""
     view = b.view
+    view.children(node)
     vals = b.columns.values(view, col)
     if isinstance(view, FlatView) and b.state.flatten and node == b.start():
         return flattened_top(view, node, b.state.flatten, vals, descending=descending)
