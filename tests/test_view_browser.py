@@ -455,6 +455,14 @@ def test_find_zoom_flatten_font_columns_and_menu(page: Any, view_server: Any) ->
     idle(pg)
     label = pg.evaluate("() => window.__callpath.tree.selected.row.name")
     assert label in ("func1", "func2")
+    # the result list names each match by its tree label (it listed node keys, 't12'),
+    # and clicking an item selects that row
+    items = pg.eval_on_selector_all("#fd-results li", "els => els.map(e => e.textContent)")
+    for i, text in enumerate(items):
+        pg.click(f"#fd-results li:nth-child({i + 1})")
+        idle(pg)
+        assert text == pg.evaluate("() => window.__callpath.tree.selected.row.label")
+        assert re.search(r"func[12]$", text)
     pg.click("#fd-close")
     # Copy from the context menu: label and visible values, tab-separated
     pg.click(".tv-row.selected .tv-label", button="right")

@@ -204,14 +204,15 @@ def find_nodes(db: Database, params: Params, body: bytes) -> Any:
         mark = np.zeros(len(view), dtype=bool)
         mark[start] = True
         hits = hits[nearest_marked(view.parent, mark)[hits] == start]
-    matches = []
+    matches, labels = [], []
     for n in hits[hits != start][:limit].tolist():
         path = view.path_to(int(n))
         path = path[path.index(start):]
         matches.append(_path_keys(b, top, path))
+        labels.append(view.label(int(n)))  # the Find dialog lists matches by their labels
         if len(matches) >= limit:
             break
-    return {"matches": matches}
+    return {"matches": matches, "labels": labels}
 
 
 def node_path(db: Database, params: Params, body: bytes) -> Any:
