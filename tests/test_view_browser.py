@@ -10,6 +10,7 @@ One browser for the module; each test gets a fresh page.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import urllib.parse
@@ -810,3 +811,47 @@ def test_bottom_up_first_expansion_by_click(page: Any, tmp_path: Path) -> None:
         shot(pg, "bottom-up-clicked-open")
         assert download_csv(pg, tmp_path) == report(db, "--view", "bottom-up", "--depth", "3",
                                                     "--format", "csv")
+
+
+def test_graph_axis_labels_of_named_threads(page: Any, tmp_path: Path) -> None:
+    """The Graph's context labels do not run into each other: four threads named like a
+    ThreadPoolExecutor's ('THREAD 1 (ThreadPoolExecutor-0_0)', ~190 px each at 150 px per
+    tick) were written over one another, unreadable. The names are dropped where they do not
+    fit ('THREAD 1'), and the context numbers are used where even that does not fit."""
+    import dataclasses
+
+    from callpath.formats.v4.names import RELPATH, names_document
+    from callpath.formats.v4.reader import read_v4
+    from view_support import copy_database, database_sources, serve
+
+    pg = page
+    db = copy_database(database_sources()[LOOPS], tmp_path)
+    profiles = read_v4(db).profiles
+    named = [p if p.is_summary else dataclasses.replace(p, name=f"ThreadPoolExecutor-0_{k}")
+             for k, p in enumerate(profiles)]
+    doc = names_document(named)
+    assert doc is not None
+    (db / RELPATH).parent.mkdir(exist_ok=True)
+    (db / RELPATH).write_text(doc)
+    with serve([db]) as server:
+        open_db(pg, server.url, 0, "top-down")
+        pg.click(".tv-row:not([hidden]) .tv-label >> nth=1")
+        pg.click("#tb-plot")
+        pg.wait_for_function("() => window.__callpath.plot.data !== null")
+        labels = pg.evaluate("() => window.__callpath.plot.data.labels")
+        assert all("(ThreadPoolExecutor-0_" in s for s in labels), labels
+        for width in (720, 300):  # the dialog's canvas, then a narrow one: numbers only
+            pg.evaluate("(w) => { const p = window.__callpath.plot;"
+                        " p.canvas.width = w; p.draw(); }", width)
+            ticks = pg.evaluate("() => window.__callpath.plot.ticks")
+            assert len(ticks) == 4, ticks
+            for a, b in itertools.pairwise(ticks):
+                assert a["right"] + 4 <= b["left"], (width, ticks)
+            if width == 720:
+                for t in ticks:  # 'THREAD k': the label without the name and shared words
+                    words = re.sub(r" \(.*\)$", "", labels[int(t["x"])]).split()
+                    assert t["text"] == " ".join(words[-2:]) and words[-2] == "THREAD"
+            else:
+                assert [t["text"] for t in ticks] == ["0", "1", "2", "3"]
+        pg.evaluate("() => { const p = window.__callpath.plot; p.canvas.width = 720; p.draw(); }")
+        shot(pg, "plot-named-threads")

@@ -148,6 +148,7 @@ export class PlotDialog {
     const c = this.canvas, g = c.getContext("2d");
     g.fillStyle = "#fff"; g.fillRect(0, 0, c.width, c.height);
     this.points = [];
+    this.ticks = [];
     if (!this.data) { g.fillStyle = "#888"; g.font = "13px sans-serif"; g.fillText("loading…", 20, 30); return; }
     const s = this.series();
     const r = this.range || this.defaultRange(s);
@@ -173,12 +174,25 @@ export class PlotDialog {
       // contexts are whole numbers: one tick per context when they fit, with its short label
       const lo = Math.ceil(r.x0), hi = Math.floor(r.x1);
       const step = Math.max(1, Math.ceil((hi - lo + 1) / 12));
-      const short = shortLabels(s.pts.map((p) => p.label));
+      const xs = [];
+      for (let x = lo; x <= hi; x += step) if (x >= 0 && x < s.pts.length) xs.push(x);
+      // the labels that fit between two ticks: the short labels, then without the thread
+      // names ("THREAD 1 (ThreadPoolExecutor-0_0)" -> "THREAD 1"), then the context numbers;
+      // long names used to run into each other
+      const room = (xs.length > 1 ? X(xs[1]) - X(xs[0]) : W) - 6;
+      const forms = [];
+      if (this.kind === "plot" && hi - lo < 12) {
+        const short = shortLabels(s.pts.map((p) => p.label));
+        forms.push(short, short.map((t) => t.replace(/ \(.*\)$/, "")));
+      }
+      const form = forms.find((f) => xs.every((x) => g.measureText(f[x]).width <= room));
       g.textAlign = "center"; g.fillStyle = "#333";
-      for (let x = lo; x <= hi; x += step) {
-        if (x < 0 || x >= s.pts.length) continue;
-        const text = this.kind === "plot" && hi - lo < 12 ? short[x] : String(x);
+      this.ticks = [];  // what was written under the axis (tests check that none overlap)
+      for (const x of xs) {
+        const text = form ? form[x] : String(x);
+        const w = g.measureText(text).width;
         g.fillText(text, X(x), PAD.t + H + 14);
+        this.ticks.push({ x, text, left: X(x) - w / 2, right: X(x) + w / 2 });
       }
     }
     const col = this.ctx.columns.find((k) => k.key === this.colSel.value);
