@@ -250,3 +250,35 @@ def test_compare_two_open_databases(page: Any, server: Any) -> None:  # noqa: F8
         }""", arg=want)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     pg.screenshot(path=str(ARTIFACTS / "flame-compare-tab.png"))
+
+
+def test_zoom_is_kept_per_view(page: Any, server: Any) -> None:  # noqa: F811
+    """A flame graph zoom belongs to its view: switching to Bottom-up shows the whole icicle
+    without a failed request, and switching back finds the Top-down zoom again. The zoom
+    was one key for every view, so Bottom-up asked for the Top-down node (a 400 in the
+    console) and the fallback dropped the Top-down zoom as well."""
+    pg = page
+    failed: list[str] = []
+    pg.on("response", lambda r: r.status >= 400 and failed.append(f"{r.status} {r.url}"))
+    open_flame(pg, server.url, LOOPS)
+    box = box_of(pg, "» main._omp_fn.0")
+    click_box(pg, box)
+    settle(pg)
+    assert frame(pg)["node"] == box["key"]
+    pg.click("#view-tabs [data-view=bottom-up]")
+    settle(pg)
+    pg.wait_for_function("() => window.__callpath.flame.view === 'bottom-up'")
+    assert frame(pg)["node"] == "r"
+    ice = box_of(pg, "main._omp_fn.0")  # zoom the icicle too: its own zoom
+    click_box(pg, ice)
+    settle(pg)
+    assert frame(pg)["node"] == ice["key"]
+    pg.click("#view-tabs [data-view=top-down]")
+    settle(pg)
+    pg.wait_for_function("() => window.__callpath.flame.view === 'top-down'")
+    assert frame(pg)["node"] == box["key"]
+    pg.click("#view-tabs [data-view=bottom-up]")
+    settle(pg)
+    pg.wait_for_function("() => window.__callpath.flame.view === 'bottom-up'")
+    assert frame(pg)["node"] == ice["key"]
+    assert not failed, failed

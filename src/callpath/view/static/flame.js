@@ -64,8 +64,28 @@ export class FlamePane {
   state() {
     const d = this.hooks.dbState();
     if (!d.flame || typeof d.flame !== "object") d.flame = { on: false, path: [] };
-    if (!Array.isArray(d.flame.path)) d.flame.path = [];
-    return d.flame;
+    const st = d.flame;
+    if (!Array.isArray(st.path)) st.path = [];
+    // the zoom of each view (node keys are a view's own: a Top-down key sent with
+    // view=bottom-up was a 400, and the fallback dropped the Top-down zoom too); a link
+    // with only "path" zooms the view it opens in
+    if (!st.paths || typeof st.paths !== "object" || Array.isArray(st.paths)) {
+      st.paths = {};
+      if (st.path.length) st.paths[this.hooks.query().vs.view] = st.path;
+    }
+    return st;
+  }
+
+  /** The zoom path of the view shown. */
+  zoomPath() {
+    const p = this.state().paths[this.hooks.query().vs.view];
+    return Array.isArray(p) ? p : [];
+  }
+
+  setZoomPath(path) {
+    const st = this.state();
+    st.paths[this.hooks.query().vs.view] = path;
+    st.path = path;
   }
 
   shown() { return this.state().on && this.hooks.dbState().mode === "profile"; }
@@ -87,7 +107,7 @@ export class FlamePane {
   }
 
   async refresh() {
-    const st = this.state();
+    this.state();
     const btn = document.getElementById("tb-flame");
     if (btn) btn.setAttribute("aria-pressed", this.shown() ? "true" : "false");
     this.host.hidden = !this.shown();
@@ -95,7 +115,8 @@ export class FlamePane {
     const q = this.hooks.query();
     const seq = ++this.seq;
     const width = Math.max(64, Math.floor(this.scroll.clientWidth || 800));
-    const root = st.path.length ? st.path[st.path.length - 1] : null;
+    const zoom = this.zoomPath();
+    const root = zoom.length ? zoom[zoom.length - 1] : null;
     const column = this.widthColumn(q.columns, q.sortKey);
     this.host.dataset.pending = String(Number(this.host.dataset.pending) + 1);
     try {
@@ -105,7 +126,7 @@ export class FlamePane {
         frame = await getJSON(`/api/db/${q.db}/flame?${query}`, { quiet: !!root });
       } catch (e) {
         if (!root) throw e;
-        st.path = [];  // a stale zoom (another filter set): show the whole view
+        this.setZoomPath([]);  // a stale zoom (another filter set): show the whole view
         this.hooks.save();
         frame = await getJSON(`/api/db/${q.db}/flame?${stateQuery(q.vs, { width, column })}`);
       }
@@ -242,7 +263,7 @@ export class FlamePane {
   }
 
   async zoomTo(path) {
-    this.state().path = path;
+    this.setZoomPath(path);
     this.hooks.save();
     await this.refresh();
   }
@@ -250,10 +271,10 @@ export class FlamePane {
   async onClick(e) {
     const i = this.at(e);
     if (i < 0) return;
-    const st = this.state();
+    const zoom = this.zoomPath();
     let path;
-    if (i === 0) path = st.path.slice(0, -1);  // the root: one level out
-    else path = [...st.path, ...this.chain(i)];
+    if (i === 0) path = zoom.slice(0, -1);  // the root: one level out
+    else path = [...zoom, ...this.chain(i)];
     const key = i === 0 ? null : this.frame.key[i];
     await this.zoomTo(path);
     if (key) {
