@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import sys
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -855,3 +856,40 @@ def test_graph_axis_labels_of_named_threads(page: Any, tmp_path: Path) -> None:
                 assert [t["text"] for t in ticks] == ["0", "1", "2", "3"]
         pg.evaluate("() => { const p = window.__callpath.plot; p.canvas.width = 720; p.draw(); }")
         shot(pg, "plot-named-threads")
+
+
+def test_trace_statistics_of_a_long_name(page: Any, tmp_path: Path) -> None:
+    """The trace's statistics keep every percentage inside the side bar: a procedure name
+    with no break opportunity (Python's ThreadPoolExecutor._adjust_thread_count, or this
+    program's function) widened the table and pushed the percentages out of view. The name
+    is cut with an ellipsis and kept whole in the cell's title. A real profile of a
+    program whose only work is in that function."""
+    from view_support import serve
+
+    long = "procedure_with_a_long_name_that_has_no_break_opportunity_anywhere"
+    program = tmp_path / "long.py"
+    program.write_text(f"def {long}(n):\n    s = 0\n    for i in range(n):\n"
+                       f"        s += i % 7\n    return s\n\n\n{long}(2_000_000)\n")
+    db = tmp_path / "long.d"
+    run_cli("profile", "-t", "-m", str(tmp_path / "m"), "-o", str(db), "--",
+            sys.executable, str(program), check=True)
+    pg = page
+    with serve([db]) as server:
+        open_db(pg, server.url, 0, "top-down")
+        pg.click("#trace-tab")
+        pg.fill("#tr-depth", "20")  # deeper than any sample: each shows its deepest frame
+        pg.press("#tr-depth", "Enter")
+        trace_painted(pg)
+        pg.wait_for_function("(n) => [...document.querySelectorAll('#tr-stats td')]"
+                             ".some(td => td.title === n)", arg=long)
+        cells = pg.evaluate("""() => {
+            const side = document.querySelector('.trace-side').getBoundingClientRect();
+            return [...document.querySelectorAll('#tr-stats tr')].map(tr => {
+                const [a, b] = tr.querySelectorAll('td'), r = b.getBoundingClientRect();
+                return {name: a.title, pct: b.textContent, right: r.right,
+                        side: side.right, wide: b.scrollWidth > b.clientWidth}; }); }""")
+        assert any(c["name"] == long for c in cells)
+        for c in cells:
+            assert re.fullmatch(r"\d+\.\d%", c["pct"]), c
+            assert c["right"] <= c["side"] and not c["wide"], c
+        shot(pg, "trace-stats-long-name")

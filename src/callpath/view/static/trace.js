@@ -370,7 +370,7 @@ export class TraceView {
     for (const [name, share] of rows.slice(0, 40)) {
       const tr = document.createElement("tr");
       const sw = document.createElement("span"); sw.className = "swatch"; sw.style.background = css(colourOf(name));
-      const a = document.createElement("td"); a.append(sw, name);
+      const a = document.createElement("td"); a.append(sw, name); a.title = name;
       const b = document.createElement("td"); b.className = "num"; b.textContent = `${(share * 100).toFixed(1)}%`;
       tr.append(a, b); tb.appendChild(tr);
     }
