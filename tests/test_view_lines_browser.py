@@ -495,3 +495,33 @@ def test_measured_run_imbalance_and_instructions(page: Any, measured_server: Any
     assert sum(costs) == pytest.approx(float(m.row_sum[row]), rel=1e-9)
     assert sum(1 for x in shown if x["cost"] not in ("", "0")) > 0
     shot(pg, "measured-assembler")
+
+
+def test_assembler_pane_of_python_code(page: Any, tmp_path: Path) -> None:
+    """A Python profile's Assembler pane says that Python code has no machine instructions.
+    Its load modules are .py files and package directories, which the pane tried to read as
+    ELF: 'cannot read load module .../threading.py: not an ELF file' or '.../json: cannot
+    open: Is a directory'. A real profile of a program calling into a package (json)."""
+    import sys
+
+    from conftest import run_cli
+
+    program = tmp_path / "enc.py"
+    program.write_text("import json\n\n\ndef encode(n):\n    out = 0\n    for i in range(n):\n"
+                       "        out += len(json.dumps({'i': i, 'v': [i, i + 1]}))\n"
+                       "    return out\n\n\nencode(60_000)\n")
+    db = tmp_path / "enc.d"
+    run_cli("profile", "-m", str(tmp_path / "m"), "-o", str(db), "--", sys.executable,
+            str(program), check=True)
+    pg = page
+    with serve([db]) as server:
+        ranked = view_server_get(server.url, "/api/db/0/lines/ranked", n=50)["procedures"]
+        for name in ("enc.py", "encoder.py"):  # a module file, and a file of the json package
+            row = next(r["hot_row"] for r in ranked if r["file_name"] == name)
+            open_lines(pg, server.url, 0, row=row, start=row, count=10)
+            pg.wait_for_function("() => document.getElementById('ln-asm').dataset.state")
+            text = pg.inner_text("#ln-asm").strip()
+            assert text.startswith("Python code (load module "), text
+            assert "no machine instructions" in text and "ELF" not in text, text
+            assert "cannot open" not in text, text
+        shot(pg, "assembler-python")

@@ -93,6 +93,14 @@ def _load(path: str) -> tuple[Any, list[Any]]:
     return dbg.lines, secs
 
 
+def _python_module(path: str) -> bool:
+    """A Python profile's load module: a package directory, a module file, or a frozen or
+    ``<string>`` module. Bytecode, not machine code: there is nothing to disassemble, and
+    trying to read it as ELF gave 'not an ELF file' or 'cannot open: Is a directory'."""
+    return path.endswith((".py", ".pyw")) or (path.startswith("<") and path.endswith(">")) \
+        or os.path.isdir(path)
+
+
 def _same_file(a: str, b: str) -> bool:
     if a == b:
         return True
@@ -142,8 +150,12 @@ def line_instructions(exp: Experiment, file: str | int, line: int, around: int =
     lo_line, hi_line = int(line) - int(around), int(line) + int(around)
     reasons = []
     fmt = iced_x86.Formatter(iced_x86.FormatterSyntax.GAS)
+    python = []
     for mi in mods:
         path = exp.modules[mi].path if mi < len(exp.modules) else ""
+        if _python_module(path):
+            python.append(path)
+            continue
         try:
             table, secs = _load(path)
         except (CallpathError, OSError) as e:
@@ -187,7 +199,10 @@ def line_instructions(exp: Experiment, file: str | int, line: int, around: int =
                     out.reason = f"listing cut at {MAX_INSTRUCTIONS} instructions"
                     break
     out.sort(key=lambda d: (d["module"], d["address"]))
-    if not out and out.reason is None:
+    if not out and out.reason is None and python and not reasons and not out.modules:
+        out.reason = (f"Python code (load module {', '.join(python)}): the interpreter "
+                      "runs its bytecode, so there are no machine instructions to show")
+    elif not out and out.reason is None:
         out.reason = "; ".join(reasons) if reasons else (
             f"the line table of {', '.join(out.modules)} maps no instruction to lines "
             f"{lo_line}..{hi_line} of {recorded}")
