@@ -121,6 +121,14 @@ def test_views_and_report_work_on_a_diff(runs: tuple[Path, Path], tmp_path: Path
     r = run_cli("report", str(out), "--threads", "INPUT 1", "--find", "only_extra",
                 check=True)
     assert "only_extra" in r.stdout
+    # the program's source is one file of the comparison, named by the path it was measured
+    # at and copied into the comparison (two inputs' copies were two files named by their
+    # databases' paths, and statements read plain.d/src/.../twoinputs.c:12)
+    exp = callpath.open(out)
+    srcs = [f for f in exp.files if f.original == str(PROGRAM)]
+    assert len(srcs) == 1 and srcs[0].copied and (out / srcs[0].path).is_file(), exp.files
+    r = run_cli("report", str(out), "--hot-path", check=True)
+    assert f"{PROGRAM.name}:" in r.stdout and "plain.d" not in r.stdout, r.stdout
 
 
 def test_diff_and_merge_with_itself_are_zero(runs: tuple[Path, Path], tmp_path: Path) -> None:

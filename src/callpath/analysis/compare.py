@@ -204,12 +204,25 @@ def union_tree(inputs: Sequence[Experiment]) -> tuple[UnionTree, list[LoadModule
     return UnionTree(cct, maps, rep_in, rep_nd), modules, files, functions
 
 
+def _source_copies(inputs: Sequence[Experiment]) -> dict[str, Path]:
+    """Measured path -> an input database's copy of that source, the first input's first."""
+    out: dict[str, Path] = {}
+    for e in inputs:
+        if e.path is None:
+            continue
+        for f in e.files:
+            if f.copied:
+                out.setdefault(f.original, (Path(e.path) / f.path).resolve())
+    return out
+
+
 def _merge_tables(inputs: Sequence[Experiment]
                   ) -> tuple[list[LoadModule], list[SourceFile], list[Function],
                              list[tuple[I64, I64, I64]]]:
     """Merged module, file and function tables (deduplicated by path and by name, module, file
     and line), and per input the maps from its table indices to the merged ones. Copied sources
-    are named by their absolute path so that the writer copies them again."""
+    are named by the path they were measured at, so that each is one file of the comparison
+    (two inputs' copies of imbalance.c were two files named by their databases' paths)."""
     modules: list[LoadModule] = []
     files: list[SourceFile] = []
     functions: list[Function] = []
@@ -225,8 +238,11 @@ def _merge_tables(inputs: Sequence[Experiment]
                 modules.append(m)
         fmap = np.empty(len(e.files), dtype=np.int64)
         for k, f in enumerate(e.files):
-            if f.copied and e.path is not None:
-                f = SourceFile(str((Path(e.path) / f.path).resolve()), False, f.flags & ~1)
+            if f.copied:
+                # one file of the program, whichever input's copy holds it: named by the
+                # path it was measured at (the writer copies it from an input's database:
+                # _source_copies)
+                f = SourceFile(f.original, False, f.flags & ~1)
             fmap[k] = file_ix.setdefault(f.path, len(files))
             if fmap[k] == len(files):
                 files.append(f)
@@ -443,6 +459,7 @@ def compare(inputs: Sequence[Experiment], tags: Sequence[str], *, diff: bool
                      values=BlockStore.of([_summary(summaries), *blocks]),
                      n_ctx_slots=len(union.cct), modules=modules, files=files,
                      functions=functions, id_names=id_names, title=title,
+                     source_copies=_source_copies(inputs),
                      description=f"callpath {'diff' if diff else 'merge'} of "
                                  + ", ".join(str(e.path or t) for e, t in
                                              zip(inputs, tags, strict=True)))

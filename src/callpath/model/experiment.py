@@ -61,6 +61,10 @@ class Experiment:
     metrics_yaml: str | None = None  # metrics/default.yaml as found on disk
     path: Path | None = None
     format: str = "memory"
+    #: where to copy a source from when its recorded path is not on this machine (a
+    #: comparison names each input's copied source by the path it was measured at, and its
+    #: copy lives in that input's database): recorded path -> file
+    source_copies: dict[str, Path] = field(default_factory=dict, repr=False)
     _summary_cache: dict[int, F64] = field(default_factory=dict, repr=False)
     _node_of_ctx: npt.NDArray[np.int64] | None = field(default=None, repr=False)
 

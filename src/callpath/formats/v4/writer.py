@@ -302,13 +302,23 @@ def _prepare_sources(exp: Experiment, out: Path, copy_sources: bool) -> list[Sou
             result.append(SourceFile(orig, False, sf.flags & ~1))
             continue
         if copy_sources and sf.path:
-            p = Path(sf.path)
-            cand = p if p.is_absolute() else (exp.path / p if exp.path is not None else None)
+            cand = _source_file(exp, sf)
             if cand is not None and cand.is_file():
-                result.append(SourceFile(_copied_name(cand), True, sf.flags | 1))
+                name = Path(sf.path) if sf.path in exp.source_copies else cand
+                result.append(SourceFile(_copied_name(name), True, sf.flags | 1))
                 continue
         result.append(sf)
     return result
+
+
+def _source_file(exp: Experiment, sf: SourceFile) -> Path | None:
+    """Where the text of a source that is not copied is on this machine: its path (relative
+    ones to the database), else a copy the experiment knows of (``source_copies``)."""
+    p = Path(sf.path)
+    cand = p if p.is_absolute() else (exp.path / p if exp.path is not None else None)
+    if (cand is None or not cand.is_file()) and sf.path in exp.source_copies:
+        return exp.source_copies[sf.path]
+    return cand
 
 
 def _copy_sources(exp: Experiment, out: Path, files: list[SourceFile]) -> None:
@@ -319,8 +329,7 @@ def _copy_sources(exp: Experiment, out: Path, files: list[SourceFile]) -> None:
         if orig.copied:
             src = exp.path / orig.path if exp.path is not None else dest
         else:
-            p = Path(orig.path)
-            src = p if p.is_absolute() or exp.path is None else exp.path / p
+            src = _source_file(exp, orig) or dest
         if not src.is_file() or (dest.exists() and os.path.samefile(src, dest)):
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
