@@ -893,3 +893,28 @@ def test_trace_statistics_of_a_long_name(page: Any, tmp_path: Path) -> None:
             assert re.fullmatch(r"\d+\.\d%", c["pct"]), c
             assert c["right"] <= c["side"] and not c["wide"], c
         shot(pg, "trace-stats-long-name")
+
+
+def test_server_gone_is_one_line_in_the_error_bar(page: Any, tmp_path: Path) -> None:
+    """The server stops (its machine went away, the tunnel closed) while the page is open:
+    expanding a node, sorting and saving a derived metric each say so in the error bar, and
+    nothing escapes as an uncaught error (the ``page`` fixture fails on any)."""
+    from view_support import copy_database, database_sources, serve
+
+    db = copy_database(database_sources()[SMALL], tmp_path)
+    with serve([db]) as server:
+        open_db(page, server.url, 0)
+    page.locator(".tv-row").nth(1).locator(".tv-toggle").click()
+    page.wait_for_selector("#error-bar:not([hidden])")
+    assert "did not answer" in page.inner_text("#error-text")
+    page.evaluate("() => { document.getElementById('error-bar').hidden = true; }")
+    # a POST (the derived metric's check) that finds no server: the same bar, no rejection
+    page.evaluate("""async () => {
+        const api = await import('/static/api.js');
+        try { await api.postJSON('/api/db/0/derived/check', {formula: '$0'}); } catch (_) {}
+        api.postJSON('/api/db/0/derived/check', {formula: '$0'});  // not awaited: unhandled
+    }""")
+    page.wait_for_selector("#error-bar:not([hidden])")
+    assert "did not answer" in page.inner_text("#error-text")
+    page.wait_for_timeout(300)  # an unhandled rejection would be reported by now
+    shot(page, "server-gone")

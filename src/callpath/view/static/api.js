@@ -54,17 +54,29 @@ export class ApiError extends Error {
   constructor(message, status) { super(message); this.status = status; }
 }
 
-/** GET a JSON document; raises ApiError with the server's one-line message. */
-export async function getJSON(url, { quiet = false, signal } = {}) {
-  let resp;
+// An ApiError has been shown in the error bar (or was asked to be quiet) where it was raised:
+// a caller that lets it go (an expansion, a sort, a save started from a click) must not turn
+// it into an uncaught error as well.
+window.addEventListener("unhandledrejection", (ev) => {
+  if (ev.reason instanceof ApiError) ev.preventDefault();
+});
+
+/** fetch, with a network failure (the server stopped, the tunnel closed) turned into an
+ *  ApiError shown in the error bar, as an error status is. */
+async function request(url, init, quiet) {
   try {
-    resp = await fetch(url, { headers: headers(), signal, credentials: "same-origin" });
+    return await fetch(url, { credentials: "same-origin", ...init });
   } catch (e) {
     if (e.name === "AbortError") throw e;
     const msg = `the server did not answer ${url.split("?")[0]}: ${e.message}`;
     if (!quiet) showError(msg);
     throw new ApiError(msg, 0);
   }
+}
+
+/** GET a JSON document; raises ApiError with the server's one-line message. */
+export async function getJSON(url, { quiet = false, signal } = {}) {
+  const resp = await request(url, { headers: headers(), signal }, quiet);
   if (!resp.ok) {
     const msg = await errorOf(resp);
     if (!quiet) showError(msg);
@@ -74,10 +86,10 @@ export async function getJSON(url, { quiet = false, signal } = {}) {
 }
 
 export async function postJSON(url, body, { quiet = false } = {}) {
-  const resp = await fetch(url, {
-    method: "POST", credentials: "same-origin",
-    headers: headers({ "Content-Type": "application/json" }), body: JSON.stringify(body),
-  });
+  const resp = await request(url, {
+    method: "POST", headers: headers({ "Content-Type": "application/json" }),
+    body: JSON.stringify(body),
+  }, quiet);
   if (!resp.ok) {
     const msg = await errorOf(resp);
     if (!quiet) showError(msg);
@@ -88,7 +100,7 @@ export async function postJSON(url, body, { quiet = false } = {}) {
 
 /** GET a file and hand it to the browser as a download (the token travels in the header). */
 export async function download(url, filename) {
-  const resp = await fetch(url, { headers: headers(), credentials: "same-origin" });
+  const resp = await request(url, { headers: headers() }, false);
   if (!resp.ok) {
     const msg = await errorOf(resp);
     showError(msg);
