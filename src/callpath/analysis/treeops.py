@@ -52,10 +52,12 @@ def outermost(group: I64, node: I64, subtree_end: I64) -> Bool:
     return out
 
 
-def group_rows(*cols: npt.NDArray[np.int64]) -> tuple[I64, I64]:
+def group_rows(*cols: npt.NDArray[np.int64], stable: bool = False) -> tuple[I64, I64]:
     """Number distinct rows of equal-length integer columns: ``(row_id, first)`` where
     ``row_id[i]`` is the id of row ``i`` (ids in sorted order of the rows) and ``first[k]`` is
-    the index of one row with id ``k``. One lexsort, no hashing of Python tuples."""
+    the index of one row with id ``k`` -- its first occurrence with ``stable`` (for callers
+    whose output depends on which row represents a group: an export frame's name). One
+    lexsort, no hashing of Python tuples."""
     m = len(cols[0])
     if m == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -63,7 +65,8 @@ def group_rows(*cols: npt.NDArray[np.int64]) -> tuple[I64, I64]:
     change = np.zeros(m, dtype=bool)
     change[0] = True
     if packed is not None:  # the rows fit one int64 key: one sort instead of a lexsort
-        order = np.argsort(packed)  # any row of a group may represent it: no stability needed
+        # unstable unless asked: any row of a group may represent it, and it is faster
+        order = np.argsort(packed, kind="stable" if stable else None)
         s = packed[order]
         change[1:] = s[1:] != s[:-1]
     else:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from callpath.analysis.treeops import nearest_marked
 from callpath.formats import protowire as pw
 from callpath.formats import stacks
 from callpath.formats.stacks import FrameTree, IntegerScale, integer_scale, metric_unit_name
@@ -79,13 +80,13 @@ def pprof_bytes(ft: FrameTree, metrics: list[Metric], sources: list[PprofSource]
     # innermost first up to the frame it was inlined into (pprof's rule), keyed by frame
     # node since the chain above it is part of what it is.
     inl = ft.inlined & (ft.parent >= 0)
-    phys = stacks.nearest(ft.parent, ~inl)
+    phys = nearest_marked(ft.parent, ~inl)
     pparent = np.where(ft.parent >= 0, phys[np.maximum(ft.parent, 0)], -1)
     callers = np.flatnonzero(~inl & (ft.parent >= 0))
     k_node = np.concatenate([sample_owner, ft.parent[callers]])
     k_line = np.concatenate([sample_line, ft.call_line[callers]])
     k_tag = inl[k_node].astype(np.int64)
-    rows, _, linv = stacks._unique_rows(k_tag, np.where(k_tag == 1, k_node, ft.frame[k_node]),
+    rows, _, linv = stacks.unique_rows(k_tag, np.where(k_tag == 1, k_node, ft.frame[k_node]),
                                         k_line)
     ns = len(sample_owner)
     loc_of_sample = linv[:ns] + 1

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from callpath.analysis.treeops import group_rows, nearest_marked
 from callpath.errors import CallpathError
 from callpath.model import Experiment, Metric, NodeKind, Relation
 
@@ -34,42 +35,11 @@ F64 = npt.NDArray[np.float64]
 ROOT_NAME = "<program root>"
 
 
-def nearest(parent: I64, stop: npt.NDArray[np.bool_]) -> I64:
-    """For every node, the nearest ancestor-or-self where ``stop`` holds (-1 if none), by
-    pointer jumping: O(n log depth) vectorised work."""
-    n = len(parent)
-    idx = np.arange(n, dtype=np.int64)
-    # a sentinel node n (stop) stands for "none": the root's parent points to it
-    par = np.append(np.where(parent < 0, n, parent), n)
-    stp = np.append(stop, True)
-    out = np.where(stp, np.append(idx, n), par)
-    while True:
-        nxt = np.where(stp[out], out, out[out])
-        if np.array_equal(nxt, out):
-            break
-        out = nxt
-    res = out[:n]
-    return np.where(res == n, -1, res).astype(np.int64)
-
-
-def _unique_rows(*cols: I64) -> tuple[list[tuple[int, ...]], I64, I64]:
+def unique_rows(*cols: I64) -> tuple[list[tuple[int, ...]], I64, I64]:
     """Distinct rows of equal-length integer columns: (rows, first index of each, row of
-    each element), by one lexsort (``np.unique(axis=0)`` sorts a void view, ~30x slower)."""
-    n = len(cols[0])
-    if n == 0:
-        return [], np.zeros(0, np.int64), np.zeros(0, np.int64)
-    order = np.lexsort(cols[::-1])
-    new = np.zeros(n, dtype=bool)
-    new[0] = True
-    for c in cols:
-        sc = c[order]
-        new[1:] |= sc[1:] != sc[:-1]
-    group = np.cumsum(new) - 1
-    inv = np.empty(n, dtype=np.int64)
-    inv[order] = group
-    first = order[new]
-    rows = list(zip(*(c[first].tolist() for c in cols), strict=True))
-    return rows, first.astype(np.int64), inv
+    each element); the first occurrence represents its row (names depend on it)."""
+    row_id, first = group_rows(*cols, stable=True)
+    return list(zip(*(c[first].tolist() for c in cols), strict=True)), first, row_id
 
 
 def _base(path: str) -> str:
@@ -161,15 +131,15 @@ def frame_tree(exp: Experiment) -> FrameTree:
     kind = cct.kind
     parent = cct.parent
     is_fn = kind == NodeKind.FUNCTION
-    has_fn_above = nearest(parent, is_fn) >= 0
+    has_fn_above = nearest_marked(parent, is_fn) >= 0
     # machine code outside any procedure is a frame of its own (a caller without symbols)
     is_ins = (kind == NodeKind.INSTRUCTION) & ~has_fn_above
     callable_frame = is_fn | is_ins
     top = (kind == NodeKind.ENTRY) | (kind == NodeKind.ROOT)
     is_frame = callable_frame | top
-    owner_node = nearest(parent, is_frame)
+    owner_node = nearest_marked(parent, is_frame)
     # where the line of a node inside its frame comes from: the nearest statement or loop
-    anchor = nearest(parent, is_frame | (kind == NodeKind.LINE) | (kind == NodeKind.LOOP))
+    anchor = nearest_marked(parent, is_frame | (kind == NodeKind.LINE) | (kind == NodeKind.LOOP))
     line_of = np.where(is_frame[anchor], 0, cct.line.astype(np.int64)[anchor])
     nodes = np.flatnonzero(is_frame).astype(np.int64)
     pos = np.full(n, -1, dtype=np.int64)
@@ -177,7 +147,7 @@ def frame_tree(exp: Experiment) -> FrameTree:
     owner = pos[owner_node]
     # a frame's parent: the nearest callable frame strictly above it (entries never parent)
     above = np.where(parent[nodes] >= 0, parent[nodes], 0)
-    call_anc = nearest(parent, callable_frame)[above]
+    call_anc = nearest_marked(parent, callable_frame)[above]
     fparent = np.where(callable_frame[nodes] & (parent[nodes] >= 0) & (call_anc >= 0),
                        pos[np.maximum(call_anc, 0)], -1)
     call_line = np.where(parent[nodes] >= 0, line_of[above], 0)
@@ -189,7 +159,7 @@ def frame_tree(exp: Experiment) -> FrameTree:
     mod = cct.module[nodes]
     a = np.where(tag == 0, fn, np.where(tag == 1, mod, nodes))
     b = np.where(tag == 1, cct.offset[nodes].astype(np.int64), 0)
-    uniq, first, frame = _unique_rows(tag, a, b)
+    uniq, first, frame = unique_rows(tag, a, b)
     modules = [_base(m.path) for m in exp.modules]
     names: list[str] = []
     files: list[str] = []
