@@ -99,13 +99,10 @@ def _native_capture(sampler: Any) -> Any:
     (``native_capture.py``, loaded by path like this module), or None without ``--native``."""
     if not os.environ.get("CALLPATH_PY_NATIVE"):
         return None
-    import importlib.util
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_capture.py")
-    spec = importlib.util.spec_from_file_location("_callpath_native_capture", path)
-    if spec is None or spec.loader is None:
+    try:
+        mod = _sibling("native_capture")
+    except ImportError:
         return None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     return mod.from_environment(sampler)
 
 
