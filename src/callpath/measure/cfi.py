@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.measure.elfinfo import ElfInfo
+from callpath.structure.dwarf_info import sleb
 
 if TYPE_CHECKING:
     from callpath.structure.unwind_recipes import Recipes
@@ -310,17 +311,10 @@ def _breg(expr: Any, deref: bool = False) -> tuple[int, int] | None:
     ops = list(expr)
     if not ops or not DW_OP_breg0 <= ops[0] < DW_OP_breg0 + 32:
         return None
-    reg, value, shift, i = ops[0] - DW_OP_breg0, 0, 0, 1
-    while i < len(ops):  # SLEB128
-        byte = ops[i]
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        i += 1
-        if not byte & 0x80:
-            if byte & 0x40:
-                value -= 1 << shift
-            break
-    else:
+    try:
+        value, i = sleb(bytes(ops), 1)
+    except IndexError:  # the offset is cut short
         return None
+    reg = ops[0] - DW_OP_breg0
     rest = ops[i:]
     return (reg, value) if rest == ([DW_OP_deref] if deref else []) else None

@@ -201,7 +201,8 @@ def _uleb(d: bytes, pos: int) -> tuple[int, int]:
             return result, pos
 
 
-def _sleb(d: bytes, pos: int) -> tuple[int, int]:
+def sleb(d: bytes, pos: int) -> tuple[int, int]:
+    """A signed LEB128 number at ``pos``: (value, position after it); IndexError when cut."""
     result = shift = 0
     while True:
         b = d[pos]
@@ -239,7 +240,7 @@ def _abbrevs(sec: _Sections, off: int, addr_size: int, offsz: int) -> dict[int, 
                     break
                 const = 0
                 if form == 0x21:
-                    const, pos = _sleb(d, pos)
+                    const, pos = sleb(d, pos)
                 attrs.append((name, form, const))
                 if form not in _FIXED:
                     raise FormatError(sec.path, f"unknown DWARF form {form:#x} in abbreviation "
@@ -284,7 +285,7 @@ def _read_attrs(u: _Unit, pos: int, ab: _Abbrev,
         elif form in (0x0F, 0x15, 0x1A, 0x1B, 0x22, 0x23, 0x1F01, 0x1F02):
             val, pos = _uleb(d, pos)
         elif form == 0x0D:
-            val, pos = _sleb(d, pos)
+            val, pos = sleb(d, pos)
         elif form in (0x09, 0x18):
             n, pos = _uleb(d, pos)
             pos += n

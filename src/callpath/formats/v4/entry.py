@@ -40,21 +40,14 @@ def _execution_ids(exp: Experiment) -> tuple[np.ndarray, np.ndarray]:
 
 def _add_entry(blk: ProfileBlock, ids: np.ndarray, ctx: int) -> ProfileBlock:
     """``blk`` with the root's values of metric ``ids`` copied to context ``ctx``."""
-    ctx_ids = np.asarray(blk.ctx_ids)
-    if not len(ctx_ids) or int(ctx_ids[0]) != 0 or not len(ids):
-        return blk  # the root has no values: neither has the entry
-    starts = np.asarray(blk.starts, dtype=np.int64)
-    lo, hi = int(starts[0]), int(starts[1]) if len(starts) > 1 else len(blk.values)
-    met = np.asarray(blk.metric_ids)[lo:hi]
-    keep = np.isin(met.astype(np.int64), ids)
-    if not keep.any():
-        return blk
-    c = np.concatenate([np.repeat(ctx_ids.astype(np.int64), np.diff(
-        np.append(starts, len(blk.values)))), np.full(int(keep.sum()), ctx, np.int64)])
-    m = np.concatenate([np.asarray(blk.metric_ids, dtype=np.int64), met[keep]])
-    v = np.concatenate([np.asarray(blk.values, dtype=np.float64),
-                        np.asarray(blk.values, dtype=np.float64)[lo:hi][keep]])
-    return ProfileBlock.from_triples(c, m, v)
+    c = blk.ctx_of_values().astype(np.int64)
+    m = np.asarray(blk.metric_ids, dtype=np.int64)
+    v = np.asarray(blk.values, dtype=np.float64)
+    root = (c == 0) & np.isin(m, ids)
+    if not root.any():
+        return blk  # the root has no values of these metrics: neither has the entry
+    return ProfileBlock.from_triples(np.append(c, np.full(int(root.sum()), ctx)),
+                                     np.append(m, m[root]), np.append(v, v[root]))
 
 
 def with_entry_values(exp: Experiment, source: ValueSource, ctx: int) -> ValueSource:
