@@ -207,6 +207,21 @@ class Measurement:
 # ------------------------------------------------------------------------------------ writing
 
 
+def check_new_directory(out: Path) -> None:
+    """Refuse a measurement's ``-o`` that is a file or already holds a measurement or a
+    database (raw data and process files would be mixed into it), before anything runs;
+    shared by ``callpath run`` and the Python sampler's launcher."""
+    if out.exists() and not out.is_dir():
+        raise CallpathError(f"{out}: exists and is not a directory (expected a measurement "
+                            "directory to create)")
+    if out.is_dir() and ((out / HEADER_FILE).exists() or any(out.glob(PROCESS_GLOB))):
+        raise CallpathError(f"{out}: already holds a measurement (expected a new or empty "
+                            "directory; remove it or choose another -o)")
+    if (out / "meta.db").exists() or (out / "experiment.xml").exists():
+        raise CallpathError(f"{out}: holds a database (expected a new or empty directory; "
+                            "choose another -o)")
+
+
 def write_header(directory: str | os.PathLike[str], metrics: Iterable[MetricInfo],
                  **fields: Any) -> Path:
     """Write (or rewrite) ``measurement.json`` atomically. ``fields`` are free-form additions

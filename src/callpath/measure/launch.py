@@ -207,11 +207,7 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
     """Measure ``cmd``; the raw data end up in ``opts.out/raw.perf`` (decoded by postmortem)."""
     path = resolve_program(cmd)
     out = opts.out
-    if (out / measdir.HEADER_FILE).exists():
-        raise CallpathError(f"{out}: already holds a measurement; choose another -o directory")
-    if (out / "meta.db").exists() or (out / "experiment.xml").exists():
-        # the raw data and process files would be mixed into the database's directory
-        raise CallpathError(f"{out}: holds a database; choose another -o directory")
+    measdir.check_new_directory(out)
     try:
         created = not out.exists()
         out.mkdir(parents=True, exist_ok=True)

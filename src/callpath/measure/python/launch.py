@@ -155,16 +155,7 @@ def _check(out_dir: Path, frequency: float) -> None:
     if not (0 < frequency <= MAX_FREQUENCY):
         raise CallpathError(f"sampling frequency {frequency:g} Hz is out of range (expected "
                             f"more than 0 and at most {MAX_FREQUENCY:g} Hz)")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise CallpathError(f"{out_dir}: exists and is not a directory (expected a measurement "
-                            "directory to create)")
-    if out_dir.is_dir() and ((out_dir / measdir.HEADER_FILE).exists()
-                             or any(out_dir.glob(measdir.PROCESS_GLOB))):
-        raise CallpathError(f"{out_dir}: already holds a measurement (expected a new or empty "
-                            "directory; remove it or choose another -o)")
-    if (out_dir / "meta.db").exists() or (out_dir / "experiment.xml").exists():
-        raise CallpathError(f"{out_dir}: holds a database (expected a new or empty directory; "
-                            "choose another -o)")
+    measdir.check_new_directory(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
