@@ -10,6 +10,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, TextIO
 
+from callpath.cli.argtypes import int_range
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
@@ -19,18 +21,6 @@ if TYPE_CHECKING:
 
 
 DRAWN_CONTEXTS = 16  # text and PNG overviews compress more contexts than this into bins
-
-
-def _int(lo: int, what: str):  # type: ignore[no-untyped-def]
-    def conv(s: str) -> int:
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
-        return v
-    return conv
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,10 +36,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="metric by name, prefix or index (default: the first)")
     p.add_argument("--file", default=None, metavar="PATH",
                    help="only this source file (recorded path, unique suffix or base name)")
-    p.add_argument("--from", dest="line_from", type=_int(0, "a line number"), default=None,
+    p.add_argument("--from", dest="line_from", type=int_range("a line number", 0), default=None,
                    metavar="LINE", help="first line (with --file; every line of the range is "
                    "printed, zero lines included)")
-    p.add_argument("--to", dest="line_to", type=_int(0, "a line number"), default=None,
+    p.add_argument("--to", dest="line_to", type=int_range("a line number", 0), default=None,
                    metavar="LINE", help="last line (default: --from + 39)")
     p.add_argument("--group", choices=("none", "rank", "node"), default="none",
                    help="columns: each context, the threads of each rank summed, or the "
@@ -60,24 +50,24 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--contexts-regex", action="store_true",
                    help="--contexts TEXT is a regular expression")
     p.add_argument("--format", "-f", choices=("text", "json", "csv"), default="text")
-    p.add_argument("--ranked", type=_int(0, "a non-negative number"), default=None,
+    p.add_argument("--ranked", type=int_range("a non-negative number", 0), default=None,
                    metavar="N", help="print the N procedures with the highest cost "
                    "(rank, procedure, file, sum, percent)")
     g = p.add_argument_group("overview")
     g.add_argument("--overview", action="store_true",
                    help="print (or with --png draw) the compressed overview of all lines")
-    g.add_argument("--skip", type=_int(0, "a non-negative number of lines"), default=50,
+    g.add_argument("--skip", type=int_range("a non-negative number of lines", 0), default=50,
                    metavar="N", help="skip runs of more than N lines without cost (50)")
-    g.add_argument("--bin", type=_int(1, "a positive number of lines"), default=4,
+    g.add_argument("--bin", type=int_range("a positive number of lines", 1), default=4,
                    metavar="B", help="reduce bins of B consecutive lines to one (4)")
     g.add_argument("--reduce", choices=("max", "sum"), default="max",
                    help="how a bin is reduced (max keeps peaks visible; default)")
-    g.add_argument("--strip-lines", type=_int(1, "a positive number of lines"), default=80,
+    g.add_argument("--strip-lines", type=int_range("a positive number of lines", 1), default=80,
                    metavar="L", help="cut the overview into strips of L rows (80)")
-    g.add_argument("--context-bins", type=_int(1, "a positive number of bins"), default=None,
+    g.add_argument("--context-bins", type=int_range("a positive number of bins", 1), default=None,
                    metavar="K", help="compress the contexts into K bins by their maximum "
                    "(text and PNG: 16 bins when there are more than 16 contexts)")
-    g.add_argument("--top-contexts", type=_int(1, "a positive number"), default=None,
+    g.add_argument("--top-contexts", type=int_range("a positive number", 1), default=None,
                    metavar="N", help="keep the N contexts with the highest values per row")
     g = p.add_argument_group("drawing and instructions")
     g.add_argument("--png", default=None, metavar="FILE",

@@ -13,6 +13,7 @@ import sys
 from typing import TextIO
 
 import callpath
+from callpath.cli.argtypes import int_range
 from callpath.errors import CallpathError
 
 
@@ -113,14 +114,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=run)
 
 
-def _non_negative_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}")
-    return v
+_non_negative_int = int_range("a non-negative integer", 0)
 
 
 def _percent(s: str) -> float:

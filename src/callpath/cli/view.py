@@ -8,16 +8,9 @@ from __future__ import annotations
 
 import argparse
 
+from callpath.cli.argtypes import int_range
 
-def _port(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number 1..65535, got {text!r}"
-                                         ) from None
-    if not 1 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 1..65535, got {text!r}")
-    return v
+_port = int_range("a port number 1..65535", 1, 65535)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
