@@ -37,6 +37,16 @@ def by_path(exp: Experiment) -> dict[tuple[Label, ...], int]:
     return got
 
 
+def matched_nodes(ours: Experiment, ref: Experiment) -> tuple[np.ndarray, np.ndarray]:
+    """The two trees have the same contexts (named by their paths): the node indices of each
+    path in ``ours`` and in ``ref``, paths in sorted order."""
+    a, b = by_path(ours), by_path(ref)
+    assert set(a) == set(b), (sorted(set(a) - set(b))[:3], sorted(set(b) - set(a))[:3])
+    assert len(ours.cct) == len(ref.cct)
+    common = sorted(a)
+    return np.array([a[p] for p in common]), np.array([b[p] for p in common])
+
+
 def scoped_values(exp: Experiment, profile: int, scope: str) -> np.ndarray:
     """Node-ordered values of the first metric in one scope of one profile (summary: sums)."""
     m = exp.metrics[0]

@@ -36,7 +36,7 @@ from callpath.formats.hpcrun import read_hpcrun
 from callpath.model import Experiment, Metric, NodeKind
 from conftest import DATA, run_cli, shared_path
 from hpcrun_patch import new_flags, old_flags, patch
-from prof_compare import by_path, profile_by_ids
+from prof_compare import matched_nodes, profile_by_ids
 
 ENV = "CALLPATH_HPCTOOLKIT_TESTDATA"
 
@@ -63,12 +63,7 @@ def assert_same(ours: Experiment, ref: Experiment, factor: float = 1.0) -> None:
     """Same tree (contexts named by their paths; function contexts also by module and entry),
     same execution contexts, and for every metric (matched by name: hpcprof's order comes from
     a hash set) ``ours == factor * ref`` in every scope of every profile and the summary."""
-    a, b = by_path(ours), by_path(ref)
-    assert set(a) == set(b), (sorted(set(a) - set(b))[:3], sorted(set(b) - set(a))[:3])
-    assert len(ours.cct) == len(ref.cct)
-    common = sorted(a)
-    ia = np.array([a[p] for p in common])
-    ib = np.array([b[p] for p in common])
+    ia, ib = matched_nodes(ours, ref)
     for i, j in zip(ia.tolist(), ib.tolist(), strict=True):
         if int(ours.cct.kind[i]) == int(NodeKind.FUNCTION):
             fo = ours.functions[int(ours.cct.function[i])]
