@@ -207,3 +207,39 @@ def test_mpi_ranks_min_first_max_last(tmp_path: Path) -> None:
         assert np.all(np.diff(L.window(m, row, 1)[0]) > 0)
     m = L.build_line_matrix(exp, 0, "node")
     assert len(m.labels) == 1  # one node: every rank summed
+
+
+def test_a_callee_frame_under_the_line_is_not_its_code(measured: Path) -> None:
+    """A frame without a procedure reached by a call from the line (ld.so's lazy binder,
+    libgomp's code without symbols: one CI run had one under line 12) is another module's
+    code: the line's listing is the program's instructions, with no complaint about the
+    callee's module (which has no line table). The measured tree, with such a frame added
+    below a line-12 scope, pointing into a real library without debug information."""
+    import dataclasses
+
+    from callpath.model import CCT, LoadModule, Relation
+
+    exp = callpath.open(measured)
+    c = exp.cct
+    want = L.line_instructions(exp, "imbalance.c", WORK_LINE, 0)
+    assert want and want.reason is None
+    libs = [p for p in ("/lib/x86_64-linux-gnu/libgomp.so.1", "/lib/x86_64-linux-gnu/libc.so.6")
+            if Path(p).is_file()]
+    if not libs:
+        pytest.skip("no system library to stand for the callee's module")
+    at = int(np.flatnonzero((c.kind == NodeKind.LINE) & (c.line == WORK_LINE))[0]) + 1
+    cols = {k: np.insert(np.asarray(getattr(c, k)), at, v) for k, v in (
+        ("kind", int(NodeKind.INSTRUCTION)), ("relation", int(Relation.CALL)),
+        ("function", -1), ("file", -1), ("line", 0), ("module", len(exp.modules)),
+        ("offset", 0x1000), ("ctx_id", exp.n_ctx_slots))}
+    parent = np.insert(np.where(c.parent >= at, c.parent + 1, c.parent), at, at - 1)
+    cct = CCT.from_columns(parent, cols["kind"], ctx_id=cols["ctx_id"],
+                           relation=cols["relation"], function=cols["function"],
+                           file=cols["file"], line=cols["line"], module=cols["module"],
+                           offset=cols["offset"])
+    bigger = dataclasses.replace(exp, cct=cct, modules=[*exp.modules, LoadModule(libs[0])],
+                                 n_ctx_slots=exp.n_ctx_slots + 1, _summary_cache={},
+                                 _node_of_ctx=None)
+    got = L.line_instructions(bigger, "imbalance.c", WORK_LINE, 0)
+    assert got.reason is None, got.reason
+    assert [(i["address"], i["text"]) for i in got] == [(i["address"], i["text"]) for i in want]

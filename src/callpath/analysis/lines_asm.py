@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from callpath.analysis.treeops import nearest_marked
 from callpath.errors import CallpathError
-from callpath.model import Experiment, Metric, NodeKind
+from callpath.model import Experiment, Metric, NodeKind, Relation
 
 MAX_INSTRUCTIONS = 4000
 
@@ -56,7 +56,9 @@ def _file_id(exp: Experiment, file: str | int) -> int:
 
 def _modules_of_file(exp: Experiment, fid: int) -> list[int]:
     """Load modules holding code of file ``fid``: those of the procedures around its line
-    scopes, and of instruction scopes directly under them."""
+    scopes, and of the sampled instructions lexically under them (``prof --instructions``).
+    An instruction scope reached by a call is a callee frame without a procedure (ld.so's
+    lazy binder, libgomp's code without symbols): another module's code, not the line's."""
     cct = exp.cct
     lines = np.nonzero((cct.kind == NodeKind.LINE) & (cct.file == fid))[0]
     if not len(lines):
@@ -66,7 +68,7 @@ def _modules_of_file(exp: Experiment, fid: int) -> list[int]:
     mods = {exp.functions[int(f)].module for f in np.unique(fns[fns >= 0]).tolist()}
     par = cct.parent
     ins = np.nonzero(cct.kind == NodeKind.INSTRUCTION)[0]
-    under = ins[np.isin(par[ins], lines)]
+    under = ins[np.isin(par[ins], lines) & (cct.relation[ins] == Relation.LEXICAL)]
     mods |= set(np.unique(cct.module[under]).tolist())
     return sorted(int(m) for m in mods if m >= 0)
 
