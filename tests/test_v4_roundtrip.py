@@ -299,6 +299,28 @@ def test_metrics_out_of_order_inside_a_context_are_sorted(tmp_path: Path) -> Non
         write_v4(a, tmp_path / "bad.d")
 
 
+def test_database_without_a_synthetic_entry(tmp_path: Path) -> None:
+    """Entry points only, as ``callpath prof`` writes them: no synthetic "unknown entry", so the
+    writer has no context id for one (-1). numpy 2.5 (pip's choice on Python 3.12+) refused that
+    -1 beside the unsigned context ids (OverflowError in meta.db's entry section) and every such
+    database failed; CI runs this on each interpreter of its matrix. Context ids need not be
+    dense."""
+    cct = CCT.from_columns([-1, 0, 1, 2], [NodeKind.ROOT, NodeKind.ENTRY, NodeKind.FUNCTION,
+                                           NodeKind.LINE],
+                           ctx_id=[0, 1, 5, 9], function=[-1, -1, -1, -1],
+                           entry_point=[0, 1, 0, 0], entry_names={1: "main thread"})
+    scopes = standard_scopes()
+    metrics = [standard_metric("CPUTIME (sec)", 0, scopes)]
+    blk = propagate(cct, metrics, scopes, ProfileBlock.from_triples([9], [0], [2.5]))
+    a = build_experiment(cct, metrics, scopes, [ExecutionContext(1, (Identifier(3, 0),))], [blk])
+    b = read_v4(write_v4(a, tmp_path / "db.d"))
+    assert b.cct.kind.tolist() == [NodeKind.ROOT, NodeKind.ENTRY, NodeKind.FUNCTION,
+                                   NodeKind.LINE]
+    assert b.cct.ctx_id.tolist() == [0, 1, 5, 9]
+    assert b.cct.entry_names == {1: "main thread"}
+    assert b.inclusive(b.metric(0)).tolist() == [2.5, 2.5, 2.5, 2.5]
+
+
 def test_contexts_below_the_root_get_an_entry_point(tmp_path: Path) -> None:
     """A tree with a function directly below the global context (as experiment.xml has) is
     written below a synthetic "unknown entry" entry point with a fresh context id."""

@@ -122,7 +122,7 @@ def _stdev(args: list[Value], size: int) -> Value:
     s = _stack(args, size)
     if s.shape[0] < 2:
         return np.full(s.shape[1:], np.nan) if s.ndim > 1 else float("nan")
-    return np.std(s, axis=0, ddof=1)  # type: ignore[no-any-return]
+    return np.asarray(np.std(s, axis=0, ddof=1), dtype=np.float64)
 
 
 def _rand(args: list[Value], size: int) -> Value:

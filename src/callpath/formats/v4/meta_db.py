@@ -297,7 +297,10 @@ def _context_section(base: int, exp: Experiment, tree: TreeLayout, table: dict[s
     real = e_nodes >= 0
     ent["szChildren"] = np.where(real, sz_children[np.maximum(e_nodes, 0)], sz_children[0])
     ent["pChildren"] = np.where(real, p_children[np.maximum(e_nodes, 0)], p_children[0])
-    ent["ctxId"] = np.where(real, cct.ctx_id[np.maximum(e_nodes, 0)], tree.synthetic_ctx)
+    ctx_ids = cct.ctx_id[np.maximum(e_nodes, 0)]
+    if not real.all():  # the synthetic entry; tree.synthetic_ctx is -1 (no id) when there is none
+        ctx_ids[~real] = tree.synthetic_ctx
+    ent["ctxId"] = ctx_ids
     ent["entryPoint"] = np.where(real, cct.entry_point[np.maximum(e_nodes, 0)],
                                  EntryPoint.UNKNOWN)
     ent["pPrettyName"] = [table[s] for s in entry_names]
