@@ -1,10 +1,14 @@
 # The two quick-start commands of the README: `make demo` and `make test`.
-VENV := .venv
+# PYTHON=python3.13 make test: the same commands on another interpreter (.venv is remade for it)
+PYTHON ?= python3
+VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+STAMP_TAG := $(subst /,_,$(PYTHON))
+STAMP := $(VENV)/.installed-$(STAMP_TAG)
+export PYTHON VENV STAMP_TAG
 DEMO_DB := out/heat.d
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit core bench clean
 
 $(STAMP): pyproject.toml setup.py src/callpath/measure/python/_callpath_walk.c \
 		src/callpath/measure/python/_callpath_native.c scripts/setup-venv.sh
@@ -32,10 +36,15 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+## core: the tests of measurement, structure, attribution and the database formats (CI runs them
+## on every interpreter of its matrix; the whole suite runs on the newest)
+core: $(STAMP)
+	$(BIN)/pytest -m core $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/read_db.py
 
 clean:
-	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache
+	rm -rf .venv .venv-* out .mypy_cache .ruff_cache .pytest_cache

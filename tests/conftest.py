@@ -91,3 +91,18 @@ def kill_group(proc: subprocess.Popen[str]) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
 
+
+
+# The tests CI runs on every interpreter of its matrix (`make core`, `pytest -m core`): measurement,
+# structure, attribution and the database formats, by the file that holds them. The whole suite
+# (viewer, browser, comparisons, exports ...) runs on the newest interpreter.
+CORE_PREFIXES = ("test_run_", "test_struct_", "test_prof_", "test_v4_", "test_xml_experiment",
+                 "test_python_", "test_measdir", "test_loadmap", "test_forked_chunks",
+                 "test_hpcstruct_cache", "test_thread_names", "test_python_versions",
+                 "test_field_matrix", "test_hatchet_interop", "test_report_cli")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name.startswith(CORE_PREFIXES):
+            item.add_marker(pytest.mark.core)

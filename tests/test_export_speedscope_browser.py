@@ -26,7 +26,8 @@ from conftest import ROOT, run_cli, shared_path
 from test_view_browser import browser  # noqa: F401  (Debian's Chromium, launched once)
 
 playwright_sync = pytest.importorskip(
-    "playwright.sync_api", reason="the Python package playwright is not installed")
+    "playwright.sync_api", exc_type=ImportError,
+    reason="the Python package playwright is not installed or does not import")
 
 CACHE = ROOT / ".cache" / "npm-speedscope"
 VERSION = "1.25.0"

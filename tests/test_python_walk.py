@@ -33,6 +33,30 @@ pytestmark = pytest.mark.skipif(
     "or Python headers when callpath was installed")
 
 
+_HELD: list[Iterator[Any]] = []
+
+
+def held_next(gen: Iterator[Any]) -> Any:
+    """``next(gen)``, with ``gen`` kept suspended for the rest of the run. From CPython 3.12 a
+    generator that finishes (or is collected, which closes it) gives its frame a back link to
+    the frame that ran it then: here a test function that goes on running, so a walk through
+    the chain would see its line change between two calls. A generator left suspended ends
+    the chain (its frame's f_back is None), as every finished one did on 3.11."""
+    _HELD.append(gen)
+    return next(gen)
+
+
+def every_kind() -> list[tuple[str, FrameType]]:
+    """The frames of :func:`frames_of_every_kind`, its generator left suspended (held_next)."""
+    gen = frames_of_every_kind()
+    out = [held_next(gen)]
+    for item in gen:
+        if item[0] == "end":
+            break  # suspended at its last yield: the chains of the frames above end there
+        out.append(item)
+    return out
+
+
 def frames_of_every_kind() -> Iterator[tuple[str, FrameType]]:
     here = sys._getframe
     yield "plain", here()
@@ -49,7 +73,8 @@ def frames_of_every_kind() -> Iterator[tuple[str, FrameType]]:
     async def coro() -> FrameType:
         return here()
     yield "coroutine", asyncio.run(coro())
-    yield "comprehension", [here() for _ in range(1)].pop()
+    if sys.version_info < (3, 12):  # PEP 709: from 3.12 a comprehension has no frame of its own
+        yield "comprehension", [here() for _ in range(1)].pop()
 
     class Body:
         frame = here()
@@ -60,12 +85,13 @@ def frames_of_every_kind() -> Iterator[tuple[str, FrameType]]:
     t.start()
     t.join()
     yield "thread", box[0]
+    yield "end", here()
 
 
 def test_c_walk_agrees_with_python_walk(tmp_path: Path) -> None:
     smp = S.Sampler(str(tmp_path), 1000.0, False)
     assert STACK_OF is not None and smp.walker == "C"
-    frames = list(frames_of_every_kind())
+    frames = every_kind()
     for name, frame in frames:
         # unseen: both miss; after the slow path interned it, both find the same stack
         assert STACK_OF(frame, smp.locs_of, smp.stacks) is None, name
@@ -90,7 +116,7 @@ def test_cache_gives_the_answers_of_the_tables(tmp_path: Path) -> None:
     assert MODULE is not None and STACK_OF is not None
     smp = S.Sampler(str(tmp_path), 1000.0, False)
     cache = MODULE.Cache()
-    frames = [f for _, f in frames_of_every_kind()]
+    frames = [f for _, f in every_kind()]
 
     def leaves(n: int, out: list[FrameType]) -> None:
         out.append(sys._getframe())  # a leaf at every depth, and a second site on one line
@@ -102,7 +128,7 @@ def test_cache_gives_the_answers_of_the_tables(tmp_path: Path) -> None:
         out: list[FrameType] = []
         leaves(n, out)
         yield out
-    chain = next(chain_of(200))
+    chain = held_next(chain_of(200))
     sequence = frames + chain + chain[::-1] + frames[::-1] + chain[::7] + frames
     for f in sequence[: len(sequence) // 2]:  # half of them interned: the others miss
         smp._new_stack(f)
@@ -164,7 +190,7 @@ def test_c_handler_writes_what_the_python_handler_writes(tmp_path: Path,
     """The C handler and the Python one, given the same real frames (every kind, and a chain
     of 200 with leaves at every depth), write the same call paths with the same numbers of
     samples, and the same number of trace records."""
-    frames = [f for _, f in frames_of_every_kind()]
+    frames = [f for _, f in every_kind()]
 
     def leaves(n: int, out: list[FrameType]) -> None:
         out.append(sys._getframe())
@@ -175,7 +201,7 @@ def test_c_handler_writes_what_the_python_handler_writes(tmp_path: Path,
         out: list[FrameType] = []
         leaves(n, out)
         yield out
-    sequence = frames + next(chain_of(200)) * 2 + frames
+    sequence = frames + held_next(chain_of(200)) * 2 + frames
     written = []
     for walk in ("", "python"):
         smp = _sampler(tmp_path / (walk or "c"), walk, monkeypatch)
@@ -198,7 +224,7 @@ def test_c_handler_drains_into_the_aggregate(tmp_path: Path,
     handler = smp.make_handler()
     def suspended() -> Iterator[FrameType]:
         yield sys._getframe()
-    frame = next(suspended())  # a stack that does not change between the calls
+    frame = held_next(suspended())  # a stack that does not change between the calls
     for _ in range(5):
         handler(signal.SIGPROF, frame)
     v = W.py_stack_of(frame, smp.locs_of, smp.stacks)

@@ -34,7 +34,8 @@ ARTIFACTS = ROOT / "tests" / "artifacts" / "view"
 VIEWS = ["top-down", "bottom-up", "flat"]
 
 playwright_sync = pytest.importorskip(
-    "playwright.sync_api", reason="the Python package playwright is not installed")
+    "playwright.sync_api", exc_type=ImportError,
+    reason="the Python package playwright is not installed or does not import")
 
 
 @pytest.fixture(scope="module")

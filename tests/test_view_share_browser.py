@@ -32,7 +32,8 @@ from view_support import (
 )
 
 playwright_sync = pytest.importorskip(
-    "playwright.sync_api", reason="the Python package playwright is not installed")
+    "playwright.sync_api", exc_type=ImportError,
+    reason="the Python package playwright is not installed or does not import")
 
 LOOPS = 1
 ARTIFACTS = ROOT / "tests" / "artifacts" / "view"
