@@ -508,6 +508,11 @@ def test_handler_keys_stacks_by_line_and_flags_calls(tmp_path: Path, walker: tup
     assert smp.samples == 610 and smp.dropped == 0 and smp.errors == 0
     (t,) = measdir.read_process(smp.path).threads
     n_native = sum(1 for n, _ in expected if n == 1)
+    if sys.version_info >= (3, 13):
+        # 3.13 keeps a caller's instruction pointer on its CALL while a Python callee runs too
+        # (3.11/3.12 move it past the call's caches), so the non-leaf frame handed over above
+        # reads as inside a call; in a real sample the callee is the leaf, at its RESUME
+        n_native = len(expected)
     assert t.stats["samples"] == 610 and t.stats["native_samples"] == n_native
     cpu = t.samples[:, measfile.METRIC_CPU]
     nodes = np.flatnonzero(cpu)
