@@ -10,10 +10,25 @@ from callpath.model import Experiment
 Label = tuple[object, ...]
 
 
+def has_values(exp: Experiment, node: int) -> bool:
+    """Whether any metric has an inclusive (``execution``) value at ``node`` in the summary:
+    what tells apart hpcprof's two ``<gpu kernel>`` contexts under one launch (hpcrun's
+    ``GPUKernl`` placeholder carries the kernel's metrics, ``GPUTrace`` only its stream's
+    trace samples), which have the same label."""
+    ctx = int(exp.cct.ctx_id[node])
+    for m in exp.metrics:
+        sid = m.stat_id(exp.scopes, "execution")
+        if sid is not None and exp.summary(sid)[ctx] != 0:
+            return True
+    return False
+
+
 def labels(exp: Experiment) -> list[tuple[Label, ...]]:
-    """Per node (preorder), the path of labels from the root."""
+    """Per node (preorder), the path of labels from the root. Siblings with the same label
+    (distinct function entries of one name) are told apart by :func:`has_values`."""
     c = exp.cct
     out: list[tuple[Label, ...]] = []
+    raw: list[Label] = []
     for i in range(len(c)):
         fn = int(c.function[i])
         fl = int(c.file[i])
@@ -24,7 +39,16 @@ def labels(exp: Experiment) -> list[tuple[Label, ...]]:
                       exp.modules[md].path if md >= 0 else "",
                       int(c.offset[i]) if md >= 0 else 0,
                       c.entry_names.get(i, ""))
+        raw.append(lab)
+    seen: dict[tuple[int, Label], int] = {}
+    for i, lab in enumerate(raw):
+        key = (int(c.parent[i]), lab)
+        seen[key] = seen.get(key, 0) + 1
+    for i in range(len(c)):
         p = int(c.parent[i])
+        lab = raw[i]
+        if seen[(p, lab)] > 1:
+            lab = (*lab, has_values(exp, i))
         out.append((*out[p], lab) if p >= 0 else (lab,))
     return out
 
@@ -47,9 +71,10 @@ def matched_nodes(ours: Experiment, ref: Experiment) -> tuple[np.ndarray, np.nda
     return np.array([a[p] for p in common]), np.array([b[p] for p in common])
 
 
-def scoped_values(exp: Experiment, profile: int, scope: str) -> np.ndarray:
-    """Node-ordered values of the first metric in one scope of one profile (summary: sums)."""
-    m = exp.metrics[0]
+def scoped_values(exp: Experiment, profile: int, scope: str, metric: int = 0) -> np.ndarray:
+    """Node-ordered values of a metric (default the first) in one scope of one profile
+    (summary: sums)."""
+    m = exp.metrics[metric]
     if profile == 0:
         sid = m.stat_id(exp.scopes, scope)
         assert sid is not None

@@ -39,14 +39,21 @@ from callpath.model import (
 from callpath.model.contexts import DEFAULT_ID_NAMES
 from callpath.model.values import BlockStore, transpose
 
+FunctionKey = tuple[str, int, int, int, int, int]
+
 
 class Tables:
-    """The database's module, file and function tables, interned."""
+    """The database's module, file and function tables, interned.
+
+    A function is keyed by its name, module, offset, file and line, plus a ``tag`` that is
+    not written: two placeholders that hpcprof keeps apart under one name (hpcrun's
+    ``GPUKernl`` and ``GPUTrace`` are both ``<gpu kernel>``) are two functions, and so two
+    contexts, with the same content (their tags are hpcrun's placeholder codes)."""
 
     def __init__(self) -> None:
         self.modules: dict[str, int] = {}
         self.files: dict[str, int] = {}
-        self.functions: dict[tuple[str, int, int, int, int], int] = {}
+        self.functions: dict[FunctionKey, int] = {}
 
     def module(self, path: str) -> int:
         return self.modules.setdefault(path, len(self.modules))
@@ -54,8 +61,10 @@ class Tables:
     def file(self, path: str) -> int:
         return self.files.setdefault(path, len(self.files))
 
-    def function(self, name: str, module: int, offset: int, file: int, line: int) -> int:
-        return self.functions.setdefault((name, module, offset, file, line), len(self.functions))
+    def function(self, name: str, module: int, offset: int, file: int, line: int,
+                 tag: int = 0) -> int:
+        return self.functions.setdefault((name, module, offset, file, line, tag),
+                                         len(self.functions))
 
 
 @dataclass
@@ -97,9 +106,9 @@ def canonical_tables(tb: TreeBuilder, tables: Tables
     fls = sorted(tables.files)
     file_map = np.array([fls.index(f) for f in tables.files] + [-1], dtype=np.int64)
     fn_keys = [(name, mods[mod_map[m]] if m >= 0 else "", off, fls[file_map[f]] if f >= 0
-                else "", line) for (name, m, off, f, line) in tables.functions]
-    fn_new = [(name, int(mod_map[m]), off, int(file_map[f]), line)
-              for (name, m, off, f, line) in tables.functions]
+                else "", line, tag) for (name, m, off, f, line, tag) in tables.functions]
+    fn_new = [(name, int(mod_map[m]), off, int(file_map[f]), line, tag)
+              for (name, m, off, f, line, tag) in tables.functions]
     order = sorted(range(len(fn_keys)), key=lambda i: fn_keys[i])
     fn_map = np.full(len(fn_keys) + 1, -1, dtype=np.int64)
     fn_map[np.array(order, dtype=np.int64)] = np.arange(len(order))
@@ -250,7 +259,7 @@ def finish(tb: TreeBuilder, tables: Tables, threads: list[ThreadData],
     metrics = [make_metric(name, k, desc, stats=stats, n_metrics=nm)
                for k, (name, desc) in enumerate(metric_names)]
     fn_table = [Function(name, mod, off, fl, line)
-                for (name, mod, off, fl, line) in tables.functions]
+                for (name, mod, off, fl, line, _tag) in tables.functions]
     profs = [ExecutionContext(0, (), True, 1), *contexts]
     # kinds past HPCToolkit's own (PROCESS, see attribute.processes) are named in meta.db
     top = max((x.kind for c in contexts for x in c.ids), default=0)

@@ -40,6 +40,7 @@ from callpath.model import (
     NodeKind,
     Relation,
 )
+from callpath.model.gpu import GPU_PLACEHOLDERS, OTHER_PLACEHOLDERS
 from callpath.structure.model import Kind, Structure
 
 F, LP, LN, INS = (int(NodeKind.FUNCTION), int(NodeKind.LOOP), int(NodeKind.LINE),
@@ -146,7 +147,7 @@ class ModuleMapper:
             if k == Kind.PROC:
                 f = self._file(int(s.file[c]))
                 name = s.text(int(s.name[c]))
-                if s.file[c] < 0:
+                if s.file[c] < 0 and s.proc_suffix:
                     name = f"{name} [{self.base}]"
                 lo = int(s.range_lo[s.range_ptr[c]]) if s.range_ptr[c + 1] > s.range_ptr[c] else 0
                 fid = self.t.function(name, lm, lo, f, line)
@@ -169,6 +170,16 @@ class ModuleMapper:
         if chain and s.kind[chain[-1]] in (Kind.PROC, Kind.ALIEN):
             steps.append((LN, LEX, -1, cur_file, int(s.line[chain[-1]]), -1, 0))
         return tuple(steps)
+
+
+def placeholder_name(code: int) -> str:
+    """The name hpcprof gives an hpcrun placeholder frame: its standard name (``<gpu
+    kernel>``), else the 8 characters of its code (non-printable ones as ``\\xx``)."""
+    raw = (code & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big")
+    got = GPU_PLACEHOLDERS.get(raw) or OTHER_PLACEHOLDERS.get(raw)
+    if got is not None:
+        return got
+    return "".join(chr(b) if 32 <= b < 127 else f"\\{b:02x}" for b in raw)
 
 
 def load_structures(paths: list[Path]) -> dict[str, Structure]:
@@ -254,13 +265,20 @@ def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
             return tb.entry(ENTRY_THREAD, "application thread")
         if ip == hr.PARTIAL_ROOT:
             return tb.entry(ENTRY_UNKNOWN, "partial call paths")
-        return ()  # another placeholder: transparent
+        if ip == hr.UNNORMALIZED_IP:
+            return ()  # hpcprof's unknown scope: transparent here
+        # any other placeholder (<gpu kernel>, <omp idle>, ...): a function context of its
+        # own, reached by a call, one per placeholder code (hpcprof's rule)
+        name = placeholder_name(ip)
+        return ((F, CALL, part.tables.function(name, -1, 0, -1, 0, tag=ip), -1, 0, -1, 0),)
 
     for f in files:
         prof = hr.read_hpcrun(f)
         part.program = part.program or prof.header.get("program-name", "")
-        local = np.array([part.metric(m.name, m.description) for m in prof.metrics] + [-1],
-                         dtype=np.int64)
+        # descriptors with a formula are hpcprof's derived statistics, not metrics
+        local = np.array([-1 if m.formula else part.metric(m.name, m.description)
+                          for m in prof.metrics] + [-1], dtype=np.int64)
+        move2proc = np.array([m.move2proc for m in prof.metrics] + [False], dtype=bool)
         n = len(prof.node_id)
         order = np.argsort(prof.node_id, kind="stable")
         sorted_ids = prof.node_id[order]
@@ -304,17 +322,24 @@ def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
         gmod = np.concatenate([[-1], np.where(placeholder, -1, lut[lm])]).astype(np.int64)
         ip = np.concatenate([[0], prof.node_ip.astype(np.int64)])
         frame = walker.frame_ids(kind, gmod, ip, lambda k, m, a: 0 if k == -1 else make(k, m, a))
-        anchor = walker.anchors(parent, frame, 0)
+        anchor, entry = walker.anchors_and_entries(parent, frame, 0)
+        at = index_of(prof.value_node, "a metric value")
+        keep = local[prof.value_mid] >= 0
+        # move2proc metrics (hpcrun's GPU times and counts) go to the procedure the frame's
+        # call enters, the others to the frame's line (hpcprof's isRelation)
+        where = np.where(move2proc[prof.value_mid], entry[at], anchor[at])
         th = ThreadData(_identifiers(prof.id_tuple),
-                        spill(STATE.get("spill"), anchor[index_of(prof.value_node,
-                                                                  "a metric value")],
-                              local[prof.value_mid], scaled_values(prof)))
+                        spill(STATE.get("spill"), where[keep], local[prof.value_mid][keep],
+                              scaled_values(prof)[keep]))
         tf = f.with_suffix(".hpctrace")
         if tf.exists():
             tr = hr.read_hpctrace(tf)
             th.trace_times = tr.times
             pos = np.minimum(np.searchsorted(sorted_ids, tr.nodes), max(n - 1, 0))
             ok = (sorted_ids[pos] == tr.nodes) if n else np.zeros(len(tr.nodes), bool)
-            th.trace_nodes = np.where(ok, anchor[order[pos] + 1] if n else 0, 0)
+            # a "call trace" (hpcrun's flag bit 2: GPU streams) names the procedure the
+            # frame enters (the kernel), not its line (hpcprof's rule)
+            named = entry if tr.flags & hr.TRACE_CALL_FLAG else anchor
+            th.trace_nodes = np.where(ok, named[order[pos] + 1] if n else 0, 0)
         part.threads.append(th)
     return part

@@ -180,8 +180,8 @@ def merge(parts: Sequence[Partial]) -> Partial:
         mods = [out.tables.module(path) for path in p.tables.modules]
         fls = [out.tables.file(path) for path in p.tables.files]
         fns = [out.tables.function(name, mods[m] if m >= 0 else -1, off,
-                                   fls[f] if f >= 0 else -1, line)
-               for (name, m, off, f, line) in p.tables.functions]
+                                   fls[f] if f >= 0 else -1, line, tag)
+               for (name, m, off, f, line, tag) in p.tables.functions]
         mets = np.array([out.metric(n, d) for n, d in p.metrics], dtype=np.int64)
         cols = p.tb.columns()
         for c, new in ((3, fns), (4, fls), (6, mods)):

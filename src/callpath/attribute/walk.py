@@ -67,6 +67,7 @@ class Walker:
         self.frame_index: dict[tuple[int, int, int], int] = {}
         self.steps: list[tuple[tuple[int, ...], ...] | int] = []  # per frame id
         self.pairs = _SortedMemo()  # parent anchor << FRAME_BITS | frame id -> anchor
+        self.entries = _SortedMemo()  # the same keys -> the first context the frame adds
 
     def frame_ids(self, kind: I64, module: I64, address: I64,
                   make: Callable[[int, int, int], tuple[tuple[int, ...], ...] | int]) -> I64:
@@ -93,11 +94,23 @@ class Walker:
     def anchors(self, parent: I64, frame: I64, root_anchor: int) -> I64:
         """Anchor of every node (node 0 is the thread's root, anchored at ``root_anchor``);
         ``parent`` must list parents before children."""
+        return self.anchors_and_entries(parent, frame, root_anchor, False)[0]
+
+    def anchors_and_entries(self, parent: I64, frame: I64, root_anchor: int,
+                            entries: bool = True) -> tuple[I64, I64]:
+        """Anchors as :meth:`anchors`, and (with ``entries``) each node's *entry*: the first
+        context its frame adds below its parent's anchor (the procedure a call enters; the
+        anchor itself for a frame of one context or none). hpcprof attributes the values of
+        metrics marked ``move2proc`` there (hpcrun's GPU times and counts: to the kernel's
+        function, not to its line)."""
         n = len(parent)
         anchor = np.full(n, -1, dtype=np.int64)
+        entry = np.full(n if entries else 0, -1, dtype=np.int64)
         if n == 0:
-            return anchor
+            return anchor, entry
         anchor[0] = root_anchor
+        if entries:
+            entry[0] = root_anchor
         node = self.tb.node
         for kids in levels(parent):
             pa = anchor[parent[kids]]
@@ -110,15 +123,22 @@ class Walker:
                 for k, i in zip(miss_keys.tolist(), miss_idx.tolist(), strict=True):
                     st = self.steps[int(fr[i])]
                     if isinstance(st, int):
-                        a = st
+                        a = e = st
                     else:
                         a = int(pa[i])
                         if a == 0 and st and self.top_level is not None:
                             a = self.top_level()
+                        e = -1
                         for s in st:
                             a = node(a, *s)
+                            if e < 0:
+                                e = a
+                        if e < 0:
+                            e = a
                     self.pairs.add(k, a)
+                    self.entries.add(k, e)
                 got, hit = self.pairs.lookup(key)
             anchor[kids] = got
-        return anchor
-
+            if entries:
+                entry[kids] = self.entries.lookup(key)[0]
+        return anchor, entry

@@ -39,6 +39,9 @@ PARTIAL_ROOT = int.from_bytes(b"^Partial", "big")
 NO_ACTIVITY = int.from_bytes(b"NoActvty", "big")
 FENCE_MAIN = int.from_bytes(b"| Main  ", "big")
 FENCE_THREAD = int.from_bytes(b"| Thread", "big")
+UNNORMALIZED_IP = int.from_bytes(b"*Unnorm ", "big")
+#: trace header flag: a "call trace" whose samples name the procedure a frame enters
+TRACE_CALL_FLAG = 1 << 2
 
 CCT_NODE = np.dtype([("id", ">i4"), ("parent", ">i4"), ("lm", ">u2"), ("ip", ">u8"),
                      ("flags", "u1")])

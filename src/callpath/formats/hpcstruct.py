@@ -405,6 +405,7 @@ def _read_lm(lm: ET.Element, path: str) -> Structure:
     suffix = f" [{base}]"
     b = StructureBuilder(name, None)
     b.has_calls = lm.get("has-calls", "0") not in ("0", "")
+    suffixed = [False]
 
     def need_l(e: ET.Element) -> int:
         if e.get("l") is None:
@@ -427,6 +428,7 @@ def _read_lm(lm: ET.Element, path: str) -> Structure:
                 n = c.get("n", "")
                 if n.endswith(suffix):
                     n = n[: -len(suffix)]
+                    suffixed[0] = True
                 sc = b.add(Kind.PROC, parent, name=n, link=c.get("ln") or n, file=file,
                            line=_int_attr(c, "l", path), ranges=rs)
                 walk(c, sc, file)
@@ -472,6 +474,7 @@ def _read_lm(lm: ET.Element, path: str) -> Structure:
         raise FormatError(path, f"<{bad}> inside <LM> is not allowed by hpc-structure.dtd")
     walk(lm, 0, None)
     s = b.build()
+    s.proc_suffix = suffixed[0]
     # Overlapping statement ranges (C inside S) resolve to the later (deeper) scope.
     if len(s.map_lo) > 1:
         order = np.lexsort((np.arange(len(s.map_lo)), s.map_lo))

@@ -1,0 +1,169 @@
+"""``callpath prof`` of HPCToolkit's GPU measurements (``hpcrun -e gpu=nvidia -t``, ...)
+reproduces the databases hpcprof wrote from them: the same tree with hpcprof's placeholders
+(``<gpu kernel>`` under the launching call, the kernel's function and lines from the GPU
+binary's structure file), every measured GPU metric with its name, description and
+inclusive/exclusive values at every context of every execution context (the CPU thread and
+the GPU stream, GPUCONTEXT/GPUSTREAM identifier tuples), and the trace lines.
+
+The oracle is ``../shared/data/hpctoolkit`` (``loops-cuda-nvidia-t``). HPCToolkit's other GPU
+test measurements (AMD, ``--ignore-structs``) are compared too when ``HPCTOOLKIT_TESTDATA``
+names the ``tests/data`` folder of a clone of HPCToolkit/hpctoolkit (not in the shared data:
+their structure files are several MB)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import callpath
+from callpath.attribute.hpctk import prof_hpctoolkit
+from callpath.model import Experiment
+from conftest import run_cli, shared_path
+from prof_compare import by_path, matched_nodes, profile_by_ids, scoped_values
+
+SHARED = [("loops-cuda-nvidia-t.m", "loops-cuda-nvidia-t.d", ())]
+EXTERNAL = [("loops-cuda-nvidia-t.m", "loops-cuda-nvidia-t.nostruct.d", ("--ignore-structs",)),
+            ("loops-hip-amd-t.m", "loops-hip-amd-t.d", ()),
+            ("loops-hip-amd-t.m", "loops-hip-amd-t.nostruct.d", ("--ignore-structs",))]
+CASES = [(*c, "shared") for c in SHARED] + [(*c, "external") for c in EXTERNAL]
+
+
+def data_dir(where: str) -> Path:
+    """HPCToolkit's data: the shared copy, or a clone's ``tests/data`` (skip if absent)."""
+    if where == "shared":
+        return shared_path("hpctoolkit")
+    ext = os.environ.get("HPCTOOLKIT_TESTDATA")
+    if not ext or not Path(ext).is_dir():
+        pytest.skip("set HPCTOOLKIT_TESTDATA to the tests/data folder of a clone of "
+                    "HPCToolkit/hpctoolkit to compare its other GPU measurements")
+    return Path(ext)
+
+
+_built: dict[tuple[str, str], Path] = {}
+
+
+@pytest.fixture(scope="module")
+def outdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("prof-gpu")
+
+
+def pair(outdir: Path, meas: str, db: str, opts: tuple[str, ...], where: str
+         ) -> tuple[Experiment, Experiment]:
+    """Our database (written by ``callpath prof``, once per case) and hpcprof's."""
+    base = data_dir(where)
+    key = (where, db)
+    if key not in _built:
+        out = outdir / f"{where}-{db}"
+        run_cli("prof", str(base / "meas" / meas), "-o", str(out), *opts, check=True)
+        _built[key] = out
+    return callpath.open(_built[key]), callpath.open(base / "dbase" / db)
+
+
+def yaml_roots(db: Path) -> list[dict[str, object]]:
+    """The metric roots of hpcprof's ``metrics/default.yaml``, in its order (hpcrun's)."""
+    doc = yaml.safe_load((db / "metrics" / "default.yaml").read_text())
+    return list(doc["roots"])
+
+
+@pytest.mark.parametrize(("meas", "db", "opts", "where"), CASES)
+def test_same_tree_metrics_and_values(outdir: Path, meas: str, db: str,
+                                      opts: tuple[str, ...], where: str) -> None:
+    ours, ref = pair(outdir, meas, db, opts, where)
+    ia, ib = matched_nodes(ours, ref)
+    # hpcprof lists meta.db's metrics in no particular order; ours are in hpcrun's order,
+    # which is also the order of hpcprof's metrics/default.yaml
+    # (hpcrun's invisible accumulators are not among the roots)
+    names = [m.name for m in ours.metrics]
+    assert sorted(names) == sorted(m.name for m in ref.metrics)
+    roots = [r["name"] for r in yaml_roots(data_dir(where) / "dbase" / db)]
+    assert [n for n in names if n in roots] == [n for n in roots if n in names]
+    assert [s.name for s in ours.scopes] == [s.name for s in ref.scopes]
+    pa, pb = profile_by_ids(ours), profile_by_ids(ref)
+    assert set(pa) == set(pb)
+    ref_index = {m.name: k for k, m in enumerate(ref.metrics)}
+    for k, m in enumerate(ours.metrics):
+        for key in pa:
+            for scope in ("function", "lex_aware", "execution"):
+                va = scoped_values(ours, pa[key], scope, k)[ia]
+                vb = scoped_values(ref, pb[key], scope, ref_index[m.name])[ib]
+                np.testing.assert_allclose(va, vb, rtol=1e-9, atol=0,
+                                           err_msg=f"{db} {m.name} profile {key} {scope}")
+
+
+def point_id(exp: Experiment, metric: int) -> int:
+    """The metric id of a metric's ``point`` scope in the per-context blocks."""
+    m = exp.metrics[metric]
+    ids = [s.prop_metric_id for s in m.scope_insts if exp.scopes[s.scope].name == "point"]
+    assert len(ids) == 1
+    return ids[0]
+
+
+@pytest.mark.parametrize(("meas", "db", "opts", "where"), CASES)
+def test_point_totals_per_context(outdir: Path, meas: str, db: str, opts: tuple[str, ...],
+                                  where: str) -> None:
+    """``point`` values: hpcprof keeps them on instruction contexts that meta.db does not
+    list, callpath on the context itself; the total of each metric in each execution
+    context is the same."""
+    ours, ref = pair(outdir, meas, db, opts, where)
+    pa, pb = profile_by_ids(ours), profile_by_ids(ref)
+    ref_index = {m.name: k for k, m in enumerate(ref.metrics)}
+    for key in pa:
+        for k, m in enumerate(ours.metrics):
+            pid_a = point_id(ours, k)
+            pid_b = point_id(ref, ref_index[m.name])
+            blk_a, blk_b = ours.values[pa[key]], ref.values[pb[key]]
+            tot_a = np.asarray(blk_a.values)[blk_a.metric_ids == pid_a].sum()
+            tot_b = np.asarray(blk_b.values)[blk_b.metric_ids == pid_b].sum()
+            assert tot_a == pytest.approx(tot_b, rel=1e-12), (db, key, m.name)
+
+
+@pytest.mark.parametrize(("meas", "db", "opts", "where"), CASES)
+def test_trace_lines(outdir: Path, meas: str, db: str, opts: tuple[str, ...],
+                     where: str) -> None:
+    """Every trace line (the GPU stream's: one interval per kernel, and the idle gaps
+    between) has hpcprof's timestamps and contexts."""
+    ours, ref = pair(outdir, meas, db, opts, where)
+    assert ours.traces is not None and ref.traces is not None
+    assert ours.traces.min_timestamp == ref.traces.min_timestamp
+    assert ours.traces.max_timestamp == ref.traces.max_timestamp
+    pa, pb = profile_by_ids(ours), profile_by_ids(ref)
+    key_a = {v: k for k, v in pa.items()}
+    key_b = {v: k for k, v in pb.items()}
+    lines_b = {key_b[t.prof_index]: t for t in ref.traces.lines}
+    assert sorted(key_a[t.prof_index] for t in ours.traces.lines) == sorted(lines_b)
+    path_a = {int(ours.cct.ctx_id[i]): p for p, i in by_path(ours).items()}
+    path_b = {int(ref.cct.ctx_id[i]): p for p, i in by_path(ref).items()}
+    for line in ours.traces.lines:
+        other = lines_b[key_a[line.prof_index]]
+        np.testing.assert_array_equal(line.timestamps, other.timestamps)
+        assert [path_a.get(int(c)) for c in line.ctx_ids] == \
+            [path_b.get(int(c)) for c in other.ctx_ids]
+
+
+def test_descriptions_and_visibility_as_hpcprof(outdir: Path) -> None:
+    """Descriptions of the measured metrics are hpcrun's, as hpcprof's metrics/default.yaml
+    gives them; kernel properties defined by a formula (``GKER:OCC_THR``, ...) are not
+    metrics of meta.db."""
+    base = data_dir("shared")
+    exp = prof_hpctoolkit([base / "meas" / "loops-cuda-nvidia-t.m"], [])
+    assert exp is not None
+    roots = {str(r["name"]): r for r in yaml_roots(base / "dbase" / "loops-cuda-nvidia-t.d")}
+    for m in exp.metrics:  # (hpcrun's invisible accumulators are not among the roots)
+        if m.name in roots:
+            assert m.description == roots[m.name]["description"], m.name
+    assert sum(m.name in roots for m in exp.metrics) == 44
+    assert "GKER:OCC_THR" in roots and all(m.name != "GKER:OCC_THR" for m in exp.metrics)
+
+
+def test_gpu_stream_is_an_execution_context(outdir: Path) -> None:
+    """The GPU stream's identifier tuple (NODE, GPUCONTEXT, GPUSTREAM) and its name as
+    ``report --contexts`` lists it."""
+    ours, _ = pair(outdir, *SHARED[0], "shared")
+    kinds = {tuple(x.kind for x in p.ids) for p in ours.profiles[1:]}
+    assert kinds == {(1, 3), (1, 5, 6)}
+    r = run_cli("report", str(_built[("shared", SHARED[0][1])]), "--contexts", check=True)
+    assert "GPUSTREAM" in r.stdout and "GPUCONTEXT" in r.stdout
