@@ -3,9 +3,29 @@ its path of labels from the root, and values are compared by that name."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from callpath.model import Experiment
+from conftest import DATA
+
+#: a clone's tests/data: HPCToolkit's test measurements not in the shared data
+ENV = "CALLPATH_HPCTOOLKIT_TESTDATA"
+
+
+def hpctk_data(*parts: str) -> Path:
+    """A path of HPCToolkit's test data: the shared data first, then ``$ENV`` (skip if in
+    neither)."""
+    p = DATA.joinpath("hpctoolkit", *parts)
+    if p.exists():
+        return p
+    if os.environ.get(ENV) and Path(os.environ[ENV], *parts).exists():
+        return Path(os.environ[ENV], *parts)
+    pytest.skip(f"{'/'.join(parts)} (HPCToolkit's test data) is neither in "
+                f"{DATA / 'hpctoolkit'} nor under ${ENV}")
 
 Label = tuple[object, ...]
 

@@ -21,7 +21,6 @@ Two kinds of evidence:
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,22 +33,9 @@ from callpath.attribute.elfsyms import DirectSymbols, demangle
 from callpath.attribute.kernelsyms import KernelSymbols, is_kernel_symbols
 from callpath.formats.hpcrun import read_hpcrun
 from callpath.model import Experiment, Metric, NodeKind
-from conftest import DATA, run_cli, shared_path
+from conftest import run_cli, shared_path
 from hpcrun_patch import new_flags, old_flags, patch
-from prof_compare import matched_nodes, profile_by_ids
-
-ENV = "CALLPATH_HPCTOOLKIT_TESTDATA"
-
-
-def hpctk_data(*parts: str) -> Path:
-    """A path of HPCToolkit's test data: the shared data first, then ``$ENV``."""
-    p = DATA.joinpath("hpctoolkit", *parts)
-    if p.exists():
-        return p
-    if os.environ.get(ENV) and Path(os.environ[ENV], *parts).exists():
-        return Path(os.environ[ENV], *parts)
-    pytest.skip(f"{'/'.join(parts)} (HPCToolkit's perf-event test data) is neither in "
-                f"{DATA / 'hpctoolkit'} nor under ${ENV}")
+from prof_compare import hpctk_data, matched_nodes, profile_by_ids
 
 
 def _point_total(exp: Experiment, profile: int, metric: Metric) -> float:

@@ -50,6 +50,7 @@ CALL, INL, LEX = int(Relation.CALL), int(Relation.INLINED_CALL), int(Relation.LE
 Step = tuple[int, int, int, int, int, int, int]
 
 ENTRY_MAIN, ENTRY_THREAD, ENTRY_UNKNOWN = 1, 2, 0
+NOT_UNWOUND = 2  # the frame kind of a node hpcrun did not unwind
 
 
 class SymbolTable:
@@ -242,6 +243,8 @@ def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
     walker = Walker(tb, lambda: tb.entry(ENTRY_UNKNOWN, "partial call paths"))
 
     def make(kind: int, lm: int, ip: int) -> tuple[Step, ...] | int:
+        if kind == NOT_UNWOUND:
+            return not_unwound(lm, ip)
         if kind == 1:
             mp = mappers.get(lm)
             if mp is None:
@@ -271,6 +274,20 @@ def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
         # own, reached by a call, one per placeholder code (hpcprof's rule)
         name = placeholder_name(ip)
         return ((F, CALL, part.tables.function(name, -1, 0, -1, 0, tag=ip), -1, 0, -1, 0),)
+
+    def not_unwound(lm: int, ip: int) -> tuple[Step, ...]:
+        """A frame hpcrun did not unwind (a GPU PC sample). hpcprof places it through the
+        GPU binary's call graph, which a structure file made with ``--gpucfg yes`` has
+        (``has-calls``): from a kernel entry to the instruction's function, the function's
+        own scopes. Without one, an unknown procedure reached by a call, and the
+        instruction reached by a call below it."""
+        steps = make(1, lm, ip)
+        assert not isinstance(steps, int)
+        mp = mappers[lm]
+        if mp.s is not None and mp.s.has_calls and steps and steps[0][0] == F:
+            return steps
+        point = (INS, CALL, -1, -1, 0, part.tables.module(module_paths[lm]), ip)
+        return ((F, CALL, -1, -1, 0, -1, 0), point)
 
     for f in files:
         prof = hr.read_hpcrun(f)
@@ -318,7 +335,8 @@ def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
         for k, v in lm_paths.items():
             if k < len(lut):
                 lut[k] = v
-        kind = np.concatenate([[-1], np.where(placeholder, 0, 1)]).astype(np.int64)
+        kind = np.concatenate([[-1], np.where(placeholder, 0, np.where(
+            prof.node_unwound, 1, NOT_UNWOUND))]).astype(np.int64)
         gmod = np.concatenate([[-1], np.where(placeholder, -1, lut[lm])]).astype(np.int64)
         ip = np.concatenate([[0], prof.node_ip.astype(np.int64)])
         frame = walker.frame_ids(kind, gmod, ip, lambda k, m, a: 0 if k == -1 else make(k, m, a))

@@ -40,6 +40,8 @@ NO_ACTIVITY = int.from_bytes(b"NoActvty", "big")
 FENCE_MAIN = int.from_bytes(b"| Main  ", "big")
 FENCE_THREAD = int.from_bytes(b"| Thread", "big")
 UNNORMALIZED_IP = int.from_bytes(b"*Unnorm ", "big")
+#: CCT node flag: hpcrun unwound the frame's calling context
+UNWOUND_FLAG = 1
 #: trace header flag: a "call trace" whose samples name the procedure a frame enters
 TRACE_CALL_FLAG = 1 << 2
 
@@ -114,6 +116,10 @@ class HpcrunProfile:
     value_mid: npt.NDArray[np.int64]
     value: npt.NDArray[np.float64]
     id_names: dict[int, str] = field(default_factory=dict)
+    #: per node, hpcrun's "unwound" flag: False for a frame whose calling context hpcrun
+    #: could not unwind (GPU PC samples: an instruction in a kernel, placed by hpcprof
+    #: through the GPU binary's call graph)
+    node_unwound: npt.NDArray[np.bool_] = field(default_factory=lambda: np.ones(0, bool))
 
 
 class _Cursor:
@@ -239,7 +245,7 @@ def read_hpcrun(path: str | Path) -> HpcrunProfile:
         node_id=nodes["id"].astype(np.int64), node_parent=nodes["parent"].astype(np.int64),
         node_lm=nodes["lm"].astype(np.int64), node_ip=nodes["ip"].astype(np.uint64),
         value_node=value_node, value_mid=mids, value=value.astype(np.float64),
-        id_names=id_names)
+        id_names=id_names, node_unwound=(nodes["flags"] & UNWOUND_FLAG) != 0)
 
 
 @dataclass
