@@ -167,3 +167,28 @@ def test_gpu_stream_is_an_execution_context(outdir: Path) -> None:
     assert kinds == {(1, 3), (1, 5, 6)}
     r = run_cli("report", str(_built[SHARED[0][1]]), "--contexts", check=True)
     assert "GPUSTREAM" in r.stdout and "GPUCONTEXT" in r.stdout
+
+
+def test_trace_view_shows_the_gpu_stream(outdir: Path) -> None:
+    """The viewer's trace view of the database: a row for the GPU stream beside the CPU
+    thread's, the kernel's frames down to ``<gpu kernel>`` → ``kernmain()``, and the idle
+    gaps between the 100 launches (hpcrun's ``NoActvty`` samples) as no frame."""
+    from callpath.view import traces
+    from callpath.view.session import open_databases
+
+    pair(outdir, *SHARED[0])
+    db, = open_databases([str(_built[SHARED[0][1]])], warm=False)
+    meta = traces.meta(db, {}, b"")
+    assert meta["contexts"] == ["NODE 0 THREAD 0", "NODE 0 GPUCONTEXT 1 GPUSTREAM 7"]
+    ti = traces.trace_index(db)
+    depth = meta["max_depth"]
+    frame = traces.frame(db, {"width": "8", "height": "2", "depth": str(depth)}, b"")
+    assert frame["procedures"] == ["kernmain()"]
+    assert traces.frame(db, {"width": "8", "height": "2", "depth": str(depth - 1)},
+                        b"")["procedures"] == ["<gpu kernel>"]
+    # 8000 pixels over 31 ms: 4 µs each, finer than the gaps between kernels
+    grid, rows = traces.frame_grid(ti, traces._window(ti, {}), 8000, 2, depth)
+    assert list(rows) == [0, 1] and (grid[0] < 0).all()
+    kernel = grid[1] >= 0
+    starts = np.count_nonzero(kernel[1:] & ~kernel[:-1]) + int(kernel[0])
+    assert starts == 100
