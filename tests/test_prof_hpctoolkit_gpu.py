@@ -144,6 +144,20 @@ def test_trace_lines(outdir: Path, meas: str, db: str, opts: tuple[str, ...],
             [path_b.get(int(c)) for c in other.ctx_ids]
 
 
+@pytest.mark.parametrize(("meas", "db", "opts"), CASES)
+def test_metrics_yaml_as_hpcprof(outdir: Path, meas: str, db: str, opts: tuple[str, ...]
+                                 ) -> None:
+    """metrics/default.yaml, which hpcviewer reads: every root (descriptions, hidden
+    metrics, the kernel properties as formulas such as ``GKER:OCC_THR``, GSAMP:UTIL's
+    min/max) equal to hpcprof's once the YAML aliases are resolved."""
+    pair(outdir, meas, db, opts)
+    ours = yaml_roots(_built[db])
+    ref = yaml_roots(hpctk_data("dbase", db))
+    assert [r["name"] for r in ours] == [r["name"] for r in ref]
+    for a, b in zip(ours, ref, strict=True):
+        assert a == b
+
+
 def test_descriptions_and_visibility_as_hpcprof(outdir: Path) -> None:
     """Descriptions of the measured metrics are hpcrun's, as hpcprof's metrics/default.yaml
     gives them; kernel properties defined by a formula (``GKER:OCC_THR``, ...) are not

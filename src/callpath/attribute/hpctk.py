@@ -27,6 +27,7 @@ from callpath.attribute.build import Tables, ThreadData, finish
 from callpath.attribute.elfsyms import DirectSymbols
 from callpath.attribute.forked import STATE
 from callpath.attribute.hpcrun_periods import scaled_values
+from callpath.attribute.hpcrun_yaml import metrics_yaml
 from callpath.attribute.kernelsyms import KernelSymbols, is_kernel_symbols
 from callpath.attribute.reduce import Partial, reduce_units, writer_mapper
 from callpath.attribute.samples import spill
@@ -224,10 +225,26 @@ def prof_hpctoolkit(measdirs: list[Path], struct_files: list[Path], *,
                         {"structures": {} if ignore_structs else load_structures(structs)})
     if part is None:
         return None
-    return finish(part.tb, part.tables, part.threads, part.metrics,
-                  title=title or part.program,
-                  description="callpath prof of HPCToolkit measurements",
-                  stats=stats, parallel=writer_mapper(workers, mpi))
+    exp = finish(part.tb, part.tables, part.threads, part.metrics,
+                 title=title or part.program,
+                 description="callpath prof of HPCToolkit measurements",
+                 stats=stats, parallel=writer_mapper(workers, mpi))
+    # (with -M stats hpcprof's file also lists the statistics; this one, like the generic
+    # one, does not)
+    exp.metrics_yaml = metrics_yaml(descriptor_table(measdirs), [m.name for m in exp.metrics])
+    return exp
+
+
+def descriptor_table(measdirs: list[Path]) -> list[hr.HpcrunMetric]:
+    """hpcrun's metric descriptors of the measurement directories (the first profile's of
+    each; hpcrun writes one table per run), each name once, in order."""
+    out: dict[str, hr.HpcrunMetric] = {}
+    for d in measdirs:
+        first = min(d.glob("*.hpcrun"), default=None)
+        if first is not None:
+            for m in hr.read_hpcrun(first).metrics:
+                out.setdefault(m.name, m)
+    return list(out.values())
 
 
 def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
