@@ -157,3 +157,16 @@ def test_stats_partials(tmp_path: Path) -> None:
         np.testing.assert_allclose(stat("$$^2", Combine.SUM), (per ** 2).sum(0), rtol=1e-12)
         np.testing.assert_array_equal(stat("$$", Combine.MIN), per.min(0))
         np.testing.assert_array_equal(stat("$$", Combine.MAX), per.max(0))
+
+
+@pytest.mark.parametrize(("meas", "db", "opts"), CASES)
+def test_metrics_yaml_as_hpcprof(databases: dict[str, Path], meas: str, db: str,
+                                 opts: list[str]) -> None:
+    """metrics/default.yaml (what hpcviewer reads: names, descriptions, variants) has
+    hpcprof's roots, once YAML aliases are resolved."""
+    import yaml
+
+    ours = yaml.safe_load((databases[db] / "metrics" / "default.yaml").read_text())
+    ref = yaml.safe_load((shared_path("hpctoolkit", "dbase", db) / "metrics" /
+                          "default.yaml").read_text())
+    assert ours["roots"] == ref["roots"]
