@@ -206,3 +206,28 @@ def test_trace_view_shows_the_gpu_stream(outdir: Path) -> None:
     kernel = grid[1] >= 0
     starts = np.count_nonzero(kernel[1:] & ~kernel[:-1]) + int(kernel[0])
     assert starts == 100
+
+
+def test_viewer_top_down_reaches_the_kernel(outdir: Path) -> None:
+    """The viewer's Top-down pages (HTTP API) of the database, expanded along the hot
+    path: the launch's call site, ``<gpu kernel>``, then ``kernmain()`` with all of
+    ``GKER (sec)`` exclusive to it."""
+    from view_support import get_json, serve
+
+    ours, _ = pair(outdir, *SHARED[0])
+    gker = [m.name for m in ours.metrics].index("GKER (sec)")
+    total = float(ours.summary(ours.metrics[gker].stat_id(ours.scopes, "execution") or 0)[0])
+    assert total > 0
+    names = []
+    with serve([_built[SHARED[0][1]]]) as s:
+        page = get_json(s.url, "/api/db/0/children")
+        while page["rows"]:
+            hot = max(page["rows"], key=lambda r: r["values"][f"m{gker}i"])
+            names.append(hot["name"])
+            if not hot["has_children"]:
+                break
+            page = get_json(s.url, "/api/db/0/children", node=hot["key"])
+            if hot["name"] == "kernmain()":
+                assert hot["values"][f"m{gker}e"] == pytest.approx(total, rel=1e-12)
+    assert names[-5:-1] == ["cudaLaunchKernel", "[testmeas-loops-cuda]:0", "<gpu kernel>",
+                           "kernmain()"]
