@@ -231,3 +231,29 @@ def test_viewer_top_down_reaches_the_kernel(outdir: Path) -> None:
                 assert hot["values"][f"m{gker}e"] == pytest.approx(total, rel=1e-12)
     assert names[-5:-1] == ["cudaLaunchKernel", "[testmeas-loops-cuda]:0", "<gpu kernel>",
                            "kernmain()"]
+
+
+@pytest.mark.parametrize("which", ["ours", "hpcprof"])
+def test_reader_takes_descriptions_from_the_taxonomy(outdir: Path, which: str) -> None:
+    """meta.db has no metric descriptions; reading a database takes them from its
+    metrics/default.yaml (hpcprof's or ours), so the viewer's column tooltips say what
+    ``GKER (sec)`` is. The invisible accumulators have none there, hence none here."""
+    ours, ref = pair(outdir, *SHARED[0])
+    exp = ours if which == "ours" else ref
+    roots = {str(r["name"]): r["description"] for r in yaml_roots(
+        _built[SHARED[0][1]] if which == "ours"
+        else shared_path("hpctoolkit", "dbase", SHARED[0][1]))}
+    for m in exp.metrics:
+        assert m.description == roots.get(m.name, ""), m.name
+    assert {m.name: m.description for m in exp.metrics}["GKER (sec)"] == \
+        "GPU time: kernel execution (seconds)"
+
+
+def test_parallel_reduction_gives_the_same_database(tmp_path: Path) -> None:
+    """``-j 2`` splits the two profiles (CPU thread, GPU stream) between two processes;
+    the placeholders' tags and the metric table survive the merge: identical files."""
+    meas = shared_path("hpctoolkit", "meas", "loops-cuda-nvidia-t.m")
+    for j in ("1", "2"):
+        run_cli("prof", "-j", j, str(meas), "-o", str(tmp_path / j), check=True)
+    for f in ("meta.db", "profile.db", "cct.db", "trace.db", "metrics/default.yaml"):
+        assert (tmp_path / "1" / f).read_bytes() == (tmp_path / "2" / f).read_bytes(), f

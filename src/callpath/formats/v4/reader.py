@@ -20,6 +20,7 @@ import numpy.typing as npt
 from callpath.errors import FormatError
 from callpath.formats.v4.binfile import BinFile, index_of
 from callpath.formats.v4.names import read_names
+from callpath.formats.v4.taxonomy import root_descriptions
 from callpath.model import (
     CCT,
     Combine,
@@ -83,6 +84,10 @@ def read_v4(directory: str | Path) -> Experiment:
             metrics_yaml = yaml_path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise FormatError(yaml_path, f"unreadable metric taxonomy: {e}") from None
+        described = root_descriptions(metrics_yaml)
+        for m in meta.metrics:
+            if not m.description:
+                m.description = described.get(m.name, "")
     return Experiment(
         cct=meta.cct, metrics=meta.metrics, scopes=meta.scopes, profiles=profiles,
         values=BlockStore(len(profiles), loader), n_ctx_slots=n_slots,
