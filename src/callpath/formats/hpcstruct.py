@@ -287,7 +287,7 @@ def read_hpcstruct(path: str | os.PathLike[str], *, cache: bool = True) -> list[
 
 CACHE_MIN_BYTES = 1 << 18  # smaller files parse in well under 10 ms: not worth an entry
 CACHE_MAX_BYTES = 1 << 28  # the directory's bound (libc's entry: 12 MB)
-_CACHE_VERSION = 1  # bumped whenever the reader's result changes
+_CACHE_VERSION = 2  # bumped whenever the reader's result changes
 _ARRAYS = ("kind", "parent", "name", "link_name", "file", "line", "call_file", "call_line",
            "target", "range_ptr", "range_lo", "range_hi", "map_lo", "map_hi", "map_scope")
 
@@ -335,7 +335,8 @@ def _cache_load(ident: dict[str, Any]) -> list[Structure] | None:
                         == len(cols["map_scope"])):
                     return None
                 out.append(Structure(path=m["path"], build_id=m["build_id"], strings=strings,
-                                     has_calls=bool(m["has_calls"]), **cols))
+                                     has_calls=bool(m["has_calls"]),
+                                     proc_suffix=bool(m["proc_suffix"]), **cols))
     except Exception:  # any entry that does not read back whole means: parse instead
         return None
     with contextlib.suppress(OSError):
@@ -355,7 +356,7 @@ def _cache_store(ident: dict[str, Any], structs: list[Structure]) -> None:
         arrays[f"{i}.strings"] = np.frombuffer(
             "\0".join(st.strings).encode("utf-8", "surrogatepass"), dtype=np.uint8)
         mods.append({"path": st.path, "build_id": st.build_id, "has_calls": st.has_calls,
-                     "n_strings": len(st.strings)})
+                     "proc_suffix": st.proc_suffix, "n_strings": len(st.strings)})
     meta = dict(ident, modules=mods)
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     tmp = d / f".{ident['entry']}.{os.getpid()}.tmp"

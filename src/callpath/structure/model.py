@@ -59,9 +59,10 @@ class Structure:
     map_hi: npt.NDArray[np.uint64] = field(default_factory=lambda: np.zeros(0, np.uint64))
     map_scope: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
     has_calls: bool = False
-    #: hpcstruct names a procedure without a source file ``name [module]`` in some load
-    #: modules (shared libraries) and not in others (executables, GPU binaries); the
-    #: names here are without it, and this says whether the structure file had it
+    #: some versions of hpcstruct name a procedure without a source file ``name [module]``,
+    #: others (those of HPCToolkit's GPU test data) the plain name; the names here are
+    #: without it, and this says whether the structure file had it (hpcprof shows the name
+    #: as the file has it)
     proc_suffix: bool = True
 
     def __len__(self) -> int:
