@@ -33,14 +33,10 @@ EXTERNAL = [("loops-cuda-nvidia-t.m", "loops-cuda-nvidia-t.nostruct.d", NOSTRUCT
             # PC sampling: instruction samples hpcrun did not unwind
             ("loops-cuda-nvidiapc-t.m", "loops-cuda-nvidiapc-t.d", ()),
             ("loops-cuda-nvidiapc-t.m", "loops-cuda-nvidiapc-t.nostruct.d", NOSTRUCT),
-            ("recursion-cuda-nvidiapc-t.m", "recursion-cuda-nvidiapc-t.nostruct.d", NOSTRUCT)]
-#: hpcprof spreads the PC samples of a device function called from several places over
-#: its calling contexts in the kernel (its ContextReconstruction); callpath places them in
-#: the function alone (docs/prof.md, "GPU measurements")
-RECONSTRUCTED = pytest.param(
-    "recursion-cuda-nvidiapc-t.m", "recursion-cuda-nvidiapc-t.d", (),
-    marks=pytest.mark.xfail(strict=True, reason="GPU calling-context reconstruction across "
-                            "device calls is not implemented"))
+            ("recursion-cuda-nvidiapc-t.m", "recursion-cuda-nvidiapc-t.nostruct.d", NOSTRUCT),
+            # device functions called from several places, recursion: hpcprof's
+            # reconstruction of calling contexts inside the kernel
+            ("recursion-cuda-nvidiapc-t.m", "recursion-cuda-nvidiapc-t.d", ())]
 CASES = [*SHARED, *EXTERNAL]
 
 
@@ -69,7 +65,7 @@ def yaml_roots(db: Path) -> list[dict[str, object]]:
     return list(doc["roots"])
 
 
-@pytest.mark.parametrize(("meas", "db", "opts"), [*CASES, RECONSTRUCTED])
+@pytest.mark.parametrize(("meas", "db", "opts"), CASES)
 def test_same_tree_metrics_and_values(outdir: Path, meas: str, db: str,
                                       opts: tuple[str, ...]) -> None:
     ours, ref = pair(outdir, meas, db, opts)
@@ -257,3 +253,22 @@ def test_parallel_reduction_gives_the_same_database(tmp_path: Path) -> None:
         run_cli("prof", "-j", j, str(meas), "-o", str(tmp_path / j), check=True)
     for f in ("meta.db", "profile.db", "cct.db", "trace.db", "metrics/default.yaml"):
         assert (tmp_path / "1" / f).read_bytes() == (tmp_path / "2" / f).read_bytes(), f
+
+
+def test_procedure_names_survive_the_structure_cache(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """hpcstruct's naming (``cudaLaunchKernel``, not ``cudaLaunchKernel [exe]``) comes
+    back from the parse cache too: a second ``prof`` reading the cached structure names
+    the procedure as the first."""
+    from callpath.formats import hpcstruct
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(hpcstruct, "CACHE_MIN_BYTES", 0)
+    meas = shared_path("hpctoolkit", "meas", "loops-cuda-nvidia-t.m")
+    for _ in range(2):
+        exp = prof_hpctoolkit([meas], [])
+        assert exp is not None
+        names = {f.name for f in exp.functions}
+        assert "cudaLaunchKernel" in names and "cudaLaunchKernel [testmeas-loops-cuda]" \
+            not in names
+    assert any((tmp_path / "xdg").rglob("*.npz"))

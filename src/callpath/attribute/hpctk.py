@@ -26,6 +26,7 @@ import numpy.typing as npt
 from callpath.attribute.build import Tables, ThreadData, finish
 from callpath.attribute.elfsyms import DirectSymbols
 from callpath.attribute.forked import STATE
+from callpath.attribute.gpu_reconstruct import GpuCallGraph, Reconstructor
 from callpath.attribute.hpcrun_periods import scaled_values
 from callpath.attribute.hpcrun_yaml import metrics_yaml
 from callpath.attribute.kernelsyms import KernelSymbols, is_kernel_symbols
@@ -292,17 +293,36 @@ def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
         name = placeholder_name(ip)
         return ((F, CALL, part.tables.function(name, -1, 0, -1, 0, tag=ip), -1, 0, -1, 0),)
 
+    graphs: dict[int, GpuCallGraph | None] = {}
+
+    def graph(lm: int) -> GpuCallGraph | None:
+        """The GPU call graph of load module ``lm`` (hpcstruct ``--gpucfg yes``), if any."""
+        if lm not in graphs:
+            s = mappers[lm].s if lm in mappers else None
+            g = GpuCallGraph(s) if s is not None and s.has_calls else None
+            graphs[lm] = g if g is not None and g.valid else None
+        return graphs[lm]
+
+    def module_steps(lm: int, ip: int) -> tuple[Step, ...]:
+        got = make(1, lm, ip)
+        assert not isinstance(got, int)
+        return got
+
+    rebuild = Reconstructor(tb.node, module_steps, graph)
+    reconstructed: set[tuple[int, int]] = set()  # (module, address) of such frames
+
     def not_unwound(lm: int, ip: int) -> tuple[Step, ...]:
-        """A frame hpcrun did not unwind (a GPU PC sample). hpcprof places it through the
-        GPU binary's call graph, which a structure file made with ``--gpucfg yes`` has
-        (``has-calls``): from a kernel entry to the instruction's function, the function's
-        own scopes. Without one, an unknown procedure reached by a call, and the
-        instruction reached by a call below it."""
-        steps = make(1, lm, ip)
-        assert not isinstance(steps, int)
-        mp = mappers[lm]
-        if mp.s is not None and mp.s.has_calls and steps and steps[0][0] == F:
-            return steps
+        """A frame hpcrun did not unwind (a GPU PC sample). hpcprof reconstructs its calling
+        contexts through the GPU binary's call graph where a structure file made with
+        ``--gpucfg yes`` (``has-calls``) covers the instruction: the frame adds nothing
+        here, its values are spread afterwards (:mod:`callpath.attribute.gpu_reconstruct`).
+        Otherwise: an unknown procedure reached by a call, and the instruction reached by
+        a call below it."""
+        module_steps(lm, ip)  # (the module's mapper and structure)
+        g = graph(lm)
+        if g is not None and g.function_of(ip) >= 0:
+            reconstructed.add((lm, ip))
+            return ()
         point = (INS, CALL, -1, -1, 0, part.tables.module(module_paths[lm]), ip)
         return ((F, CALL, -1, -1, 0, -1, 0), point)
 
@@ -363,9 +383,23 @@ def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
         # move2proc metrics (hpcrun's GPU times and counts) go to the procedure the frame's
         # call enters, the others to the frame's line (hpcprof's isRelation)
         where = np.where(move2proc[prof.value_mid], entry[at], anchor[at])
-        th = ThreadData(_identifiers(prof.id_tuple),
-                        spill(STATE.get("spill"), where[keep], local[prof.value_mid][keep],
-                              scaled_values(prof)[keep]))
+        metric, value = local[prof.value_mid], scaled_values(prof)
+        rec = np.zeros(len(at), dtype=bool)
+        if reconstructed:
+            fids = [walker.frame_index[(NOT_UNWOUND, m, a)] for m, a in reconstructed
+                    if (NOT_UNWOUND, m, a) in walker.frame_index]
+            rec_frame = np.zeros(len(walker.steps), dtype=bool)
+            rec_frame[np.array(fids, dtype=np.int64)] = True
+            rec = rec_frame[frame[at]] & keep
+        normal = keep & ~rec
+        ctx, met, val = where[normal], metric[normal], value[normal]
+        if rec.any():
+            r_ctx, r_met, r_val = rebuild.redistribute(
+                anchor[parent[at[rec]]], gmod[at[rec]], ip[at[rec]], metric[rec], value[rec],
+                [name for name, _ in part.metrics], (ctx, met, val))
+            ctx, met, val = (np.concatenate([ctx, r_ctx]), np.concatenate([met, r_met]),
+                             np.concatenate([val, r_val]))
+        th = ThreadData(_identifiers(prof.id_tuple), spill(STATE.get("spill"), ctx, met, val))
         tf = f.with_suffix(".hpctrace")
         if tf.exists():
             tr = hr.read_hpctrace(tf)
