@@ -258,7 +258,7 @@ def reduce_hpcrun_files(files: Sequence[Path]) -> Partial:
     module_index: dict[str, int] = {}
     module_paths: list[str] = []
     module_dirs: dict[str, Path] = {}  # a relative load module's measurement directory
-    walker = Walker(tb, lambda: tb.entry(ENTRY_UNKNOWN, "partial call paths"))
+    walker = Walker(tb, lambda: tb.entry(ENTRY_UNKNOWN, "partial call paths"), entries=True)
 
     def make(kind: int, lm: int, ip: int) -> tuple[Step, ...] | int:
         if kind == NOT_UNWOUND:

@@ -59,8 +59,11 @@ class Walker:
     parent's anchor, or a fixed anchor whatever its parent (the root of partial call paths).
     """
 
-    def __init__(self, tb: TreeBuilder, top_level: Callable[[], int] | None = None) -> None:
+    def __init__(self, tb: TreeBuilder, top_level: Callable[[], int] | None = None,
+                 entries: bool = False) -> None:
         self.tb = tb
+        #: whether :meth:`anchors_and_entries` is used (the entries are then remembered too)
+        self.track_entries = entries
         #: where frames found directly under the global root go instead (hpcprof puts such
         #: "top-level" machine code under an unknown caller); None: leave them there
         self.top_level = top_level
@@ -103,6 +106,7 @@ class Walker:
         anchor itself for a frame of one context or none). hpcprof attributes the values of
         metrics marked ``move2proc`` there (hpcrun's GPU times and counts: to the kernel's
         function, not to its line)."""
+        assert self.track_entries or not entries, "Walker(entries=True) remembers entries"
         n = len(parent)
         anchor = np.full(n, -1, dtype=np.int64)
         entry = np.full(n if entries else 0, -1, dtype=np.int64)
@@ -136,7 +140,8 @@ class Walker:
                         if e < 0:
                             e = a
                     self.pairs.add(k, a)
-                    self.entries.add(k, e)
+                    if self.track_entries:
+                        self.entries.add(k, e)
                 got, hit = self.pairs.lookup(key)
             anchor[kids] = got
             if entries:
