@@ -272,3 +272,36 @@ def test_procedure_names_survive_the_structure_cache(tmp_path: Path,
         assert "cudaLaunchKernel" in names and "cudaLaunchKernel [testmeas-loops-cuda]" \
             not in names
     assert any((tmp_path / "xdg").rglob("*.npz"))
+
+
+def _evaluate(tree: object, values: list[float]) -> float:
+    """A parsed formula's value (the tree of callpath.attribute.hpcrun_yaml)."""
+    import math
+
+    if isinstance(tree, float):
+        return tree
+    assert isinstance(tree, tuple)
+    op, args = tree
+    if op == "#":
+        return values[args]
+    a = [_evaluate(x, values) for x in args]
+    ops = {"+": lambda: a[0] + a[1], "-": lambda: a[0] - a[1], "*": lambda: a[0] * a[1],
+           "/": lambda: a[0] / a[1], "^": lambda: a[0] ** a[1], "neg": lambda: -a[0],
+           "min": lambda: min(a), "max": lambda: max(a), "sqrt": lambda: math.sqrt(a[0])}
+    return float(ops[op]())
+
+
+@pytest.mark.parametrize("formula", [
+    "#43/#61", "100*(#46/#47)", "min(100, max(0, 100*#27/#26))", "(#5/#5) + (#6/#5)",
+    "#1-#2-#3", "#1/#2/#3", "2^3^2", "-#1*#2", "#1 - -#2", "sqrt(#1) + max(#1, #2, #3)*2"])
+def test_hpcrun_formulas_parse_with_the_usual_precedence(formula: str) -> None:
+    """hpcrun's formula syntax (the first four are real descriptors of HPCToolkit's GPU
+    measurements) parses to a tree that computes what Python computes for the same text."""
+    from callpath.attribute.hpcrun_yaml import parse_formula
+
+    values = [1.0 + 0.37 * k for k in range(64)]
+    py = formula.replace("^", "**")
+    py = __import__("re").sub(r"#(\d+)", lambda m: f"values[{m.group(1)}]", py)
+    expected = eval(py, {"values": values, "min": min, "max": max,
+                         "sqrt": __import__("math").sqrt})
+    assert _evaluate(parse_formula(formula), values) == pytest.approx(expected, rel=1e-12)
