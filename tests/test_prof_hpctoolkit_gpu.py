@@ -13,6 +13,8 @@ libcuda and libcupti are several MB)."""
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -276,8 +278,6 @@ def test_procedure_names_survive_the_structure_cache(tmp_path: Path,
 
 def _evaluate(tree: object, values: list[float]) -> float:
     """A parsed formula's value (the tree of callpath.attribute.hpcrun_yaml)."""
-    import math
-
     if isinstance(tree, float):
         return tree
     assert isinstance(tree, tuple)
@@ -301,7 +301,6 @@ def test_hpcrun_formulas_parse_with_the_usual_precedence(formula: str) -> None:
 
     values = [1.0 + 0.37 * k for k in range(64)]
     py = formula.replace("^", "**")
-    py = __import__("re").sub(r"#(\d+)", lambda m: f"values[{m.group(1)}]", py)
-    expected = eval(py, {"values": values, "min": min, "max": max,
-                         "sqrt": __import__("math").sqrt})
+    py = re.sub(r"#(\d+)", lambda m: f"values[{m.group(1)}]", py)
+    expected = eval(py, {"values": values, "min": min, "max": max, "sqrt": math.sqrt})
     assert _evaluate(parse_formula(formula), values) == pytest.approx(expected, rel=1e-12)
