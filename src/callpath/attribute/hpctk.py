@@ -9,6 +9,13 @@ callees hang below it. Without structure for the module (or with ``ignore_struct
 ``hpcprof --ignore-structs``) a frame is a single instruction context ``module+offset`` reached
 by a call.
 
+Values of metrics hpcrun marks ``move2proc`` (its GPU times and counts) go to the frame's
+*entry* instead, the procedure its call enters. Placeholder frames (load module 0) are the
+roots and entries of the tree, or procedures named as hpcprof names them (``<gpu kernel>``,
+:mod:`callpath.model.gpu`); frames hpcrun did not unwind (GPU PC samples) are placed through
+the GPU binary's call graph (:mod:`callpath.attribute.gpu_reconstruct`). docs/prof.md, "GPU
+measurements".
+
 hpcprof additionally keeps an invisible instruction context below every statement; values are
 identical at every context that the tree lists, except ``point`` values, which here sit on the
 statement itself (docs/prof.md lists the differences).
