@@ -253,7 +253,11 @@ class Reconstructor:
             return got
         g = self.graph(lm)
         assert g is not None
-        temps = g.templates(g.function_of(addr))
+        func = g.function_of(addr)
+        if func < 0:  # a call site outside every function's statements: nothing to place
+            self._finals[key] = []
+            return []
+        temps = g.templates(func)
         out = []
         for t in temps:
             self.entry_context(root, lm, t.entry)
