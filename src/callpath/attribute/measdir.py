@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
+from callpath.attribute import gpu as gpu_attr
 from callpath.attribute import processes
 from callpath.attribute.build import Tables, ThreadData, finish
 from callpath.attribute.forked import STATE
@@ -45,6 +47,7 @@ from callpath.attribute.samples import spill
 from callpath.attribute.walk import Walker
 from callpath.errors import CallpathError, FormatError
 from callpath.formats import measdir as md
+from callpath.formats import measdir_gpu as mdg
 from callpath.model import Experiment
 from callpath.structure.model import Kind, Structure
 
@@ -141,6 +144,15 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
               x.description or x.event or x.name) for x in infos]
     names += [(f"{x.name} (samples)", f"samples of {x.event or x.name}") for x in infos]
     units = [f for d in measdirs for f in sorted(d.glob(md.PROCESS_GLOB), key=md._file_order)]
+    # GPU operations (callpath run -e gpu=nvidia) are in companion files: their metrics
+    # follow the sampled ones; a companion without a process file (a process that launched
+    # GPU work but got no CPU sample) is a unit of its own
+    companions = [f for d in measdirs for f in sorted(d.glob(mdg.GPU_GLOB), key=md._file_order)]
+    gpu_offset = len(names) if companions else None
+    if companions:
+        names += gpu_attr.metric_names()
+    have = {str(u) for u in units}
+    units += [c for c in companions if str(c.with_name(mdg.process_name(c.name))) not in have]
     chosen = processes.select(units, keep_launchers)
     if chosen.launchers and notify is not None:
         notify(f"left out {len(chosen.launchers)} launcher process"
@@ -150,7 +162,7 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
     part = reduce_units(reduce_process_files, chosen.units, workers, mpi, {
         "structures": {} if ignore_structs else load_structures(structs), "metrics": infos,
         "names": names, "ignore_structs": ignore_structs, "instructions": instructions,
-        "process_ids": chosen.process_ids})
+        "process_ids": chosen.process_ids, "gpu_offset": gpu_offset})
     if part is None:
         return None
     if not part.threads:
@@ -232,9 +244,13 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
             return tb.entry(ENTRY_THREAD, "application thread")
         return ((INS, CALL, -1, -1, 0, tables.module("[unknown]"), addr),)
 
-    for f in files:
-        proc = md.read_process(f, nm)
-        proc_id = STATE.get("process_ids", {}).get(str(f))
+    gpu_offset: int | None = STATE.get("gpu_offset")
+    demangled: dict[str, str] = {}
+
+    def anchors_of(proc: md.ProcessProfile, th: md.ThreadProfile) -> npt.NDArray[np.int64]:
+        """The builder node of every node of a thread's tree (its frames walked)."""
+        nodes = th.nodes
+        n = len(nodes)
         mod_map = np.array([module_index.setdefault(m.path, len(module_index))
                             for m in proc.modules] + [-1], dtype=np.int64)
         module_paths[:] = list(module_index)
@@ -243,49 +259,59 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
                             + [-1], dtype=np.int64)
         if len(codes) < len(code_index):
             codes[:] = [md.PyCode(*k) for k in code_index]
+        parent = nodes["parent"].astype(np.int64)
+        kind = nodes["kind"].astype(np.int64)
+        module = nodes["module"].astype(np.int64)
+        address = nodes["address"].astype(np.int64)
+        idx = np.arange(n)
+        if parent[0] != -1 or kind[0] != _ROOT or np.any(parent[1:] < 0) or np.any(
+                parent[1:] >= idx[1:]):
+            raise CallpathError(f"{proc.path}: thread {th.slot}: the tree does not start "
+                                "at a root with every parent before its children")
+        native = kind == _NATIVE
+        python = kind == _PYTHON
+        bad = native & ((module < 0) | (module >= len(proc.modules)))
+        bad |= python & ((module < 0) | (module >= len(proc.pycode)))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise CallpathError(f"{proc.path}: node {i} of thread {th.slot} names "
+                                f"{'load module' if native[i] else 'Python code'} "
+                                f"{int(module[i])}, which is not in its table")
+        gmod = np.where(native, mod_map[np.where(native, module, -1)],
+                        np.where(python, code_map[np.where(python, module, -1)], -1))
+        exact = (nodes["flags"] & int(md.NodeFlag.EXACT_PC)) != 0
+        ip = np.where(native & ~exact, address - 1, address)
+        kind[0] = -1
+        if keep_ins:
+            kind = np.where(native & exact, _SAMPLED, kind)
+        frame = walker.frame_ids(kind, gmod, ip, make)
+        entry = tb.entry(ENTRY_MAIN, "main thread") if int(th.info.get("index", 0)) == 0 \
+            else tb.entry(ENTRY_THREAD, "application thread")
+        return walker.anchors(parent, frame, entry)
+
+    for f in files:
+        is_companion = f.name.startswith("gpu-")
+        gfile = mdg.read(f) if is_companion else None
+        proc = gfile.process if gfile is not None else md.read_process(f, nm)
+        proc_id = STATE.get("process_ids", {}).get(str(f))
+        pending: list[gpu_attr.Pending] = []
         for th in proc.threads:
-            nodes = th.nodes
-            n = len(nodes)
+            n = len(th.nodes)
             if n == 0:
                 continue
-            parent = nodes["parent"].astype(np.int64)
-            kind = nodes["kind"].astype(np.int64)
-            module = nodes["module"].astype(np.int64)
-            address = nodes["address"].astype(np.int64)
-            idx = np.arange(n)
-            if parent[0] != -1 or kind[0] != _ROOT or np.any(parent[1:] < 0) or np.any(
-                    parent[1:] >= idx[1:]):
-                raise CallpathError(f"{proc.path}: thread {th.slot}: the tree does not start "
-                                    "at a root with every parent before its children")
-            native = kind == _NATIVE
-            python = kind == _PYTHON
-            bad = native & ((module < 0) | (module >= len(proc.modules)))
-            bad |= python & ((module < 0) | (module >= len(proc.pycode)))
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                raise CallpathError(f"{proc.path}: node {i} of thread {th.slot} names "
-                                    f"{'load module' if native[i] else 'Python code'} "
-                                    f"{int(module[i])}, which is not in its table")
-            gmod = np.where(native, mod_map[np.where(native, module, -1)],
-                            np.where(python, code_map[np.where(python, module, -1)], -1))
-            exact = (nodes["flags"] & int(md.NodeFlag.EXACT_PC)) != 0
-            ip = np.where(native & ~exact, address - 1, address)
-            kind[0] = -1
-            if keep_ins:
-                kind = np.where(native & exact, _SAMPLED, kind)
-            frame = walker.frame_ids(kind, gmod, ip, make)
-            entry = tb.entry(ENTRY_MAIN, "main thread") if int(th.info.get("index", 0)) == 0 \
-                else tb.entry(ENTRY_THREAD, "application thread")
-            anchor = walker.anchors(parent, frame, entry)
+            pt = gpu_attr.Pending(processes.with_process(th.ids, proc_id), th.tid,
+                                  str(th.info.get("name") or ""), int(th.info.get("index", 0)))
+            pending.append(pt)
+            anchor = anchors_of(proc, th)
+            if gfile is not None:
+                pt.anchor_of_node, pt.slot = anchor, th.slot
+                continue
             rows, cols = np.nonzero(th.samples)
             vrows, vcols = np.nonzero(th.values)
-            an = np.concatenate([anchor[vrows], anchor[rows]])
-            met = np.concatenate([vcols, cols + nm]).astype(np.int64)
-            val = np.concatenate([th.values[vrows, vcols] * scale[vcols],
-                                  th.samples[rows, cols].astype(np.float64)])
-            td = ThreadData(processes.with_process(th.ids, proc_id),
-                            spill(STATE.get("spill"), an, met, val),
-                            name=str(th.info.get("name") or ""))
+            pt.add(np.concatenate([anchor[vrows], anchor[rows]]),
+                   np.concatenate([vcols, cols + nm]).astype(np.int64),
+                   np.concatenate([th.values[vrows, vcols] * scale[vcols],
+                                   th.samples[rows, cols].astype(np.float64)]))
             if len(th.trace):
                 order = np.argsort(th.trace["time"], kind="stable")
                 tr = th.trace[order]
@@ -293,7 +319,33 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
                 if np.any(tn >= n):
                     raise CallpathError(f"{proc.path}: thread {th.slot}: a trace record names "
                                         "a node that does not exist")
-                td.trace_times = tr["time"].astype(np.uint64)
-                td.trace_nodes = anchor[tn]
+                pt.trace_times = tr["time"].astype(np.uint64)
+                pt.trace_nodes = anchor[tn]
+        if gfile is None and gpu_offset is not None:
+            comp = f.with_name(mdg.companion_name(f.name))
+            if comp.is_file():
+                gfile = mdg.read(comp)
+                for th in gfile.process.threads:
+                    if len(th.nodes):
+                        pending.append(gpu_attr.Pending(
+                            processes.with_process(th.ids, proc_id), th.tid,
+                            str(th.info.get("name") or ""), int(th.info.get("index", 0)),
+                            anchor_of_node=anchors_of(gfile.process, th), slot=th.slot))
+        streams = []
+        if gfile is not None and gpu_offset is not None:
+            streams = gpu_attr.attribute_companion(
+                gfile.ops, gfile.names, pending, gpu_offset, tb, tables, demangled,
+                bool(gfile.process.info.get("gpu_trace", False)))
+        for pt in pending:
+            if pt.merged:
+                continue
+            an, met, val = pt.arrays()
+            td = ThreadData(pt.ids, spill(STATE.get("spill"), an, met, val), name=pt.name)
+            td.trace_times, td.trace_nodes = pt.trace_times, pt.trace_nodes
+            part.threads.append(td)
+        for ids, times, tnodes in streams:
+            empty = np.zeros(0, np.int64)
+            td = ThreadData(ids, spill(STATE.get("spill"), empty, empty, np.zeros(0)))
+            td.trace_times, td.trace_nodes = times, tnodes
             part.threads.append(td)
     return part

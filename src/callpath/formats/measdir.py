@@ -259,8 +259,10 @@ class ProcessWriter:
     the running count so callers can compute the ids of the nodes they append.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], pid: int, generation: int = 0) -> None:
-        self.path = Path(directory) / process_file_name(pid, generation)
+    def __init__(self, directory: str | os.PathLike[str], pid: int, generation: int = 0,
+                 name: str | None = None) -> None:
+        # ``name``: another file of the same format (a GPU companion, measdir_gpu)
+        self.path = Path(directory) / (name or process_file_name(pid, generation))
         self._f: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - closed by close()
         if self._f.tell() == 0:
             self._f.write(_FILE_HEADER.pack(MAGIC, VERSION, 0))
@@ -272,6 +274,13 @@ class ProcessWriter:
     def _chunk(self, tag: Tag, payload: bytes, thread: int = NO_THREAD) -> None:
         pad = (-len(payload)) % 8
         self._f.write(_CHUNK.pack(int(tag), thread, len(payload)) + payload + b"\0" * pad)
+        self._f.flush()
+
+    def raw_chunk(self, tag: int, payload: bytes, thread: int = NO_THREAD) -> None:
+        """A chunk of a tag this module does not define (GPU operations:
+        ``callpath.formats.measdir_gpu``)."""
+        pad = (-len(payload)) % 8
+        self._f.write(_CHUNK.pack(tag, thread, len(payload)) + payload + b"\0" * pad)
         self._f.flush()
 
     def _json(self, tag: Tag, obj: Any, thread: int = NO_THREAD) -> None:

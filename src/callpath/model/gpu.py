@@ -145,3 +145,32 @@ GPU_DERIVED: tuple[tuple[str, str, str, str], ...] = (
     ("GKER:OCC_THR", "GPU kernel: theoretical occupancy (FGP_ACT / FGP_MAX)",
      "100 * (GKER:FGP_ACT_ACUMU / GKER:FGP_MAX_ACUMU)", "%6.2f %%"),
 )
+
+# ---- callpath's own GPU capture (callpath run -e gpu=nvidia; callpath.attribute.gpu) ----
+
+#: Kinds of a recorded GPU operation (the ``kind`` field of GPUOPS records,
+#: callpath.formats.measdir_gpu).
+OP_KERNEL = 1
+OP_MEMCPY = 2
+OP_MEMSET = 3
+OP_SYNC = 4
+
+#: The placeholder procedures under the launching call, as hpcprof names hpcrun's.
+PLACEHOLDER_KERNEL = GPU_PLACEHOLDERS[b"GPUKernl"]
+PLACEHOLDER_COPYIN = GPU_PLACEHOLDERS[b"GPUCpH2D"]    # host to device
+PLACEHOLDER_COPYOUT = GPU_PLACEHOLDERS[b"GPUCpD2H"]   # device to host
+PLACEHOLDER_COPY = GPU_PLACEHOLDERS[b"GPUCp?2?"]      # any other direction
+PLACEHOLDER_MEMSET = GPU_PLACEHOLDERS[b"GPUMemst"]
+PLACEHOLDER_SYNC = GPU_PLACEHOLDERS[b"GPU Sync"]
+
+#: CUPTI's CUpti_ActivityMemcpyKind -> the GXCOPY suffix.
+COPY_KINDS = {0: "UNK", 1: "H2D", 2: "D2H", 3: "H2A", 4: "A2H", 5: "A2A", 6: "A2D", 7: "D2A",
+              8: "D2D", 9: "H2H", 10: "P2P"}
+#: CUPTI's CUpti_ActivityMemoryKind -> the GMSET / GMEM suffix.
+MEMORY_KINDS = {0: "UNK", 1: "PAG", 2: "PIN", 3: "DEV", 4: "ARY", 5: "MAN", 6: "DST", 7: "MST"}
+#: CUPTI's CUpti_ActivitySynchronizationType -> the GSYNC suffix.
+SYNC_KINDS = {0: "UNK", 1: "EVT", 2: "STRE", 3: "STR", 4: "CTX"}
+
+#: (name, description) of the GPU metrics of a callpath measurement, hpcrun's, in its order.
+METRICS: list[tuple[str, str]] = [(name, desc) for name, desc, *_ in GPU_METRICS]
+METRIC_INDEX = {name: i for i, (name, _) in enumerate(METRICS)}

@@ -1,0 +1,1 @@
+"""GPU measurement (``callpath run -e gpu=nvidia``): CUPTI library, its build, conversion."""

@@ -1,0 +1,290 @@
+"""From what callpath's CUPTI library recorded (``gpu-<pid>.raw``) to a GPU companion file.
+
+The library writes tagged records (``cupti_inject.c``): API calls with their calling context
+(native return addresses, innermost first, and Python frames as code-object keys and lines),
+code-object descriptions, activity records (kernels, copies, memsets, synchronizations),
+the process's ``/proc/self/maps`` at exit and a few text notes. Here the calling contexts
+become one calling context tree per launching thread (NATIVE nodes at link-time addresses
+of their load modules, PYTHON nodes at code locations, as the samplers record them), and the
+activity records :data:`~callpath.formats.measdir_gpu.GPUOP_DTYPE` operations naming the node
+of the API call with the same correlation id. The result is written as
+``gpu-<pid>-<gen>.cpm`` (:mod:`callpath.formats.measdir_gpu`) and the raw file removed.
+
+Native paths are cut at the driver: the frames inside this library, libcupti and libcuda are
+dropped, so the innermost frame is the runtime's (or the program's) call into the driver, as
+hpcprof shows ``cudaLaunchKernel`` above ``<gpu kernel>``. A thread that holds the GIL of a
+Python interpreter gets its Python frames as its path (with ``CALLPATH_GPU_NATIVE`` they were
+recorded too, but merging them into one path is ``--native``'s work and is not done here).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from callpath.formats import measdir as md
+from callpath.formats import measdir_gpu as mdg
+from callpath.measure.elfinfo import ElfInfo
+from callpath.model import gpu
+from callpath.model.contexts import Identifier, IdKind
+
+R_API, R_CODE, R_KERNEL, R_MEMCPY, R_MEMSET, R_SYNC, R_MAPS, R_INFO = range(1, 9)
+_HEAD = struct.Struct("<II")
+_API = struct.Struct("<4Q")
+_CODE = struct.Struct("<QIII")
+_OPS = {R_KERNEL: gpu.OP_KERNEL, R_MEMCPY: gpu.OP_MEMCPY, R_MEMSET: gpu.OP_MEMSET,
+        R_SYNC: gpu.OP_SYNC}
+#: modules whose frames are the measurement's or the driver's, not the program's
+DRIVER_MODULES = ("libcallpath_cupti", "libcupti.so", "libcuda.so")
+
+
+@dataclass
+class Raw:
+    """The decoded records of one raw file."""
+
+    pid: int
+    apis: list[tuple[int, int, int, int, list[int], list[tuple[int, int]]]] = field(
+        default_factory=list)  # (correlation, tid, domain<<16|cbid, time, pcs, py frames)
+    codes: dict[int, tuple[str, str, int]] = field(default_factory=dict)
+    ops: list[tuple[int, list[int], str]] = field(default_factory=list)  # (record tag, words, name)
+    maps: str = ""
+    notes: list[str] = field(default_factory=list)
+    truncated: bool = False
+
+
+def read_raw(path: Path) -> Raw:
+    """Decode a raw file; a record cut off by a killed process ends it quietly."""
+    data = path.read_bytes()
+    pid = int(path.stem.split("-")[1]) if path.stem.count("-") >= 1 else 0
+    raw = Raw(pid)
+    pos = 0
+    while pos + _HEAD.size <= len(data):
+        tag, n = _HEAD.unpack_from(data, pos)
+        body = data[pos + _HEAD.size:pos + _HEAD.size + n]
+        if len(body) < n:
+            raw.truncated = True
+            break
+        pos += _HEAD.size + n
+        if tag == R_API and n >= _API.size:
+            corr, who, t, counts = _API.unpack_from(body, 0)
+            nnat, npy = counts & 0xFFFFFFFF, counts >> 32
+            pcs = list(struct.unpack_from(f"<{nnat}Q", body, _API.size))
+            flat = struct.unpack_from(f"<{2 * npy}Q", body, _API.size + 8 * nnat)
+            frames = list(zip(flat[0::2], flat[1::2], strict=True))
+            raw.apis.append((corr, who & 0xFFFFFFFF, (who >> 32) & 0xFFFFFFFF, t, pcs, frames))
+        elif tag == R_CODE and n >= _CODE.size:
+            key, first, flen, nlen = _CODE.unpack_from(body, 0)
+            f = body[_CODE.size:_CODE.size + flen].decode(errors="replace")
+            name = body[_CODE.size + flen:_CODE.size + flen + nlen].decode(errors="replace")
+            raw.codes[key] = (f, name, first)
+        elif tag == R_KERNEL and n >= 80:
+            raw.ops.append((tag, list(struct.unpack_from("<10Q", body, 0)),
+                            body[80:].decode(errors="replace")))
+        elif tag in (R_MEMCPY, R_MEMSET, R_SYNC) and n >= 56:
+            raw.ops.append((tag, list(struct.unpack_from("<7Q", body, 0)), ""))
+        elif tag == R_MAPS:
+            raw.maps = body.decode(errors="replace")
+        elif tag == R_INFO:
+            raw.notes.append(body.decode(errors="replace"))
+    if pos < len(data):
+        raw.truncated = True
+    return raw
+
+
+@dataclass
+class _Map:
+    start: int
+    end: int
+    offset: int
+    path: str
+
+
+def parse_maps(text: str) -> list[_Map]:
+    """Executable file mappings of ``/proc/PID/maps``, by start address."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+            continue
+        a, b = (int(x, 16) for x in parts[0].split("-"))
+        out.append(_Map(a, b, int(parts[2], 16), parts[5].strip()))
+    out.sort(key=lambda m: m.start)
+    return out
+
+
+class _Tree:
+    """One thread's calling context tree, interned (parent, kind, module, address)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int, int, int]] = [(-1, int(md.NodeKind.ROOT), -1, 0)]
+        self.index: dict[tuple[int, int, int, int], int] = {}
+
+    def child(self, parent: int, kind: int, module: int, address: int) -> int:
+        key = (parent, kind, module, address)
+        got = self.index.get(key)
+        if got is None:
+            got = self.index[key] = len(self.rows)
+            self.rows.append(key)
+        return got
+
+    def nodes(self) -> npt.NDArray[Any]:
+        a = np.array(self.rows, dtype=np.int64).reshape(-1, 4)
+        return md.make_nodes(a[:, 0], a[:, 1], a[:, 2], a[:, 3].astype(np.uint64))
+
+
+def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | None = None
+            ) -> Path | None:
+    """Write the companion file of one raw file (see the module docstring); returns its path,
+    or None when the process recorded nothing."""
+    raw = read_raw(raw_path)
+    if not raw.apis and not raw.ops:
+        return None
+    maps = parse_maps(raw.maps)
+    starts = [m.start for m in maps]
+    modules: list[md.Module] = []
+    module_of_map: dict[int, int] = {}
+    code_index: dict[int, int] = {}
+    pycode: list[md.PyCode] = []
+    trees: dict[int, _Tree] = {}
+    slot_of_tid: dict[int, int] = {}
+    at: dict[int, tuple[int, int]] = {}  # correlation -> (slot, node)
+
+    def module(mi: int) -> int | None:
+        got = module_of_map.get(mi)
+        if got is None:
+            m = maps[mi]
+            info = ElfInfo.get(m.path)
+            vaddr = info.link_address(m.offset) if info.ok else None
+            if vaddr is None:
+                return None
+            got = module_of_map[mi] = len(modules)
+            modules.append(md.Module(got, m.path, m.start, m.end, m.offset, vaddr,
+                                     info.build_id))
+        return got
+
+    for corr, tid, _api, _t, pcs, frames in raw.apis:
+        slot = slot_of_tid.setdefault(tid, len(slot_of_tid))
+        tree = trees.setdefault(slot, _Tree())
+        node = 0
+        if frames:
+            for key, line in reversed(frames):
+                ci = code_index.get(key)
+                if ci is None:
+                    f, name, first = raw.codes.get(key, ("<unknown>", "<unknown>", 0))
+                    ci = code_index[key] = len(pycode)
+                    pycode.append(md.PyCode(f, name, first))
+                node = tree.child(node, int(md.NodeKind.PYTHON), ci, line)
+        else:
+            kept: list[tuple[int, int]] = []  # (module, link-time address), innermost first
+            program = False
+            for pc in pcs:
+                i = bisect.bisect_right(starts, pc) - 1
+                inside = i >= 0 and pc < maps[i].end
+                if not program and (not inside or any(
+                        d in os.path.basename(maps[i].path) for d in DRIVER_MODULES)):
+                    continue  # still in the measurement's or the driver's frames
+                program = True
+                mi = module(i) if inside else None
+                if mi is None:
+                    kept.append((-1, pc))
+                    continue
+                m = modules[mi]
+                kept.append((mi, pc - m.start + m.vaddr))
+            if kept and kept[-1][0] < 0:
+                kept.pop()  # glibc's backtrace ends with a null or garbage return address
+            for mi, addr in reversed(kept):
+                kind = md.NodeKind.NATIVE if mi >= 0 else md.NodeKind.UNKNOWN
+                node = tree.child(node, int(kind), mi, addr)
+        at[int(corr)] = (slot, node)
+    main_slot = slot_of_tid.get(raw.pid, 0)
+    names: list[str] = []
+    name_index: dict[str, int] = {}
+    per_slot: dict[int, list[tuple[Any, ...]]] = {}
+    for tag, words, kname in raw.ops:
+        slot, node = at.get(int(words[0]), (main_slot, 0))
+        trees.setdefault(slot, _Tree())
+        dev_ctx = words[3]
+        if tag == R_KERNEL:
+            ni = name_index.setdefault(kname, len(names))
+            if ni == len(names):
+                names.append(kname)
+            row = (words[1], words[2], 0, words[9], node, dev_ctx & 0xFFFFFFFF,
+                   dev_ctx >> 32, words[4], ni, words[5], words[6], words[7],
+                   words[8] & 0xFFFFFFFF, words[8] >> 32, words[0] & 0xFFFFFFFF,
+                   _OPS[tag], 0, 0)
+        else:
+            row = (words[1], words[2], words[5], 0, node, dev_ctx & 0xFFFFFFFF, dev_ctx >> 32,
+                   words[4] & 0xFFFFFFFF, mdg.NO_NAME, 0, 0, 0, 0, 0, words[0] & 0xFFFFFFFF,
+                   _OPS[tag], words[6] & 0xFF, 0)
+        per_slot.setdefault(slot, []).append(row)
+    if raw.pid and (generation is None):
+        gens = sorted(int(p.stem.split("-")[2]) for p in out_dir.glob(f"process-{raw.pid}-*.cpm")
+                      if p.stem.split("-")[2].isdigit())
+        generation = gens[-1] if gens else 0
+    name = f"gpu-{raw.pid}-{generation or 0}.cpm"
+    node_id = md.host_id()
+    exe = maps[0].path if maps else ""
+    tid_of_slot = {s: t for t, s in slot_of_tid.items()}
+    with md.ProcessWriter(out_dir, raw.pid, generation or 0, name=name) as w:
+        w.process(pid=raw.pid, generation=generation or 0, exe=exe,
+                  comm=os.path.basename(exe), rank=None, host=os.uname().nodename,
+                  node_id=node_id, forked_from=None, gpu_trace=trace,
+                  gpu_notes=raw.notes, gpu_truncated=raw.truncated)
+        w.modules(modules)
+        w.pycode(pycode)
+        order = sorted(trees, key=lambda s: (tid_of_slot.get(s) != raw.pid, s))
+        for idx, slot in enumerate(order):
+            tid = tid_of_slot.get(slot, raw.pid)
+            w.thread(slot, tid=tid, index=idx,
+                     ids=[Identifier(int(IdKind.NODE), node_id, node_id, 1),
+                          Identifier(int(IdKind.THREAD), idx, idx)])
+            w.nodes(slot, trees[slot].nodes())
+            rows = per_slot.get(slot)
+            if rows:
+                mdg.write_ops(w, slot, ops_array(rows))
+        mdg.write_names(w, names)
+    return out_dir / name
+
+
+def ops_array(rows: list[tuple[Any, ...]]) -> npt.NDArray[Any]:
+    """GPUOP records from rows holding the fields in :data:`GPUOP_DTYPE`'s order."""
+    cols = np.array(rows, dtype=np.uint64).reshape(len(rows), -1)
+    out = np.zeros(len(rows), dtype=mdg.GPUOP_DTYPE)
+    for j, f in enumerate(mdg.GPUOP_DTYPE.names or ()):
+        out[f] = cols[:, j]
+    return out
+
+
+def summary_notes(raw_dir: Path) -> list[str]:
+    """Notes of the raw files in ``raw_dir`` that a user must hear about (another CUPTI
+    subscriber, activity kinds that could not be enabled), one line each."""
+    out = []
+    for p in sorted(raw_dir.glob("gpu-*.raw")):
+        for note in read_raw(p).notes:
+            if note.startswith("subscribe-failed"):
+                out.append(f"process {p.stem.split('-')[1]}: CUPTI refused a second "
+                           f"subscriber ({note.split(' ', 2)[-1]}): another tool "
+                           "(torch.profiler, Nsight Systems, another callpath) measures this "
+                           "process's GPU; its GPU operations are not measured")
+            elif note.startswith("activity-failed"):
+                out.append(f"process {p.stem.split('-')[1]}: CUPTI could not enable activity "
+                           f"kind {note.split()[1]} ({note.split(' ', 3)[-1]})")
+    return out
+
+
+def convert_all(out_dir: Path, *, trace: bool) -> list[Path]:
+    """Convert every raw file of a measurement directory (then removed)."""
+    made = []
+    for p in sorted(out_dir.glob("gpu-*.raw")):
+        got = convert(p, out_dir, trace=trace)
+        if got is not None:
+            made.append(got)
+        p.unlink()
+    return made

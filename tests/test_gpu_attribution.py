@@ -1,0 +1,178 @@
+"""GPU operations in ``callpath prof``: placeholders, HPCToolkit's metrics, stream contexts and
+traces, on CUPTI activity recorded on an H200 (``../shared/data/gpu``; see gpu_fixture.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import callpath
+from callpath.formats import measdir as md
+from callpath.formats import measdir_gpu as mdg
+from callpath.measure.gpu import convert as cv
+from callpath.model.contexts import IdKind
+from callpath.structure.demangle import demangle
+from tests.conftest import run_cli, shared_path
+from tests.gpu_fixture import load, write_raw
+
+
+@pytest.fixture(scope="module")
+def recorded() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    return load(shared_path("gpu", "cupti-torch-h200.jsonl.gz"))
+
+
+@pytest.fixture(scope="module")
+def database(recorded: tuple[dict[str, Any], list[dict[str, Any]]],
+             tmp_path_factory: pytest.TempPathFactory) -> Path:
+    meta, records = recorded
+    meas = tmp_path_factory.mktemp("gpu") / "m"
+    md.write_header(meas, [], command=["python3", "record_cupti.py"], status="complete")
+    write_raw(meta, records, meas)
+    made = cv.convert_all(meas, trace=True)
+    assert [p.name for p in made] == ["gpu-504-0.cpm"]
+    db = meas.parent / "db"
+    run_cli("prof", str(meas), "-o", str(db), check=True)
+    return db
+
+
+def _kernels(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r["kind"] in (3, 10)]
+
+
+def _dur(rs: list[dict[str, Any]]) -> float:
+    return sum(r["end"] - r["start"] for r in rs) * 1e-9
+
+
+def _root(exp: Any, name: str) -> float:
+    return float(exp.inclusive(exp.metric(name))[0])
+
+
+def test_totals_equal_the_recorded_durations_and_bytes(database: Path, recorded: Any) -> None:
+    _, records = recorded
+    exp = callpath.open(database)
+    kernels = _kernels(records)
+    copies = [r for r in records if r["kind"] == 1]
+    sets = [r for r in records if r["kind"] == 2]
+    syncs = [r for r in records if r["kind"] == 38]
+    assert len(kernels) == 380
+    assert _root(exp, "GKER (sec)") == pytest.approx(_dur(kernels), rel=1e-9)
+    assert _root(exp, "GKER:COUNT") == len(kernels)
+    assert _root(exp, "GXCOPY (sec)") == pytest.approx(_dur(copies), rel=1e-9)
+    assert _root(exp, "GXCOPY:COUNT") == len(copies)
+    for kind, name in ((1, "H2D"), (2, "D2H")):
+        assert _root(exp, f"GXCOPY:{name} (B)") == sum(r["bytes"] for r in copies
+                                                      if r["copy_kind"] == kind)
+    assert _root(exp, "GMSET (sec)") == pytest.approx(_dur(sets), rel=1e-9)
+    assert _root(exp, "GMSET:DEV (B)") == sum(r["bytes"] for r in sets if r["memory_kind"] == 3)
+    assert _root(exp, "GSYNC (sec)") == pytest.approx(_dur(syncs), rel=1e-9)
+    assert _root(exp, "GSYNC:STR (sec)") == pytest.approx(
+        _dur([r for r in syncs if r["type"] == 3]), rel=1e-9)
+    assert _root(exp, "GPUOP (sec)") == pytest.approx(
+        _dur(kernels) + _dur(copies) + _dur(sets) + _dur(syncs), rel=1e-9)
+    assert _root(exp, "GKER:THR_REG_ACUMU") == sum(r["registers_per_thread"] for r in kernels)
+    assert _root(exp, "GKER:BLKS_ACUMU") == sum(r["grid_x"] * r["grid_y"] * r["grid_z"]
+                                                for r in kernels)
+
+
+def _name(exp: Any, n: int) -> str:
+    f = int(exp.cct.function[n])
+    return exp.functions[f].name if f >= 0 else ""
+
+
+def test_kernels_sit_under_gpu_kernel_under_the_launching_call(database: Path,
+                                                               recorded: Any) -> None:
+    meta, records = recorded
+    exp = callpath.open(database)
+    cct = exp.cct
+    rt = {v: k for k, v in meta["enums"]["runtime_api_trace_cbid"].items()}
+    dr = {v: k for k, v in meta["enums"]["driver_api_trace_cbid"].items()}
+    api = {r["correlation_id"]: (rt if r["kind"] == 5 else dr)[r["cbid"]]
+           for r in records if r["kind"] in (4, 5)}
+    # per (launching API, kernel name): launches and GPU time, as recorded
+    want: dict[tuple[str, str], float] = {}
+    for r in _kernels(records):
+        key = (api[r["correlation_id"]], demangle(r["name"]))
+        want[key] = want.get(key, 0.0) + (r["end"] - r["start"]) * 1e-9
+    got: dict[tuple[str, str], float] = {}
+    gker = exp.exclusive(exp.metric("GKER (sec)"))
+    for n in np.flatnonzero(gker):
+        ph = int(cct.parent[n])
+        assert _name(exp, ph) == "<gpu kernel>"
+        # the placeholder is called from the API frame's line: line -> API function
+        up = int(cct.parent[ph])
+        while up > 0 and _name(exp, up) == "":
+            up = int(cct.parent[up])
+        key = (_name(exp, up), _name(exp, int(n)))
+        got[key] = got.get(key, 0.0) + float(gker[n])
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-9), k
+    assert any("(" in k for _, k in want) and not any(k.startswith("_Z") for _, k in got)
+
+
+def test_copies_memsets_and_syncs_have_their_placeholders(database: Path) -> None:
+    exp = callpath.open(database)
+    by_placeholder: dict[str, set[str]] = {}
+    for name in ("GXCOPY:H2D (B)", "GXCOPY:D2H (B)", "GMSET (sec)", "GSYNC (sec)"):
+        ex = exp.exclusive(exp.metric(name))
+        by_placeholder[name] = {_name(exp, int(n)) for n in np.flatnonzero(ex)}
+    assert by_placeholder == {"GXCOPY:H2D (B)": {"<gpu copyin>"},
+                              "GXCOPY:D2H (B)": {"<gpu copyout>"},
+                              "GMSET (sec)": {"<gpu memset>"}, "GSYNC (sec)": {"<gpu sync>"}}
+
+
+def test_streams_are_execution_contexts_with_interval_traces(database: Path,
+                                                             recorded: Any) -> None:
+    _, records = recorded
+    exp = callpath.open(database)
+    work = [r for r in records if r["kind"] in (1, 2, 3, 10)]
+    want: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for r in work:
+        want.setdefault((r["context_id"], r["stream_id"]), []).append(r)
+    streams = {}
+    for c in exp.contexts:
+        kinds = [i.kind for i in c.ids]
+        if IdKind.GPUSTREAM in kinds:
+            assert kinds == [IdKind.NODE, IdKind.GPUCONTEXT, IdKind.GPUSTREAM]
+            streams[(c.ids[1].logical_id, c.ids[2].logical_id)] = c.index
+    assert set(streams) == set(want)
+    assert exp.traces is not None
+    lines = {t.prof_index: t for t in exp.traces.lines}
+    node_of = {int(c): i for i, c in enumerate(exp.cct.ctx_id)}
+    for key, prof in streams.items():
+        line = lines[prof]
+        ops = sorted(want[key], key=lambda r: r["start"])
+        assert len(line.timestamps) == 2 * len(ops)
+        assert np.all(np.diff(line.timestamps.astype(np.int64)) >= 0)
+        starts = line.timestamps[0::2].astype(np.int64)
+        assert starts.tolist() == [r["start"] for r in ops]
+        names = [_name(exp, node_of[int(c)]) for c in line.ctx_ids[0::2]]
+        assert names == [demangle(r["name"]) if r["kind"] in (3, 10) else
+                         {1: "<gpu copyin>", 2: "<gpu copyout>"}.get(r.get("copy_kind", 0),
+                                                                     "<gpu copy>")
+                         if r["kind"] == 1 else "<gpu memset>" for r in ops]
+        assert set(line.ctx_ids[1::2].tolist()) == {int(exp.cct.ctx_id[0])}
+    # the GPU values belong to the launching thread, as hpcprof has them
+    gker = exp.metric("GKER (sec)")
+    for prof in streams.values():
+        assert float(exp.values_in(prof, gker, "execution").sum()) == 0.0
+
+
+def test_companion_file_round_trip(tmp_path: Path, recorded: Any) -> None:
+    meta, records = recorded
+    write_raw(meta, records, tmp_path)
+    path = cv.convert(tmp_path / "gpu-504.raw", tmp_path, trace=False)
+    assert path is not None
+    g = mdg.read(path)
+    ops = np.concatenate(list(g.ops.values()))
+    assert len(ops) == sum(1 for r in records if r["kind"] in (1, 2, 3, 10, 38))
+    assert sorted(set(g.names)) == sorted({r["name"] for r in _kernels(records)})
+    # a cut-off companion is refused with the file named, not a traceback
+    data = path.read_bytes()
+    bad = tmp_path / "gpu-9-0.cpm"
+    bad.write_bytes(data.replace(b"CPMEAS", b"XXMEAS", 1))
+    with pytest.raises(callpath.CallpathError, match="gpu-9-0.cpm"):
+        mdg.read(bad)
