@@ -176,3 +176,45 @@ def test_companion_file_round_trip(tmp_path: Path, recorded: Any) -> None:
     bad.write_bytes(data.replace(b"CPMEAS", b"XXMEAS", 1))
     with pytest.raises(callpath.CallpathError, match="gpu-9-0.cpm"):
         mdg.read(bad)
+
+
+def test_native_launch_context_is_mapped_through_the_load_map(tmp_path: Path) -> None:
+    """A launch's native return addresses (here this very process's, from glibc's
+    backtrace() as the library takes them) become NATIVE frames at link-time addresses and
+    prof names them from the modules' symbols: ctypes' ffi_call is on the path, under it
+    the placeholder and the kernel."""
+    import ctypes
+    import struct
+
+    buf = (ctypes.c_void_p * 128)()
+    n = ctypes.CDLL(None).backtrace(buf, 128)
+    pcs = [int(buf[i] or 0) for i in range(n)]
+    maps = Path("/proc/self/maps").read_text()
+
+    def rec(tag: int, payload: bytes) -> bytes:
+        return struct.pack("<II", tag, len(payload)) + payload
+
+    pid = 4242
+    raw = rec(cv.R_API, struct.pack("<4Q", 7, pid | (2 << 32), 1, len(pcs))
+              + struct.pack(f"<{len(pcs)}Q", *pcs))
+    raw += rec(cv.R_KERNEL, struct.pack("<10Q", 7, 1000, 3000, 1 << 32, 7, 4, 128, 32, 0, 0)
+               + b"_Z4axpyPfPKffi")
+    raw += rec(cv.R_MAPS, maps.encode())
+    meas = tmp_path / "m"
+    md.write_header(meas, [], command=["app"], status="complete")
+    (meas / f"gpu-{pid}.raw").write_bytes(raw)
+    assert len(cv.convert_all(meas, trace=False)) == 1
+    db = tmp_path / "db"
+    run_cli("prof", str(meas), "-o", str(db), check=True)
+    exp = callpath.open(db)
+    gker = exp.exclusive(exp.metric("GKER (sec)"))
+    (leaf,) = np.flatnonzero(gker)
+    assert gker[leaf] == pytest.approx(2e-6)
+    assert _name(exp, int(leaf)) == "axpy(float*, float const*, float, int)"
+    path = []
+    node = int(exp.cct.parent[leaf])
+    while node > 0:
+        path.append(_name(exp, node))
+        node = int(exp.cct.parent[node])
+    assert path[0] == "<gpu kernel>"
+    assert any(p.startswith("ffi_call") for p in path), path

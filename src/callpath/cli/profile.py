@@ -116,7 +116,7 @@ def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Name
 
 
 def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool) -> int:
-    if python:
+    if python and not any(e.startswith("gpu=") for e in args.event):
         argv = [sys.executable, "-m", "callpath.measure.python", "-o", str(meas)]
         if args.trace:
             argv.append("-t")

@@ -91,8 +91,20 @@ def run(args: argparse.Namespace) -> int:
                 spec.type, "raw")
             state = "available" if reason is None else f"unavailable: {reason}"
             print(f"{spec.name:26} {kind:9} {state}")
+        from callpath.measure.gpu.library import unavailable
+
+        why = unavailable()
+        print(f"{'gpu=nvidia':26} {'gpu':9} "
+              f"{'available' if why is None else 'unavailable: ' + why}")
         print("raw codes: rHEX (e.g. r01c2), with @PERIOD or @fFREQUENCY")
         return 0
+    from callpath.measure.gpu import session as gpu_session
+
+    args.event, gpu_kind = gpu_session.split_events(list(args.event))
+    if gpu_kind is not None and not args.finish:
+        out_gpu = Path(args.output) if args.output else None
+        status = _run_with_gpu(args, out_gpu)
+        return status
     if args.finish:
         out = Path(args.finish)
         res = postmortem.finish(out, _progress)
@@ -123,6 +135,28 @@ def run(args: argparse.Namespace) -> int:
     _mark_complete(out, res, result.exit_status)
     summary.print_summary(out, res, result, args.top, sys.stderr)
     return _shell_status(result.exit_status)
+
+
+def _run_with_gpu(args: argparse.Namespace, out: Path | None) -> int:
+    """``-e gpu=nvidia``: the same run with callpath's CUPTI library injected into every CUDA
+    process (measure.gpu.session), then its records converted into the measurement."""
+    from callpath.measure.gpu import session as gpu_session
+
+    if out is None:
+        cmd = [c for c in args.command if c != "--"] or ["program"]
+        name = args.module or next((w for w in cmd[1:] if w.endswith(".py")), cmd[0])
+        out = _default_output([name])
+        args.output = str(out)
+    from callpath.formats.measdir import check_new_directory
+
+    check_new_directory(out)
+    gpu_session.prepare(out)
+    try:
+        status = run(args)
+    finally:
+        for line in gpu_session.finish(out, bool(args.trace)):
+            sys.stderr.write(f"callpath: {line}\n")
+    return status
 
 
 def _run_python(cmd: list[str], module: bool, args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ _API = struct.Struct("<4Q")
 _CODE = struct.Struct("<QIII")
 _OPS = {R_KERNEL: gpu.OP_KERNEL, R_MEMCPY: gpu.OP_MEMCPY, R_MEMSET: gpu.OP_MEMSET,
         R_SYNC: gpu.OP_SYNC}
+CUPTI_ERROR_MULTIPLE_SUBSCRIBERS = 39  # CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
 #: modules whose frames are the measurement's or the driver's, not the program's
 DRIVER_MODULES = ("libcallpath_cupti", "libcupti.so", "libcuda.so")
 
@@ -268,13 +269,18 @@ def summary_notes(raw_dir: Path) -> list[str]:
     out = []
     for p in sorted(raw_dir.glob("gpu-*.raw")):
         for note in read_raw(p).notes:
-            if note.startswith("subscribe-failed"):
-                out.append(f"process {p.stem.split('-')[1]}: CUPTI refused a second "
-                           f"subscriber ({note.split(' ', 2)[-1]}): another tool "
+            pid = p.stem.split("-")[1]
+            words = note.split(" ", 2)
+            if note.startswith("subscribe-failed") and len(words) > 1 and words[1] == \
+                    str(CUPTI_ERROR_MULTIPLE_SUBSCRIBERS):
+                out.append(f"process {pid}: CUPTI refused a second subscriber: another tool "
                            "(torch.profiler, Nsight Systems, another callpath) measures this "
                            "process's GPU; its GPU operations are not measured")
+            elif note.startswith("subscribe-failed"):
+                out.append(f"process {pid}: CUPTI could not start (error "
+                           f"{' '.join(words[1:])}); its GPU operations are not measured")
             elif note.startswith("activity-failed"):
-                out.append(f"process {p.stem.split('-')[1]}: CUPTI could not enable activity "
+                out.append(f"process {pid}: CUPTI could not enable activity "
                            f"kind {note.split()[1]} ({note.split(' ', 3)[-1]})")
     return out
 

@@ -57,18 +57,17 @@ def _candidates() -> list[Path]:
 def find_cupti() -> Cupti | None:
     """CUPTI's headers and library, or None when this machine has none."""
     roots = _candidates()
-    cuda_h = [r / "include" for r in roots if (r / "include" / "cuda.h").is_file()]
-    if Path("/usr/local/cuda/include/cuda.h").is_file():
-        cuda_h.append(Path("/usr/local/cuda/include"))
+    # cuda.h needs its companions (crt/host_defines.h): the runtime wheel's include folder
+    # has cuda.h without them, a toolkit's has all
+    cuda_h = [d for d in [*(r / "include" for r in roots), Path("/usr/local/cuda/include")]
+              if (d / "cuda.h").is_file() and (d / "crt" / "host_defines.h").is_file()]
     for r in roots:
         inc = r / "include"
         if not (inc / "cupti.h").is_file():
             continue
         for libdir in (r / "lib", r / "lib64"):
-            if any(libdir.glob("libcupti.so*")):
-                cinc = inc if (inc / "cuda.h").is_file() else (cuda_h[0] if cuda_h else None)
-                if cinc is not None:
-                    return Cupti(inc, cinc, libdir)
+            if any(libdir.glob("libcupti.so*")) and cuda_h:
+                return Cupti(inc, cuda_h[0], libdir)
     return None
 
 
@@ -125,8 +124,17 @@ def build(cupti: Cupti, cache: Path | None = None) -> Path:
         return out
     base.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    # CUPTI's own headers only, from the CUPTI that will be loaded: a toolkit's include
+    # folder (searched after it, for cuda.h) holds other CUPTI headers of its own version,
+    # and the runtime wheel's folder (often CUPTI's too) holds an incomplete cuda.h
+    only = base / f"cupti-include-{key}"
+    only.mkdir(exist_ok=True)
+    for h in cupti.include.iterdir():
+        if h.name.startswith(("cupti", "generated_", "nvperf", "cuda_stdint", "Open")) \
+                and not (only / h.name).exists():
+            (only / h.name).symlink_to(h)
     cmd = [os.environ.get("CC", "gcc"), "-O2", "-shared", "-fPIC", "-Wall", "-o", str(tmp),
-           str(SOURCE), f"-I{cupti.include}", f"-I{cupti.cuda_include}",
+           str(SOURCE), f"-I{only}", f"-I{cupti.cuda_include}",
            *[f"-D{k}={v}" for k, v in defs.items()],
            f"-L{cupti.lib}", f"-Wl,-rpath,{cupti.lib}", "-l:" + _libname(cupti.lib),
            "-ldl", "-lpthread"]
