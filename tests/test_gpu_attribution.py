@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.conftest import run_cli, shared_path
+from tests.gpu_fixture import load, write_raw
 
 import callpath
 from callpath.formats import measdir as md
@@ -15,8 +17,6 @@ from callpath.formats import measdir_gpu as mdg
 from callpath.measure.gpu import convert as cv
 from callpath.model.contexts import IdKind
 from callpath.structure.demangle import demangle
-from tests.conftest import run_cli, shared_path
-from tests.gpu_fixture import load, write_raw
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def test_companion_file_round_trip(tmp_path: Path, recorded: Any) -> None:
     data = path.read_bytes()
     bad = tmp_path / "gpu-9-0.cpm"
     bad.write_bytes(data.replace(b"CPMEAS", b"XXMEAS", 1))
-    with pytest.raises(callpath.CallpathError, match="gpu-9-0.cpm"):
+    with pytest.raises(callpath.CallpathError, match=r"gpu-9-0\.cpm"):
         mdg.read(bad)
 
 

@@ -40,7 +40,7 @@ def check_cuda(db: Path) -> dict[str, Any]:
     exp = callpath.open(db)
     out: dict[str, Any] = {"ok": True}
     placed = {}
-    for _, name, t, path in kernels(exp):
+    for _, name, _t, path in kernels(exp):
         short = name.split("(")[0]
         placed.setdefault(short, set()).update(p for p in path if p.startswith("launch_"))
         out.setdefault("kernel_paths", {})[short] = " > ".join(path[-8:])
@@ -69,14 +69,15 @@ def check_torch(db: Path, meas: Path, ref: Path) -> dict[str, Any]:
         g = mdg.read(f)
         for ops in g.ops.values():
             k = ops[ops["kind"] == 1]
-            recorded += float((k["end"].astype(np.int64) - k["start"].astype(np.int64)).sum()) * 1e-9
+            d = k["end"].astype(np.int64) - k["start"].astype(np.int64)
+            recorded += float(d.sum()) * 1e-9
     r = json.loads(ref.read_text())
     out.update(gker_s=gker, kernels=count, cupti_same_run_s=recorded,
                torch_profiler_s=r["kernel_s"], torch_profiler_kernels=r["kernels"],
                ratio_vs_torch_profiler=gker / r["kernel_s"] if r["kernel_s"] else None)
     fwd, bwd, other = [], [], []
     for _, name, t, path in kernels(exp):
-        if "gemm" not in name.lower() and "xmma" not in name.lower() and "cutlass" not in name.lower():
+        if not any(w in name.lower() for w in ("gemm", "xmma", "cutlass")):
             continue
         if "Linear.forward" in path:
             fwd.append((name, t, path))
@@ -84,9 +85,11 @@ def check_torch(db: Path, meas: Path, ref: Path) -> dict[str, Any]:
             bwd.append((name, t, path))
         else:
             other.append((name, t, path))
-    out["gemm_forward"] = [{"kernel": n[:80], "s": t, "path": " > ".join(p[-6:])} for n, t, p in fwd[:6]]
-    out["gemm_backward"] = [{"kernel": n[:80], "s": t, "path": " > ".join(p[-10:])} for n, t, p in bwd[:6]]
-    out["gemm_elsewhere"] = [{"kernel": n[:80], "s": t, "path": " > ".join(p[-12:])} for n, t, p in other[:6]]
+    for key, group, depth in (("gemm_forward", fwd, 6), ("gemm_backward", bwd, 10),
+                              ("gemm_elsewhere", other, 12)):
+        out[key] = [{"kernel": n[:80], "s": t, "path": " > ".join(p[-depth:])}
+                    for n, t, p in group[:6]]
+    out["gemm_counts"] = [len(fwd), len(bwd), len(other)]
     out["ok"] = bool(fwd) and abs(gker - recorded) <= 1e-9 * max(gker, 1.0) + 1e-12 and (
         r["kernel_s"] > 0 and abs(gker / r["kernel_s"] - 1) <= 0.02)
     return out
