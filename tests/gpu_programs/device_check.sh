@@ -3,51 +3,68 @@
 # installs callpath from .gpu/ (source + wheels carried there), measures the CUDA C program and
 # the PyTorch training loop with -e gpu=nvidia -t, attributes both, checks where the kernels sit
 # and the GKER total against torch.profiler, runs the overhead bench, and leaves in $OUT a
-# summary, the reports, the databases and the training loop's measurement (a test fixture).
-set -x
+# summary, the reports, the databases and the measurements (test fixtures). Every step gets
+# what is left of a BUDGET (seconds) so that the packing at the end always runs.
 export PYTHONUNBUFFERED=1
+BUDGET=${BUDGET:-330}
 G=$PWD/.gpu
 W=/tmp/w
+SRC=$G/src
 mkdir -p "$W"
 T0=$(date +%s)
-t() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
+t() { echo "=== [t+$(( $(date +%s) - T0 ))s] $*"; }
+left() { local l=$(( BUDGET - ($(date +%s) - T0) - ${2:-0} )); (( l > $1 )) && l=$1; (( l < 5 )) && l=5; echo $l; }
 nvidia-smi -L
 python3 -c "import sys, torch, numpy; print(sys.version, torch.__version__, numpy.__version__)"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$G"/whl/*.whl
-export PYTHONPATH=/tmp/site:$G/src/src
-(cd "$G/src" && python3 setup.py -q build_ext --inplace) > "$OUT/build.log" 2>&1 || t "C extensions not built"
+export PYTHONPATH=/tmp/site:$SRC/src
+(cd "$SRC" && python3 setup.py -q build_ext --inplace) > "$OUT/build.log" 2>&1 || t "C extensions not built"
 python3 -c "import callpath.measure.gpu.library as l; print(l.find_cupti()); print('unavailable:', l.unavailable())"
 python3 -m callpath run --list-events | tail -2
 t "nvcc"
-nvcc -O2 -g -lineinfo -o "$W/streams" "$G/src/tests/gpu_programs/streams.cu"
+nvcc -O2 -g -lineinfo -o "$W/streams" "$SRC/tests/gpu_programs/streams.cu"
 t "cuda run"
-timeout 120 python3 -m callpath run -e gpu=nvidia -t -o "$W/m-cu" -- "$W/streams"
-timeout 120 python3 -m callpath prof "$W/m-cu" -o "$W/db-cu"
+timeout "$(left 45 240)" python3 -m callpath run -e gpu=nvidia -t -o "$W/m-cu" -- "$W/streams"
+ls -la "$W/m-cu"
+timeout "$(left 45 220)" python3 -m callpath prof "$W/m-cu" -o "$W/db-cu"
 python3 -m callpath report "$W/db-cu" -m 'GKER (sec)' -d 40 > "$OUT/cu-report.txt" 2>&1
 python3 -m callpath report "$W/db-cu" --contexts >> "$OUT/cu-report.txt" 2>&1
-python3 "$G/src/tests/gpu_programs/check_gpu_db.py" cuda "$W/db-cu" > "$W/cu-check.json"
+python3 "$SRC/tests/gpu_programs/check_gpu_db.py" cuda "$W/db-cu" > "$W/cu-check.json"
+cat "$W/cu-check.json"
 t "torch.profiler reference"
-timeout 120 python3 "$G/src/tests/gpu_programs/train.py" --torch-profiler "$W/ref.json"
+timeout "$(left 60 180)" python3 "$SRC/tests/gpu_programs/train.py" --torch-profiler "$W/ref.json"
 t "torch run"
-timeout 150 python3 -m callpath run -e gpu=nvidia -t -o "$W/m-py" -- python3 "$G/src/tests/gpu_programs/train.py"
+timeout "$(left 90 120)" python3 -m callpath run -e gpu=nvidia -t -o "$W/m-py" -- python3 "$SRC/tests/gpu_programs/train.py"
 ls -la "$W/m-py"
-t "torch prof"
-timeout 200 python3 -m callpath prof "$W/m-py" -o "$W/db-py"
-python3 -m callpath report "$W/db-py" -m 'GKER (sec)' -d 60 -t 5 > "$OUT/py-report.txt" 2>&1
-python3 -m callpath report "$W/db-py" --contexts >> "$OUT/py-report.txt" 2>&1
-python3 "$G/src/tests/gpu_programs/check_gpu_db.py" torch "$W/db-py" "$W/m-py" "$W/ref.json" > "$W/py-check.json"
+t "torch prof (no symbols: fast)"
+timeout "$(left 60 90)" python3 -m callpath prof --ignore-structs "$W/m-py" -o "$W/db-py-fast"
+python3 "$SRC/tests/gpu_programs/check_gpu_db.py" torch "$W/db-py-fast" "$W/m-py" "$W/ref.json" > "$W/py-check-fast.json"
+cat "$W/py-check-fast.json"
 t "bench"
-timeout 150 python3 "$G/src/bench/gpu_overhead.py" --repeat 2 --json "$W/bench.json"
+timeout "$(left 80 80)" python3 "$SRC/bench/gpu_overhead.py" --repeat 1 --json "$W/bench.json"
+t "torch prof (symbols)"
+timeout "$(left 150 15)" python3 -m callpath prof "$W/m-py" -o "$W/db-py"
+if [ -d "$W/db-py" ]; then
+  python3 -m callpath report "$W/db-py" -m 'GKER (sec)' -d 70 -t 5 > "$OUT/py-report.txt" 2>&1
+  python3 "$SRC/tests/gpu_programs/check_gpu_db.py" torch "$W/db-py" "$W/m-py" "$W/ref.json" > "$W/py-check.json"
+  cat "$W/py-check.json"
+else
+  python3 -m callpath report "$W/db-py-fast" -m 'GKER (sec)' -d 40 -t 5 > "$OUT/py-report.txt" 2>&1
+fi
+python3 -m callpath report "$W/db-py-fast" --contexts >> "$OUT/py-report.txt" 2>&1
 t "pack"
 python3 - "$W" "$OUT/summary.json" <<'PY'
 import json, sys, pathlib
 w = pathlib.Path(sys.argv[1]); out = {}
-for k in ("cu-check", "py-check", "bench", "ref"):
+for k in ("cu-check", "py-check", "py-check-fast", "bench", "ref"):
     p = w / f"{k}.json"
-    out[k] = json.loads(p.read_text()) if p.exists() else None
+    try:
+        out[k] = json.loads(p.read_text()) if p.exists() else None
+    except ValueError as e:
+        out[k] = f"unreadable: {e}: {p.read_text()[:500]}"
 pathlib.Path(sys.argv[2]).write_text(json.dumps(out, indent=1))
 PY
-(cd "$W" && tar czf "$OUT/fixture.tar.gz" --exclude='*.raw' m-py/measurement.json m-py/gpu-*.cpm m-cu)
-(cd "$W" && tar czf "$OUT/dbs.tar.gz" db-cu db-py)
+(cd "$W" && tar czf "$OUT/fixture.tar.gz" m-py/measurement.json m-py/gpu-*.cpm m-py/process-*.cpm m-cu)
+(cd "$W" && tar czf "$OUT/dbs.tar.gz" db-cu db-py-fast $( [ -d db-py ] && echo db-py ))
 ls -la "$OUT"
 t "done"

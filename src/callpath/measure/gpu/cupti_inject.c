@@ -58,7 +58,7 @@ static int out_fd = -1;
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
 static char out_buf[OUT_BUF];
 static size_t out_len;
-static int with_native = 1;  /* CALLPATH_GPU_NATIVE=0: Python frames only where there are */
+static int with_native = 0;  /* CALLPATH_GPU_NATIVE=1: native frames also under Python ones */
 static int with_python = 1;
 static unsigned long long n_launch, n_dropped_records;
 static CUpti_SubscriberHandle subscriber;
@@ -356,7 +356,7 @@ int InitializeInjection(void) {
     out_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (out_fd < 0) return 1;
     const char *nat = getenv("CALLPATH_GPU_NATIVE");
-    with_native = !(nat && nat[0] == '0');
+    with_native = nat && nat[0] == '1';
     resolve_python();
     uint32_t version = 0;
     cuptiGetVersion(&version);
