@@ -141,7 +141,8 @@ def build(cupti: Cupti, cache: Path | None = None) -> Path:
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         tmp.unlink(missing_ok=True)
-        first = (res.stderr.strip().splitlines() or ["(no message)"])[0]
+        lines = res.stderr.strip().splitlines() or ["(no message)"]
+        first = next((x for x in lines if "error" in x), lines[0])
         raise CallpathError(f"cannot build callpath's CUPTI library with {cmd[0]}: {first}")
     os.replace(tmp, out)
     return out
