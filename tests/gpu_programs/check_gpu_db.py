@@ -42,10 +42,14 @@ def check_cuda(db: Path) -> dict[str, Any]:
     placed = {}
     for _, name, _t, path in kernels(exp):
         short = name.split("(")[0]
-        placed.setdefault(short, set()).update(p for p in path if p.startswith("launch_"))
+        # each kernel's launch stub (launch_scale/launch_axpy may be tail calls, gone from
+        # the stack): scale only under scale's stub, axpy only under axpy's
+        placed.setdefault(short, set()).update(p.split("(")[0] for p in path
+                                               if p.startswith("__device_stub__"))
         out.setdefault("kernel_paths", {})[short] = " > ".join(path[-8:])
     out["placed"] = {k: sorted(v) for k, v in placed.items()}
-    out["ok"] &= placed.get("scale") == {"launch_scale"} and placed.get("axpy") == {"launch_axpy"}
+    out["ok"] &= placed.get("scale") == {"__device_stub__Z5scalePffi"} and \
+        placed.get("axpy") == {"__device_stub__Z4axpyPfPKffi"}
     root = {m: float(exp.inclusive(exp.metric(m))[0]) for m in (
         "GKER (sec)", "GKER:COUNT", "GXCOPY:H2D (B)", "GXCOPY:D2H (B)", "GMSET (sec)",
         "GSYNC (sec)", "GPUOP (sec)")}

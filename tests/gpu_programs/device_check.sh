@@ -41,9 +41,12 @@ timeout "$(left 60 90)" python3 -m callpath prof --ignore-structs "$W/m-py" -o "
 python3 "$SRC/tests/gpu_programs/check_gpu_db.py" torch "$W/db-py-fast" "$W/m-py" "$W/ref.json" > "$W/py-check-fast.json"
 cat "$W/py-check-fast.json"
 t "bench"
-timeout "$(left 80 80)" python3 "$SRC/bench/gpu_overhead.py" --repeat 1 --json "$W/bench.json"
+timeout "$(left 170 75)" python3 "$SRC/bench/gpu_overhead.py" --repeat 3 --steps 200 --json "$W/bench.json"
+t "torch.profiler inside a measured program (a second CUPTI subscriber)"
+timeout "$(left 40 60)" python3 -m callpath run -e gpu=nvidia -o "$W/m-both" --top 0 -- python3 "$SRC/tests/gpu_programs/train.py" --steps 5 --torch-profiler "$W/both.json" 2>&1 | grep -iv "^\s*$" | tail -12
+cat "$W/both.json"
 t "torch prof (symbols)"
-timeout "$(left 150 15)" python3 -m callpath prof "$W/m-py" -o "$W/db-py"
+timeout "$(left 150 12)" python3 -m callpath prof "$W/m-py" -o "$W/db-py"
 if [ -d "$W/db-py" ]; then
   python3 -m callpath report "$W/db-py" -m 'GKER (sec)' -d 70 -t 5 > "$OUT/py-report.txt" 2>&1
   python3 "$SRC/tests/gpu_programs/check_gpu_db.py" torch "$W/db-py" "$W/m-py" "$W/ref.json" > "$W/py-check.json"
@@ -65,6 +68,6 @@ for k in ("cu-check", "py-check", "py-check-fast", "bench", "ref"):
 pathlib.Path(sys.argv[2]).write_text(json.dumps(out, indent=1))
 PY
 (cd "$W" && tar czf "$OUT/fixture.tar.gz" m-py/measurement.json m-py/gpu-*.cpm m-py/process-*.cpm m-cu)
-(cd "$W" && tar czf "$OUT/dbs.tar.gz" db-cu db-py-fast $( [ -d db-py ] && echo db-py ))
+(cd "$W" && tar czf "$OUT/db-cu.tar.gz" db-cu)
 ls -la "$OUT"
 t "done"

@@ -52,6 +52,8 @@ enum { R_API = 1, R_CODE = 2, R_KERNEL = 3, R_MEMCPY = 4, R_MEMSET = 5, R_SYNC =
        R_MAPS = 7, R_INFO = 8 };
 #define MAX_NATIVE 256
 #define MAX_PY 256
+static void emit(uint32_t tag, const void *a, size_t na, const void *b, size_t nb,
+                 const void *c, size_t nc);
 #define OUT_BUF (1 << 20)
 
 static int out_fd = -1;
@@ -59,7 +61,6 @@ static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
 static char out_buf[OUT_BUF];
 static size_t out_len;
 static int with_native = 0;  /* CALLPATH_GPU_NATIVE=1: native frames also under Python ones */
-static int with_python = 1;
 static unsigned long long n_launch, n_dropped_records;
 static CUpti_SubscriberHandle subscriber;
 static signed char decision[2][4096]; /* domain (0 driver, 1 runtime) x cbid: 1 yes, -1 no */
@@ -98,107 +99,126 @@ static void emit(uint32_t tag, const void *a, size_t na, const void *b, size_t n
     pthread_mutex_unlock(&out_lock);
 }
 
-/* ---------------------------------------------------------------- Python frames (dlsym) */
-typedef void PyObj;
-static int (*py_IsInitialized)(void);
-static int (*py_GILState_Check)(void);
-static void *(*py_ThreadState_Get)(void);
-static PyObj *(*py_ThreadState_GetFrame)(void *);
-static PyObj *(*py_Frame_GetBack)(PyObj *);
-static PyObj *(*py_Frame_GetCode)(PyObj *);
-static int (*py_Frame_GetLineNumber)(PyObj *);
-static void (*py_DecRef)(PyObj *);
-static void (*py_IncRef)(PyObj *);
-static PyObj *(*py_Object_GetAttrString)(PyObj *, const char *);
-static const char *(*py_Unicode_AsUTF8)(PyObj *);
-static long (*py_Long_AsLong)(PyObj *);
-static void (*py_Err_Clear)(void);
+/* ------------------------------------------------------------------------ Python frames
+ * Read from the thread's own CPython frame records, without the GIL: PyTorch (like most C
+ * extensions) releases the GIL around the work that launches kernels, so the GIL-holding
+ * C API is unusable exactly there. While this thread is inside our callback its frames cannot
+ * change, and every object read (frame records, code objects, their name strings) is held by
+ * a strong reference of a live frame; nothing is allocated and no reference count is touched.
+ * Built only against the headers of the interpreter that runs callpath (CP_PYTHON, the same
+ * layouts as the --native sampler's _callpath_native.c), and used only where the process's
+ * interpreter has that version (Py_Version). Every CPython symbol is looked up with dlsym so
+ * that the library loads in processes without Python. */
+#ifdef CP_PYTHON
+#define Py_BUILD_CORE 1
+#include <Python.h>
+#include "internal/pycore_frame.h"
+#undef Py_BUILD_CORE
 
-#define CODE_SLOTS 8192
-static PyObj *known_code[CODE_SLOTS]; /* code objects already described (kept alive) */
+static PyThreadState *(*py_this_thread)(void);
+static PyTypeObject *py_code_type;
+static int (*py_addr2line)(PyCodeObject *, int);
+static int python_ok;
 
 static void resolve_python(void) {
-#define SYM(v, n) *(void **)(&v) = dlsym(RTLD_DEFAULT, n)
-    SYM(py_IsInitialized, "Py_IsInitialized");
-    SYM(py_GILState_Check, "PyGILState_Check");
-    SYM(py_ThreadState_Get, "PyThreadState_Get");
-    SYM(py_ThreadState_GetFrame, "PyThreadState_GetFrame");
-    SYM(py_Frame_GetBack, "PyFrame_GetBack");
-    SYM(py_Frame_GetCode, "PyFrame_GetCode");
-    SYM(py_Frame_GetLineNumber, "PyFrame_GetLineNumber");
-    SYM(py_DecRef, "Py_DecRef");
-    SYM(py_IncRef, "Py_IncRef");
-    SYM(py_Object_GetAttrString, "PyObject_GetAttrString");
-    SYM(py_Unicode_AsUTF8, "PyUnicode_AsUTF8");
-    SYM(py_Long_AsLong, "PyLong_AsLong");
-    SYM(py_Err_Clear, "PyErr_Clear");
-#undef SYM
+    const unsigned long *version = dlsym(RTLD_DEFAULT, "Py_Version");
+    *(void **)(&py_this_thread) = dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
+    py_code_type = dlsym(RTLD_DEFAULT, "PyCode_Type");
+    *(void **)(&py_addr2line) = dlsym(RTLD_DEFAULT, "PyCode_Addr2Line");
+    python_ok = version && (*version >> 16) == ((unsigned long)PY_VERSION_HEX >> 16) &&
+                py_this_thread && py_code_type && py_addr2line;
 }
 
-static int python_ready(void) {
-    return py_IsInitialized && py_GILState_Check && py_ThreadState_Get &&
-           py_ThreadState_GetFrame && py_Frame_GetBack && py_Frame_GetCode &&
-           py_Frame_GetLineNumber && py_DecRef && py_IncRef && py_Object_GetAttrString &&
-           py_Unicode_AsUTF8 && py_Long_AsLong && py_Err_Clear && py_IsInitialized() &&
-           py_GILState_Check();
+/* An immutable str's UTF-8 text without calling CPython: compact ASCII data, else the
+ * cached UTF-8 form, else a stand-in. */
+static const char *str_text(PyObject *o) {
+    if (o == NULL || !PyUnicode_Check(o)) return "?";
+    PyASCIIObject *a = (PyASCIIObject *)o;
+    if (a->state.compact && a->state.ascii) return (const char *)(a + 1);
+    PyCompactUnicodeObject *c = (PyCompactUnicodeObject *)o;
+    return c->utf8 ? c->utf8 : "<non-ASCII name>";
 }
 
-static const char *attr_text(PyObj *o, const char *name, PyObj **hold) {
-    PyObj *v = py_Object_GetAttrString(o, name);
-    const char *s = v ? py_Unicode_AsUTF8(v) : NULL;
-    if (!s) { py_Err_Clear(); if (v) py_DecRef(v); *hold = NULL; return ""; }
-    *hold = v;
-    return s;
-}
+#define CODE_SLOTS 8192
+static struct { PyCodeObject *code; PyObject *file, *name; int first; uint64_t key; }
+    known_code[CODE_SLOTS];
+static pthread_mutex_t code_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t code_generation;
 
-/* Describe a code object once (file, qualified name, first line) in a CODE record; the
- * table keeps a reference so that its address is never reused for another code object. */
-static void describe_code(PyObj *code) {
-    uintptr_t h = ((uintptr_t)code >> 4) % CODE_SLOTS;
-    for (int probe = 0; probe < 16; probe++, h = (h + 1) % CODE_SLOTS) {
-        if (known_code[h] == code) return;
-        if (known_code[h] == NULL) {
-            known_code[h] = code;
-            py_IncRef(code);
-            break;
-        }
+/* The key of a code object, describing it (file, qualified name, first line) in a CODE
+ * record the first time; a new code object at a freed one's address gets a new key. */
+static uint64_t code_key(PyCodeObject *co) {
+    uint64_t key;
+    pthread_mutex_lock(&code_lock);
+    uintptr_t h = ((uintptr_t)co >> 4) % CODE_SLOTS;
+    int slot = -1;
+    for (int probe = 0; probe < 32; probe++, h = (h + 1) % CODE_SLOTS) {
+        if (known_code[h].code == co || known_code[h].code == NULL) { slot = (int)h; break; }
     }
-    PyObj *hf, *hn;
-    const char *file = attr_text(code, "co_filename", &hf);
-    const char *name = attr_text(code, "co_qualname", &hn);
-    if (!*name) { if (hn) py_DecRef(hn); name = attr_text(code, "co_name", &hn); }
-    PyObj *fl = py_Object_GetAttrString(code, "co_firstlineno");
-    long first = fl ? py_Long_AsLong(fl) : 0;
-    if (!fl) py_Err_Clear(); else py_DecRef(fl);
-    uint64_t key = (uint64_t)(uintptr_t)code;
-    uint32_t lens[3] = {(uint32_t)first, (uint32_t)strlen(file), (uint32_t)strlen(name)};
+    if (slot >= 0 && known_code[slot].code == co && known_code[slot].file == co->co_filename &&
+        known_code[slot].name == co->co_qualname && known_code[slot].first == co->co_firstlineno) {
+        key = known_code[slot].key;
+        pthread_mutex_unlock(&code_lock);
+        return key;
+    }
+    key = (uint64_t)(uintptr_t)co | (++code_generation << 48);
+    if (slot < 0) slot = (int)(((uintptr_t)co >> 4) % CODE_SLOTS); /* table full: evict */
+    known_code[slot].code = co;
+    known_code[slot].file = co->co_filename;
+    known_code[slot].name = co->co_qualname;
+    known_code[slot].first = co->co_firstlineno;
+    known_code[slot].key = key;
+    pthread_mutex_unlock(&code_lock);
+    const char *file = str_text(co->co_filename), *name = str_text(co->co_qualname);
+    uint32_t lens[3] = {(uint32_t)co->co_firstlineno, (uint32_t)strlen(file),
+                        (uint32_t)strlen(name)};
     uint8_t head[sizeof key + sizeof lens];
     memcpy(head, &key, sizeof key);
     memcpy(head + sizeof key, lens, sizeof lens);
     emit(R_CODE, head, sizeof head, file, lens[1], name, lens[2]);
-    if (hf) py_DecRef(hf);
-    if (hn) py_DecRef(hn);
+    return key;
 }
 
 /* The thread's Python frames, innermost first: (code key, line) pairs. */
 static int python_frames(uint64_t *out) {
-    if (!with_python || !python_ready()) return 0;
+    if (!python_ok) return 0;
+    PyThreadState *ts = py_this_thread();
+    if (ts == NULL) return 0;
     int n = 0;
-    PyObj *f = py_ThreadState_GetFrame(py_ThreadState_Get());
-    while (f && n < MAX_PY) {
-        PyObj *code = py_Frame_GetCode(f);
-        describe_code(code);
-        out[2 * n] = (uint64_t)(uintptr_t)code;
-        out[2 * n + 1] = (uint64_t)(uint32_t)py_Frame_GetLineNumber(f);
-        py_DecRef(code);
+#if PY_VERSION_HEX >= 0x030D0000
+    _PyInterpreterFrame *f = ts->current_frame;
+#else
+    if (ts->cframe == NULL) return 0;
+    _PyInterpreterFrame *f = ts->cframe->current_frame;
+#endif
+    for (int guard = 0; f != NULL && n < MAX_PY && guard < 4 * MAX_PY; guard++, f = f->previous) {
+#if PY_VERSION_HEX >= 0x030C0000
+        if (f->owner == FRAME_OWNED_BY_CSTACK) continue;
+#endif
+#if PY_VERSION_HEX >= 0x030D0000
+        PyObject *ex = f->f_executable;
+        if (ex == NULL || Py_TYPE(ex) != py_code_type) continue;
+        PyCodeObject *co = (PyCodeObject *)ex;
+        _Py_CODEUNIT *at = f->instr_ptr;
+#else
+        PyCodeObject *co = f->f_code;
+        if (co == NULL) break;
+        _Py_CODEUNIT *at = f->prev_instr;
+#endif
+        _Py_CODEUNIT *first = _PyCode_CODE(co);
+        if (f->owner != FRAME_OWNED_BY_GENERATOR && at < first + co->_co_firsttraceable)
+            continue; /* not started yet (_PyFrame_IsIncomplete) */
+        int line = py_addr2line(co, (int)((char *)at - (char *)first));
+        out[2 * n] = code_key(co);
+        out[2 * n + 1] = (uint64_t)(uint32_t)(line < 0 ? 0 : line);
         n++;
-        PyObj *back = py_Frame_GetBack(f);
-        py_DecRef(f);
-        f = back;
     }
-    if (f) py_DecRef(f);
     return n;
 }
+#else
+static void resolve_python(void) {}
+static int python_frames(uint64_t *out) { (void)out; return 0; }
+#endif
 
 /* ---------------------------------------------------------------------------- callbacks */
 static int wanted(int runtime, const char *fn) {
@@ -391,4 +411,20 @@ int InitializeInjection(void) {
     }
     atexit(at_exit);
     return 1;
+}
+
+/* For the tests: the calling thread's Python frames as a launch would record them, into
+ * frames[] (2 words each), with their CODE records written to the file at path. Called
+ * through ctypes, which releases the GIL as PyTorch does around a launch. */
+int callpath_cupti_selftest(const char *path, uint64_t *frames) {
+    out_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out_fd < 0) return -1;
+    resolve_python();
+    int n = python_frames(frames);
+    pthread_mutex_lock(&out_lock);
+    flush_locked();
+    close(out_fd);
+    out_fd = -1;
+    pthread_mutex_unlock(&out_lock);
+    return n;
 }

@@ -117,7 +117,9 @@ def build(cupti: Cupti, cache: Path | None = None) -> Path:
             "CP_MEMSET_T": _latest(cupti.include, "CUpti_ActivityMemset", "CUpti_ActivityMemset4"),
             "CP_SYNC_T": _latest(cupti.include, "CUpti_ActivitySynchronization",
                                  "CUpti_ActivitySynchronization")}
-    key = hashlib.sha256(src + repr((cupti, sorted(defs.items()))).encode()).hexdigest()[:16]
+    pyinc = python_include()
+    key = hashlib.sha256(src + repr((cupti, sorted(defs.items()), pyinc)).encode()
+                         ).hexdigest()[:16]
     base = cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "callpath"
     out = base / f"libcallpath_cupti-{key}.so"
     if out.is_file():
@@ -136,6 +138,7 @@ def build(cupti: Cupti, cache: Path | None = None) -> Path:
     cmd = [os.environ.get("CC", "gcc"), "-O2", "-shared", "-fPIC", "-Wall", "-o", str(tmp),
            str(SOURCE), f"-I{only}", f"-I{cupti.cuda_include}",
            *[f"-D{k}={v}" for k, v in defs.items()],
+           *(["-DCP_PYTHON", f"-I{pyinc}"] if pyinc else []),
            f"-L{cupti.lib}", f"-Wl,-rpath,{cupti.lib}", "-l:" + _libname(cupti.lib),
            "-ldl", "-lpthread"]
     res = subprocess.run(cmd, capture_output=True, text=True)
@@ -146,6 +149,22 @@ def build(cupti: Cupti, cache: Path | None = None) -> Path:
         raise CallpathError(f"cannot build callpath's CUPTI library with {cmd[0]}: {first}")
     os.replace(tmp, out)
     return out
+
+
+def python_include() -> str | None:
+    """The headers of this interpreter when the library can read its frame records (CPython
+    3.11 to 3.13 with internal headers, not free-threaded: the --native sampler's layouts);
+    None otherwise, and launches from Python then get native paths only."""
+    import sys
+    import sysconfig
+
+    if not (3, 11) <= sys.version_info[:2] <= (3, 13) or sysconfig.get_config_var(
+            "Py_GIL_DISABLED"):
+        return None
+    inc = sysconfig.get_paths().get("include")
+    if inc and (Path(inc) / "internal" / "pycore_frame.h").is_file():
+        return inc
+    return None
 
 
 def _libname(libdir: Path) -> str:

@@ -1,0 +1,64 @@
+"""callpath's CUPTI library (``cupti_inject.c``): it builds against the CUPTI headers found here
+and reads the launching thread's Python frames without the GIL. Needs CUPTI's headers and
+library (NVIDIA's nvidia-cuda-cupti package or a CUDA toolkit), not a GPU; skips without."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import pytest
+
+from callpath.measure.gpu import convert as cv
+from callpath.measure.gpu import library
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    cupti = library.find_cupti()
+    if cupti is None:
+        pytest.skip("no CUPTI headers and library here (nvidia-cuda-cupti or a CUDA toolkit)")
+    if library.python_include() is None:
+        pytest.skip("this interpreter has no internal headers to read its frame records")
+    path = library.build(cupti, tmp_path_factory.mktemp("cupti-cache"))
+    return ctypes.CDLL(str(path))
+
+
+def _frames(lib: ctypes.CDLL, raw: Path) -> tuple[list[tuple[str, str, int]], list[int]]:
+    buf = (ctypes.c_uint64 * 512)()
+    n = lib.callpath_cupti_selftest(str(raw).encode(), buf)  # ctypes releases the GIL
+    assert n > 0
+    codes = cv.read_raw(raw).codes
+    keys = [int(buf[2 * i]) for i in range(n)]
+    names = [KNOWN.setdefault(k, codes.get(k, ("?", "?", 0)))[:2] for k in keys]
+    return [(*nm, int(buf[2 * i + 1])) for i, nm in enumerate(names)], keys
+
+
+KNOWN: dict[int, tuple[str, str, int]] = {}
+
+
+def _launch_here(lib: ctypes.CDLL, raw: Path) -> tuple[list[tuple[str, str, int]], list[int]]:
+    return _frames(lib, raw)
+
+
+class Model:
+    def forward(self, lib: ctypes.CDLL, raw: Path) -> tuple[list[tuple[str, str, int]],
+                                                            list[int]]:
+        return _launch_here(lib, raw)
+
+
+def test_python_frames_without_the_gil(lib: ctypes.CDLL, tmp_path: Path) -> None:
+    """The frames a launch records from a thread that released the GIL: innermost first,
+    with the line executing in each, named by file and qualified name as the sampler names
+    them; a code object is described once (later records reuse its key)."""
+    frames, keys = Model().forward(lib, tmp_path / "gpu-1.raw")
+    here = Path(__file__).resolve()
+    lines = {name: code.co_firstlineno for name, code in (
+        ("_frames", _frames.__code__), ("_launch_here", _launch_here.__code__),
+        ("Model.forward", Model.forward.__code__))}
+    got = [(Path(f).resolve() == here, name, ln - lines[name]) for f, name, ln in frames[:3]]
+    assert got == [(True, "_frames", 2), (True, "_launch_here", 1), (True, "Model.forward", 2)]
+    assert any(name == "test_python_frames_without_the_gil" for _, name, _ in frames)
+    _, again = _frames(lib, tmp_path / "gpu-2.raw")
+    described = cv.read_raw(tmp_path / "gpu-2.raw").codes
+    assert again[0] == keys[0] and again[0] not in described
