@@ -8,6 +8,8 @@ Three ways of running ``tests/gpu_programs/train.py`` (a small MLP, ``--steps`` 
 * ``callpath``       - ``callpath run -e gpu=nvidia -t`` (CPU sampling at 1 kHz, every kernel,
   copy, memset and synchronization with its calling context, the GPU streams' traces, and
   the conversion after the run);
+* ``callpath-cpu``   - ``callpath run -t`` without ``-e gpu=nvidia`` (the CPU sampler alone:
+  what the GPU measurement adds is the difference to ``callpath``);
 * ``torch.profiler`` - the same loop inside ``torch.profiler.profile`` with CPU and CUDA
   activities, and its chrome trace written.
 
@@ -55,6 +57,9 @@ def main() -> None:
         "callpath": lambda i: [py, "-m", "callpath", "run", "-e", "gpu=nvidia", "-t",
                                "--top", "0", "-o", str(tmp / f"m{i}"), "--", py, str(TRAIN),
                                "--steps", str(args.steps)],
+        "callpath-cpu": lambda i: [py, "-m", "callpath", "run", "-t", "--top", "0", "-o",
+                                   str(tmp / f"c{i}"), "--", py, str(TRAIN), "--steps",
+                                   str(args.steps)],
         "torch.profiler": lambda i: [py, str(TRAIN), "--steps", str(args.steps),
                                      "--torch-profiler", str(tmp / f"tp{i}.json")],
     }

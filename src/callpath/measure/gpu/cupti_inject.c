@@ -179,6 +179,29 @@ static uint64_t code_key(PyCodeObject *co) {
     return key;
 }
 
+/* The line of an instruction: PyCode_Addr2Line decodes the line table from its start, a
+ * cost per frame that a training loop's launches repeat from the same few hundred places, so
+ * (code, offset) -> line is remembered. */
+#define LINE_SLOTS 16384
+static struct { uint64_t key; int offset, line; } line_cache[LINE_SLOTS];
+
+/* key: code_key(co), which changes when a new code object takes a freed one's address */
+static int line_of(uint64_t key, PyCodeObject *co, int offset) {
+    uintptr_t h = ((uintptr_t)(key >> 4) * 31u + (uintptr_t)offset) % LINE_SLOTS;
+    pthread_mutex_lock(&code_lock);
+    int hit = line_cache[h].key == key && line_cache[h].offset == offset;
+    int line = line_cache[h].line;
+    pthread_mutex_unlock(&code_lock);
+    if (hit) return line;
+    line = py_addr2line(co, offset);
+    pthread_mutex_lock(&code_lock);
+    line_cache[h].key = key;
+    line_cache[h].offset = offset;
+    line_cache[h].line = line;
+    pthread_mutex_unlock(&code_lock);
+    return line;
+}
+
 /* The thread's Python frames, innermost first: (code key, line) pairs. */
 static int python_frames(uint64_t *out) {
     if (!python_ok) return 0;
@@ -208,8 +231,9 @@ static int python_frames(uint64_t *out) {
         _Py_CODEUNIT *first = _PyCode_CODE(co);
         if (f->owner != FRAME_OWNED_BY_GENERATOR && at < first + co->_co_firsttraceable)
             continue; /* not started yet (_PyFrame_IsIncomplete) */
-        int line = py_addr2line(co, (int)((char *)at - (char *)first));
-        out[2 * n] = code_key(co);
+        uint64_t key = code_key(co);
+        int line = line_of(key, co, (int)((char *)at - (char *)first));
+        out[2 * n] = key;
         out[2 * n + 1] = (uint64_t)(uint32_t)(line < 0 ? 0 : line);
         n++;
     }
