@@ -110,6 +110,12 @@ def run(args: argparse.Namespace) -> int:
         res = postmortem.finish(out, _progress)
         _mark_complete(out, res, None)
         summary.print_summary(out, res, None, args.top, sys.stderr)
+        if any(out.glob("gpu-*.raw")):  # -e gpu=nvidia records the launcher left behind
+            import json
+
+            raw = json.loads((out / "measurement.json").read_text()).get("raw") or {}
+            for line in gpu_session.finish(out, bool(raw.get("trace"))):
+                sys.stderr.write(f"callpath: {line}\n")
         return 0
     cmd = list(args.command)
     if cmd and cmd[0] == "--":
