@@ -197,13 +197,21 @@ def test_native_launch_context_is_mapped_through_the_load_map(tmp_path: Path) ->
     pid = 4242
     raw = rec(cv.R_API, struct.pack("<4Q", 7, pid | (2 << 32), 1, len(pcs))
               + struct.pack(f"<{len(pcs)}Q", *pcs))
-    raw += rec(cv.R_KERNEL, struct.pack("<10Q", 7, 1000, 3000, 1 << 32, 7, 4, 128, 32, 0, 0)
+    raw += rec(cv.R_KERNEL, struct.pack("<10Q", 7, 10**9 + 1000, 10**9 + 3000, 1 << 32, 7, 4,
+                                        128, 32, 0, 0)
                + b"_Z4axpyPfPKffi")
     raw += rec(cv.R_MAPS, maps.encode())
+    # the library's clock readings: CUPTI's clock is 10**9 ns ahead of CLOCK_MONOTONIC
+    raw += rec(cv.R_INFO, b"clock start cupti=1000000500 mono=500")
+    raw += rec(cv.R_INFO, b"clock end cupti=1000009000 mono=9000")
     meas = tmp_path / "m"
     md.write_header(meas, [], command=["app"], status="complete")
     (meas / f"gpu-{pid}.raw").write_bytes(raw)
-    assert len(cv.convert_all(meas, trace=False)) == 1
+    (comp,) = cv.convert_all(meas, trace=False)
+    g = mdg.read(comp)
+    assert g.process.info["gpu_clock"] == "monotonic"
+    (ops,) = g.ops.values()
+    assert (int(ops["start"][0]), int(ops["end"][0])) == (1000, 3000)  # on CLOCK_MONOTONIC
     db = tmp_path / "db"
     run_cli("prof", str(meas), "-o", str(db), check=True)
     exp = callpath.open(db)

@@ -205,6 +205,7 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
                 node = tree.child(node, int(kind), mi, addr)
         at[int(corr)] = (slot, node)
     main_slot = slot_of_tid.get(raw.pid, 0)
+    shift = clock_offset(raw.notes)
     names: list[str] = []
     name_index: dict[str, int] = {}
     per_slot: dict[int, list[tuple[Any, ...]]] = {}
@@ -216,12 +217,14 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
             ni = name_index.setdefault(kname, len(names))
             if ni == len(names):
                 names.append(kname)
-            row = (words[1], words[2], 0, words[9], node, dev_ctx & 0xFFFFFFFF,
+            row = (_on(words[1], shift), _on(words[2], shift), 0, words[9], node,
+                   dev_ctx & 0xFFFFFFFF,
                    dev_ctx >> 32, words[4], ni, words[5], words[6], words[7],
                    words[8] & 0xFFFFFFFF, words[8] >> 32, words[0] & 0xFFFFFFFF,
                    _OPS[tag], 0, 0)
         else:
-            row = (words[1], words[2], words[5], 0, node, dev_ctx & 0xFFFFFFFF, dev_ctx >> 32,
+            row = (_on(words[1], shift), _on(words[2], shift), words[5], 0, node,
+                   dev_ctx & 0xFFFFFFFF, dev_ctx >> 32,
                    words[4] & 0xFFFFFFFF, mdg.NO_NAME, 0, 0, 0, 0, 0, words[0] & 0xFFFFFFFF,
                    _OPS[tag], words[6] & 0xFF, 0)
         per_slot.setdefault(slot, []).append(row)
@@ -237,6 +240,7 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
         w.process(pid=raw.pid, generation=generation or 0, exe=exe,
                   comm=os.path.basename(exe), rank=None, host=os.uname().nodename,
                   node_id=node_id, forked_from=None, gpu_trace=trace,
+                  gpu_clock="monotonic" if shift is not None else "cupti",
                   gpu_notes=raw.notes, gpu_truncated=raw.truncated)
         w.modules(modules)
         w.pycode(pycode)
@@ -252,6 +256,25 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
                 mdg.write_ops(w, slot, ops_array(rows))
         mdg.write_names(w, names)
     return out_dir / name
+
+
+def clock_offset(notes: list[str]) -> int | None:
+    """CUPTI's clock minus CLOCK_MONOTONIC (ns), from the library's ``clock`` notes (the
+    mean of its readings at start and end); None where it wrote none."""
+    offs = []
+    for note in notes:
+        if note.startswith("clock "):
+            f = dict(w.split("=", 1) for w in note.split()[2:] if "=" in w)
+            try:
+                offs.append(int(f["cupti"]) - int(f["mono"]))
+            except (KeyError, ValueError):
+                continue
+    return sum(offs) // len(offs) if offs else None
+
+
+def _on(t: int, shift: int | None) -> int:
+    """A CUPTI timestamp on CLOCK_MONOTONIC (unchanged without a clock note)."""
+    return t if shift is None else max(int(t) - shift, 0)
 
 
 def ops_array(rows: list[tuple[Any, ...]]) -> npt.NDArray[Any]:

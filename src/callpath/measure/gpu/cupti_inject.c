@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef CP_KERNEL_T
@@ -377,9 +378,26 @@ static void copy_maps(void) {
 
 static pid_t owner;
 
+/* CUPTI's timestamps against CLOCK_MONOTONIC, the clock of both samplers' traces: a CUPTI
+ * reading on each side of a monotonic one, so that the conversion can put GPU operations on
+ * the CPU threads' time line. */
+static void clock_note(const char *when) {
+    uint64_t a = 0, b = 0;
+    struct timespec ts;
+    cuptiGetTimestamp(&a);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    cuptiGetTimestamp(&b);
+    char text[160];
+    snprintf(text, sizeof text, "clock %s cupti=%llu mono=%llu", when,
+             (unsigned long long)(a / 2 + b / 2 + (a % 2 + b % 2) / 2),
+             (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
+    info(text);
+}
+
 static void at_exit(void) {
     if (getpid() != owner) return; /* a forked child without its own CUDA */
     cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    clock_note("end");
     char text[160];
     snprintf(text, sizeof text, "end launches=%llu dropped=%llu", n_launch, n_dropped_records);
     info(text);
@@ -418,6 +436,7 @@ int InitializeInjection(void) {
     }
     snprintf(text, sizeof text, "start cupti=%u pid=%d", version, (int)owner);
     info(text);
+    clock_note("start");
     cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API);
     cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API);
     cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
