@@ -226,3 +226,48 @@ def test_native_launch_context_is_mapped_through_the_load_map(tmp_path: Path) ->
         node = int(exp.cct.parent[node])
     assert path[0] == "<gpu kernel>"
     assert any(p.startswith("ffi_call") for p in path), path
+
+
+def test_kernels_named_by_their_gpu_binary(tmp_path: Path) -> None:
+    """A GPU binary the process loaded (CALLPATH_GPU_BINS=1: saved as gpubins/HASH.gpubin, an
+    ELF file) that defines the kernel's symbol becomes the kernel's load module, at the
+    symbol's address, as hpcprof attributes kernels to the measurement's gpubins."""
+    import shutil
+    import struct
+    import subprocess
+
+    from elftools.elf.elffile import ELFFile
+
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc to make an ELF file standing in for a cubin")
+    meas = tmp_path / "m"
+    md.write_header(meas, [], command=["app"], status="complete")
+    so = tmp_path / "k.so"
+    subprocess.run(["gcc", "-shared", "-o", str(so), "-x", "c", "-"], check=True,
+                   input=b"void _Z4axpyPfPKffi(void) {}\n")
+    data = so.read_bytes()
+    h = 1469598103934665603
+    for b in data:  # the library's FNV-1a 64 of the binary's bytes
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    (meas / "gpubins").mkdir()
+    (meas / "gpubins" / f"{h:016x}.gpubin").write_bytes(data)
+    with open(so, "rb") as f:
+        sym = ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name("_Z4axpyPfPKffi")
+        addr = int(sym[0]["st_value"])
+
+    def rec(tag: int, payload: bytes) -> bytes:
+        return struct.pack("<II", tag, len(payload)) + payload
+
+    raw = rec(cv.R_CUBIN, struct.pack("<3Q", 1, h, len(data)))
+    raw += rec(cv.R_KERNEL, struct.pack("<10Q", 7, 1000, 3000, 1 << 32, 7, 4, 128, 32, 0, 0)
+               + b"_Z4axpyPfPKffi")
+    (meas / "gpu-77.raw").write_bytes(raw)
+    cv.convert_all(meas, trace=False)
+    db = tmp_path / "db"
+    run_cli("prof", str(meas), "-o", str(db), check=True)
+    exp = callpath.open(db)
+    (leaf,) = np.flatnonzero(exp.exclusive(exp.metric("GKER (sec)")))
+    fn = exp.functions[int(exp.cct.function[leaf])]
+    assert fn.name == "axpy(float*, float const*, float, int)"
+    assert exp.modules[fn.module].path == str(meas / "gpubins" / f"{h:016x}.gpubin")
+    assert fn.offset == addr

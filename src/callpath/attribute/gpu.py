@@ -63,10 +63,13 @@ def placeholder_codes(ops: npt.NDArray[Any]) -> I64:
 
 
 def attribute_ops(ops: npt.NDArray[Any], names: list[str], anchor_of_node: I64,
-                  tb: TreeBuilder, tables: Tables, demangled: dict[str, str]) -> Attributed:
+                  tb: TreeBuilder, tables: Tables, demangled: dict[str, str],
+                  binaries: dict[int, tuple[str, int]] | None = None) -> Attributed:
     """Intern the placeholder and kernel contexts of ``ops`` under their launch's anchor and
     compute the GPU metrics of each (see the module docstring). ``demangled`` caches
-    kernel-name demangling across threads."""
+    kernel-name demangling across threads; ``binaries`` gives a kernel (by name index) its
+    GPU binary and address, which become its function's load module and offset, as hpcprof
+    has them (else the kernel has no module)."""
     n = len(ops)
     anchors = anchor_of_node[ops["node"].astype(np.int64)]
     code = placeholder_codes(ops)
@@ -85,7 +88,10 @@ def attribute_ops(ops: npt.NDArray[Any], names: list[str], anchor_of_node: I64,
             nice = demangled.get(raw)
             if nice is None:
                 nice = demangled[raw] = demangle(raw)
-            node = tb.node(node, F, CALL, tables.function(nice, -1, 0, -1, 0))
+            binary = (binaries or {}).get(k)
+            fn = tables.function(nice, tables.module(binary[0]), binary[1], -1, 0) \
+                if binary else tables.function(nice, -1, 0, -1, 0)
+            node = tb.node(node, F, CALL, fn)
         leaf[u] = node
     where = leaf[inverse]
     # subtract as integers: a float64 of a ~1.8e18 ns timestamp is only good to 256 ns
@@ -208,7 +214,8 @@ class Pending:
 
 def attribute_companion(ops_of_slot: dict[int, npt.NDArray[Any]], names: list[str],
                         pending: list[Pending], offset: int, tb: TreeBuilder, tables: Tables,
-                        demangled: dict[str, str], trace: bool
+                        demangled: dict[str, str], trace: bool,
+                        binaries: dict[int, tuple[str, int]] | None = None
                         ) -> list[tuple[tuple[Identifier, ...], npt.NDArray[np.uint64], I64]]:
     """Attribute a companion's operations (:func:`attribute_ops`) to the pending threads of
     its process: to the CPU thread of the same tid where there is one, else to the launching
@@ -225,7 +232,7 @@ def attribute_companion(ops_of_slot: dict[int, npt.NDArray[Any]], names: list[st
         if ops is None or not len(ops):
             p.merged = True
             continue
-        got = attribute_ops(ops, names, p.anchor_of_node, tb, tables, demangled)
+        got = attribute_ops(ops, names, p.anchor_of_node, tb, tables, demangled, binaries)
         target = by_tid.get(p.tid)
         if target is not None:
             p.merged = True

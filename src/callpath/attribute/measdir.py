@@ -335,7 +335,7 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
         if gfile is not None and gpu_offset is not None:
             streams = gpu_attr.attribute_companion(
                 gfile.ops, gfile.names, pending, gpu_offset, tb, tables, demangled,
-                bool(gfile.process.info.get("gpu_trace", False)))
+                bool(gfile.process.info.get("gpu_trace", False)), gfile.binaries())
         for pt in pending:
             if pt.merged:
                 continue

@@ -77,6 +77,18 @@ class GpuFile:
     ops: dict[int, npt.NDArray[Any]] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
 
+    def binaries(self) -> dict[int, tuple[str, int]]:
+        """Kernel name index -> (GPU binary's path, the kernel's address in it), from
+        PROCESS ``gpu_kernel_binaries`` (paths relative to the measurement directory)."""
+        out: dict[int, tuple[str, int]] = {}
+        for row in self.process.info.get("gpu_kernel_binaries") or []:
+            try:
+                i, rel, addr = int(row[0]), str(row[1]), int(row[2])
+            except (TypeError, ValueError, IndexError):
+                continue
+            out[i] = (str(self.process.path.parent / rel), addr)
+        return out
+
 
 def read(path: str | os.PathLike[str]) -> GpuFile:
     """Read a companion file (raises :class:`FormatError` naming the file and what is

@@ -35,7 +35,7 @@ from callpath.measure.elfinfo import ElfInfo
 from callpath.model import gpu
 from callpath.model.contexts import Identifier, IdKind
 
-R_API, R_CODE, R_KERNEL, R_MEMCPY, R_MEMSET, R_SYNC, R_MAPS, R_INFO = range(1, 9)
+R_API, R_CODE, R_KERNEL, R_MEMCPY, R_MEMSET, R_SYNC, R_MAPS, R_INFO, R_CUBIN = range(1, 10)
 _HEAD = struct.Struct("<II")
 _API = struct.Struct("<4Q")
 _CODE = struct.Struct("<QIII")
@@ -57,6 +57,7 @@ class Raw:
     ops: list[tuple[int, list[int], str]] = field(default_factory=list)  # (record tag, words, name)
     maps: str = ""
     notes: list[str] = field(default_factory=list)
+    cubins: list[tuple[int, int, int]] = field(default_factory=list)  # (module id, hash, size)
     truncated: bool = False
 
 
@@ -94,6 +95,9 @@ def read_raw(path: Path) -> Raw:
             raw.maps = body.decode(errors="replace")
         elif tag == R_INFO:
             raw.notes.append(body.decode(errors="replace"))
+        elif tag == R_CUBIN and n >= 24:
+            mid, h, size = struct.unpack_from("<3Q", body, 0)
+            raw.cubins.append((mid, h, size))
     if pos < len(data):
         raw.truncated = True
     return raw
@@ -241,7 +245,8 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
                   comm=os.path.basename(exe), rank=None, host=os.uname().nodename,
                   node_id=node_id, forked_from=None, gpu_trace=trace,
                   gpu_clock="monotonic" if shift is not None else "cupti",
-                  gpu_notes=raw.notes, gpu_truncated=raw.truncated)
+                  gpu_notes=raw.notes, gpu_truncated=raw.truncated,
+                  gpu_kernel_binaries=kernel_binaries(out_dir, raw.cubins, names))
         w.modules(modules)
         w.pycode(pycode)
         order = sorted(trees, key=lambda s: (tid_of_slot.get(s) != raw.pid, s))
@@ -256,6 +261,30 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
                 mdg.write_ops(w, slot, ops_array(rows))
         mdg.write_names(w, names)
     return out_dir / name
+
+
+def kernel_binaries(out_dir: Path, cubins: list[tuple[int, int, int]], names: list[str]
+                    ) -> list[list[Any]]:
+    """``[name index, gpubins/FILE, symbol address]`` of each kernel found in the symbol table
+    of a GPU binary the process loaded (cubins are ELF files)."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    where: dict[str, tuple[str, int]] = {}
+    for h in dict.fromkeys(h for _, h, _ in cubins):
+        rel = f"gpubins/{h:016x}.gpubin"
+        try:
+            with open(out_dir / rel, "rb") as f:
+                elf = ELFFile(f)
+                for sec in elf.iter_sections():
+                    if isinstance(sec, SymbolTableSection):
+                        for sym in sec.iter_symbols():
+                            if sym["st_info"]["type"] == "STT_FUNC" and sym.name:
+                                where.setdefault(sym.name, (rel, int(sym["st_value"])))
+        except (OSError, ELFError, ValueError):
+            continue
+    return [[i, *where[n]] for i, n in enumerate(names) if n in where]
 
 
 def clock_offset(notes: list[str]) -> int | None:

@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,7 +51,7 @@
 #endif
 
 enum { R_API = 1, R_CODE = 2, R_KERNEL = 3, R_MEMCPY = 4, R_MEMSET = 5, R_SYNC = 6,
-       R_MAPS = 7, R_INFO = 8 };
+       R_MAPS = 7, R_INFO = 8, R_CUBIN = 9 };
 #define MAX_NATIVE 256
 #define MAX_PY 256
 static void emit(uint32_t tag, const void *a, size_t na, const void *b, size_t nb,
@@ -260,9 +261,46 @@ static int wanted(int runtime, const char *fn) {
     return 0;
 }
 
+/* GPU binaries (CALLPATH_GPU_BINS=1): the cubin of every module a process loads, saved once
+ * per content as CALLPATH_GPU_DIR/gpubins/<fnv1a-64>.gpubin (as hpcrun's gpubins/), for
+ * naming kernels by their binary and, later, structure recovery. */
+static int save_binaries;
+
+static void save_cubin(const CUpti_ModuleResourceData *m) {
+    if (m == NULL || m->pCubin == NULL || m->cubinSize == 0) return;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < m->cubinSize; i++) h = (h ^ (uint8_t)m->pCubin[i]) * 1099511628211ull;
+    const char *dir = getenv("CALLPATH_GPU_DIR");
+    if (!dir) return;
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/gpubins", dir);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/gpubins/%016llx.gpubin", dir, (unsigned long long)h);
+    uint64_t rec[3] = {m->moduleId, h, m->cubinSize};
+    emit(R_CUBIN, rec, sizeof rec, NULL, 0, NULL, 0);
+    if (access(path, F_OK) == 0) return;
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    size_t off = 0;
+    while (off < m->cubinSize) {
+        ssize_t w = write(fd, m->pCubin + off, m->cubinSize - off);
+        if (w <= 0) break;
+        off += (size_t)w;
+    }
+    close(fd);
+    if (off == m->cubinSize) rename(tmp, path); else unlink(tmp);
+}
+
 static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
                             const void *data) {
     (void)ud;
+    if (domain == CUPTI_CB_DOMAIN_RESOURCE) {
+        if (cbid == CUPTI_CBID_RESOURCE_MODULE_LOADED)
+            save_cubin((const CUpti_ModuleResourceData *)
+                       ((const CUpti_ResourceData *)data)->resourceDescriptor);
+        return;
+    }
     if (domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) return;
     const CUpti_CallbackData *cb = (const CUpti_CallbackData *)data;
     int runtime = domain == CUPTI_CB_DOMAIN_RUNTIME_API;
@@ -439,6 +477,11 @@ int InitializeInjection(void) {
     clock_note("start");
     cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API);
     cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API);
+    const char *bins = getenv("CALLPATH_GPU_BINS");
+    save_binaries = bins && bins[0] == '1';
+    if (save_binaries)
+        cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE,
+                            CUPTI_CBID_RESOURCE_MODULE_LOADED);
     cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
     static const CUpti_ActivityKind kinds[] = {
         CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
