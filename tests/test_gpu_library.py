@@ -62,3 +62,30 @@ def test_python_frames_without_the_gil(lib: ctypes.CDLL, tmp_path: Path) -> None
     _, again = _frames(lib, tmp_path / "gpu-2.raw")
     described = cv.read_raw(tmp_path / "gpu-2.raw").codes
     assert again[0] == keys[0] and again[0] not in described
+
+
+def test_launch_callbacks_are_chosen_by_name(lib: ctypes.CDLL) -> None:
+    """The library calls back only for the calls that launch GPU work, chosen by the names
+    this CUPTI gives its callback ids: every launch, copy, memset and synchronization the
+    recorded PyTorch run joined to GPU work is among them; queries are not."""
+    cupti = library.find_cupti()
+    assert cupti is not None
+    so = ctypes.CDLL(str(cupti.lib / library._libname(cupti.lib)))
+    chosen: set[str] = set()
+    for domain, runtime in ((1, 0), (2, 1)):
+        for cbid in range(1, 4096):
+            name = ctypes.c_char_p()
+            if so.cuptiGetCallbackName(domain, cbid, ctypes.byref(name)) != 0 or not name.value:
+                continue
+            if lib.callpath_cupti_wanted(name.value, runtime):
+                chosen.add(name.value.decode())
+    if not chosen:
+        pytest.skip("this CUPTI gives no callback names without a driver")
+    # the API calls that launched GPU work in ../shared/data/gpu's PyTorch recording
+    for api in ("cudaLaunchKernel_v7000", "cudaLaunchKernelExC_v11060", "cuLaunchKernel",
+                "cudaMemcpyAsync_v3020", "cudaMemsetAsync_v3020", "cudaStreamSynchronize_v3020",
+                "cudaDeviceSynchronize_v3020"):
+        assert api in chosen
+    assert not chosen & {"cudaGetDevice_v3020", "cudaStreamGetCaptureInfo_v2_v11030",
+                         "cuCtxGetCurrent", "cudaMalloc_v3020"}
+    assert len(chosen) < 300

@@ -149,9 +149,8 @@ static uint64_t code_generation;
 
 /* The key of a code object, describing it (file, qualified name, first line) in a CODE
  * record the first time; a new code object at a freed one's address gets a new key. */
-static uint64_t code_key(PyCodeObject *co) {
+static uint64_t code_key(PyCodeObject *co) { /* code_lock held */
     uint64_t key;
-    pthread_mutex_lock(&code_lock);
     uintptr_t h = ((uintptr_t)co >> 4) % CODE_SLOTS;
     int slot = -1;
     for (int probe = 0; probe < 32; probe++, h = (h + 1) % CODE_SLOTS) {
@@ -159,9 +158,7 @@ static uint64_t code_key(PyCodeObject *co) {
     }
     if (slot >= 0 && known_code[slot].code == co && known_code[slot].file == co->co_filename &&
         known_code[slot].name == co->co_qualname && known_code[slot].first == co->co_firstlineno) {
-        key = known_code[slot].key;
-        pthread_mutex_unlock(&code_lock);
-        return key;
+        return known_code[slot].key;
     }
     key = (uint64_t)(uintptr_t)co | (++code_generation << 48);
     if (slot < 0) slot = (int)(((uintptr_t)co >> 4) % CODE_SLOTS); /* table full: evict */
@@ -170,7 +167,6 @@ static uint64_t code_key(PyCodeObject *co) {
     known_code[slot].name = co->co_qualname;
     known_code[slot].first = co->co_firstlineno;
     known_code[slot].key = key;
-    pthread_mutex_unlock(&code_lock);
     const char *file = str_text(co->co_filename), *name = str_text(co->co_qualname);
     uint32_t lens[3] = {(uint32_t)co->co_firstlineno, (uint32_t)strlen(file),
                         (uint32_t)strlen(name)};
@@ -188,19 +184,13 @@ static uint64_t code_key(PyCodeObject *co) {
 static struct { uint64_t key; int offset, line; } line_cache[LINE_SLOTS];
 
 /* key: code_key(co), which changes when a new code object takes a freed one's address */
-static int line_of(uint64_t key, PyCodeObject *co, int offset) {
+static int line_of(uint64_t key, PyCodeObject *co, int offset) { /* code_lock held */
     uintptr_t h = ((uintptr_t)(key >> 4) * 31u + (uintptr_t)offset) % LINE_SLOTS;
-    pthread_mutex_lock(&code_lock);
-    int hit = line_cache[h].key == key && line_cache[h].offset == offset;
-    int line = line_cache[h].line;
-    pthread_mutex_unlock(&code_lock);
-    if (hit) return line;
-    line = py_addr2line(co, offset);
-    pthread_mutex_lock(&code_lock);
+    if (line_cache[h].key == key && line_cache[h].offset == offset) return line_cache[h].line;
+    int line = py_addr2line(co, offset);
     line_cache[h].key = key;
     line_cache[h].offset = offset;
     line_cache[h].line = line;
-    pthread_mutex_unlock(&code_lock);
     return line;
 }
 
@@ -216,6 +206,7 @@ static int python_frames(uint64_t *out) {
     if (ts->cframe == NULL) return 0;
     _PyInterpreterFrame *f = ts->cframe->current_frame;
 #endif
+    pthread_mutex_lock(&code_lock); /* once per walk: the code and line tables */
     for (int guard = 0; f != NULL && n < MAX_PY && guard < 4 * MAX_PY; guard++, f = f->previous) {
 #if PY_VERSION_HEX >= 0x030C0000
         if (f->owner == FRAME_OWNED_BY_CSTACK) continue;
@@ -239,6 +230,7 @@ static int python_frames(uint64_t *out) {
         out[2 * n + 1] = (uint64_t)(uint32_t)(line < 0 ? 0 : line);
         n++;
     }
+    pthread_mutex_unlock(&code_lock);
     return n;
 }
 #else
@@ -416,6 +408,32 @@ static void copy_maps(void) {
 
 static pid_t owner;
 
+/* Only the calls that launch work call back (a few dozen of CUDA's ~1400 runtime and driver
+ * entry points): PyTorch makes many other calls per launch (device and stream queries),
+ * each of which would otherwise cost a callback. The names come from the CUPTI in use
+ * (cuptiGetCallbackName, looked up at run time); returns how many were enabled, or -1
+ * where the names cannot be had. */
+static int enable_launch_callbacks(void) {
+    CUptiResult (*name_of)(CUpti_CallbackDomain, uint32_t, const char **);
+    *(void **)(&name_of) = dlsym(RTLD_DEFAULT, "cuptiGetCallbackName");
+    if (name_of == NULL) return -1;
+    int n = 0;
+    for (int runtime = 0; runtime <= 1; runtime++) {
+        CUpti_CallbackDomain dom = runtime ? CUPTI_CB_DOMAIN_RUNTIME_API
+                                           : CUPTI_CB_DOMAIN_DRIVER_API;
+        for (uint32_t cbid = 1; cbid < 4096; cbid++) {
+            const char *name = NULL;
+            if (name_of(dom, cbid, &name) != CUPTI_SUCCESS || name == NULL) continue;
+            if (wanted(runtime, name) &&
+                cuptiEnableCallback(1, subscriber, dom, cbid) == CUPTI_SUCCESS) {
+                decision[runtime][cbid] = 1;
+                n++;
+            }
+        }
+    }
+    return n;
+}
+
 /* CUPTI's timestamps against CLOCK_MONOTONIC, the clock of both samplers' traces: a CUPTI
  * reading on each side of a monotonic one, so that the conversion can put GPU operations on
  * the CPU threads' time line. */
@@ -475,8 +493,13 @@ int InitializeInjection(void) {
     snprintf(text, sizeof text, "start cupti=%u pid=%d", version, (int)owner);
     info(text);
     clock_note("start");
-    cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API);
-    cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API);
+    int chosen = enable_launch_callbacks();
+    snprintf(text, sizeof text, "callbacks %d", chosen);
+    info(text);
+    if (chosen <= 0) { /* no names to choose by: every call, filtered in on_api */
+        cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API);
+        cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API);
+    }
     const char *bins = getenv("CALLPATH_GPU_BINS");
     save_binaries = bins && bins[0] == '1';
     if (save_binaries)
@@ -514,3 +537,7 @@ int callpath_cupti_selftest(const char *path, uint64_t *frames) {
     pthread_mutex_unlock(&out_lock);
     return n;
 }
+
+/* For the tests: how many runtime and driver calls the library would call back for, by the
+ * names this CUPTI gives (no driver needed), and whether cudaLaunchKernel is among them. */
+int callpath_cupti_wanted(const char *name, int runtime) { return wanted(runtime, name); }
