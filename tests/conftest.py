@@ -98,7 +98,9 @@ def kill_group(proc: subprocess.Popen[str]) -> None:
 # (viewer, browser, comparisons, exports ...) runs on the newest interpreter.
 CORE_PREFIXES = ("test_run_", "test_struct_", "test_prof_", "test_v4_", "test_xml_experiment",
                  "test_python_", "test_measdir", "test_loadmap", "test_forked_chunks",
-                 "test_hpcstruct_cache", "test_thread_names", "test_report_cli")
+                 "test_hpcstruct_cache", "test_thread_names", "test_report_cli",
+                 # GPU attribution, and the CUPTI library's reading of CPython's frame records
+                 "test_gpu_")
 # (the field matrix of C programs and Hatchet's reading of our databases, which do not depend on
 # the interpreter that runs callpath, run once, in the whole suite)
 
