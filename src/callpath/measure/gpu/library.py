@@ -86,6 +86,10 @@ def unavailable() -> str | None:
     if problem:
         return problem
     if find_cupti() is None:
+        roots = _candidates()
+        if any((r / "include" / "cupti.h").is_file() for r in roots):
+            return ("no complete cuda.h for CUPTI's headers (install a CUDA toolkit, or "
+                    "pip install 'callpath[gpu]')")
         return ("no CUPTI (install NVIDIA's nvidia-cuda-cupti package, e.g. "
                 "pip install 'callpath[gpu]', or set CALLPATH_CUPTI_HOME)")
     if shutil.which(os.environ.get("CC", "gcc")) is None:
