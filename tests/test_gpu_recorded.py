@@ -173,3 +173,25 @@ def test_cuda_program_two_streams_copies_and_call_sites(tmp_path: Path) -> None:
     assert all(len(v) == 1 for v in sites.values()) and sites["scale"] != sites["axpy"]
     streams = [c for c in exp.contexts if any(i.kind == IdKind.GPUSTREAM for i in c.ids)]
     assert len(streams) == 2
+
+
+def test_kernel_properties_are_hpcprofs_derived_roots(tmp_path: Path) -> None:
+    """metrics/default.yaml presents the GPU metrics as hpcprof does for hpcrun's: each kernel
+    property a formula over its accumulator and GKER:COUNT (exclusive only), the
+    accumulators invisible, the synchronization kinds hidden by default."""
+    import yaml
+
+    meas = _unpack("cuda-h100.tgz", tmp_path)
+    db = tmp_path / "db"
+    run_cli("prof", str(meas), "-o", str(db), check=True)
+    doc = yaml.safe_load((db / "metrics" / "default.yaml").read_text())
+    roots = {r["name"]: r for r in doc["roots"]}
+    assert {name for name, *_ in gpu.GPU_DERIVED} <= roots.keys()
+    thr = roots["GKER:THR_REG"]["variants"][""]["formula"]
+    assert "inclusive" not in thr
+    (num, den), = thr["exclusive"]["standard"].values()
+    assert (num["metric"], num["scope"]) == ("GKER:THR_REG_ACUMU", "function")
+    assert (den["metric"], den["scope"]) == ("GKER:COUNT", "function")
+    assert not any(n.endswith("_ACUMU") or n.endswith("_ACUMU (B)") for n in roots)
+    assert roots["GSYNC:STR (sec)"]["visible by default"] is False
+    assert roots["GKER (sec)"]["description"] == "GPU time: kernel execution (seconds)"

@@ -179,6 +179,27 @@ def _stream_traces(ops: npt.NDArray[Any], where: I64
     return out
 
 
+def metrics_yaml_of(cpu: list[tuple[str, str]], measured: list[str]) -> str:
+    """``metrics/default.yaml`` of a database of a callpath measurement with GPU metrics, as
+    hpcprof writes it for hpcrun's (:func:`callpath.attribute.hpcrun_yaml.metrics_yaml`):
+    the sampled metrics as they are, hpcrun's GPU descriptors (show flags, integer values)
+    and its kernel properties (``GKER:THR_REG = GKER:THR_REG_ACUMU / GKER:COUNT`` ...) as
+    derived roots."""
+    from callpath.attribute.hpcrun_yaml import metrics_yaml
+    from callpath.formats.hpcrun import HpcrunMetric
+
+    descs = [HpcrunMetric(name, desc, False, 1) for name, desc in cpu]
+    descs += [HpcrunMetric(name, desc, is_int, 1, show=show, move2proc=m2p)
+              for name, desc, is_int, show, m2p in gpu.GPU_METRICS]
+    index = {d.name: k for k, d in enumerate(descs)}
+    for name, desc, formula, fmt in gpu.GPU_DERIVED:
+        for ref in sorted(index, key=len, reverse=True):  # "GKER:COUNT" after longer names
+            formula = formula.replace(ref, f"#{index[ref]}")
+        descs.append(HpcrunMetric(name, desc, False, 1, show=gpu.SHOW_EXCLUSIVE,
+                                  show_percent=False, formula=formula, format=fmt))
+    return metrics_yaml(descs, measured)
+
+
 def metric_names() -> list[tuple[str, str]]:
     """(name, description) of the GPU metrics, in the order of their indices."""
     return list(gpu.METRICS)

@@ -170,9 +170,15 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
                             "(no process recorded a sample)")
     cmd = heads[0][0].get("command") or []
     program = os.path.basename(str(cmd[0])) if cmd else measdirs[0].name
-    return finish(part.tb, part.tables, part.threads, part.metrics, title=title or program,
-                  description="callpath prof of " + " ".join(map(str, cmd)),
-                  stats=stats, parallel=writer_mapper(workers, mpi))
+    exp = finish(part.tb, part.tables, part.threads, part.metrics, title=title or program,
+                 description="callpath prof of " + " ".join(map(str, cmd)),
+                 stats=stats, parallel=writer_mapper(workers, mpi))
+    if gpu_offset is not None:
+        # hpcprof's presentation of GPU metrics: the kernel properties as formulas over the
+        # accumulators, the accumulators invisible, the synchronization kinds hidden
+        exp.metrics_yaml = gpu_attr.metrics_yaml_of(names[:gpu_offset],
+                                                    [m.name for m in exp.metrics])
+    return exp
 
 
 def _header(d: Path) -> tuple[dict[str, Any], list[md.MetricInfo]]:
