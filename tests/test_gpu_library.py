@@ -5,10 +5,16 @@ library (NVIDIA's nvidia-cuda-cupti package or a CUDA toolkit), not a GPU; skips
 from __future__ import annotations
 
 import ctypes
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from tests.conftest import run_cli
 
+import callpath
+from callpath.formats import measdir as md
+from callpath.formats import measdir_gpu as mdg
 from callpath.measure.gpu import convert as cv
 from callpath.measure.gpu import library
 
@@ -89,3 +95,46 @@ def test_launch_callbacks_are_chosen_by_name(lib: ctypes.CDLL) -> None:
     assert not chosen & {"cudaGetDevice_v3020", "cudaStreamGetCaptureInfo_v2_v11030",
                          "cuCtxGetCurrent", "cudaMalloc_v3020"}
     assert len(chosen) < 300
+
+
+def _launch_from_python(lib: ctypes.CDLL, raw: Path) -> int:
+    line = sys._getframe().f_lineno + 1
+    assert lib.callpath_cupti_fake_launch(str(raw).encode()) == 0  # no GIL, as in PyTorch
+    return line
+
+
+def test_launch_to_database_without_a_gpu(lib: ctypes.CDLL, tmp_path: Path) -> None:
+    """The library's path from a launch to the database, CUPTI's side made up (see
+    callpath_cupti_fake_launch): the runtime launch's Python frames and the kernel joined by
+    its correlation id, the driver call inside it not recorded, the clock readings and load
+    map written; prof puts the kernel under <gpu kernel> under the calling line here."""
+
+
+    meas = tmp_path / "m"
+    md.write_header(meas, [], command=["pytest"], status="complete")
+    raw = meas / "gpu-4242.raw"
+    line = _launch_from_python(lib, raw)
+    got = cv.read_raw(raw)
+    assert [a[0] for a in got.apis] == [5]  # the runtime call only
+    assert any(n.startswith("clock ") for n in got.notes) is False  # written at exit only
+    assert got.maps
+    (comp,) = cv.convert_all(meas, trace=True)
+    g = mdg.read(comp)
+    (ops,) = g.ops.values()
+    assert ops["correlation"].tolist() == [5] and ops["grid"].tolist() == [8]
+    db = tmp_path / "db"
+    run_cli("prof", str(meas), "-o", str(db), check=True)
+    exp = callpath.open(db)
+    (leaf,) = np.flatnonzero(exp.exclusive(exp.metric("GKER (sec)")))
+    cct = exp.cct
+    names = []
+    n = int(leaf)
+    while n > 0:
+        f = int(cct.function[n])
+        names.append((exp.functions[f].name if f >= 0 else "", int(cct.line[n])))
+        n = int(cct.parent[n])
+    assert names[0][0] == "axpy(float*, float const*, float, int)"
+    assert names[1][0] == "<gpu kernel>"
+    # the statement that launched it, in its function, called from this test
+    assert names[2:4] == [("", line), ("_launch_from_python", 0)]
+    assert names[5][0] == "test_launch_to_database_without_a_gpu"

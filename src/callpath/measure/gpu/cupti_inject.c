@@ -541,3 +541,48 @@ int callpath_cupti_selftest(const char *path, uint64_t *frames) {
 /* For the tests: how many runtime and driver calls the library would call back for, by the
  * names this CUPTI gives (no driver needed), and whether cudaLaunchKernel is among them. */
 int callpath_cupti_wanted(const char *name, int runtime) { return wanted(runtime, name); }
+
+/* For the tests, without a GPU: the library's own path from a launch to its records, with
+ * CUPTI's side made up. A runtime cudaLaunchKernel enters (correlation 5) with a driver
+ * cuLaunchKernel inside it (skipped: the work is the runtime call's), then CUPTI delivers the
+ * kernel's activity record; then what the library does at exit (clock readings, the load
+ * map). Everything is written to the file at path, as at a real run. */
+int callpath_cupti_fake_launch(const char *path) {
+    out_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out_fd < 0) return -1;
+    resolve_python();
+    CUpti_CallbackData cb;
+    memset(&cb, 0, sizeof cb);
+    cb.callbackSite = CUPTI_API_ENTER;
+    cb.functionName = "cudaLaunchKernel_v7000";
+    cb.correlationId = 5;
+    on_api(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, 211, &cb);
+    CUpti_CallbackData inner = cb;
+    inner.functionName = "cuLaunchKernel";
+    inner.correlationId = 6;
+    on_api(NULL, CUPTI_CB_DOMAIN_DRIVER_API, 307, &inner);
+    inner.callbackSite = CUPTI_API_EXIT;
+    on_api(NULL, CUPTI_CB_DOMAIN_DRIVER_API, 307, &inner);
+    cb.callbackSite = CUPTI_API_EXIT;
+    on_api(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, 211, &cb);
+    CP_KERNEL_T k;
+    memset(&k, 0, sizeof k);
+    k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+    k.correlationId = 5;
+    k.start = 1000;
+    k.end = 4000;
+    k.contextId = 1;
+    k.streamId = 7;
+    k.gridX = 4; k.gridY = 2; k.gridZ = 1;
+    k.blockX = 128; k.blockY = 1; k.blockZ = 1;
+    k.registersPerThread = 32;
+    k.name = "_Z4axpyPfPKffi";
+    record((CUpti_Activity *)&k);
+    copy_maps();
+    pthread_mutex_lock(&out_lock);
+    flush_locked();
+    close(out_fd);
+    out_fd = -1;
+    pthread_mutex_unlock(&out_lock);
+    return 0;
+}
