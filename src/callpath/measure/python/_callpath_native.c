@@ -11,9 +11,9 @@
  *   - the interrupted registers from the ucontext (ip, sp, bp, bx, r12-r15: what the CFI
  *     unwinder of callpath.measure.unwind needs);
  *   - the thread's Python frame chain, read from its PyThreadState (CPython frame records:
- *     code object address, byte offset of the instruction, first of its activation,
- *     incomplete); nothing is
- *     dereferenced but the frame records and the code objects they hold strong references to;
+ *     code object address, byte offset of the instruction, first of its activation, owned
+ *     by a generator or not); every record is read through read_mem (a copy that cannot
+ *     fault: see "Reading the interpreter's memory" below), no code object is read;
  *   - a bounded slice of the native stack from sp, copied with process_vm_readv on ourselves
  *     page by page, so that a copy that runs off the end of a thread's stack stops at the
  *     fault instead of crashing; when the frames down to the outermost evaluation frame do
@@ -86,7 +86,10 @@ typedef struct {
 typedef struct {
     uint64_t code;            /* address of the code object (id(code) in Python) */
     int32_t offset;           /* byte offset of the last instruction in co_code */
-    uint32_t flags;           /* 1 is_entry, 2 incomplete (not started: not a real frame yet) */
+    uint32_t flags;           /* 1 is_entry (first frame of its activation); 4 not a
+                                 generator's frame: it has not started (not a real frame yet)
+                                 while its offset is before its code's first RESUME, which
+                                 the merge decides (the handler reads no code object) */
 } PyRec;
 
 /* A thread that used under REPEAT_CPU_NS of CPU since the end of its previous sample's
@@ -160,17 +163,114 @@ copy_stack(char *dst, uintptr_t sp, size_t want)
     return got > 0 ? (size_t)got : 0;
 }
 
+/* Reading the interpreter's memory from a signal handler. The handler can interrupt the
+ * thread anywhere, also between two stores of the interpreter that only make sense together:
+ * 3.11 and 3.12 point tstate->cframe at a new _PyCFrame (a local of _PyEval_EvalFrameDefault)
+ * before they write its current_frame, so for a few instructions of every call from C into
+ * Python that field holds whatever the C stack held there before (seen as SIGSEGV/SIGBUS of
+ * the measured program under `map(lambda ...)`); a frame being pushed or popped, a data-stack
+ * chunk just allocated or about to be freed, a stale frame's code object, are the same kind of
+ * thing. So no pointer read from the interpreter is dereferenced as such: every read of a frame
+ * record or _PyCFrame goes through read_mem, which copies in place only from memory that is
+ * mapped at this instant for certain, and otherwise with process_vm_readv on this process,
+ * which fails with EFAULT instead of faulting. What is read may still be stale (a frame that
+ * was popped but whose memory is intact): the walk checks that each record is plausible and
+ * stops at the first that is not, and the merge names code objects only by the addresses that
+ * the sampler interned (a stale address is an unknown frame, never a dereference). Code
+ * objects are not read at all here: whether a frame has started (its first RESUME) is decided
+ * post-mortem from its offset (flag 4 below).
+ *
+ * Memory mapped for certain, read with memcpy:
+ *   - the thread's data-stack chunks (where 3.11+ allocate every frame that is not a
+ *     generator's), from tstate->datastack_chunk back through ->previous: the interpreter
+ *     unlinks a chunk before it frees it, links it only after allocating it (from mmap: a
+ *     field not yet written reads 0), and the current one's size must agree with
+ *     tstate->datastack_limit (between the free of a popped chunk and the update of the limit
+ *     it does not: then nothing is read in place);
+ *   - the main thread's stack from sp to its end (_PyCFrame and 3.12/3.13 shim frames are
+ *     locals of C frames), when sp lies in it.
+ * Everything else (generator frames, the C stack of other threads, a stale pointer) is read
+ * with process_vm_readv: about a microsecond a read, once per generator frame or activation. */
+#define MAX_RANGES 10
+#define CHUNK_MIN 16384              /* CPython's DATA_STACK_CHUNK_SIZE: chunks are powers of 2 */
+#define MAIN_STACK_MAX (8u << 20)    /* sp this close below the main stack's end is on it */
+typedef struct {
+    int n;
+    uintptr_t lo[MAX_RANGES], hi[MAX_RANGES];
+} Ranges;
+
+static int
+read_mem(const Ranges *r, void *dst, uintptr_t src, size_t n)
+{
+    if (src == 0 || (src & 7) != 0 || src + n < src)
+        return 0;
+    for (int i = 0; i < r->n; i++) {
+        if (src >= r->lo[i] && src + n <= r->hi[i]) {
+            memcpy(dst, (const void *)src, n);
+            return 1;
+        }
+    }
+    struct iovec local = {dst, n}, remote = {(void *)src, n};
+    return syscall(SYS_process_vm_readv, G.pid, &local, 1, &remote, 1, 0) == (ssize_t)n;
+}
+
+static int
+chunk_size_ok(size_t size)
+{
+    return size >= CHUNK_MIN && size <= (1u << 30) && (size & (size - 1)) == 0;
+}
+
+/* The ranges of the thread's memory that can be read in place (see above). */
+static void
+safe_ranges(PyThreadState *ts, uintptr_t sp, int main, Ranges *r)
+{
+    r->n = 0;
+    r->lo[r->n] = (uintptr_t)ts;  /* the thread's own state, live while it runs */
+    r->hi[r->n++] = (uintptr_t)ts + sizeof *ts;
+    if (main && G.main_top > sp && G.main_top - sp < MAIN_STACK_MAX) {
+        r->lo[r->n] = sp;
+        r->hi[r->n++] = G.main_top;
+    }
+    _PyStackChunk *c = ts->datastack_chunk;
+    uintptr_t limit = (uintptr_t)ts->datastack_limit;
+    if (c == NULL || ((uintptr_t)c & (PAGE - 1)) != 0 || !chunk_size_ok(c->size)
+        || limit != (uintptr_t)c + c->size)
+        return;
+    while (c != NULL && r->n < MAX_RANGES && ((uintptr_t)c & (PAGE - 1)) == 0
+           && chunk_size_ok(c->size)) {
+        r->lo[r->n] = (uintptr_t)c->data;
+        r->hi[r->n++] = (uintptr_t)c + c->size;
+        c = c->previous;
+    }
+}
+
+/* The first bytes of a frame record, what the walk reads of it */
+#define FRAME_HEAD offsetof(_PyInterpreterFrame, localsplus)
+#define MAX_OFFSET (1 << 26)         /* a larger instruction offset is not a real frame's */
+
 /* The thread's Python frames, innermost first, into py[0..*npy) (at most MAX_PY), and in
  * *outer the address of a local of the outermost evaluation activation's C frame (0: not
  * found): the stack above it (the interpreter's entry, which the merge leaves out) need not
  * be copied, only the rest of that frame (EVAL_MARGIN). Returns -1 when the thread has no
- * Python state, 1 when the frames were cut short, else 0. Signal context: nothing is
- * dereferenced but the thread state, the frame records and the code objects they hold strong
- * references to. */
+ * Python state, 1 when the frames were cut short (MAX_PY, or a record that could not be read
+ * or is not plausible), else 0. Signal context: only the thread state is read directly, every
+ * other read goes through read_mem. */
 static int
-walk_frames(PyThreadState *ts_, PyRec *py, uint32_t *npy_out, uintptr_t *outer_out)
+walk_frames(PyThreadState *ts_, uintptr_t sp, int main, PyRec *py, uint32_t *npy_out,
+            uintptr_t *outer_out)
 {
     uint32_t npy = 0;
+    *npy_out = 0;
+    *outer_out = 0;
+    if (ts_ == NULL)
+        return -1;
+    Ranges rg;
+    safe_ranges(ts_, sp, main, &rg);
+    const uintptr_t code_off = offsetof(PyCodeObject, co_code_adaptive);
+    union {
+        _PyInterpreterFrame f;
+        char bytes[FRAME_HEAD];
+    } fr;
 #if PY_VERSION_HEX >= 0x030D0000
     /* 3.13: no _PyCFrame; the thread state points at the innermost frame itself. Each
      * evaluation activation links a shim frame owned by the C stack (a local of
@@ -178,85 +278,99 @@ walk_frames(PyThreadState *ts_, PyRec *py, uint32_t *npy_out, uintptr_t *outer_o
      * entry, and the outermost shim's address bounds the stack copy as the outermost
      * _PyCFrame did in 3.11 and 3.12. The walk goes on past MAX_PY recorded frames (up to
      * MAX_CHAIN) only to find that shim. */
-    if (ts_ == NULL)
-        return -1;
-    _PyInterpreterFrame *f = ts_->current_frame, *shim = NULL;
-    int cut = 0, guard = 0;
-    for (; f != NULL && guard < MAX_CHAIN; guard++, f = f->previous) {
-        if (f->owner == FRAME_OWNED_BY_CSTACK) {
+    uintptr_t f = (uintptr_t)ts_->current_frame, shim = 0;
+    int guard = 0, cut = 0;
+    for (; f != 0 && guard < MAX_CHAIN; guard++) {
+        if (!read_mem(&rg, fr.bytes, f, FRAME_HEAD) || fr.f.owner > FRAME_OWNED_BY_CSTACK)
+            break;
+        if (fr.f.owner == FRAME_OWNED_BY_CSTACK) {
             if (npy > 0 && !cut)
                 py[npy - 1].flags |= 1u;
             shim = f;
+            f = (uintptr_t)fr.f.previous;
             continue;
         }
-        /* f_executable is a strong reference: the code object for Python frames; anything
-         * else (None) is no Python code to record. A type test, no call into CPython. */
-        PyObject *ex = f->f_executable;
-        if (ex == NULL || Py_TYPE(ex) != &PyCode_Type)
-            continue;
-        if (npy >= MAX_PY) {
-            cut = 1;
-            continue;
+        /* f_executable is the code object for Python frames (its type is not checked: that
+         * would read the object; an address the sampler never interned is an unknown frame
+         * in the merge); None is no Python code to record */
+        uintptr_t co = (uintptr_t)fr.f.f_executable;
+        intptr_t off = (intptr_t)fr.f.instr_ptr - (intptr_t)(co + code_off);
+        if (co == 0 || (co & 7) != 0)
+            break;
+        if (co != (uintptr_t)Py_None) {
+            if (off < -2 || off > MAX_OFFSET)
+                break;
+            if (npy >= MAX_PY) {
+                cut = 1;
+            } else {
+                py[npy].code = (uint64_t)co;
+                /* instr_ptr is the instruction being executed (a caller's: its CALL, while
+                 * the callee runs), so its byte offset falls in the call's line */
+                py[npy].offset = (int32_t)off;
+                py[npy].flags = fr.f.owner != FRAME_OWNED_BY_GENERATOR ? 4u : 0u;
+                npy++;
+            }
         }
-        PyCodeObject *co = (PyCodeObject *)ex;
-        _Py_CODEUNIT *first = _PyCode_CODE(co);
-        py[npy].code = (uint64_t)(uintptr_t)co;
-        /* instr_ptr is the instruction being executed (a caller's: its CALL, while the
-         * callee runs; 3.12's prev_instr pointed into the same instruction), so its byte
-         * offset falls in the call's line; before the first RESUME the frame is incomplete,
-         * as _PyFrame_IsIncomplete says */
-        py[npy].offset = (int32_t)((char *)f->instr_ptr - (char *)first);
-        py[npy].flags = f->owner != FRAME_OWNED_BY_GENERATOR
-                                && f->instr_ptr < first + co->_co_firsttraceable
-                            ? 2u
-                            : 0u;
-        npy++;
+        f = (uintptr_t)fr.f.previous;
     }
-    if (f != NULL)
-        cut = 1;
     *npy_out = npy;
-    *outer_out = f == NULL && shim != NULL ? (uintptr_t)shim : 0;
-    return cut;
+    *outer_out = f == 0 && shim != 0 ? shim : 0;
+    return cut || f != 0;
 #else
-    if (ts_ == NULL || ts_->cframe == NULL)
+    _PyCFrame cf;
+    uintptr_t cfa = (uintptr_t)ts_->cframe;
+    if (cfa == 0 || !read_mem(&rg, &cf, cfa, sizeof cf))
         return -1;
-    _PyInterpreterFrame *f = ts_->cframe->current_frame;
-    for (int guard = 0; f != NULL && npy < MAX_PY && guard < 2 * MAX_PY; guard++) {
+    /* In the window described above cf.current_frame is stale: the walk below reads it
+     * safely, and the records it gives fail the checks or are a popped frame's */
+    uintptr_t f = (uintptr_t)cf.current_frame;
+    int guard = 0;
+    for (; f != 0 && npy < MAX_PY && guard < 2 * MAX_PY; guard++) {
+        if (!read_mem(&rg, fr.bytes, f, FRAME_HEAD))
+            break;
 #if PY_VERSION_HEX >= 0x030C0000
         /* 3.12: each evaluation activation pushes a shim frame owned by the C stack below
          * its first frame, instead of marking that one is_entry */
-        if (f->owner == FRAME_OWNED_BY_CSTACK) {
+        if (fr.f.owner > FRAME_OWNED_BY_CSTACK)
+            break;
+        if (fr.f.owner == FRAME_OWNED_BY_CSTACK) {
             if (npy > 0)
                 py[npy - 1].flags |= 1u;
-            f = f->previous;
+            f = (uintptr_t)fr.f.previous;
             continue;
         }
         unsigned entry = 0;
 #else
-        unsigned entry = f->is_entry ? 1u : 0u;
-#endif
-        PyCodeObject *co = f->f_code;
-        if (co == NULL)
+        if (fr.f.owner > FRAME_OWNED_BY_FRAME_OBJECT)
             break;
-        _Py_CODEUNIT *first = _PyCode_CODE(co);
-        py[npy].code = (uint64_t)(uintptr_t)co;
-        py[npy].offset = (int32_t)((char *)f->prev_instr - (char *)first);
-        py[npy].flags = entry
-            | (f->owner != FRAME_OWNED_BY_GENERATOR
-               && f->prev_instr < first + co->_co_firsttraceable ? 2u : 0u);
+        unsigned entry = fr.f.is_entry ? 1u : 0u;
+#endif
+        uintptr_t co = (uintptr_t)fr.f.f_code;
+        intptr_t off = (intptr_t)fr.f.prev_instr - (intptr_t)(co + code_off);
+        if (co == 0 || (co & 7) != 0 || off < -2 || off > MAX_OFFSET)
+            break;
+        py[npy].code = (uint64_t)co;
+        py[npy].offset = (int32_t)off;
+        py[npy].flags = entry | (fr.f.owner != FRAME_OWNED_BY_GENERATOR ? 4u : 0u);
         npy++;
-        f = f->previous;
+        f = (uintptr_t)fr.f.previous;
     }
     *npy_out = npy;
     /* The outermost evaluation activation's _PyCFrame is a local of its C frame (the rest
-     * of that frame: 336 bytes in 3.11.7's libpython). */
-    _PyCFrame *cf = ts_->cframe, *outer = NULL;
-    for (int i = 0; cf != NULL && cf != &ts_->root_cframe && i < 4096; i++) {
-        outer = cf;
-        cf = cf->previous;
+     * of that frame: 336 bytes in 3.11.7's libpython). The chain goes outwards on the C
+     * stack: each must lie above the last, within MAX_EXTENT of sp, and end at the thread
+     * state's root_cframe; otherwise (a _PyCFrame whose previous is not written yet) no
+     * bound: the whole stack_bytes are copied. */
+    uintptr_t root = (uintptr_t)&ts_->root_cframe, outer = 0, at = cfa;
+    for (int i = 0; at != 0 && at != root && i < 4096; i++) {
+        if (at <= sp || at - sp >= MAX_EXTENT || (outer != 0 && at <= outer)
+            || !read_mem(&rg, &cf, at, sizeof cf))
+            break;
+        outer = at;
+        at = (uintptr_t)cf.previous;
     }
-    *outer_out = outer != NULL && cf == &ts_->root_cframe ? (uintptr_t)outer : 0;
-    return f != NULL ? 1 : 0;
+    *outer_out = at == root ? outer : 0;
+    return f != 0 ? 1 : 0;
 #endif
 }
 
@@ -333,7 +447,7 @@ on_signal(int sig, siginfo_t *info, void *ucv)
             /* pthread_getspecific: the thread's own state, also while it released the GIL */
             PyThreadState *ts_ = PyGILState_GetThisThreadState();
             uintptr_t outer = 0;
-            int walked = walk_frames(ts_, py, &npy, &outer);
+            int walked = walk_frames(ts_, (uintptr_t)hd->regs[1], main, py, &npy, &outer);
             if (walked < 0)
                 hd->flags |= 2;
             else if (walked > 0)

@@ -141,7 +141,8 @@ def _read_notes(path: Path) -> dict[str, Any]:
             # never interned can die and its memory hold one interned afterwards): keep when
             # each was noted, and the first note of an address
             notes["codes"].setdefault(int(row[1]), (int(row[0]), row[2], row[3],
-                                                    int(obj.get("t", 0))))
+                                                    int(obj.get("t", 0)),
+                                                    int(row[4]) if len(row) > 4 else 0))
         if "maps" in obj:
             notes["maps"].append(obj["maps"])
         if isinstance(obj.get("comm"), dict):
@@ -179,12 +180,14 @@ def _python_frames(rec: Records, notes: dict[str, Any], pycode: list[md.PyCode])
     meta = rec.words[idx + 1]
     offset = (meta & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32).astype(np.int64)
     fl = (meta >> np.uint64(32)).astype(np.int64)
-    known: dict[int, tuple[int, list[int], list[int], int]] = notes["codes"]
+    known: dict[int, tuple[int, list[int], list[int], int, int]] = notes["codes"]
     ucode, inv = np.unique(code, return_inverse=True)
     ci_of = np.array([known[int(c)][0] if int(c) in known else -1 for c in ucode.tolist()],
                      dtype=np.int64)
     noted = np.array([known[int(c)][3] if int(c) in known else 0 for c in ucode.tolist()],
                      dtype=np.int64)
+    resume = np.array([known[int(c)][4] if int(c) in known else 0 for c in ucode.tolist()],
+                      dtype=np.int64)
     ci = ci_of[inv.reshape(-1)] if total else np.zeros(0, dtype=np.int64)
     if total:
         # a code object is interned by the sampler's next walk of its thread and noted at the
@@ -203,7 +206,7 @@ def _python_frames(rec: Records, notes: dict[str, Any], pycode: list[md.PyCode])
             if entry is None:
                 uline[u] = c  # unknown code: its address (an UNKNOWN node)
                 continue
-            cidx, starts, lines, _t = entry
+            cidx, starts, lines, _t, _r = entry
             ln = -1
             if off >= 0:
                 i = bisect.bisect_right(starts, off) - 1
@@ -212,7 +215,11 @@ def _python_frames(rec: Records, notes: dict[str, Any], pycode: list[md.PyCode])
                 ln = pycode[cidx].first_line
             uline[u] = ln
         line = uline[kinv.reshape(-1)]
-    return sample, ci, line, fl & 1, (fl >> 1) & 1
+    # a frame of its own (flag 4: not a generator's) before its code's first RESUME has not
+    # started (the handler reads no code object, so this is decided here)
+    before = offset < (resume[inv.reshape(-1)] if total else np.zeros(0, dtype=np.int64))
+    incomplete = ((fl >> 1) & 1) | (((fl >> 2) & 1) & before.astype(np.int64))
+    return sample, ci, line, fl & 1, incomplete
 
 
 def _eval_frames(fr: unwind.Frames, mm: unwind.ModuleMap) -> npt.NDArray[np.bool_]:

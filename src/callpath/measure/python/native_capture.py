@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import opcode
 import os
 import sys
 import time
@@ -142,7 +143,7 @@ class NativeCapture:
             rows = []
             for ci in range(self.codes_noted, len(codes)):
                 starts, lines = s.line_tables[ci]
-                rows.append([ci, id(codes[ci]), starts, lines])
+                rows.append([ci, id(codes[ci]), starts, lines, first_resume(codes[ci])])
             self.codes_noted = len(codes)
             self._note({"codes": rows, "t": time.monotonic_ns()})
         maps = _exec_maps()
@@ -186,6 +187,22 @@ class NativeCapture:
         self.comms = {}
         self.active = False
         return self.start()
+
+
+def first_resume(code: Any) -> int:
+    """Byte offset of the code object's first ``RESUME`` instruction (what CPython keeps as
+    ``_co_firsttraceable``, in code units): a frame of its own (not a generator's) whose offset
+    is before it has not started yet, and the merge leaves it out as the interpreter's
+    ``_PyFrame_IsIncomplete`` would. Computed here, outside the signal handler, because the
+    handler must not read code objects (a stale frame's may be freed memory)."""
+    raw = getattr(code, "co_code", b"")
+    for i in range(0, len(raw) - 1, 2):
+        if raw[i] == _RESUME:
+            return i
+    return 0
+
+
+_RESUME = opcode.opmap.get("RESUME", -1)
 
 
 def _thread_names() -> dict[int, str]:
