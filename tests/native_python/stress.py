@@ -75,7 +75,7 @@ def _raise(depth: int) -> int:
 
 def exceptions(n: int) -> int:
     caught = 0
-    for i in range(n // 400):
+    for i in range(n // 50):
         try:
             _raise(20 + i % 10)
         except ValueError:
@@ -90,7 +90,7 @@ def exceptions(n: int) -> int:
 def fresh_code(n: int) -> int:
     """Modules built, run through map (a C caller) and dropped: their code objects die."""
     total = 0
-    for i in range(n // 2000):
+    for i in range(n // 500):
         mod = types.ModuleType(f"stress_mod_{i}")
         exec(compile(f"def f(x):\n    return x * {i} + 1\n", f"<stress {i}>", "exec"),
              mod.__dict__)
@@ -116,6 +116,7 @@ def garbage(n: int) -> int:
     for _ in range(n // 200):
         a, b = Node(sink), Node(sink)
         a.other, b.other = b, a
+    del a, b
     for _ in range(1000):  # another thread's collection may be under way: then ours is not
         gc.collect()
         if len(sink) >= want:
