@@ -79,8 +79,9 @@ def test_stress_program_survives_native_capture(capture_ok: None, expected: str,
 def test_stress_callbacks_merged_below_their_callers(capture_ok: None, expected: str,
                                                      tmp_path: Path) -> None:
     """The Python functions that C calls back (the lambda that ``map`` calls, ``Key.__lt__``
-    that ``sorted`` calls; code objects are named by their qualified names) are merged below the Python function that called ``map``/``sorted``:
-    the samples taken inside them have ``callbacks`` as an outer Python frame."""
+    that ``sorted`` calls; code objects are named by their qualified names) are merged below
+    the Python function that called ``map``/``sorted``: the samples taken inside them have
+    ``callbacks`` as an outer Python frame."""
     out = tmp_path / "m"
     r = _measured(out, 1000)
     assert r.returncode == 0 and r.stdout == expected, r.stderr

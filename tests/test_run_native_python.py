@@ -349,6 +349,26 @@ def test_merge_paths_pairs_from_the_leaf() -> None:
     assert state == "partial" and path[0][0] == int(measdir.NodeKind.PARTIAL)
 
 
+def test_readable_path_elides_the_interpreter_and_hides_the_profiler() -> None:
+    """One merged path as a user reads it (module 0 the interpreter, 1 an extension, 2 the
+    profiler's shared object; code 5 the sampler's flush): the interpreter's frames between
+    two Python frames go, the extension's between them and everything below the innermost
+    Python frame stay; the path ends before the profiler's first frame together with the
+    interpreter's frames that led to it, and a path of the profiler alone is empty."""
+    interp, ext, own = (NAT, 0, 1, 0), (NAT, 1, 2, 0), (NAT, 2, 3, 0)
+    f, g, h = (PY, 0, 1, 0), (PY, 1, 2, 0), (PY, 2, 3, 0)
+    flush = (PY, 5, 9, 0)
+    mods, owns, codes = frozenset({0}), frozenset({2}), frozenset({5})
+    path = [f, interp, interp, g, interp, ext, interp, h, interp, ext, interp]
+    assert merge.readable_path(list(path), mods, owns, codes) == \
+        [f, g, ext, h, interp, ext, interp]
+    assert merge.readable_path(list(path), mods, owns, codes, keep_interpreter=True) == path
+    assert merge.readable_path([f, interp, g, interp, interp, own, interp], mods, owns,
+                               codes) == [f, g]
+    assert merge.readable_path([f, interp, flush, interp, h], mods, owns, codes) == [f]
+    assert merge.readable_path([flush, interp], mods, owns, codes) == []
+
+
 def test_forked_worker_has_its_own_merged_paths(capture_ok: None, libs: dict[str, Path],
                                                 tmp_path: Path) -> None:
     """A ``fork`` pool worker starts its own capture: its file has the kernel below the
@@ -542,3 +562,44 @@ def test_torn_capture_files_merge_what_is_whole(capture_ok: None, libs: dict[str
         lines = finish_native(out)
     assert "warning" not in err.getvalue(), err.getvalue()
     assert lines and f"{kept} samples merged" in lines[0], lines
+
+
+def test_interpreter_frames_elided_between_python_frames(capture_ok: None,
+                                                         libs: dict[str, Path],
+                                                         tmp_path: Path) -> None:
+    """Layers called as objects (``tp_call``, as PyTorch calls its modules): by default the
+    Python frames follow each other, with the ctypes call and the kernel below the innermost
+    ``forward``; ``--keep-interpreter-frames`` keeps CPython's call machinery
+    (``slot_tp_call``...) between them. Neither shows the profiler's own code."""
+    if "kernels" not in libs:
+        pytest.skip("gcc cannot build a shared library here")
+    prog = [sys.executable, str(PROGRAMS / "layers.py"), str(libs["kernels"]), "20"]
+    runs: dict[str, list[tuple[list[Frame], int]]] = {}
+    for how, extra in (("elided", []), ("kept", ["--keep-interpreter-frames"])):
+        out = tmp_path / how
+        r = callpath("run", "--native", *extra, "-o", str(out), "--", *prog)
+        assert r.returncode == 0, r.stderr
+        (p,) = measdir.read(out).processes
+        assert p.info["native_merge"]["interpreter_frames"] == how, p.info
+        runs[how] = [(frames, n) for t in p.threads for frames, n, _s in paths(out, p, t)]
+        for frames, _n in runs[how]:
+            assert not any(f.module.startswith(merge.OWN_MODULES) for f in frames), frames
+    layer = ["<module>"] + ["Layer.__call__", "Layer.forward"] * 4
+    depth: dict[str, int] = {}
+    for how, samples in runs.items():
+        kernel = [(frames, n) for frames, n in samples
+                  if any(f.name == "kernel_a" for f in frames)]
+        assert sum(n for _f, n in kernel) >= 20, (how, samples)
+        between: set[str] = set()
+        for frames, _n in kernel:
+            py = [i for i, f in enumerate(frames) if f.kind == PY]
+            assert [frames[i].name for i in py] == layer, frames
+            between |= {f.name for f in frames[py[0]:py[-1]] if f.kind != PY}
+            below = [f.name for f in frames[py[-1] + 1:]]
+            assert "PyCFuncPtr_call" in below and below[-1] == "kernel_a", frames
+            depth[how] = [f.name for f in frames].index("kernel_a")
+        if how == "elided":
+            assert between == set(), between
+        else:
+            assert "slot_tp_call" in between, between
+    assert depth["elided"] + 4 * 3 <= depth["kept"], depth

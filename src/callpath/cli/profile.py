@@ -38,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="CMD is a Python program: measure it with the Python sampler")
     p.add_argument("--native", action="store_true",
                    help="Python programs: merge native call stacks below the Python frames")
+    p.add_argument("--keep-interpreter-frames", action="store_true",
+                   help="with --native: keep CPython's own frames between two Python frames "
+                   "(elided by default)")
     p.add_argument("-F", "--frequency", type=int, default=None,
                    help="Python sampler: samples per second (default 1000)")
     p.add_argument("-d", "--depth", type=int, default=16,
@@ -55,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
                             "ARGS'")
     if args.depth < 1:
         raise CallpathError(f"-d {args.depth}: expected a positive depth")
+    if args.keep_interpreter_frames and not args.native:
+        raise CallpathError("--keep-interpreter-frames: expected with --native (it keeps "
+                            "CPython's frames of the merged native paths)")
     python = args.python or cmd[0].endswith(".py")
     name = os.path.basename(cmd[0]).removesuffix(".py") or "program"
     meas = Path(args.measurements) if args.measurements else fresh_path(
@@ -122,6 +128,8 @@ def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool)
             argv.append("-t")
         if args.native:
             argv.append("--native")
+        if args.keep_interpreter_frames:
+            argv.append("--keep-interpreter-frames")
         if args.frequency is not None:  # 0 too: the sampler says why it is refused
             argv += ["-F", str(args.frequency)]
         if cmd[0].endswith(".py"):
@@ -143,6 +151,8 @@ def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool)
     parser = argparse.ArgumentParser(prog="callpath")
     run_cli.add_parser(parser.add_subparsers(dest="command_name"))
     argv = ["run", "-o", str(meas), "--top", "0"] + (["--native"] if args.native else [])
+    if args.keep_interpreter_frames:
+        argv.append("--keep-interpreter-frames")
     for event in args.event:
         argv += ["-e", event]
     if args.trace:

@@ -45,6 +45,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="Python programs: one call path through Python and native code (the "
                    "native stack of every sample is unwound and merged below the Python "
                    "frames; docs/python-measurement.md)")
+    p.add_argument("--keep-interpreter-frames", action="store_true",
+                   help="with --native: keep CPython's own frames between two Python frames "
+                   "(the evaluation loop, vectorcall, slot wrappers), which are elided by "
+                   "default")
     p.add_argument("--finish", metavar="MEASDIR", default=None,
                    help="only post-process MEASDIR (a run whose launcher was killed)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS")
@@ -98,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
               f"{'available' if why is None else 'unavailable: ' + why}")
         print("raw codes: rHEX (e.g. r01c2), with @PERIOD or @fFREQUENCY")
         return 0
+    if getattr(args, "keep_interpreter_frames", False) and not args.native:
+        raise CallpathError("--keep-interpreter-frames: expected with --native (it keeps "
+                            "CPython's frames of the merged native paths)")
     from callpath.measure.gpu import session as gpu_session
 
     args.event, gpu_kind = gpu_session.split_events(list(args.event))
@@ -186,7 +193,8 @@ def _run_python(cmd: list[str], module: bool, args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else _default_output([name])
     return run_python(cmd, module=module, out_dir=out, frequency=frequency, trace=args.trace,
                       native=bool(getattr(args, "native", False)),
-                      native_stack=max(args.stack_size, 32768))
+                      native_stack=max(args.stack_size, 32768),
+                      keep_interpreter=bool(getattr(args, "keep_interpreter_frames", False)))
 
 
 def _shell_status(status: int) -> int:

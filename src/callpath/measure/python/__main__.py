@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
     p.add_argument("--native", action="store_true",
                    help="merge the native stack of every sample below its Python frames")
+    p.add_argument("--keep-interpreter-frames", action="store_true",
+                   help="with --native: keep the interpreter's own frames between Python "
+                   "frames (elided by default)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     p.add_argument("program", nargs=argparse.REMAINDER,
                    help="SCRIPT ARGS, or a python command line")
@@ -32,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     target = [args.module, *args.program] if args.module else list(args.program)
     if target and target[0] == "--":
         target = target[1:]
+    if args.keep_interpreter_frames and not args.native:
+        sys.stderr.write("callpath: error: --keep-interpreter-frames: expected with --native "
+                         "(it keeps CPython's frames of the merged native paths)\n")
+        return 2
     from callpath.measure.python.launch import run_python
     out = args.output
     if out is None:  # like callpath run: callpath-NAME-measurements[-N]
@@ -44,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_python(target, module=bool(args.module), out_dir=out,
                           frequency=args.frequency, trace=args.trace, summary=not args.quiet,
-                          native=args.native)
+                          native=args.native, keep_interpreter=args.keep_interpreter_frames)
     except CallpathError as e:
         sys.stderr.write(f"callpath: error: {e}\n")
         return 2

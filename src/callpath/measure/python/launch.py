@@ -166,7 +166,8 @@ def _check(out_dir: Path, frequency: float) -> None:
 def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: float = 1000.0,
                trace: bool = False, summary: bool = True, env: dict[str, str] | None = None,
                summary_file: TextIO | None = None, linger: float = 5.0,
-               native: bool = False, native_stack: int = DEFAULT_NATIVE_STACK) -> int:
+               native: bool = False, native_stack: int = DEFAULT_NATIVE_STACK,
+               keep_interpreter: bool = False) -> int:
     """Run a Python program measured into ``out_dir``; return the program's exit status.
 
     ``argv`` is a command line (``["python3", "app.py", "x"]``), a script and its arguments
@@ -176,7 +177,8 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
     outlive the program (a pool's workers being torn down, multiprocessing's resource tracker)
     are waited for up to ``linger`` seconds, so that their files are complete when read.
     With ``native``, every sample also carries the native stack of the same instant, and the
-    paths are merged after the run (``callpath run --native``; ``merge.py``).
+    paths are merged after the run (``callpath run --native``; ``merge.py``), the
+    interpreter's own frames between two Python frames elided unless ``keep_interpreter``.
     """
     out_dir = Path(out_dir)
     cmd = command_line(argv, module=module)
@@ -201,7 +203,7 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
     notes: list[str] = []
     if native:
         from callpath.measure.python.native_summary import finish_native
-        notes = finish_native(out_dir)
+        notes = finish_native(out_dir, keep_interpreter=keep_interpreter)
     try:
         measdir.write_header(out_dir, metrics, status="complete", exit_status=exit_status,
                              end_time=time.time(), summary=_header_summary(out_dir), **fields)

@@ -64,6 +64,8 @@ class ProcessMerge:
     partial: int = 0
     unmatched: int = 0
     lost: int = 0
+    hidden: int = 0      # samples in the profiler's own code alone, left out
+    interpreter_frames: str = "elided"  # or "kept" (--keep-interpreter-frames)
     native_only_threads: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     fallback: str = ""   # why this process kept Python-only paths
@@ -282,6 +284,60 @@ def merge_paths(native: list[Key], is_eval: list[bool], complete: bool,
     return path, state
 
 
+OWN_MODULES = ("_callpath_walk", "_callpath_native")  # the profiler's shared objects
+OWN_FILES = frozenset({"sampler.py", "walk.py", "measfile.py", "timer.py", "native_capture.py",
+                       "sitecustomize.py"})  # sampler.RUNTIME_FILES, its capture and its shim
+
+
+def own_code(file: str) -> bool:
+    """Whether a Python file is the sampler's own: one of its runtime files in the directory
+    that holds the sampler (or its bootstrap, ``shim/``, below it)."""
+    name = os.path.basename(file)
+    if name not in OWN_FILES:
+        return False
+    here = os.path.dirname(file)
+    if name == "sitecustomize.py":
+        here = os.path.dirname(here)
+    return os.path.exists(os.path.join(here, "sampler.py")) and \
+        os.path.exists(os.path.join(here, "native_capture.py"))
+
+
+def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: frozenset[int],
+                  own_codes: frozenset[int], keep_interpreter: bool = False) -> list[Key]:
+    """A merged path (root first) as a user reads it.
+
+    The profiler never appears: the path ends before its first frame of the profiler's own
+    code (its shared objects, ``own_modules``, or its Python files, ``own_codes``), and the
+    interpreter's frames that led there (the signal's handling) go with it; a path that is
+    the profiler's alone comes back empty. Unless ``keep_interpreter``, the interpreter's own
+    native frames (those of the modules in ``interpreter``: the ones that hold
+    ``_PyEval_EvalFrameDefault``, libpython or a statically linked python executable) are
+    elided between two Python frames (the evaluation loop, vectorcall, slot wrappers: the
+    call machinery of Python calling Python through C), so that Python frames follow each
+    other; the frames of other modules between them (an extension that calls back into
+    Python: ``sorted`` is the interpreter's, a PyTorch operator is not) stay. Everything below
+    the innermost Python frame stays: the call into an extension and the extension, the
+    library, the kernel, and the interpreter's own C code where the time is spent there
+    (``list_sort_impl``, ``_PyObject_Malloc``, ``take_gil`` waiting for the GIL)."""
+    for i, k in enumerate(path):
+        if (k[0] == _NATIVE and k[1] in own_modules) or (k[0] == _PYTHON and k[1] in own_codes):
+            path = path[:i]
+            while path and path[-1][0] == _NATIVE and path[-1][1] in interpreter:
+                path.pop()
+            break
+    if keep_interpreter:
+        return path
+    py = [i for i, k in enumerate(path) if k[0] == _PYTHON]
+    if not py:
+        return path
+    last = py[-1]
+
+    def interp(k: Key) -> bool:
+        return k[0] == _NATIVE and k[1] in interpreter
+
+    return [k for k in path[:last] if not interp(k)] + path[last:]
+
+
 def _compiler() -> cfi.Compiler:
     """The native sampler's unwinder as ``callpath run`` sets it up: CFI, and unwind recipes
     from the machine code where a module has none (issue 22), in the ``CALLPATH_UNWIND``
@@ -295,13 +351,15 @@ def _compiler() -> cfi.Compiler:
         return cfi.Compiler(cfi.RowTable())
 
 
-def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
-    """Merge one process image's capture into its process file (rewritten in place)."""
+def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -> ProcessMerge:
+    """Merge one process image's capture into its process file (rewritten in place); the
+    interpreter's frames between Python frames are elided unless ``keep_interpreter``
+    (``readable_path``)."""
     base = notes_path.name[len("native-"):-len(".json")]
     pfile = out / f"process-{base}.cpm"
     samples_path = notes_path.with_suffix(".samples")
     proc = md.read_process(pfile)
-    res = ProcessMerge(proc.pid)
+    res = ProcessMerge(proc.pid, interpreter_frames="kept" if keep_interpreter else "elided")
     notes = _read_notes(notes_path)
     res.lost = int(notes["end"].get("lost", 0))
     res.handler_ns = int(notes["end"].get("handler_ns", 0))
@@ -327,6 +385,11 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
         samples_path.unlink()
         notes_path.unlink()
         return res
+    # the interpreter's modules: those that hold its evaluation loop; the profiler's own
+    interpreter = frozenset(int(m) for m in np.unique(fr.module[is_eval]).tolist() if m >= 0)
+    own_modules = frozenset(m.index for m in mods
+                            if os.path.basename(m.path).startswith(OWN_MODULES))
+    own_codes = frozenset(i for i, c in enumerate(proc.pycode) if own_code(c.file))
     # native frames per sample, leaf first
     order = np.lexsort((fr.depth, fr.sample))
     fs = fr.sample[order]
@@ -398,6 +461,7 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
             natk.pop()
             evl.pop()
         path, state = merge_paths(natk, evl, complete[s], groups)
+        path = readable_path(path, interpreter, own_modules, own_codes, keep_interpreter)
         got = path_memo[memo_key] = (path, state, phi > plo)
         return got
 
@@ -419,6 +483,9 @@ def merge_process(out: Path, notes_path: Path) -> ProcessMerge:
             got = previous[tid_l[s]] = fresh(s)
             partial_s[s] = got[1] == "partial" and not complete[s]
         path, state, has_python = got
+        if not path:  # the profiler's own code only (its flush, its exit): never shown
+            res.hidden += 1
+            continue
         th = slot_of[tid_l[s]]
         tree, nl = trees[th], nodes[th]
         node = 0
@@ -476,6 +543,7 @@ def _write(out: Path, proc: md.ProcessProfile, base: str, mods: list[md.Module],
     info = dict(proc.info)
     info["native_merge"] = {"samples": res.samples, "partial": res.partial,
                             "unmatched": res.unmatched, "lost": res.lost,
+                            "hidden": res.hidden, "interpreter_frames": res.interpreter_frames,
                             "partial_reasons": res.reasons}
     node_id = int(info.get("node_id", 0))
     rank = info.get("rank")
@@ -525,12 +593,12 @@ def _write(out: Path, proc: md.ProcessProfile, base: str, mods: list[md.Module],
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def merge_directory(out: Path) -> list[ProcessMerge]:
+def merge_directory(out: Path, keep_interpreter: bool = False) -> list[ProcessMerge]:
     """Merge every process image's native capture in a measurement directory. A process whose
     capture did not start keeps its Python-only paths (its metadata says why)."""
     results = []
     for notes in sorted(out.glob("native-*.json")):
-        results.append(merge_process(out, notes))
+        results.append(merge_process(out, notes, keep_interpreter))
     return results
 
 
