@@ -143,6 +143,15 @@ fingerprint(const char *p, size_t n)
     return h;
 }
 
+/* The thread's control block, %fs:0 (glibc's tcbhead_t.tcb points at itself) */
+static uintptr_t
+thread_block(void)
+{
+    uintptr_t p;
+    __asm__ volatile("mov %%fs:0, %0" : "=r"(p));
+    return p;
+}
+
 static size_t
 copy_stack(char *dst, uintptr_t sp, size_t want)
 {
@@ -457,6 +466,16 @@ on_signal(int sig, siginfo_t *info, void *ucv)
                 need = (outer - sp0 + EVAL_MARGIN) & ~(size_t)7;
                 if (need < want)
                     want = need;
+            } else if (!main) {
+                /* No evaluation frame bounds the copy (a thread that runs no Python: an
+                 * OpenMP or BLAS worker). glibc puts a thread's control block (what %fs
+                 * points at) right above its stack, so nothing above it is stack: a worker
+                 * a few KiB deep copies those instead of the whole stack_bytes (which made
+                 * its records 32 KiB and their copy and writing most of the capture's cost
+                 * in programs with many such threads). */
+                uintptr_t tcb = thread_block();
+                if (tcb > sp0 && tcb - sp0 < want)
+                    want = (tcb - sp0) & ~(size_t)7;
             }
             hd->npy = npy;
             hd->nhigh = hd->high_at = 0;
