@@ -50,6 +50,13 @@ configuration); against plain, callpath without ``--native`` and ``py-spy record
 all at 1 kHz (and 100 Hz). *total* and *tree CPU* include callpath's post-mortem merge.
 
     .venv/bin/python bench/measure_python.py --native [--repeat 5] [--seconds 3]
+
+``--torch PYTHON`` (with ``--native``) runs a small PyTorch CPU training loop instead (a
+three-layer MLP, batch 64, SGD: every module call goes through ``tp_call``, every operator
+into libtorch and its BLAS) under PYTHON, an interpreter that has torch installed
+(``python3.11 -m venv E && E/bin/pip install torch``); callpath runs under this one.
+
+    .venv/bin/python bench/measure_python.py --native --torch E/bin/python [--repeat 5]
 """
 
 from __future__ import annotations
@@ -168,6 +175,37 @@ if __name__ == "__main__":
 '''
 
 
+TORCH_WORKLOAD = '''
+import sys, time
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                      nn.Linear(512, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loss_fn = nn.CrossEntropyLoss()
+x = torch.randn(64, 256)
+y = torch.randint(0, 10, (64,))
+
+def step():
+    opt.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    opt.step()
+    return float(loss)
+
+def work(scale):
+    for _ in range(int(scale) * 20):
+        step()
+
+if __name__ == "__main__":
+    t0, c0 = time.perf_counter(), time.process_time()
+    work(float(sys.argv[1]))
+    print(f"WORK {time.perf_counter() - t0:.6f} CPU {time.process_time() - c0:.6f}")
+'''
+
+
 def native_setup(tmp: Path) -> tuple[Path, str | None]:
     """The mixed workload's script and C library, or why it cannot run here."""
     if shutil.which("gcc") is None:
@@ -187,12 +225,12 @@ def native_setup(tmp: Path) -> tuple[Path, str | None]:
 
 
 def native_configurations(script: Path, scale: float, tmp: Path,
-                          spy: str | None) -> dict[str, list[str]]:
-    """Name -> command line for --native (``{i}``: the run number)."""
-    py = sys.executable
+                          spy: str | None, py: str = sys.executable) -> dict[str, list[str]]:
+    """Name -> command line for --native (``{i}``: the run number); ``py`` runs the workload
+    (another interpreter for ``--torch``; callpath itself runs under this one)."""
     w = [str(script), str(scale)]
     cfg: dict[str, list[str]] = {"plain": [py, *w]}
-    run = ["env", f"PYTHONPATH={REPO / 'src'}", py, "-m", "callpath", "run"]
+    run = ["env", f"PYTHONPATH={REPO / 'src'}", sys.executable, "-m", "callpath", "run"]
     for hz in (100, 1000):
         ev = ["-e", f"cpu-clock@f{hz}"]
         cfg[f"callpath {hz} Hz"] = [*run, *ev, "-o", str(tmp / f"py-{hz}-{{i}}"), "--", py, *w]
@@ -434,6 +472,10 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=3.0, help="plain duration of the workload")
     ap.add_argument("--native", action="store_true",
                     help="mixed Python/native workload: callpath run --native vs py-spy --native")
+    ap.add_argument("--torch", metavar="PYTHON", default=None,
+                    help="with --native: a small PyTorch CPU training loop run by PYTHON (an "
+                    "interpreter that has torch, of the version callpath's capture is built "
+                    "for) instead of the mixed workload")
     ap.add_argument("--only", action="append", default=[],
                     help="run only configurations whose name starts with this (and plain)")
     args = ap.parse_args()
@@ -454,15 +496,26 @@ def main() -> int:
         script.write_text(WORKLOAD)
         peer = None if args.only and not any(
             o.startswith(("py-spy", "pyinstrument")) for o in args.only) else peer_python()
-        if args.native:
+        wpy = sys.executable
+        if args.torch is not None:
+            if not args.native:
+                ap.error("--torch: expected with --native")
+            wpy = args.torch
+            script = tmp / "train.py"
+            script.write_text(TORCH_WORKLOAD)
+        elif args.native:
             script, why = native_setup(tmp)
             if why is not None:
                 print(f"--native: cannot build the mixed workload: {why}", file=sys.stderr)
                 return 2
-        scale = calibrate(sys.executable, script, args.seconds)
+        try:
+            scale = calibrate(wpy, script, args.seconds)
+        except (subprocess.CalledProcessError, OSError) as e:
+            print(f"the workload does not run under {wpy}: {e}", file=sys.stderr)
+            return 2
         if args.native:
             spy = str(peer.parent / "py-spy") if peer is not None else None
-            cfg = native_configurations(script, scale, tmp, spy)
+            cfg = native_configurations(script, scale, tmp, spy, wpy)
         else:
             cfg = configurations(script, scale, tmp, peer)
         if args.only:
