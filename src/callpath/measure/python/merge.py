@@ -21,7 +21,9 @@ guessed (``merge_paths``): Python groups left without an evaluation frame (the u
 stopped below them) go on top, above the native frames that were recovered, and the sample
 counts as *partial*; evaluation frames left without a group are left out with the entry and
 the sample counts as *unmatched*. A code object the sampler never interned (it died between
-the signal and the next walk) stays an unknown frame with its address.
+the signal and the next walk) stays an unknown frame with its address. Each merged path is
+then made readable (``readable_path``): CPython's own frames between two Python frames are
+elided unless ``--keep-interpreter-frames``, and the profiler's own frames are cut off.
 """
 
 from __future__ import annotations
