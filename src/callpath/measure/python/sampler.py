@@ -124,6 +124,9 @@ class Sampler(walk.Walker, measfile.Recorder):
         walk_module, self.walker = walk.c_walk()
         self.stack_of: Callable[..., int | None] = (
             walk_module.stack_of if walk_module is not None else walk.py_stack_of)
+        # 3.12+: other threads' frames without frame objects (see _callpath_walk.c)
+        self.other_stacks: Callable[[int], dict[int, list[tuple[CodeType, int]]]] | None = (
+            getattr(walk_module, "other_stacks", None) if walk_module is not None else None)
         self.c_cache: Callable[[], Any] | None = (
             walk_module.Cache if walk_module is not None else None)
         self.c_handler: Callable[..., Any] | None = (

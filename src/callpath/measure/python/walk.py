@@ -155,6 +155,7 @@ class Walker:
     timer: Timer
     call_ops: frozenset[int]
     stack_of: Callable[..., int | None]
+    other_stacks: Callable[[int], dict[int, list[tuple[CodeType, int]]]] | None
     c_handler: Callable[..., Any] | None
     own_files: frozenset[str]
     main_ident: int
@@ -285,7 +286,10 @@ class Walker:
         main = self.main_ident
         trace = self.trace
         stack_of = self.stack_of
-        frames = sys._current_frames()
+        other = self.other_stacks
+        # 3.12+: the other threads' frame records, without frame objects (f_back on another
+        # thread's frames corrupts memory in CPython 3.12.1 and 3.13.0: _callpath_walk.c)
+        frames: dict[int, Any] = other(main) if other is not None else sys._current_frames()
         for ident, top in frames.items():
             if ident == main:
                 continue
@@ -297,9 +301,11 @@ class Walker:
             if st is None or c < st[2]:  # new thread, or a new one reusing an ident
                 # its CPU clock started at zero; its wall time is counted from one period ago
                 st = self._thread_state(ident, 0, t - self.period_ns)
-            v = stack_of(top, locs_of, stacks, st[5])
-            if v is None:
-                v = self._new_stack(top)
+            if other is not None:
+                v = self._stack_of_sites(top)
+            else:
+                found = stack_of(top, locs_of, stacks, st[5])
+                v = self._new_stack(top) if found is None else found
             if v < 0:
                 continue
             dc = c - st[2]
@@ -362,25 +368,32 @@ class Walker:
         (deep recursion of varying depth makes many), the line-keyed table only grows with new
         call paths.
         """
-        key: list[int] = []
+        sites: list[tuple[CodeType, int]] = []
         f: FrameType | None = frame
-        locs_of = self.locs_of
         while f is not None:
-            co = f.f_code
+            sites.append((f.f_code, f.f_lasti))
+            f = f.f_back
+        return self._stack_of_sites(sites)
+
+    def _stack_of_sites(self, sites: list[tuple[CodeType, int]]) -> int:
+        """``_new_stack`` of the frames given as (code object, ``f_lasti``) pairs, leaf first
+        (as ``_callpath_walk.other_stacks`` gives another thread's frames): the same lookups,
+        interning what is new."""
+        key: list[int] = []
+        locs_of = self.locs_of
+        for co, lasti in sites:
             table = locs_of.get(id(co))
             if table is None:
                 table = self._register(co)
-            lasti = f.f_lasti
             lid = table.get(lasti)
             if lid is None:
                 lid = table[lasti] = self._loc(co, lasti)
             key.append(lid)
-            f = f.f_back
         tkey = tuple(key)
         value = self.stacks.get(tkey)
         if value is not None:
             return value
-        if frame.f_code.co_filename in self.own_files:
+        if sites[0][0].co_filename in self.own_files:
             value = -1
         else:
             locs = self.locs
