@@ -290,7 +290,8 @@ walk_frames(PyThreadState *ts_, uintptr_t sp, int main, PyRec *py, uint32_t *npy
     uintptr_t f = (uintptr_t)ts_->current_frame, shim = 0;
     int guard = 0, cut = 0;
     for (; f != 0 && guard < MAX_CHAIN; guard++) {
-        if (!read_mem(&rg, fr.bytes, f, FRAME_HEAD) || fr.f.owner > FRAME_OWNED_BY_CSTACK)
+        if (!read_mem(&rg, fr.bytes, f, FRAME_HEAD)
+            || (unsigned char)fr.f.owner > FRAME_OWNED_BY_CSTACK)
             break;
         if (fr.f.owner == FRAME_OWNED_BY_CSTACK) {
             if (npy > 0 && !cut)
@@ -340,7 +341,7 @@ walk_frames(PyThreadState *ts_, uintptr_t sp, int main, PyRec *py, uint32_t *npy
 #if PY_VERSION_HEX >= 0x030C0000
         /* 3.12: each evaluation activation pushes a shim frame owned by the C stack below
          * its first frame, instead of marking that one is_entry */
-        if (fr.f.owner > FRAME_OWNED_BY_CSTACK)
+        if ((unsigned char)fr.f.owner > FRAME_OWNED_BY_CSTACK)
             break;
         if (fr.f.owner == FRAME_OWNED_BY_CSTACK) {
             if (npy > 0)
@@ -350,7 +351,7 @@ walk_frames(PyThreadState *ts_, uintptr_t sp, int main, PyRec *py, uint32_t *npy
         }
         unsigned entry = 0;
 #else
-        if (fr.f.owner > FRAME_OWNED_BY_FRAME_OBJECT)
+        if ((unsigned char)fr.f.owner > FRAME_OWNED_BY_FRAME_OBJECT)
             break;
         unsigned entry = fr.f.is_entry ? 1u : 0u;
 #endif
