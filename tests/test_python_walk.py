@@ -353,3 +353,57 @@ def test_c_walk_agrees_with_python_walk_on_live_frames(tmp_path: Path) -> None:
     t.start()
     t.join()
     assert len(seen) == 13, seen
+
+
+@pytest.mark.skipif(not hasattr(MODULE, "other_stacks"),
+                    reason="other_stacks is built for CPython 3.12 and 3.13 only (3.11 walks "
+                    "other threads through frame objects)")
+def test_other_stacks_are_the_frame_objects_walk() -> None:
+    """Other threads' frames read from CPython's frame records (what the sampler uses from
+    3.12, where following ``f_back`` from another thread's frames corrupts memory) are the
+    frames and offsets that ``sys._current_frames()`` and ``f_back`` give: threads blocked
+    in a recursion, in a generator, in a callback from C (``map``), and none for the
+    calling thread."""
+    assert MODULE is not None
+    ready, go = threading.Barrier(4), threading.Event()
+
+    def deep(n: int) -> None:
+        if n:
+            deep(n - 1)
+        else:
+            ready.wait()
+            go.wait()
+
+    def in_generator() -> None:
+        def g() -> Iterator[None]:
+            ready.wait()
+            go.wait()
+            yield None
+        next(g())
+
+    def in_callback() -> None:
+        list(map(lambda _: (ready.wait(), go.wait()), [0]))
+
+    threads = [threading.Thread(target=f) for f in (lambda: deep(40), in_generator,
+                                                     in_callback)]
+    for t in threads:
+        t.start()
+    try:
+        ready.wait()
+        got = MODULE.other_stacks(threading.get_ident())
+        ref: dict[int, list[tuple[Any, int]]] = {}
+        for ident, top in sys._current_frames().items():
+            f: FrameType | None = top
+            ref[ident] = []
+            while f is not None:
+                ref[ident].append((f.f_code, f.f_lasti))
+                f = f.f_back
+    finally:
+        go.set()
+        for t in threads:
+            t.join()
+    assert threading.get_ident() not in got
+    for t in threads:
+        assert t.ident is not None
+        assert got[t.ident] == ref[t.ident], (got[t.ident], ref[t.ident])
+    assert sum(1 for co, _ in got[threads[0].ident or 0] if co.co_name == "deep") == 41
