@@ -245,11 +245,23 @@ safe_ranges(PyThreadState *ts, uintptr_t sp, int main, Ranges *r)
     if (c == NULL || ((uintptr_t)c & (PAGE - 1)) != 0 || !chunk_size_ok(c->size)
         || limit != (uintptr_t)c + c->size)
         return;
-    while (c != NULL && r->n < MAX_RANGES && ((uintptr_t)c & (PAGE - 1)) == 0
-           && chunk_size_ok(c->size)) {
-        r->lo[r->n] = (uintptr_t)c->data;
-        r->hi[r->n++] = (uintptr_t)c + c->size;
-        c = c->previous;
+    r->lo[r->n] = (uintptr_t)c->data;
+    r->hi[r->n++] = limit;
+    /* older chunks: their headers are read with process_vm_readv (a pointer not written yet
+     * reads 0 from fresh mmap memory, but an arena allocator of the program's own need not
+     * give fresh memory); a chunk stays mapped while a newer one is linked after it */
+    uintptr_t prev = (uintptr_t)c->previous;
+    while (prev != 0 && r->n < MAX_RANGES && (prev & (PAGE - 1)) == 0) {
+        _PyStackChunk head;
+        struct iovec local = {&head, offsetof(_PyStackChunk, data)};
+        struct iovec remote = {(void *)prev, offsetof(_PyStackChunk, data)};
+        if (syscall(SYS_process_vm_readv, G.pid, &local, 1, &remote, 1, 0)
+                != (ssize_t)offsetof(_PyStackChunk, data)
+            || !chunk_size_ok(head.size))
+            break;
+        r->lo[r->n] = prev + offsetof(_PyStackChunk, data);
+        r->hi[r->n++] = prev + head.size;
+        prev = (uintptr_t)head.previous;
     }
 }
 
