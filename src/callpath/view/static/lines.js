@@ -132,7 +132,7 @@ export class LinesView {
     <div id="ln-ov-wrap" class="ln-ov-wrap"><canvas id="ln-overview" aria-label="overview of every line"></canvas></div>
     <div class="ln-title">Ranked procedures</div>
     <div class="ln-ranked-wrap"><table id="ln-ranked" class="ln-ranked" aria-label="ranked procedures">
-      <thead><tr id="ln-ranked-title" title="outline every listed procedure in the overview"><th>#</th><th>Procedure</th><th>File</th><th>Sum</th><th>%</th></tr></thead>
+      <thead><tr id="ln-ranked-title" title="outline every listed procedure in the overview"><th>#</th><th>Procedure</th><th>File</th><th>Sum</th><th title="percent of the metric's total over all source lines (the Lines tab's total: costs without a line are not in it, so it can differ from a tree's % of the root)">% lines</th></tr></thead>
       <tbody></tbody></table></div>
   </section>
   <section class="ln-center" aria-label="detailed view">
@@ -513,10 +513,17 @@ export class LinesView {
     const n = cols.length;
     // columns as wide as the pane allows beside the min/max bars and the listing (6..52 px);
     // values printed where they fit, else in the cell's tooltip
-    const avail = this.q("#ln-detail").clientWidth - 250 - 240;
+    const avail = this.q("#ln-detail").clientWidth - 250 - 360;  // the listing keeps 360 px
     const cw = Math.max(6, Math.min(52, Math.floor(avail / Math.max(1, n))));
     const head = this.q("#ln-h-heat");
-    head.replaceChildren(...cols.map((c) => { const d = el("div", "ln-hcell", c.short); d.title = c.label; return d; }));
+    // narrow columns (32+ contexts) cannot each hold a heading: one heading every `every`
+    // columns, drawn over the empty headings to its right, so that the axis stays readable
+    const every = cw < 34 ? Math.max(1, Math.ceil(40 / cw)) : 1;
+    head.replaceChildren(...cols.map((c, i) => {
+      const d = el("div", "ln-hcell", i % every === 0 ? c.short : "");
+      d.title = c.label;
+      return d;
+    }));
     for (const box of [head, heatBox]) {
       box.style.setProperty("--nctx", String(n));
       box.style.setProperty("--cw", `${cw}px`);
@@ -569,7 +576,7 @@ export class LinesView {
       sr.dataset.row = String(r.row);
       sr.append(el("span", "ln-ln", r.line ? String(r.line) : ""),
                 el("span", "ln-tx", !noText ? r.text : (r.gap_before ? `(source not available; ${r.gap_before} line${r.gap_before > 1 ? "s" : ""} not in the database before)` : "(source not available)")));
-      sr.title = `${r.file}:${r.line}${r.procedure ? "  in " + r.procedure : ""}`;
+      sr.title = `${r.file}:${r.line}${r.procedure ? "  in " + r.procedure : ""}\n${sr.lastChild.textContent}`;
       if (newFile) sr.dataset.file = r.file_name;
       sr.firstChild.title = r.file;
       fs.appendChild(sr);
@@ -613,7 +620,14 @@ export class LinesView {
       if (chosen) tr.classList.add("sel");
       tr.setAttribute("aria-selected", chosen ? "true" : "false");
       if (this.ranked.extra && i === list.length - 1) tr.classList.add("appended");
-      for (const t of [p.rank, p.procedure, p.file_name || p.file, fmt(p.sum), p.percent.toFixed(1)]) tr.appendChild(el("td", null, String(t)));
+      // ranks count from 1 as a person counts; the name and file cells are narrow: their
+      // whole text is in their tooltips
+      const rank = Number.isInteger(p.rank) ? p.rank + 1 : p.rank;
+      for (const t of [rank, p.procedure, p.file_name || p.file, fmt(p.sum), p.percent.toFixed(1)]) {
+        const td = el("td", null, String(t));
+        td.title = String(t);
+        tr.appendChild(td);
+      }
       tr.title = `${p.file}: rows ${p.first_row}–${p.last_row}`;
       body.appendChild(tr);
     });
