@@ -7,6 +7,7 @@
 // database (callpath diff) the rectangles are red where the delta is positive and blue where
 // it is negative. Its state (shown or not, the zoom path) is dbState(db).flame, in the URL.
 
+import { fmtNum } from "./numbers.js";
 import { getJSON, stateQuery } from "./api.js";
 
 const ROW = 17;
@@ -289,8 +290,8 @@ export class FlamePane {
     if (i < 0) { this.tip.hidden = true; return; }
     const f = this.frame;
     const pct = f.total ? (100 * (f.value[i] || 0) / f.total).toFixed(2) : "0";
-    let text = `${f.name[i]}\n${f.value[i]} (${pct}%)`;
-    if (f.c) text += `\n${f.color_name}: ${f.c[i]}`;
+    let text = `${f.name[i]}\n${fmtNum(f.value[i] || 0)} (${pct}%)`;
+    if (f.c) text += `\n${f.color_name}: ${fmtNum(f.c[i])}`;
     this.tip.textContent = text;
     this.tip.hidden = false;
     const r = this.scroll.getBoundingClientRect();

@@ -7,6 +7,7 @@
 // screen. One cursor — (row of the line axis, context) plus the selected procedure — lives in
 // the per-database state (state.dbs[db].lines, kept in the URL) and every pane follows it.
 
+import { fmtNum } from "./numbers.js";
 import { getJSON } from "./api.js";
 import { Surface3D } from "./lines3d.js";
 import { heat, NO_COST } from "./heat.js";
@@ -268,6 +269,9 @@ export class LinesView {
     const fresh = !this.hooks.dbState(db).lines;  // a first visit: no saved lines state
     const s = this.st;
     const info = this.hooks.info(db);
+    // a first visit opens on the metric that holds the time (GPUOP, CPUTIME...), not on
+    // metric 0 (a GPU database's first metric is zero everywhere)
+    if (fresh && Number.isInteger(info.open_metric)) s.metric = info.open_metric;
     if (!info.metrics.some((m) => m.index === s.metric)) s.metric = 0;
     this.syncInputs();
     let meta;
@@ -550,7 +554,8 @@ export class LinesView {
         cell.style.color = ink(col);
         cell.dataset.ctx = String(cols[c].first);
         cell.dataset.ctxLast = String(cols[c].last);
-        cell.title = `${cols[c].label}${doc.binned ? " (max)" : ""}: ${v}`;
+        cell.title = `${cols[c].label}${doc.binned ? " (max)" : ""}: ${Number.isInteger(v) ? v : fmtNum(v)}`;
+        cell.dataset.value = String(v);  // the exact value (the tooltip is rounded)
         hr.appendChild(cell);
       }
       fh.appendChild(hr);
@@ -564,7 +569,7 @@ export class LinesView {
         const light = el("span", "ln-bar-span"); light.style.width = w(r.max - r.min);
         bar.append(dark, light);
         const lab = el("span", "ln-mmtext", `min ${fmt(r.min)}(${r.min_short}) max ${fmt(r.max)}(${r.max_short}) μ ${fmt(r.mean)} σ ${fmt(r.stdev)}`);
-        lab.title = `min ${r.min} in ${r.min_context}, max ${r.max} in ${r.max_context}, mean ${r.mean}, stdev ${r.stdev}`;
+        lab.title = `min ${fmtNum(r.min)} in ${r.min_context}, max ${fmtNum(r.max)} in ${r.max_context}, mean ${fmtNum(r.mean)}, stdev ${fmtNum(r.stdev)}`;
         mr.append(bar, lab);
         mr.dataset.min = String(r.min); mr.dataset.max = String(r.max);
         mr.dataset.minContext = r.min_context; mr.dataset.maxContext = r.max_context;
