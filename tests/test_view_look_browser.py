@@ -11,7 +11,7 @@ checks are the ones a person makes:
   a flame graph click, the trace's "Show in Top-down"), with its path open;
 * no label of a visible row is cut without a tooltip holding the whole of it;
 * no text of the table's header overlaps another;
-* tick labels of graphs are round numbers;
+* tick labels of graphs are round numbers (equal round steps);
 * no console error, no failed request.
 """
 
@@ -66,7 +66,32 @@ def page(browser: Any) -> Iterator[Any]:
 
 # ---- the databases ---------------------------------------------------------------------
 
-SMALL, LOOPS, GPU, MPI = 0, 1, 2, 3
+SMALL, LOOPS, GPU, MPI, PY = 0, 1, 2, 3, 4
+PROGRAM = """
+def inner(n):
+    s = 0
+    for i in range(n):
+        s += i * i
+    return s
+
+
+def outer():
+    return sum(inner(20000) for _ in range(60))
+
+
+for _ in range(4):
+    outer()
+"""
+
+
+def python_database(dst: Path) -> Path:
+    """A Python program measured by callpath's own sampler, with a trace."""
+    script = dst / "busy.py"
+    script.write_text(PROGRAM)
+    out = dst / "busy.d"
+    run_cli("profile", "--python", "-t", "-m", str(dst / "busy-m"), "-o", str(out), "--",
+            str(script), check=True)
+    return out
 RANKS, THREADS = 34, 4
 
 
@@ -98,6 +123,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     paths = [copy_database(shared_path("hpctoolkit", "dbase", name), base)
              for name in ("small.d", "loops-cputime-t.d", "loops-cuda-nvidia-t.d")]
     paths.append(mpi_database(base))
+    paths.append(python_database(base))
     with serve(paths) as s:
         yield s
 
@@ -170,24 +196,43 @@ def cut_labels(pg: Any) -> list[str]:
     return cut
 
 
+HEADINGS = ("#tree:not([hidden]) .tv-head .tv-hname, #tree .tv-head .tv-agg, "
+            "#lines:not([hidden]) .ln-heads > div, #lines:not([hidden]) .ln-hcell, "
+            "#lines:not([hidden]) th")
+
+
 def overlapping_headers(pg: Any) -> list[tuple[str, str]]:
-    """Pairs of header texts of the tree whose drawn text boxes overlap (a Range per text
-    node: the box of the glyphs, not of the element)."""
-    pairs: list[tuple[str, str]] = pg.evaluate("""() => {
+    """Pairs of headings (the tree's, the Lines tab's) whose drawn text boxes overlap (a
+    Range per element: the box of the glyphs, not of the element, cut to what the element
+    and its ancestors that hide overflow let show)."""
+    pairs: list[tuple[str, str]] = pg.evaluate("""(sel) => {
         const boxes = [];
-        for (const e of document.querySelectorAll('.tv-head .tv-hname, .tv-head .tv-agg')) {
-            if (!e.textContent.trim()) continue;
+        for (const e of document.querySelectorAll(sel)) {
+            if (!e.textContent.trim() || e.offsetParent === null) continue;
+            if ([...e.children].some(k => k.matches(sel))) continue;  // its children count
             const rg = document.createRange(); rg.selectNodeContents(e);
-            for (const b of rg.getClientRects()) boxes.push([e.textContent, b]);
+            const clips = [];
+            for (let a = e; a && a !== document.body; a = a.parentElement) {
+                if (getComputedStyle(a).overflowX !== 'visible') clips.push(a.getBoundingClientRect());
+            }
+            for (const r of rg.getClientRects()) {
+                const b = {left: r.left, right: r.right, top: r.top, bottom: r.bottom};
+                for (const c of clips) {
+                    b.left = Math.max(b.left, c.left); b.right = Math.min(b.right, c.right);
+                    b.top = Math.max(b.top, c.top); b.bottom = Math.min(b.bottom, c.bottom);
+                }
+                if (b.right > b.left && b.bottom > b.top) boxes.push([e.textContent, b, e]);
+            }
         }
         const out = [];
         for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
-            const [ta, a] = boxes[i], [tb, b] = boxes[j];
+            const [ta, a, ea] = boxes[i], [tb, b, eb] = boxes[j];
+            if (ea === eb) continue;
             if (a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 &&
                 b.top < a.bottom - 1) out.push([ta, tb]);
         }
         return out;
-    }""")
+    }""", HEADINGS)
     return pairs
 
 
@@ -196,17 +241,22 @@ def looks_right(pg: Any, what: str) -> None:
     assert not overlapping_headers(pg), f"{what}: header texts overlap: {overlapping_headers(pg)}"
 
 
-def round_tick(text: str) -> bool:
-    """A tick label is round: a mantissa of 1, 2, 2.5 or 5 times a power of ten (hpcviewer's
-    and any plotting library's choice), whatever the unit after it."""
-    m = re.match(r"^\s*(-?[\d.]+(?:e[-+]?\d+)?)", text)
-    if not m:
-        return True  # a name, not a number
-    v = abs(float(m.group(1)))
-    if v == 0:
+def round_ticks(texts: list[str]) -> bool:
+    """Tick labels are round: equally spaced by a step of 1, 2, 2.5 or 5 times a power of
+    ten, each a whole multiple of it (not 0.627, 1.25, 1.88)."""
+    vals = [float(t) for t in texts]
+    if len(vals) < 2:
         return True
-    mant = v / 10 ** math.floor(math.log10(v))
-    return any(abs(mant - k) < 1e-6 for k in (1, 2, 2.5, 3, 4, 5, 6, 7, 8, 9, 10))
+    steps = {round(b - a, 12) for a, b in zip(vals, vals[1:], strict=False)}
+    if len(steps) != 1:
+        return False
+    step = steps.pop()
+    if step <= 0:
+        return False
+    mant = step / 10 ** math.floor(math.log10(step))
+    if not any(abs(mant - k) < 1e-6 for k in (1, 2, 2.5, 5, 10)):
+        return False
+    return all(abs(v / step - round(v / step)) < 1e-6 for v in vals)
 
 
 # ---- jumps land in view ----------------------------------------------------------------
@@ -298,3 +348,187 @@ def test_every_jump_puts_the_selection_in_view(page: Any, server: Any) -> None:
                          "window.__callpath.tree.selected.row.key === k", arg=node)
     assert_selection_in_view(pg, "trace Show in Top-down")
     shot(pg, "loops-trace-to-top-down")
+
+
+# ---- GPU databases ---------------------------------------------------------------------
+
+
+def test_gpu_database_opens_on_the_time(page: Any, server: Any) -> None:
+    """HPCToolkit's CUDA run: the tree opens sorted by GPUOP (the metric that holds the
+    time), all-zero columns hidden behind one click, the Lines tab on the same metric, and
+    the trace names its GPU stream readably, apart from the CPU thread, whose empty row says
+    it has no samples."""
+    pg, base = page, server.url
+    open_tree(pg, base, GPU)
+    cols = pg.evaluate("() => window.__callpath.columns")
+    empty = [c["key"] for c in cols if c["empty"]]
+    assert empty, "the CUDA database has all-zero metrics"
+    opened = [c for c in cols if c["open"]]
+    assert [c["name"] for c in opened] == ["GPUOP (sec) (I)"]
+    assert pg.evaluate("() => window.__callpath.tree.sortKey") == opened[0]["key"]
+    shown = pg.evaluate("() => window.__callpath.tree.columns.map(c => c.key)")
+    assert shown[0] == opened[0]["key"] and not set(shown) & set(empty)
+    root = pg.evaluate("() => window.__callpath.tree.root.row.values")
+    assert root[opened[0]["key"]] > 0
+    looks_right(pg, "gpu top-down")
+    shot(pg, "gpu-top-down")
+    # one click shows them all
+    pg.click("#empty-cols")
+    pg.wait_for_function("(n) => window.__callpath.tree.columns.length === n", arg=len(cols))
+    assert not pg.is_visible("#empty-cols")
+    shot(pg, "gpu-top-down-all-columns")
+
+    # the Lines tab: the same metric
+    pg.click("#view-tabs [data-view=lines]")
+    pg.wait_for_function("() => document.getElementById('lines').dataset.pending === '0' && "
+                         "document.querySelector('#ln-heat .ln-row')")
+    metric = pg.eval_on_selector("#ln-metric", "s => s.options[s.selectedIndex].textContent")
+    assert metric.startswith("GPUOP")
+    looks_right(pg, "gpu lines")
+    shot(pg, "gpu-lines")
+
+    # the trace: CPU thread first, then the GPU stream, labelled and striped
+    pg.click("#view-tabs [data-view=trace]")
+    pg.wait_for_function("() => document.getElementById('tr-canvas').dataset.rows")
+    trace_painted(pg)
+    meta = pg.evaluate("() => window.__callpath.trace.meta")
+    assert meta["gpu"] == [False, True]
+    assert meta["contexts"][1].endswith("GPU stream 7 (context 1)")
+    assert "THREAD 0" in meta["contexts"][0]
+    assert meta["row_samples"][1] > 0
+    box = pg.locator("#tr-canvas").bounding_box()
+    stripe = pg.evaluate("""(y) => { const c = document.getElementById('tr-canvas');
+        const r = c.getBoundingClientRect(), d = c.width / r.width;
+        return [...c.getContext('2d').getImageData(1 * d, (y - r.top) * d, 1, 1).data]; }""",
+                         box["y"] + box["height"] * 0.75)
+    assert stripe[:3] == [0x1b, 0x9e, 0x4b], "the GPU stream row has its green stripe"
+    if meta["row_samples"][0] == 0:  # the CPU thread's row: said to be empty
+        pg.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] * 0.25)
+        pg.wait_for_function("() => document.getElementById('tr-canvas').title.length > 0")
+        assert pg.get_attribute("#tr-canvas", "title").startswith("no trace samples for")
+    shot(pg, "gpu-trace")
+
+
+# ---- stale panes -----------------------------------------------------------------------
+
+
+def test_switching_databases_clears_the_trace_panes(page: Any, server: Any) -> None:
+    """The trace's Call path and Depth panes follow the database: after a switch of tabs
+    they no longer show the previous database's thread and frames."""
+    pg, base = page, server.url
+    both = {str(d): {"view": "top-down", "mode": "trace"} for d in (LOOPS, GPU)}
+    pg.goto(f"{base}/#s=" + urllib.parse.quote(json.dumps(
+        {"db": LOOPS, "dbs": both, "filters": []})))
+    pg.wait_for_function("() => document.getElementById('tr-canvas').dataset.rows")
+    trace_painted(pg)
+    box = pg.locator("#tr-canvas").bounding_box()
+    pg.mouse.click(box["x"] + box["width"] / 3, box["y"] + box["height"] * 0.4)
+    pg.wait_for_selector("#tr-show-node")
+    shot(pg, "loops-trace-point")
+    assert pg.inner_text("#tr-depth-ctx")
+    pg.click("#db-tabs [data-db='2']")
+    pg.wait_for_function("() => window.__callpath.trace.db === 2 && "
+                         "document.getElementById('tr-canvas').dataset.rows === '2'")
+    trace_painted(pg)
+    assert pg.inner_text("#tr-callpath").strip() == ""
+    assert pg.inner_text("#tr-depth-ctx").strip() == ""
+    shot(pg, "gpu-trace-after-switch")
+
+
+# ---- every tab of every kind of database, looked at -----------------------------------
+
+
+def look_at_tabs(pg: Any, name: str, info: dict[str, Any]) -> None:
+    """Every tab of the database on screen: screenshot, labels, headers, selection after a
+    Hot path jump; the graph dialog's ticks."""
+    for view in ("top-down", "bottom-up", "flat"):
+        pg.click(f"#view-tabs [data-view={view}]")
+        idle(pg)
+        looks_right(pg, f"{name} {view}")
+        shot(pg, f"{name}-{view}")
+    pg.click("#view-tabs [data-view=top-down]")
+    idle(pg)
+    pg.click("#tb-hot")
+    pg.wait_for_timeout(200)
+    assert_selection_in_view(pg, f"{name} hot path")
+    shot(pg, f"{name}-hot-path")
+    # the graph of the selection: round ticks on both axes, in each kind of graph
+    pg.click("#tb-plot")
+    pg.wait_for_function("() => window.__callpath.plot.data !== null")
+    for kind in ("plot", "sorted", "histogram"):
+        pg.check(f"input[name=pl-kind][value={kind}]")
+        pg.wait_for_timeout(50)
+        for axis in ("yTicks", "xTicks"):
+            ticks = pg.evaluate(f"() => window.__callpath.plot.{axis}")
+            assert round_ticks(ticks), f"{name} {kind}: {axis} {ticks}"
+        if kind == "histogram":
+            assert all(float(t) == int(float(t)) for t in pg.evaluate(
+                "() => window.__callpath.plot.yTicks")), "counts are whole numbers"
+        shot(pg, f"{name}-graph-{kind}")
+    pg.click("#pl-close")
+    if info["has_traces"]:
+        pg.click("#view-tabs [data-view=trace]")
+        pg.wait_for_function("() => document.getElementById('tr-canvas').dataset.rows")
+        trace_painted(pg)
+        labels = pg.evaluate("() => window.__callpath.trace.meta.contexts")
+        assert labels == sorted(labels, key=row_key), f"{name}: trace rows not in order"
+        shot(pg, f"{name}-trace")
+    pg.click("#view-tabs [data-view=lines]")
+    pg.wait_for_function("() => document.getElementById('lines').dataset.pending === '0' && "
+                         "(document.querySelector('#ln-heat .ln-row') || "
+                         "document.getElementById('error-bar').hidden === false)")
+    pg.wait_for_timeout(100)
+    looks_right(pg, f"{name} lines")
+    shot(pg, f"{name}-lines")
+
+
+def row_key(label: str) -> tuple[int, ...]:
+    """hpctraceviewer's order, read back from a row label: rank, CPU before GPU, thread or
+    context, stream."""
+    ids = {k: int(v) for k, v in re.findall(r"([A-Z]+) (\d+)", label)}
+    gpu = re.search(r"GPU stream (\d+)(?: \(context (\d+)\))?", label)
+    if gpu:
+        return (ids.get("RANK", -1), 1, int(gpu.group(2) or -1), int(gpu.group(1)))
+    return (ids.get("RANK", -1), 0, ids.get("THREAD", -1), -1)
+
+
+@pytest.mark.parametrize("db,name", [(SMALL, "native-small"), (LOOPS, "native-loops"),
+                                     (PY, "python"), (MPI, "mpi-openmp-136"),
+                                     (GPU, "gpu-cuda")])
+def test_every_tab_looks_right(page: Any, server: Any, db: int, name: str) -> None:
+    pg, base = page, server.url
+    open_tree(pg, base, db)
+    assert pg.evaluate("() => document.activeElement === window.__callpath.tree.scroller"), \
+        "the tree has the keyboard focus on load"
+    pg.keyboard.press("ArrowDown")
+    assert pg.evaluate("() => window.__callpath.tree.selected !== null")
+    info = next(d for d in pg.evaluate("() => fetch('/api/databases').then(r => r.json())")
+                if d["id"] == db)
+    look_at_tabs(pg, name, info)
+
+
+def test_comparison_looks_right(page: Any, server: Any) -> None:
+    """A comparison opened from the viewer: its tab reads base → new, its tabs look right;
+    comparing databases whose metrics differ by name says so."""
+    pg, base = page, server.url
+    open_tree(pg, base, SMALL)
+    pg.click("#tb-compare")
+    pg.select_option("#cmp-base", str(SMALL))
+    pg.select_option("#cmp-new", str(LOOPS))
+    pg.click("#cmp-ok")
+    pg.wait_for_function("() => document.querySelectorAll('#db-tabs [role=tab]').length === 6")
+    idle(pg)
+    tab = pg.inner_text("#db-tabs [aria-selected=true]")
+    assert tab == "small.d → loops-cputime-t.d"
+    assert pg.is_hidden("#error-bar")  # both have CPUTIME: nothing to warn about
+    info = pg.evaluate("() => fetch('/api/databases').then(r => r.json())")[-1]
+    look_at_tabs(pg, "comparison", info)
+    # a Python run (cpu-clock) against HPCToolkit's (CPUTIME): no metric in common
+    open_tree(pg, base, SMALL)
+    pg.click("#tb-compare")
+    pg.select_option("#cmp-base", str(SMALL))
+    pg.select_option("#cmp-new", str(PY))
+    pg.click("#cmp-ok")
+    pg.wait_for_selector("#error-bar:not([hidden])")
+    assert "no metric in common" in pg.inner_text("#error-text")
+    shot(pg, "comparison-metrics-differ")

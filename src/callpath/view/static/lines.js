@@ -522,9 +522,14 @@ export class LinesView {
     const head = this.q("#ln-h-heat");
     // narrow columns (32+ contexts) cannot each hold a heading: one heading every `every`
     // columns, drawn over the empty headings to its right, so that the axis stays readable
-    const every = cw < 34 ? Math.max(1, Math.ceil(40 / cw)) : 1;
+    // (about 6.5 px a character at the headings' 10 px; a heading that would run past the
+    // last column into "min · max" is left out)
+    const longest = Math.max(1, ...cols.map((c) => String(c.short).length));
+    const need = longest * 6.5 + 8;
+    const every = cw < 34 ? Math.max(1, Math.ceil(need / cw)) : 1;
     head.replaceChildren(...cols.map((c, i) => {
-      const d = el("div", "ln-hcell", i % every === 0 ? c.short : "");
+      const fits = every === 1 || (i % every === 0 && i * cw + need <= n * cw);
+      const d = el("div", "ln-hcell", fits ? c.short : "");
       d.title = c.label;
       return d;
     }));

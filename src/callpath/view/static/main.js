@@ -494,6 +494,8 @@ async function start() {
   if (!databases.some((d) => d.id === state.db)) state.db = databases[0].id;
   setFont(state.font);
   await showDb();
+  // the keyboard works at once (arrows, Enter, Ctrl+F) without a click into the tree first
+  if (document.activeElement === document.body && !$("profile").hidden) tree.scroller.focus({ preventScroll: true });
   flushUrl();
 }
 
