@@ -523,11 +523,11 @@ def test_comparison_looks_right(page: Any, server: Any) -> None:
     assert pg.is_hidden("#error-bar")  # both have CPUTIME: nothing to warn about
     info = pg.evaluate("() => fetch('/api/databases').then(r => r.json())")[-1]
     look_at_tabs(pg, "comparison", info)
-    # a Python run (cpu-clock) against HPCToolkit's (CPUTIME): no metric in common
+    # HPCToolkit's run (CPUTIME) against one counted in ticks: no metric in common
     open_tree(pg, base, SMALL)
     pg.click("#tb-compare")
     pg.select_option("#cmp-base", str(SMALL))
-    pg.select_option("#cmp-new", str(PY))
+    pg.select_option("#cmp-new", str(MPI))
     pg.click("#cmp-ok")
     pg.wait_for_selector("#error-bar:not([hidden])")
     assert "no metric in common" in pg.inner_text("#error-text")
