@@ -17,6 +17,7 @@ checks are the ones a person makes:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -32,7 +33,7 @@ import test_view_browser as tvb
 from conftest import ROOT, run_cli, shared_path
 from lines_support import lines_experiment
 from test_view_browser import idle
-from view_support import CHROME_ARGS, chromium, copy_database, serve, trace_painted
+from view_support import copy_database, serve, trace_painted
 
 SHOTS = ROOT / "out" / "screenshots"
 
@@ -213,7 +214,9 @@ def overlapping_headers(pg: Any) -> list[tuple[str, str]]:
             const rg = document.createRange(); rg.selectNodeContents(e);
             const clips = [];
             for (let a = e; a && a !== document.body; a = a.parentElement) {
-                if (getComputedStyle(a).overflowX !== 'visible') clips.push(a.getBoundingClientRect());
+                if (getComputedStyle(a).overflowX !== 'visible') {
+                    clips.push(a.getBoundingClientRect());
+                }
             }
             for (const r of rg.getClientRects()) {
                 const b = {left: r.left, right: r.right, top: r.top, bottom: r.bottom};
@@ -247,7 +250,7 @@ def round_ticks(texts: list[str]) -> bool:
     vals = [float(t) for t in texts]
     if len(vals) < 2:
         return True
-    steps = {round(b - a, 12) for a, b in zip(vals, vals[1:], strict=False)}
+    steps = {round(b - a, 12) for a, b in itertools.pairwise(vals)}
     if len(steps) != 1:
         return False
     step = steps.pop()
@@ -268,7 +271,9 @@ def test_every_jump_puts_the_selection_in_view(page: Any, server: Any) -> None:
     pg, base = page, server.url
     # Lines -> Top-down on the 136-context database: the hottest calling context of a line
     pg.goto(f"{base}/#s=" + urllib.parse.quote(json.dumps(
-        {"db": MPI, "dbs": {str(MPI): {"mode": "lines", "lines": {"row": 5, "start": 0, "count": 12}}}, "filters": []})))
+        {"db": MPI, "dbs": {str(MPI): {"mode": "lines",
+                                       "lines": {"row": 5, "start": 0, "count": 12}}},
+         "filters": []})))
     pg.wait_for_selector("#ln-ctxs li[data-key]")
     pg.wait_for_function("() => document.getElementById('lines').dataset.pending === '0'")
     shot(pg, "mpi-lines")

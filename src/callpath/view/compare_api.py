@@ -102,11 +102,14 @@ def metrics_warning(base: list[str], new: list[str]) -> str | None:
     common = [n for n in base if n in new]
     head = ("the two databases have no metric in common" if not common else
             "some metrics are in one database only")
+    def names(ns: list[str]) -> str:
+        return ", ".join(ns[:4]) + (" …" if len(ns) > 4 else "")
+
     parts = []
     if only_base:
-        parts.append(f"only in base: {', '.join(only_base[:4])}{' …' if len(only_base) > 4 else ''}")
+        parts.append(f"only in base: {names(only_base)}")
     if only_new:
-        parts.append(f"only in new: {', '.join(only_new[:4])}{' …' if len(only_new) > 4 else ''}")
+        parts.append(f"only in new: {names(only_new)}")
     return (f"compare: {head} ({'; '.join(parts)}); metrics are paired by name, so the other "
             "side of these columns is zero")
 

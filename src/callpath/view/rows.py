@@ -79,7 +79,7 @@ def open_metric(names: list[str]) -> int:
 def columns_json(b: Built) -> list[dict[str, Any]]:
     """The columns of a view. ``empty``: zero at every node of the view (the viewer hides
     such columns until asked); ``open``: the column the view opens sorted by."""
-    out = []
+    out: list[dict[str, Any]] = []
     start = b.start()
     for c in b.columns.columns:
         vals = b.columns.values(b.view, c)
@@ -98,8 +98,8 @@ def columns_json(b: Built) -> list[dict[str, Any]]:
             "time": _is_time(c.title),
         })
     first = open_column(out)
-    for c in out:
-        c["open"] = c["key"] == first
+    for doc in out:
+        doc["open"] = doc["key"] == first
     return out
 
 

@@ -123,7 +123,12 @@ export class TreeTable {
     grip.addEventListener("mousedown", (e) => {
       e.preventDefault();
       const x0 = e.clientX, w0 = scope.offsetWidth;
-      const move = (ev) => { this.treeW = Math.max(120, w0 + ev.clientX - x0); this.render(); };
+      // a click on the grip (or a pixel's jitter) keeps the width that fills the pane
+      const move = (ev) => {
+        if (Math.abs(ev.clientX - x0) < 4 && this.treeW === null) return;
+        this.treeW = Math.max(120, w0 + ev.clientX - x0);
+        this.render();
+      };
       window.addEventListener("mousemove", move);
       window.addEventListener("mouseup", () => window.removeEventListener("mousemove", move), { once: true });
     });
@@ -161,6 +166,7 @@ export class TreeTable {
       });
       this.head.appendChild(h);
     }
+    this.layoutColumns();  // now, not at the next frame: the headers stay where they are drawn
   }
 
   installKids(entry, res, gen) {
