@@ -537,3 +537,18 @@ def test_comparison_looks_right(page: Any, server: Any) -> None:
     pg.wait_for_selector("#error-bar:not([hidden])")
     assert "no metric in common" in pg.inner_text("#error-text")
     shot(pg, "comparison-metrics-differ")
+
+
+def test_switching_views_clears_the_source_message(page: Any, server: Any) -> None:
+    """Bottom-up no longer shows Top-down's source message: a view's source pane shows its
+    own selection, or nothing."""
+    pg, base = page, server.url
+    open_tree(pg, base, LOOPS)
+    pg.click(".tv-row:not([hidden]) .tv-label >> nth=1")
+    pg.wait_for_selector(".src-empty:has-text('No source recorded')")
+    said = pg.inner_text(".src-empty")
+    pg.click("#view-tabs [data-view=bottom-up]")
+    idle(pg)
+    pg.wait_for_timeout(300)  # the source pane follows a selection after 80 ms
+    assert pg.locator(".src-empty").count() == 0 or pg.inner_text(".src-empty") != said
+    shot(pg, "loops-bottom-up-source")

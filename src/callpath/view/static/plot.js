@@ -88,10 +88,12 @@ export class PlotDialog {
       return { pts: idx.map((j, i) => ({ x: i, y: d.values[j] ?? 0, ctx: d.contexts[j], label: d.labels[j] })) };
     }
     const vals = d.values.map((v) => v ?? 0);
-    const lo = Math.min(...vals, 0 + Infinity);
+    let lo = Math.min(...vals, 0 + Infinity);
     const hi = Math.max(...vals, -Infinity);
     const bins = Math.max(1, Math.min(20, Math.ceil(Math.sqrt(n))));
-    const w = hi > lo ? (hi - lo) / bins : 1;
+    // one value (a single context, or all equal): one bar centred on it, a tenth of it wide
+    const w = hi > lo ? (hi - lo) / bins : (Math.abs(lo) / 10 || 1) / bins;
+    if (!(hi > lo)) lo -= (w * bins) / 2;
     const counts = new Array(bins).fill(0);
     for (const v of vals) counts[Math.min(bins - 1, Math.floor((v - lo) / w))]++;
     return { pts: [], bars: { lo, w, counts } };
