@@ -552,3 +552,31 @@ def test_switching_views_clears_the_source_message(page: Any, server: Any) -> No
     pg.wait_for_timeout(300)  # the source pane follows a selection after 80 ms
     assert pg.locator(".src-empty").count() == 0 or pg.inner_text(".src-empty") != said
     shot(pg, "loops-bottom-up-source")
+
+
+def test_a_link_reopens_with_the_selection_in_view(page: Any, server: Any) -> None:
+    """A link holding a deep selection (the URL after a jump) opens with that row inside the
+    rows in view and its path open, in a page of its own."""
+    pg, base = page, server.url
+    pg.goto(f"{base}/#s=" + urllib.parse.quote(json.dumps(
+        {"db": MPI, "dbs": {str(MPI): {"mode": "lines",
+                                       "lines": {"row": 44, "start": 40, "count": 12}}},
+         "filters": []})))
+    pg.wait_for_selector("#ln-ctxs li[data-key]")
+    pg.wait_for_function("() => document.getElementById('lines').dataset.pending === '0'")
+    key = pg.get_attribute("#ln-ctxs li[data-key]", "data-key")
+    pg.click("#ln-topdown")
+    pg.wait_for_function("(k) => window.__callpath.tree.selected && "
+                         "window.__callpath.tree.selected.row.key === k", arg=key)
+    idle(pg)
+    pg.evaluate("() => window.__callpath.flushUrl()")
+    link = pg.url
+    other = pg.context.new_page()
+    try:
+        other.goto(link)
+        other.wait_for_function("(k) => window.__callpath && window.__callpath.tree.selected && "
+                                "window.__callpath.tree.selected.row.key === k", arg=key)
+        assert_selection_in_view(other, "a link")
+        shot(other, "mpi-link-with-selection")
+    finally:
+        other.close()
