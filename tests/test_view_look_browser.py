@@ -389,6 +389,12 @@ def test_gpu_database_opens_on_the_time(page: Any, server: Any) -> None:
                          "document.querySelector('#ln-heat .ln-row')")
     metric = pg.eval_on_selector("#ln-metric", "s => s.options[s.selectedIndex].textContent")
     assert metric.startswith("GPUOP")
+    # its rows come from several files: each file is named where the listing enters it
+    files = pg.evaluate("""() => [...document.querySelectorAll('#ln-src .ln-srow')].map(r =>
+        [r.title.split(':')[0], (r.querySelector('.ln-fname') || {}).textContent || null])""")
+    for k, (path, named) in enumerate(files):
+        if k == 0 or path != files[k - 1][0]:
+            assert named == path.rsplit("/", 1)[-1], (k, files)
     looks_right(pg, "gpu lines")
     shot(pg, "gpu-lines")
 

@@ -542,6 +542,7 @@ export class LinesView {
     let mmMax = 0;
     for (const r of doc.rows) mmMax = Math.max(mmMax, r.max || 0);
     let prevFile = null;
+    let firstRow = true;
     for (const r of doc.rows) {
       const selRow = r.row === s.row;
       const newFile = prevFile !== null && r.file !== prevFile;  // a file boundary inside the window
@@ -589,6 +590,14 @@ export class LinesView {
       sr.title = `${r.file}:${r.line}${r.procedure ? "  in " + r.procedure : ""}\n${sr.lastChild.textContent}`;
       if (newFile) sr.dataset.file = r.file_name;
       sr.firstChild.title = r.file;
+      // the file's name where the listing enters a file (and on its first row): rows that
+      // jump between files showed line numbers of no visible file
+      if ((newFile || firstRow) && r.file_name) {
+        const f = el("span", "ln-fname", r.file_name);
+        f.title = r.file;
+        sr.insertBefore(f, sr.lastChild);
+      }
+      firstRow = false;
       fs.appendChild(sr);
     }
     heatBox.replaceChildren(fh); mmBox.replaceChildren(fm); srcBox.replaceChildren(fs);
