@@ -185,6 +185,13 @@ def test_diff_of_hpctoolkit_databases(tmp_path: Path) -> None:
     assert len(exp.cct) >= max(len(s.cct), len(lp.cct))
     r = run_cli("report", str(out), "--contexts", check=True)
     assert "INPUT 1" in r.stdout
+    # the text report of a comparison shows base, new and delta by default (it showed only
+    # the [base] columns), and the root's delta is new - base
+    r = run_cli("report", str(out), check=True)
+    head = r.stdout.splitlines()[0]
+    assert [f"{name} [{side}] (I)" in head for side in ("base", "new", "delta")] == [True] * 3
+    delta = float(r.stdout.splitlines()[1].split()[4])
+    assert delta == pytest.approx(lp.inclusive(name)[0] - s.inclusive(name)[0], rel=1e-2)
 
 
 def _frames(svg: Path) -> list[dict[str, float]]:

@@ -292,6 +292,15 @@ def test_unknown_database_and_traces_absent_are_404(view_server: BackgroundServe
 # ---- traces against a reference -------------------------------------------------------
 
 
+def trace_order(exp: Any, prof_index: int) -> tuple[int, ...]:
+    """hpctraceviewer's order of trace lines: rank, CPU threads before GPU streams, thread
+    (or GPU context), stream."""
+    ids = {exp.id_names[i.kind]: i.logical_id for i in exp.profiles[prof_index].ids}
+    gpu = "GPUSTREAM" in ids or "GPUCONTEXT" in ids
+    return (ids.get("RANK", -1), int(gpu), ids.get("GPUCONTEXT" if gpu else "THREAD", -1),
+            ids.get("GPUSTREAM", -1), prof_index)
+
+
 def reference_frame(s: BackgroundServer, db: int, t0: int, t1: int, width: int, depth: int
                     ) -> tuple[list[str], list[list[str | None]]]:
     """Name of the procedure at ``depth`` per (context, column), sample by sample: bisect on
@@ -302,8 +311,7 @@ def reference_frame(s: BackgroundServer, db: int, t0: int, t1: int, width: int, 
     from callpath.analysis.source import tree_source
     from callpath.analysis.view import TopDownView
     td = TopDownView(tree_source(exp))
-    pos = {c.index: i for i, c in enumerate(exp.contexts)}
-    lines = sorted(exp.traces.lines, key=lambda ln: pos[ln.prof_index])
+    lines = sorted(exp.traces.lines, key=lambda ln: trace_order(exp, ln.prof_index))
     out = []
     for ln in lines:
         ts = [int(t) for t in ln.timestamps.tolist()]
@@ -323,7 +331,7 @@ def reference_frame(s: BackgroundServer, db: int, t0: int, t1: int, width: int, 
             frames.reverse()
             row.append(td.node_name(frames[min(depth, len(frames) - 1)]) if frames else None)
         out.append(row)
-    return [c.label(exp.id_names) for c in exp.contexts], out
+    return [exp.profiles[ln.prof_index].label(exp.id_names) for ln in lines], out
 
 
 def decode(frame: dict[str, Any]) -> list[list[str | None]]:
@@ -506,19 +514,24 @@ def test_traces_with_an_empty_line_and_unknown_contexts(view_server: BackgroundS
     db = Database(9, view_server.dbs[LOOPS].path,
                   dataclasses.replace(exp, traces=Traces(50, 400, lines)))
     with db.lock:
+        # rows in hpctraceviewer's order: find the empty line's row and the other's
+        pos = {c.index: i for i, c in enumerate(exp.contexts)}
+        meta = traces.meta(db, {}, b"")
+        empty, full = (meta["context_index"].index(pos[k]) for k in (1, 2))
+        assert meta["row_samples"][empty] == 0 and meta["row_samples"][full] == 1
         frame = traces.frame(db, {"width": "7", "height": "2", "depth": "1"}, b"")
         grid = np.frombuffer(base64.b64decode(frame["grid"]), "<i4").reshape(2, 7)
-        assert (grid[0] == -1).all()
+        assert (grid[empty] == -1).all()
         # columns of 50 ns from 50: midpoints 75, 125, ..., 375; the known sample holds over
         # [100, 200) (125 and 175), an unknown context over [200, 300), then idle (id 0)
-        assert (grid[1] >= 0).tolist() == [False, True, True, False, False, False, False]
-        assert traces.callpath(db, {"ctx": "0", "t": "120"}, b"")["frames"] == []
-        assert traces.callpath(db, {"ctx": "1", "t": "250"}, b"")["frames"] == []
-        assert traces.callpath(db, {"ctx": "1", "t": "150"}, b"")["frames"]
+        assert (grid[full] >= 0).tolist() == [False, True, True, False, False, False, False]
+        assert traces.callpath(db, {"ctx": str(empty), "t": "120"}, b"")["frames"] == []
+        assert traces.callpath(db, {"ctx": str(full), "t": "250"}, b"")["frames"] == []
+        assert traces.callpath(db, {"ctx": str(full), "t": "150"}, b"")["frames"]
         st = traces.stats(db, {}, b"")["procedures"]
         assert sum(p["time_ns"] for p in st) == 100
         traces.summary(db, {"width": "5"}, b"")
-        traces.depth(db, {"ctx": "0", "width": "5"}, b"")
+        traces.depth(db, {"ctx": str(empty), "width": "5"}, b"")
 
 
 @settings(max_examples=300, deadline=None)

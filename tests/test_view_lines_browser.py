@@ -86,7 +86,7 @@ def heat_rows(pg: Any) -> list[dict[str, Any]]:
         return {row: Number(row), top: r.getBoundingClientRect().top,
                 mm_top: mm.getBoundingClientRect().top, src_top: src.getBoundingClientRect().top,
                 texts: cells.map(c => c.textContent),
-                values: cells.map(c => Number(c.title.slice(c.title.lastIndexOf(': ') + 2))),
+                values: cells.map(c => Number(c.dataset.value)),
                 colours: cells.map(c => getComputedStyle(c).backgroundColor),
                 min: mm.dataset.min === undefined ? null : Number(mm.dataset.min),
                 max: mm.dataset.max === undefined ? null : Number(mm.dataset.max),

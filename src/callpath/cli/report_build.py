@@ -79,6 +79,20 @@ def _derived(args: argparse.Namespace) -> list[DerivedMetric]:
     return out
 
 
+def _comparison_columns(columns: ColumnSet) -> list[ColumnDef]:
+    """The inclusive ``[base]``, ``[new]`` and ``[delta]`` columns of the first metric of a
+    database written by ``callpath diff``, else []: the text report showed only the
+    ``[base]`` columns of a comparison by default."""
+    titles = [c.title for c in columns.columns]
+    base = next((t for t in titles if t.endswith(" [base] (I)")), None)
+    if base is None:
+        return []
+    stem = base.removesuffix(" [base] (I)")
+    want = [f"{stem} [{side}] (I)" for side in ("base", "new", "delta")]
+    found = [c for w in want for c in columns.columns if c.title == w]
+    return found if len(found) == 3 else []
+
+
 def _selected_columns(columns: ColumnSet, args: argparse.Namespace, new: list[DerivedMetric]
                       ) -> list[ColumnDef]:
     if args.columns is not None:
@@ -93,10 +107,11 @@ def _selected_columns(columns: ColumnSet, args: argparse.Namespace, new: list[De
             else key
         cols.extend(columns.for_metric(key))
     if not cols:
-        # JSON and CSV carry every measured metric; the text report the first one
+        # JSON and CSV carry every measured metric; the text report the first one, or a
+        # comparison's base, new and delta (what a user who just ran `diff` wants to see)
         every = args.format in ("json", "csv")
         cols = [c for c in columns.columns if c.metric is not None] if every \
-            else list(columns.columns[:2])
+            else _comparison_columns(columns) or list(columns.columns[:2])
     for c in columns.columns:
         if c.spec is not None and c.spec.visible and c not in cols:
             cols.append(c)

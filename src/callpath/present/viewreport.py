@@ -33,16 +33,29 @@ def format_value(v: float) -> str:
     return f"{v:.2e}"
 
 
+def _percent_base(columns: ColumnSet, view: View, col: ColumnDef
+                  ) -> npt.NDArray[np.float64]:
+    """The values whose root value is a column's 100%: an exclusive column's percentages are
+    of its metric's inclusive root, as hpcviewer prints them (the exclusive value at the
+    root is 0 or tiny, which left exclusive columns with no percentage at all)."""
+    if col.scope == "exclusive" and col.metric is not None and col.derived is None:
+        for c in columns.columns:
+            if c.metric == col.metric and c.scope == "inclusive" and c.derived is None:
+                return columns.values(view, c)
+    return columns.values(view, col)
+
+
 def _cells(columns: ColumnSet, view: View, col: ColumnDef, nodes: list[int]) -> list[str]:
     vals = columns.values(view, col)
     sub = vals[np.asarray(nodes, dtype=np.int64)] if nodes else np.zeros(0)
     fmt = col.value_format
     if fmt is not None:
         return fmt.format_column(sub, columns.aggregate_scalar(view, col))
-    total = float(vals[0])
+    total = float(_percent_base(columns, view, col)[0])
     out = []
     for v in sub.tolist():
-        pct = f"{100.0 * v / total:5.1f}%" if total and math.isfinite(v) else ""
+        # zero reads one way in every column: "0", never "0 0.0%" beside a bare "0"
+        pct = f"{100.0 * v / total:5.1f}%" if total and v and math.isfinite(v) else ""
         text = format_value(v)
         out.append(f"{text} {pct:>6}" if text else "")
     return out

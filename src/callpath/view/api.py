@@ -35,7 +35,7 @@ from callpath.present import viewreport
 from callpath.view import traces
 from callpath.view.errors import NotFound as NotFound  # re-exported: app.py uses api.NotFound
 from callpath.view.errors import json_body
-from callpath.view.rows import column_subset, columns_json, number, rows_json
+from callpath.view.rows import column_subset, columns_json, number, open_metric, rows_json
 from callpath.view.session import Built, Database
 from callpath.view.sources import Servable, read_lines
 from callpath.view.state import (
@@ -132,6 +132,7 @@ def databases(dbs: list[Database]) -> list[dict[str, Any]]:
                         for k, m in enumerate(exp.metrics)],
             "contexts": len(exp.contexts),
             "has_traces": bool(exp.traces is not None and exp.traces.lines),
+            "open_metric": open_metric([m.name for m in exp.metrics]),
             "derived": [],
         }
         try:

@@ -74,7 +74,8 @@ def compare_databases(dbs: list[Database], base: int, new: int) -> dict[str, Any
                 exp, derived = compare([a.exp, b.exp], ["base", "new"], diff=True)
             folder = Path(tempfile.mkdtemp(prefix="callpath-compare-"))
             _tmp.append(folder)
-            out = folder / f"{b.name} vs {a.name}"
+            # base → new: the tab reads in the order of the runs ("NEW vs BASE" read backwards)
+            out = folder / f"{a.name} → {b.name}"
             write_v4(exp, out)
             save_derived(out, derived)
             (db,) = open_databases([str(out)], warm=False)
@@ -83,7 +84,34 @@ def compare_databases(dbs: list[Database], base: int, new: int) -> dict[str, Any
             done = _made[(base, new)] = db.id
     entry = api.databases([dbs[done]])[0]
     entry["compare"] = {"base": base, "new": new}
+    warning = metrics_warning([m.name for m in dbs[base].exp.metrics],
+                              [m.name for m in dbs[new].exp.metrics])
+    if warning:
+        entry["warning"] = warning
     return entry
+
+
+def metrics_warning(base: list[str], new: list[str]) -> str | None:
+    """What the user must know when the two databases' metrics differ by name (cpu-clock
+    in one, CPUTIME in the other): the comparison pairs metrics by name, so each side's
+    column of the other's metric is zero everywhere ("[new] = 0" looked like a result)."""
+    only_base = [n for n in base if n not in new]
+    only_new = [n for n in new if n not in base]
+    if not only_base and not only_new:
+        return None
+    common = [n for n in base if n in new]
+    head = ("the two databases have no metric in common" if not common else
+            "some metrics are in one database only")
+    def names(ns: list[str]) -> str:
+        return ", ".join(ns[:4]) + (" …" if len(ns) > 4 else "")
+
+    parts = []
+    if only_base:
+        parts.append(f"only in base: {names(only_base)}")
+    if only_new:
+        parts.append(f"only in new: {names(only_new)}")
+    return (f"compare: {head} ({'; '.join(parts)}); metrics are paired by name, so the other "
+            "side of these columns is zero")
 
 
 def route(dbs: list[Database]) -> Route:

@@ -35,12 +35,56 @@ def number(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
 
+# the metrics that hold the time of a run, best first: HPCToolkit's GPU operation time
+# (GPUOP: kernels, copies, synchronisation together), then CPU time; see open_column()
+_TIME_FIRST = ("GPUOP", "CPUTIME", "REALTIME", "cpu-clock", "task-clock", "time")
+
+
+def _is_time(name: str) -> bool:
+    n = name.lower()
+    return "(sec)" in n or "time" in n or "clock" in n or n.startswith("(s)")
+
+
+def open_column(cols: list[dict[str, Any]]) -> str | None:
+    """The key of the column a database opens on (sorted by it): the inclusive column of
+    the metric that holds the time. A GPU database lists ~50 metrics whose first
+    (``GKER:BLK_SM_ACUMU``) is zero everywhere; sorted by it, the tree order, the Lines tab
+    and the ranked list meant nothing. Order: GPUOP, CPUTIME and the like, then the first
+    non-empty time metric, then the first non-empty column, then the first column."""
+    incl = [c for c in cols if c["scope"] == "inclusive" and not c["empty"]]
+    for want in _TIME_FIRST:
+        for c in incl:
+            if c["name"].split(" ")[0].split(":")[0] == want:
+                return str(c["key"])
+    for c in incl:
+        if _is_time(c["name"]):
+            return str(c["key"])
+    for c in cols:
+        if not c["empty"]:
+            return str(c["key"])
+    return str(cols[0]["key"]) if cols else None
+
+
+def open_metric(names: list[str]) -> int:
+    """The metric a database's Lines tab opens on, from the metric names alone (the list of
+    databases must stay cheap): the first of :data:`_TIME_FIRST`, else the first time
+    metric, else metric 0."""
+    base = [n.split(" ")[0].split(":")[0] for n in names]
+    for want in _TIME_FIRST:
+        if want in base:
+            return base.index(want)
+    return next((i for i, n in enumerate(names) if _is_time(n)), 0)
+
+
 def columns_json(b: Built) -> list[dict[str, Any]]:
-    out = []
+    """The columns of a view. ``empty``: zero at every node of the view (the viewer hides
+    such columns until asked); ``open``: the column the view opens sorted by."""
+    out: list[dict[str, Any]] = []
     start = b.start()
     for c in b.columns.columns:
         vals = b.columns.values(b.view, c)
         agg = float(vals[start])
+        empty = not bool(np.any(vals != 0))
         text = viewreport._cells(b.columns, b.view, c, [start])[0]
         out.append({
             "key": b.column_key(c), "name": c.title, "metric": c.metric,
@@ -50,8 +94,12 @@ def columns_json(b: Built) -> list[dict[str, Any]]:
             "percent_annotation": c.derived.percent if c.derived is not None else False,
             "description": (b.source.metrics[c.metric].description
                             if c.metric is not None else ""),
-            "aggregate": number(agg), "aggregate_text": text,
+            "aggregate": number(agg), "aggregate_text": text, "empty": empty,
+            "time": _is_time(c.title),
         })
+    first = open_column(out)
+    for doc in out:
+        doc["open"] = doc["key"] == first
     return out
 
 

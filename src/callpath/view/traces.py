@@ -61,6 +61,7 @@ class TraceIndex:
     u_frame: I64  # deepest frame of each
     u_fdepth: I64  # number of frames on its path (>= 1)
     frame_of: I64  # tree node -> nearest frame ancestor-or-self (-1: none)
+    gpu: list[bool] = field(default_factory=list)  # per row: a GPU stream (or context)
     names: list[str] = field(default_factory=list)  # procedure names (global ids)
     _name_id: dict[str, int] = field(default_factory=dict)
     _by_depth: dict[int, tuple[I32, I64]] = field(default_factory=dict)
@@ -137,13 +138,50 @@ def prefetch(db: Database) -> None:
         db.prefetch("traces", lambda: build_index(db))
 
 
+def _ids(exp: Experiment, prof_index: int) -> dict[str, int]:
+    """The identifier kinds and logical ids of a profile (``{"RANK": 3, "THREAD": 1}``)."""
+    if prof_index >= len(exp.profiles):
+        return {}
+    names = exp.id_names
+    return {(names[i.kind] if i.kind < len(names) else f"KIND{i.kind}"): i.logical_id
+            for i in exp.profiles[prof_index].ids}
+
+
+def row_order_key(ids: dict[str, int], prof_index: int) -> tuple[int, ...]:
+    """hpctraceviewer's order of trace lines: by rank, then CPU threads before GPU streams,
+    then thread (or GPU context), then stream. Rows came in the order of the profiles in
+    the database (``RANK 16 THREAD 4, RANK 25 THREAD 1, RANK 7 THREAD 0``)."""
+    gpu = "GPUSTREAM" in ids or "GPUCONTEXT" in ids
+    return (ids.get("RANK", -1), int(gpu), ids.get("GPUDEVICE", -1),
+            ids.get("GPUCONTEXT", -1) if gpu else ids.get("THREAD", -1),
+            ids.get("GPUSTREAM", -1), prof_index)
+
+
+def row_label(exp: Experiment, prof_index: int) -> str:
+    """A trace row's label, with GPU streams named as a person reads them:
+    ``NODE 0 GPU stream 7 (context 1)`` for ``NODE 0 GPUCONTEXT 1 GPUSTREAM 7``."""
+    if prof_index >= len(exp.profiles):
+        return f"profile {prof_index}"
+    label = exp.profiles[prof_index].label(exp.id_names)
+    ids = _ids(exp, prof_index)
+    if "GPUSTREAM" not in ids:
+        return label
+    parts = [f"{k} {v}" for k, v in ids.items()
+             if k not in ("GPUDEVICE", "GPUCONTEXT", "GPUSTREAM")]
+    where = [f"{k.removeprefix('GPU').lower()} {ids[k]}" for k in ("GPUDEVICE", "GPUCONTEXT")
+             if k in ids]
+    parts.append(f"GPU stream {ids['GPUSTREAM']}" + (f" ({', '.join(where)})" if where else ""))
+    return " ".join(parts)
+
+
 def build_index(db: Database) -> TraceIndex:
     exp = db.exp
     tr = exp.traces
     if tr is None or not tr.lines:
         raise NotFound(f"{db.name}: the database has no traces")
     pos = {c.index: i for i, c in enumerate(exp.contexts)}
-    lines = sorted(tr.lines, key=lambda ln: pos.get(ln.prof_index, len(pos) + ln.prof_index))
+    lines = sorted(tr.lines, key=lambda ln: row_order_key(_ids(exp, ln.prof_index),
+                                                          ln.prof_index))
     cct = exp.cct
     kind = cct.kind
     is_frame = (kind == NodeKind.FUNCTION) | (kind == NodeKind.ENTRY)
@@ -182,15 +220,15 @@ def build_index(db: Database) -> TraceIndex:
         samples.append(lut[np.minimum(ln.ctx_ids, slots)])
         p = pos.get(ln.prof_index)
         cindex.append(-1 if p is None else p)
-        labels.append(exp.profiles[ln.prof_index].label(exp.id_names)
-                      if ln.prof_index < len(exp.profiles) else f"profile {ln.prof_index}")
+        labels.append(row_label(exp, ln.prof_index))
     t0 = int(tr.min_timestamp)
     t1 = int(tr.max_timestamp)
     if t1 <= t0:
         t1 = t0 + 1
     coarse = [np.ascontiguousarray(t[::COARSE]) for t in times]
+    gpu = [bool({"GPUSTREAM", "GPUCONTEXT"} & _ids(exp, ln.prof_index).keys()) for ln in lines]
     return TraceIndex(exp, labels, cindex, times, coarse, samples, t0, t1, u_nodes, u_frame,
-                      fdepth, frame_of)
+                      fdepth, frame_of, gpu)
 
 
 # ---- request parsing -----------------------------------------------------------------
@@ -300,7 +338,11 @@ def meta(db: Database, params: Params, body: bytes) -> Any:
     ti = trace_index(db)
     return {"contexts": ti.labels, "context_index": ti.context_index, "t0": ti.t0,
             "t1": ti.t1, "max_depth": ti.max_depth,
-            "samples": int(sum(len(t) for t in ti.times))}
+            "samples": int(sum(len(t) for t in ti.times)),
+            # per row: its number of samples (an empty row is explained, not left blank)
+            # and whether it is a GPU stream (drawn apart from CPU threads)
+            "row_samples": [int(np.count_nonzero(s >= 0)) for s in ti.samples],
+            "gpu": ti.gpu}
 
 
 def frame_grid(ti: TraceIndex, w: Window, width: int, height: int, depth: int

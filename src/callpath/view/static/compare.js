@@ -55,6 +55,7 @@ export function installCompare(button, hooks) {
       if (!resp.ok) { status.textContent = doc.error || `${resp.status}`; return; }
       dlg.close();
       await hooks.opened(doc);
+      if (doc.warning) showError(doc.warning);  // metrics that differ by name: say so
     } catch (e) {
       status.textContent = String(e);
     }

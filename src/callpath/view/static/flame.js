@@ -7,6 +7,7 @@
 // database (callpath diff) the rectangles are red where the delta is positive and blue where
 // it is negative. Its state (shown or not, the zoom path) is dbState(db).flame, in the URL.
 
+import { fmtNum } from "./numbers.js";
 import { getJSON, stateQuery } from "./api.js";
 
 const ROW = 17;
@@ -167,6 +168,19 @@ export class FlamePane {
     return { x: r.left + b.x, y: r.top + b.y, w: b.w, h: b.h, index: i };
   }
 
+  /**
+   * The pane takes the graph's height, up to 65% of the profile area (at least 120 px): at
+   * a fixed third of it, the deepest (hottest) frames of a deep graph lay beyond its top
+   * edge while the tree above had empty rows.
+   */
+  fitHeight(h) {
+    const area = this.host.parentElement ? this.host.parentElement.clientHeight : 0;
+    if (!area) return;
+    const title = this.host.querySelector(".flame-title");
+    const want = h + (title ? title.parentElement.offsetHeight : 28) + 6;
+    this.host.style.height = `${Math.max(120, Math.min(want, Math.floor(area * 0.65)))}px`;
+  }
+
   draw() {
     const f = this.frame;
     if (!f) return;
@@ -177,6 +191,7 @@ export class FlamePane {
     this.canvas.style.height = `${h}px`;
     this.canvas.width = Math.round(f.width * dpr);
     this.canvas.height = Math.round(h * dpr);
+    this.fitHeight(h);
     const g = this.canvas.getContext("2d");
     g.setTransform(dpr, 0, 0, dpr, 0, 0);
     g.clearRect(0, 0, f.width, h);
@@ -289,8 +304,8 @@ export class FlamePane {
     if (i < 0) { this.tip.hidden = true; return; }
     const f = this.frame;
     const pct = f.total ? (100 * (f.value[i] || 0) / f.total).toFixed(2) : "0";
-    let text = `${f.name[i]}\n${f.value[i]} (${pct}%)`;
-    if (f.c) text += `\n${f.color_name}: ${f.c[i]}`;
+    let text = `${f.name[i]}\n${fmtNum(f.value[i] || 0)} (${pct}%)`;
+    if (f.c) text += `\n${f.color_name}: ${fmtNum(f.c[i])}`;
     this.tip.textContent = text;
     this.tip.hidden = false;
     const r = this.scroll.getBoundingClientRect();

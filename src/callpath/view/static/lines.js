@@ -7,6 +7,7 @@
 // screen. One cursor — (row of the line axis, context) plus the selected procedure — lives in
 // the per-database state (state.dbs[db].lines, kept in the URL) and every pane follows it.
 
+import { fmtNum } from "./numbers.js";
 import { getJSON } from "./api.js";
 import { Surface3D } from "./lines3d.js";
 import { heat, NO_COST } from "./heat.js";
@@ -132,7 +133,7 @@ export class LinesView {
     <div id="ln-ov-wrap" class="ln-ov-wrap"><canvas id="ln-overview" aria-label="overview of every line"></canvas></div>
     <div class="ln-title">Ranked procedures</div>
     <div class="ln-ranked-wrap"><table id="ln-ranked" class="ln-ranked" aria-label="ranked procedures">
-      <thead><tr id="ln-ranked-title" title="outline every listed procedure in the overview"><th>#</th><th>Procedure</th><th>File</th><th>Sum</th><th>%</th></tr></thead>
+      <thead><tr id="ln-ranked-title" title="outline every listed procedure in the overview"><th>#</th><th>Procedure</th><th>File</th><th>Sum</th><th title="percent of the metric's total over all source lines (the Lines tab's total: costs without a line are not in it, so it can differ from a tree's % of the root)">% lines</th></tr></thead>
       <tbody></tbody></table></div>
   </section>
   <section class="ln-center" aria-label="detailed view">
@@ -268,6 +269,9 @@ export class LinesView {
     const fresh = !this.hooks.dbState(db).lines;  // a first visit: no saved lines state
     const s = this.st;
     const info = this.hooks.info(db);
+    // a first visit opens on the metric that holds the time (GPUOP, CPUTIME...), not on
+    // metric 0 (a GPU database's first metric is zero everywhere)
+    if (fresh && Number.isInteger(info.open_metric)) s.metric = info.open_metric;
     if (!info.metrics.some((m) => m.index === s.metric)) s.metric = 0;
     this.syncInputs();
     let meta;
@@ -513,10 +517,22 @@ export class LinesView {
     const n = cols.length;
     // columns as wide as the pane allows beside the min/max bars and the listing (6..52 px);
     // values printed where they fit, else in the cell's tooltip
-    const avail = this.q("#ln-detail").clientWidth - 250 - 240;
+    const avail = this.q("#ln-detail").clientWidth - 250 - 360;  // the listing keeps 360 px
     const cw = Math.max(6, Math.min(52, Math.floor(avail / Math.max(1, n))));
     const head = this.q("#ln-h-heat");
-    head.replaceChildren(...cols.map((c) => { const d = el("div", "ln-hcell", c.short); d.title = c.label; return d; }));
+    // narrow columns (32+ contexts) cannot each hold a heading: one heading every `every`
+    // columns, drawn over the empty headings to its right, so that the axis stays readable
+    // (about 6.5 px a character at the headings' 10 px; a heading that would run past the
+    // last column into "min · max" is left out)
+    const longest = Math.max(1, ...cols.map((c) => String(c.short).length));
+    const need = longest * 6.5 + 8;
+    const every = cw < 34 ? Math.max(1, Math.ceil(need / cw)) : 1;
+    head.replaceChildren(...cols.map((c, i) => {
+      const fits = every === 1 || (i % every === 0 && i * cw + need <= n * cw);
+      const d = el("div", "ln-hcell", fits ? c.short : "");
+      d.title = c.label;
+      return d;
+    }));
     for (const box of [head, heatBox]) {
       box.style.setProperty("--nctx", String(n));
       box.style.setProperty("--cw", `${cw}px`);
@@ -526,6 +542,7 @@ export class LinesView {
     let mmMax = 0;
     for (const r of doc.rows) mmMax = Math.max(mmMax, r.max || 0);
     let prevFile = null;
+    let firstRow = true;
     for (const r of doc.rows) {
       const selRow = r.row === s.row;
       const newFile = prevFile !== null && r.file !== prevFile;  // a file boundary inside the window
@@ -543,7 +560,8 @@ export class LinesView {
         cell.style.color = ink(col);
         cell.dataset.ctx = String(cols[c].first);
         cell.dataset.ctxLast = String(cols[c].last);
-        cell.title = `${cols[c].label}${doc.binned ? " (max)" : ""}: ${v}`;
+        cell.title = `${cols[c].label}${doc.binned ? " (max)" : ""}: ${Number.isInteger(v) ? v : fmtNum(v)}`;
+        cell.dataset.value = String(v);  // the exact value (the tooltip is rounded)
         hr.appendChild(cell);
       }
       fh.appendChild(hr);
@@ -557,7 +575,7 @@ export class LinesView {
         const light = el("span", "ln-bar-span"); light.style.width = w(r.max - r.min);
         bar.append(dark, light);
         const lab = el("span", "ln-mmtext", `min ${fmt(r.min)}(${r.min_short}) max ${fmt(r.max)}(${r.max_short}) μ ${fmt(r.mean)} σ ${fmt(r.stdev)}`);
-        lab.title = `min ${r.min} in ${r.min_context}, max ${r.max} in ${r.max_context}, mean ${r.mean}, stdev ${r.stdev}`;
+        lab.title = `min ${fmtNum(r.min)} in ${r.min_context}, max ${fmtNum(r.max)} in ${r.max_context}, mean ${fmtNum(r.mean)}, stdev ${fmtNum(r.stdev)}`;
         mr.append(bar, lab);
         mr.dataset.min = String(r.min); mr.dataset.max = String(r.max);
         mr.dataset.minContext = r.min_context; mr.dataset.maxContext = r.max_context;
@@ -569,9 +587,17 @@ export class LinesView {
       sr.dataset.row = String(r.row);
       sr.append(el("span", "ln-ln", r.line ? String(r.line) : ""),
                 el("span", "ln-tx", !noText ? r.text : (r.gap_before ? `(source not available; ${r.gap_before} line${r.gap_before > 1 ? "s" : ""} not in the database before)` : "(source not available)")));
-      sr.title = `${r.file}:${r.line}${r.procedure ? "  in " + r.procedure : ""}`;
+      sr.title = `${r.file}:${r.line}${r.procedure ? "  in " + r.procedure : ""}\n${sr.lastChild.textContent}`;
       if (newFile) sr.dataset.file = r.file_name;
       sr.firstChild.title = r.file;
+      // the file's name where the listing enters a file (and on its first row): rows that
+      // jump between files showed line numbers of no visible file
+      if ((newFile || firstRow) && r.file_name) {
+        const f = el("span", "ln-fname", r.file_name);
+        f.title = r.file;
+        sr.insertBefore(f, sr.lastChild);
+      }
+      firstRow = false;
       fs.appendChild(sr);
     }
     heatBox.replaceChildren(fh); mmBox.replaceChildren(fm); srcBox.replaceChildren(fs);
@@ -613,7 +639,14 @@ export class LinesView {
       if (chosen) tr.classList.add("sel");
       tr.setAttribute("aria-selected", chosen ? "true" : "false");
       if (this.ranked.extra && i === list.length - 1) tr.classList.add("appended");
-      for (const t of [p.rank, p.procedure, p.file_name || p.file, fmt(p.sum), p.percent.toFixed(1)]) tr.appendChild(el("td", null, String(t)));
+      // ranks count from 1 as a person counts; the name and file cells are narrow: their
+      // whole text is in their tooltips
+      const rank = Number.isInteger(p.rank) ? p.rank + 1 : p.rank;
+      for (const t of [rank, p.procedure, p.file_name || p.file, fmt(p.sum), p.percent.toFixed(1)]) {
+        const td = el("td", null, String(t));
+        td.title = String(t);
+        tr.appendChild(td);
+      }
       tr.title = `${p.file}: rows ${p.first_row}–${p.last_row}`;
       body.appendChild(tr);
     });

@@ -5,7 +5,7 @@ import { api, clearError, download, getJSON, showError, stateQuery } from "./api
 import { state, dbState, loadFromUrl, saveToUrl, flushUrl, viewQueryState, VIEWS } from "./state.js";
 import { TreeTable } from "./tree.js";
 import { SourcePane, copyText } from "./source.js";
-import { arrange, reorder, openColumnsDialog } from "./columns.js";
+import { arrange, emptyColumns, reorder, openColumnsDialog } from "./columns.js";
 import { openDerivedDialog, openFiltersDialog, openThreadsDialog, openFindDialog } from "./dialogs.js";
 import { PlotDialog } from "./plot.js";
 import { TraceView } from "./trace.js";
@@ -114,6 +114,7 @@ async function showInLines(entry) {
   await showDb();
 }
 let shownDb = null;  // the database whose panes are on screen (the source pane follows it)
+let shownView = null;  // ... and the view
 // the flame graph / icicle pane under the tree (flame.js): follows the view, linked selection
 const flame = new FlamePane($("flame-pane"), {
   dbState: () => dbState(state.db), save: saveToUrl,
@@ -195,6 +196,31 @@ function drawBadges() {
   const v = curView();
   if (v.zoom.length) badge(`Zoomed in (${v.zoom.length})`, () => { v.zoom = []; saveToUrl(); showDb(); });
   if (d.view === "flat" && d.flatten) badge(`Flattened ×${d.flatten}`, () => { d.flatten = 0; saveToUrl(); showDb(); });
+  drawEmptyBadge();
+}
+
+/** "N empty columns hidden — show": one click shows the all-zero columns arrange() hid. */
+function drawEmptyBadge() {
+  const old = $("empty-cols");
+  if (old) old.remove();
+  const v = curView();
+  const n = v.cols ? 0 : emptyColumns(columns).length;
+  if (!n || dbState(state.db).mode !== "profile") return;
+  const b = document.createElement("button");
+  b.type = "button";
+  b.id = "empty-cols";
+  b.className = "badge";
+  b.textContent = `${n} all-zero column${n > 1 ? "s" : ""} hidden · show`;
+  b.title = "these metrics are zero at every scope of this view; Columns… hides them again";
+  b.onclick = () => {
+    v.cols = { order: [], hidden: [], names: {} };
+    saveToUrl();
+    tree.columns = arrange(columns, v.cols);
+    tree.renderHead();
+    tree.render();
+    drawEmptyBadge();
+  };
+  $("badges").appendChild(b);
 }
 
 document.getElementById("view-tabs").addEventListener("click", (e) => {
@@ -216,8 +242,11 @@ async function showDb() {
   drawViewTabs();
   drawBadges();
   const traceMode = d.mode === "trace";
-  if (shownDb !== state.db) {  // another database: no pane may keep the previous one's file
+  if (shownDb !== state.db || shownView !== d.view) {
+    // another database or view: no pane may keep the previous one's file or message (the
+    // view's own selection shows its source again once its row arrives)
     shownDb = state.db;
+    shownView = d.view;
     source.clear();
   }
   $("profile").hidden = traceMode || d.mode === "lines";
@@ -246,7 +275,11 @@ async function reloadTree() {
     columns = cols;
     const visible = arrange(columns, v.cols);
     let sort = v.sort;
-    if (!columns.some((c) => c.key === sort)) sort = (visible[0] || columns[0] || {}).key || null;
+    // no sort chosen yet: the column that holds the time (the server's "open" column)
+    // (a view with its own column configuration, a comparison's, sorts by its first column)
+    const opening = v.cols ? null : columns.find((c) => c.open && visible.some((x) => x.key === c.key));
+    if (!columns.some((c) => c.key === sort)) sort = (opening || visible[0] || columns[0] || {}).key || null;
+    drawEmptyBadge();
     await tree.load(visible, sort, v.order || "desc", v.exp, v.sel);
     flame.selected = v.sel;
     flame.refresh();
@@ -461,6 +494,8 @@ async function start() {
   if (!databases.some((d) => d.id === state.db)) state.db = databases[0].id;
   setFont(state.font);
   await showDb();
+  // the keyboard works at once (arrows, Enter, Ctrl+F) without a click into the tree first
+  if (document.activeElement === document.body && !$("profile").hidden) tree.scroller.focus({ preventScroll: true });
   flushUrl();
 }
 

@@ -233,8 +233,7 @@ function drawAll() {
 export function startNotes(h) {
   hooks = h;
   const { tree, trace, source } = h;
-  const draw = tree.draw.bind(tree);
-  tree.draw = () => { draw(); markTree(); };
+  tree.onDraw(markTree);  // the marks are drawn over the rows after each draw
   const refresh = trace.refresh.bind(trace);
   trace.refresh = async (...a) => { const r = await refresh(...a); markTrace(); return r; };
   const render = source.render.bind(source);
@@ -255,7 +254,6 @@ export function startNotes(h) {
   document.addEventListener("callpath:state-applied", () => { if (loadedDb !== state.db) load(); });
   setInterval(() => { if (loadedDb !== null && loadedDb !== state.db) load(); }, 500);
   // the panel's anchors follow the selection
-  const sel = h.tree.hooks.onSelect;
-  h.tree.hooks.onSelect = (...a) => { sel(...a); if (!panel().hidden) drawPanel(); };
+  h.tree.onSelectChange(() => { if (!panel().hidden) drawPanel(); });
   load();
 }

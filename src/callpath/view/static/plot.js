@@ -3,6 +3,7 @@
 // click on a point that opens that context's Thread view.
 
 import { api, saveBlob } from "./api.js";
+import { fmtNum, niceTicks } from "./numbers.js";
 
 const PAD = { l: 74, r: 16, t: 24, b: 44 };
 
@@ -68,7 +69,7 @@ export class PlotDialog {
       return;
     }
     const s = this.data.stats || {};
-    const f = (x) => (x == null ? "–" : Number(x).toPrecision(4));
+    const f = fmtNum;
     document.getElementById("pl-stats").textContent =
       `${this.data.values.length} contexts · sum ${f(s.sum)} · mean ${f(s.mean)} · min ${f(s.min)} · max ${f(s.max)} · stdev ${f(s.stdev)} · cv ${f(s.cv)}`;
     this.range = null;
@@ -87,10 +88,12 @@ export class PlotDialog {
       return { pts: idx.map((j, i) => ({ x: i, y: d.values[j] ?? 0, ctx: d.contexts[j], label: d.labels[j] })) };
     }
     const vals = d.values.map((v) => v ?? 0);
-    const lo = Math.min(...vals, 0 + Infinity);
+    let lo = Math.min(...vals, 0 + Infinity);
     const hi = Math.max(...vals, -Infinity);
     const bins = Math.max(1, Math.min(20, Math.ceil(Math.sqrt(n))));
-    const w = hi > lo ? (hi - lo) / bins : 1;
+    // one value (a single context, or all equal): one bar centred on it, a tenth of it wide
+    const w = hi > lo ? (hi - lo) / bins : (Math.abs(lo) / 10 || 1) / bins;
+    if (!(hi > lo)) lo -= (w * bins) / 2;
     const counts = new Array(bins).fill(0);
     for (const v of vals) counts[Math.min(bins - 1, Math.floor((v - lo) / w))]++;
     return { pts: [], bars: { lo, w, counts } };
@@ -99,7 +102,7 @@ export class PlotDialog {
   defaultRange(s) {
     if (s.bars) {
       const { lo, w, counts } = s.bars;
-      return { x0: lo, x1: lo + w * counts.length, y0: 0, y1: Math.max(1, ...counts) * 1.1 };
+      return { x0: lo, x1: lo + w * counts.length, y0: 0, y1: Math.max(1, ...counts) + 1 };
     }
     const ys = s.pts.map((p) => p.y);
     const ymax = Math.max(0, ...ys), ymin = Math.min(0, ...ys);
@@ -139,7 +142,7 @@ export class PlotDialog {
     const q = this.nearest(e);
     if (!q) { this.tip.hidden = true; return; }
     this.tip.hidden = false;
-    this.tip.textContent = `${q.label}: ${Number(q.y).toPrecision(5)}`;
+    this.tip.textContent = `${q.label}: ${fmtNum(q.y)}`;
     this.tip.style.left = `${e.clientX + 12}px`;
     this.tip.style.top = `${e.clientY + 12}px`;
   }
@@ -160,14 +163,21 @@ export class PlotDialog {
     // axes and ticks
     g.strokeStyle = "#999"; g.lineWidth = 1; g.font = "11px sans-serif"; g.fillStyle = "#333";
     g.beginPath(); g.moveTo(PAD.l, PAD.t); g.lineTo(PAD.l, PAD.t + H); g.lineTo(PAD.l + W, PAD.t + H); g.stroke();
-    for (let i = 0; i <= 5; i++) {
-      const y = r.y0 + ((r.y1 - r.y0) * i) / 5;
+    // ticks at round values (a histogram's counts are whole numbers)
+    this.yTicks = [];
+    for (const y of niceTicks(r.y0, r.y1, 5, !!s.bars)) {
       const py = Y(y);
       g.strokeStyle = "#eee"; g.beginPath(); g.moveTo(PAD.l, py); g.lineTo(PAD.l + W, py); g.stroke();
-      g.fillStyle = "#333"; g.textAlign = "right"; g.fillText(Number(y.toPrecision(3)).toString(), PAD.l - 4, py + 4);
-      if (s.bars) {
-        const x = r.x0 + ((r.x1 - r.x0) * i) / 5;
-        g.textAlign = "center"; g.fillText(Number(x.toPrecision(3)).toString(), X(x), PAD.t + H + 14);
+      const text = fmtNum(y);
+      g.fillStyle = "#333"; g.textAlign = "right"; g.fillText(text, PAD.l - 4, py + 4);
+      this.yTicks.push(text);
+    }
+    this.xTicks = [];
+    if (s.bars) {
+      for (const x of niceTicks(r.x0, r.x1, 6)) {
+        const text = fmtNum(x);
+        g.textAlign = "center"; g.fillText(text, X(x), PAD.t + H + 14);
+        this.xTicks.push(text);
       }
     }
     if (!s.bars) {
@@ -185,6 +195,9 @@ export class PlotDialog {
         const short = shortLabels(s.pts.map((p) => p.label));
         forms.push(short, short.map((t) => t.replace(/ \(.*\)$/, "")));
       }
+      // then the dotted ids ("RANK 3 THREAD 1" -> "3.1"), named by the axis title
+      const dotted = dottedLabels(s.pts.map((p) => p.label));
+      if (dotted) forms.push(dotted.labels);
       const form = forms.find((f) => xs.every((x) => g.measureText(f[x]).width <= room));
       g.textAlign = "center"; g.fillStyle = "#333";
       this.ticks = [];  // what was written under the axis (tests check that none overlap)
@@ -197,7 +210,8 @@ export class PlotDialog {
     }
     const col = this.ctx.columns.find((k) => k.key === this.colSel.value);
     g.textAlign = "center";
-    g.fillText(s.bars ? `value of ${col ? col.display || col.name : ""}` : this.kind === "sorted" ? "execution contexts (sorted by value)" : "execution context", PAD.l + W / 2, c.height - 8);
+    const kinds = (this.data && dottedLabels(this.data.labels)) ? ` (${dottedLabels(this.data.labels).kinds})` : "";
+    g.fillText(s.bars ? `value of ${col ? col.display || col.name : ""}` : this.kind === "sorted" ? `execution contexts${kinds}, sorted by value` : `execution context${kinds}`, PAD.l + W / 2, c.height - 8);
     g.save(); g.translate(14, PAD.t + H / 2); g.rotate(-Math.PI / 2);
     g.fillText(s.bars ? "number of contexts" : col ? col.display || col.name : "value", 0, 0); g.restore();
     g.save(); g.beginPath(); g.rect(PAD.l, PAD.t, W, H); g.clip();
@@ -217,6 +231,28 @@ export class PlotDialog {
     }
     g.restore();
   }
+}
+
+/**
+ * Context labels as their dotted ids, with the kinds they stand for: ["RANK 3 THREAD 1", ...]
+ * -> {labels: ["3.1", ...], kinds: "RANK.THREAD"}; NODE and CORE (placement) are left out.
+ * Null when the labels do not all have the same kinds.
+ */
+export function dottedLabels(labels) {
+  if (!labels || !labels.length) return null;
+  const parse = (l) => {
+    const w = String(l).replace(/ \(.*\)$/, "").split(" ");
+    const kinds = [], ids = [];
+    for (let i = 0; i + 1 < w.length; i += 2) {
+      if (!/^-?\d+$/.test(w[i + 1])) return null;
+      if (w[i] === "NODE" || w[i] === "CORE") continue;
+      kinds.push(w[i]); ids.push(w[i + 1]);
+    }
+    return kinds.length ? { kinds: kinds.join("."), id: ids.join(".") } : null;
+  };
+  const parsed = labels.map(parse);
+  if (parsed.some((p) => !p || p.kinds !== parsed[0].kinds)) return null;
+  return { labels: parsed.map((p) => p.id), kinds: parsed[0].kinds };
 }
 
 /** Labels without the words every label shares ("NODE 0 CORE 0 THREAD 3" -> "THREAD 3"). */

@@ -428,8 +428,7 @@ function startShare(h) {
   injectCss();
   const { tree, trace } = h;
   // redraw the marks after every tree draw and trace repaint
-  const draw = tree.draw.bind(tree);
-  tree.draw = () => { draw(); markTree(); };
+  tree.onDraw(markTree);  // the marks are drawn over the rows after each draw
   const refresh = trace.refresh.bind(trace);
   trace.refresh = async (...a) => { const r = await refresh(...a); markTrace(); return r; };
   // this participant's trace point: the pinned one, else the hovered one

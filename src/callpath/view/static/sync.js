@@ -173,7 +173,11 @@ async function redrawNow(paths) {
     const rows = uiScroll;
     uiScroll = null;
     // after the tree's own reveal of the selection (one animation frame after a load)
-    setTimeout(() => requestAnimationFrame(() => { tree.scroller.scrollTop = rows * tree.rowHeight; tree.render(); }), 60);
+    // ... and the follower's pane may be shorter than the leader's: the selection stays in view
+    setTimeout(() => requestAnimationFrame(() => {
+      tree.scroller.scrollTop = rows * tree.rowHeight;
+      tree.revealSelection();
+    }), 60);
   }
   document.dispatchEvent(new CustomEvent("callpath:state-applied", { detail: { paths } }));
 }

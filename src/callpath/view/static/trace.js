@@ -6,14 +6,31 @@
 import { api } from "./api.js";
 import { shortLabels } from "./plot.js";
 
-/** A stable colour per procedure name (FNV-1a hash → hue), the same in every session. */
+const assigned = new Map();  // name -> colour, for the page's lifetime
+
+/**
+ * A colour per procedure name: an FNV-1a hash picks hue, saturation and lightness, so a
+ * name keeps its colour across sessions as long as no other procedure seen first took a
+ * near one; a colour too close to one already given (two procedures looked alike in the
+ * trace) is moved round the hue circle by the golden angle until it stands apart. The
+ * same name gets the same colour everywhere on the page (canvas, legends, call path).
+ */
 export function colourOf(name) {
+  const hit = assigned.get(name);
+  if (hit) return hit;
   let h = 0x811c9dc5;
   for (let i = 0; i < name.length; i++) { h ^= name.charCodeAt(i); h = Math.imul(h, 0x01000193) >>> 0; }
-  const hue = h % 360;
+  let hue = h % 360;
   const sat = 55 + ((h >>> 9) % 30);
   const lig = 42 + ((h >>> 17) % 22);
-  return hslToRgb(hue / 360, sat / 100, lig / 100);
+  let rgb = hslToRgb(hue / 360, sat / 100, lig / 100);
+  const near = (c) => { for (const o of assigned.values()) if (Math.hypot(c[0] - o[0], c[1] - o[1], c[2] - o[2]) < 48) return true; return false; };
+  for (let k = 0; k < 16 && assigned.size < 200 && near(rgb); k++) {
+    hue = (hue + 137.508) % 360;
+    rgb = hslToRgb(hue / 360, sat / 100, lig / 100);
+  }
+  assigned.set(name, rgb);
+  return rgb;
 }
 
 function hslToRgb(h, s, l) {
@@ -221,6 +238,7 @@ export class TraceView {
   /** Opens the trace of a database; `saved` is the window kept in the URL, if any. */
   async open(db, saved) {
     if (this.db !== db || !this.meta) {
+      if (this.db !== db) this.clearPoint();
       this.db = db;
       this.meta = await api.traceMeta(db);
       this.undo = [];
@@ -235,6 +253,19 @@ export class TraceView {
       this.depthInput.value = String(this.depth);
     }
     await this.refresh();
+  }
+
+  /** Forgets the pinned point: the Call path and Depth panes showed the previous
+   *  database's thread and frames after a switch of database tabs. */
+  clearPoint() {
+    this.cursor = null;
+    this.lastCallpath = null;
+    clearTimeout(this.hoverT);
+    for (const k of ["callpath", "depth"]) if (this.aborts[k]) this.aborts[k].abort();
+    document.getElementById("tr-callpath").innerHTML = "";
+    document.getElementById("tr-depth-ctx").textContent = "";
+    const { g, cw, ch } = hiDpi(this.depthCanvas);
+    g.clearRect(0, 0, cw, ch);
   }
 
   refreshSoon() {
@@ -284,20 +315,32 @@ export class TraceView {
     const rh = ch / Math.max(1, rows.length);
     const every = Math.max(1, Math.ceil(14 / rh));
     const names = shortLabels(this.meta.contexts);
+    const gpu = this.meta.gpu || [];
+    const counts = this.meta.row_samples || [];
     g.font = "11px system-ui, sans-serif";
     g.textBaseline = "middle";
+    // GPU streams: a green stripe down the row's left edge, so that they read apart from
+    // CPU threads whatever procedure colours fill them (HPCToolkit attributes a GPU
+    // operation under the CPU calling context that launched it: same colours)
+    for (let i = 0; i < rows.length; i++) {
+      if (!gpu[rows[i]]) continue;
+      g.fillStyle = "#1b9e4b";
+      g.fillRect(0, i * rh, 4, Math.max(1, rh));
+    }
     const shown = [];
     for (let i = 0; i < rows.length; i += every) {
       const ctx = rows[i];
-      const text = names[ctx] ?? String(ctx);
+      const empty = counts.length && counts[ctx] === 0;
+      const text = (names[ctx] ?? String(ctx)) + (empty ? " — no trace samples" : "");
       const y = Math.round(i * rh);
-      const mid = rh >= 13 ? y + Math.min(rh, 16) / 2 : y + rh / 2;
+      // the label's box (14 px) stays inside the canvas: the first row's was cut at the top
+      const mid = Math.min(ch - 7, Math.max(7, rh >= 13 ? y + Math.min(rh, 16) / 2 : y + rh / 2));
       const w = g.measureText(text).width + 10;
-      g.fillStyle = "rgba(255,255,255,0.85)";
-      g.fillRect(0, mid - 7, w, 14);
+      g.fillStyle = gpu[ctx] ? "rgba(225,246,232,0.92)" : "rgba(255,255,255,0.85)";
+      g.fillRect(gpu[ctx] ? 4 : 0, mid - 7, w, 14);
       g.fillStyle = "#111";
       g.fillRect(0, mid - 0.5, 3, 1);
-      g.fillText(text, 5, mid);
+      g.fillText(text, gpu[ctx] ? 8 : 5, mid);
       if (rh >= 13 && i) { g.fillStyle = "rgba(255,255,255,0.9)"; g.fillRect(0, y, cv.clientWidth, 1); }
       shown.push(ctx);
     }
@@ -415,7 +458,7 @@ export class TraceView {
   hover(x, y) {
     const a = this.at(x, y);
     if (!a) return;
-    this.canvas.title = `${this.meta.contexts[a.ctx] ?? a.ctx} · ${fmtNs(a.t - this.meta.t0)}`;
+    this.canvas.title = this.tipAt(a);
     if (this.cursor) return; // a click pinned the call path and the depth view
     clearTimeout(this.hoverT);
     this.hoverT = setTimeout(() => {
@@ -423,6 +466,19 @@ export class TraceView {
       this.depthView(a.ctx);
       this.callpath(a.ctx, a.t);
     }, 60);
+  }
+
+  /** The canvas tooltip at a point: context and time, and why a spot is empty. */
+  tipAt(a) {
+    const name = this.meta.contexts[a.ctx] ?? a.ctx;
+    const counts = this.meta.row_samples || [];
+    if (counts.length && counts[a.ctx] === 0) return `no trace samples for ${name}`;
+    const head = `${name} · ${fmtNs(a.t - this.meta.t0)}`;
+    const f = this.frame;
+    const col = Math.min(f.W - 1, Math.max(0, Math.floor(((a.t - this.win.t0) / (this.win.t1 - this.win.t0)) * f.W)));
+    const p = f.grid[a.row * f.W + col];
+    if (p < 0 || p >= f.procedures.length) return `${head}\nno sample here (before the first sample of this row, after its last, or outside any procedure)`;
+    return `${head}\n${f.procedures[p]}`;
   }
 
   pick(x, y) {

@@ -46,6 +46,9 @@ export class TreeTable {
     this.rowHeight = 22;
     this.pool = [];
     this.scrollToSel = false;
+    this.treeW = null;       // the Scope column's width set by its grip (px), else it fills
+    this.drawListeners = []; // called after each draw (marks of notes and shared sessions)
+    this.selectListeners = []; // called after each change of selection
 
     host.classList.add("tv");
     host.innerHTML = "";
@@ -120,7 +123,12 @@ export class TreeTable {
     grip.addEventListener("mousedown", (e) => {
       e.preventDefault();
       const x0 = e.clientX, w0 = scope.offsetWidth;
-      const move = (ev) => this.host.style.setProperty("--tree-w", `${Math.max(120, w0 + ev.clientX - x0)}px`);
+      // a click on the grip (or a pixel's jitter) keeps the width that fills the pane
+      const move = (ev) => {
+        if (Math.abs(ev.clientX - x0) < 4 && this.treeW === null) return;
+        this.treeW = Math.max(120, w0 + ev.clientX - x0);
+        this.render();
+      };
       window.addEventListener("mousemove", move);
       window.addEventListener("mouseup", () => window.removeEventListener("mousemove", move), { once: true });
     });
@@ -158,6 +166,7 @@ export class TreeTable {
       });
       this.head.appendChild(h);
     }
+    this.layoutColumns();  // now, not at the next frame: the headers stay where they are drawn
   }
 
   installKids(entry, res, gen) {
@@ -189,7 +198,7 @@ export class TreeTable {
       if (this.selKey && e.row.key === this.selKey) {
         this.selected = e;
         if (this.scrollToSel) { this.scrollToSel = false; requestAnimationFrame(() => this.reveal(e)); }
-        this.hooks.onSelect(e, true);
+        this.notifySelect(e, true);
       }
       if (e.row.has_children && this.expandedKeys.has(e.row.key) && !e.kids) this.expand(e, gen);
     }
@@ -228,7 +237,7 @@ export class TreeTable {
     while (q < this.rows.length && this.rows[q].depth > entry.depth) {
       const k = this.rows[q].row && this.rows[q].row.key;
       if (k) this.expandedKeys.delete(k);
-      if (this.selected === this.rows[q]) { this.selected = entry; this.hooks.onSelect(entry); }
+      if (this.selected === this.rows[q]) { this.selected = entry; this.notifySelect(entry); }
       q++;
     }
     this.rows = this.rows.slice(0, p + 1).concat(this.rows.slice(q));
@@ -275,21 +284,59 @@ export class TreeTable {
   select(entry) {
     this.selected = entry;
     this.selKey = entry.row ? entry.row.key : null;
-    this.hooks.onSelect(entry);
+    this.notifySelect(entry);
     this.render();
   }
 
-  /** Scrolls so that the entry is in view. */
+  notifySelect(entry, restored = false) {
+    this.hooks.onSelect(entry, restored);
+    for (const fn of this.selectListeners) fn(entry);
+  }
+
+  /** Registers fn() to run after every draw of the rows (marks drawn over them). */
+  onDraw(fn) { this.drawListeners.push(fn); }
+
+  /** Registers fn(entry) to run after every change of selection. */
+  onSelectChange(fn) { this.selectListeners.push(fn); }
+
+  /**
+   * Scrolls so that the entry is drawn inside the rows in view (a third of the way down
+   * when it was out of view). Every jump ends here: Find, the hot path, the Lines tab, the
+   * flame graph, the trace, a link, a shared session's follow.
+   *
+   * The spacer takes the height of the current rows first: the rows a jump has just
+   * expanded are not drawn yet (drawing waits for the next animation frame), and the
+   * browser clamps scrollTop to the old, shorter spacer — the selection then lay below the
+   * rows in view. The scroll position is the inverse of draw()'s mapping from scrollTop
+   * to the first row, so that it holds for proportionally scrolled (very tall) trees too.
+   */
   reveal(entry) {
     const i = this.indexOf(entry);
     if (i < 0) return;
-    const { scale } = this.geometry();
-    const top = i * this.rowHeight * scale;
-    const view = this.scroller.clientHeight - this.head.offsetHeight;
-    if (top < this.scroller.scrollTop || top + this.rowHeight > this.scroller.scrollTop + view) {
-      this.scroller.scrollTop = Math.max(0, top - view / 3);
+    const { n, height } = this.geometry();
+    this.spacer.style.height = `${height}px`;
+    const viewH = Math.max(0, this.scroller.clientHeight - this.head.offsetHeight);
+    const visible = viewH / this.rowHeight;
+    const first = this.firstRowAt(this.scroller.scrollTop);
+    if (i < first || i + 1 > first + Math.floor(visible)) {
+      const want = Math.max(0, i - Math.floor(visible / 3));
+      const maxTop = Math.max(0, height - viewH);
+      const span = Math.max(1, n - visible);
+      this.scroller.scrollTop = height <= viewH ? 0 : Math.min(maxTop, (want / span) * maxTop);
     }
     this.render();
+  }
+
+  /** Reveals the selected row, if any (after a scroll set from elsewhere: a shared session). */
+  revealSelection() { if (this.selected) this.reveal(this.selected); }
+
+  /** The (fractional) index of the first row drawn at a given scrollTop (see draw()). */
+  firstRowAt(scrollTop) {
+    const { n, height } = this.geometry();
+    const viewH = Math.max(0, this.scroller.clientHeight - this.head.offsetHeight);
+    if (height <= viewH) return 0;
+    const frac = Math.min(1, scrollTop / Math.max(1, height - viewH));
+    return frac * Math.max(0, n - viewH / this.rowHeight);
   }
 
   geometry() {
@@ -306,7 +353,23 @@ export class TreeTable {
     requestAnimationFrame(() => { this.rendering = false; this.draw(); });
   }
 
+  /**
+   * The Scope column's width: the grip's if the user dragged it, else what the metric
+   * columns leave free in the pane (at least 360 px): labels are cut only when the pane
+   * has no room left, never while its right part is empty.
+   */
+  layoutColumns() {
+    const colW = parseFloat(getComputedStyle(this.host).getPropertyValue("--col-w")) || 170;
+    const free = this.scroller.clientWidth - this.columns.length * colW - 2;
+    const w = this.treeW ?? Math.max(360, Math.floor(free));
+    if (w !== this.shownTreeW) {
+      this.shownTreeW = w;
+      this.host.style.setProperty("--tree-w", `${w}px`);
+    }
+  }
+
   draw() {
+    this.layoutColumns();
     const { n, height } = this.geometry();
     const headH = this.head.offsetHeight;
     this.spacer.style.height = `${height}px`;
@@ -338,6 +401,7 @@ export class TreeTable {
       }
     }
     for (const [parent, offs] of need) for (const off of offs) this.loadPage(parent, off, this.generation);
+    for (const fn of this.drawListeners) fn();
   }
 
   makeRow() {
