@@ -8,8 +8,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.conftest import run_cli, shared_path
-from tests.gpu_fixture import load, write_raw
 
 import callpath
 from callpath.formats import measdir as md
@@ -17,6 +15,8 @@ from callpath.formats import measdir_gpu as mdg
 from callpath.measure.gpu import convert as cv
 from callpath.model.contexts import IdKind
 from callpath.structure.demangle import demangle
+from conftest import run_cli, shared_path
+from gpu_fixture import load, write_raw
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.conftest import ROOT, run_cli
 
 from callpath.measure.gpu import library
+from conftest import ROOT, run_cli
 
 PROGRAMS = ROOT / "tests" / "gpu_programs"
 

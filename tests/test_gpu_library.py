@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.conftest import run_cli
 
 import callpath
 from callpath.formats import measdir as md
 from callpath.formats import measdir_gpu as mdg
 from callpath.measure.gpu import convert as cv
 from callpath.measure.gpu import library
+from conftest import run_cli
 
 
 @pytest.fixture(scope="module")

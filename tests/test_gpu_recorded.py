@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.conftest import run_cli
 
 import callpath
 from callpath.formats import measdir as md
@@ -28,6 +27,7 @@ from callpath.formats import measdir_gpu as mdg
 from callpath.model import gpu
 from callpath.model.contexts import IdKind
 from callpath.structure.demangle import demangle
+from conftest import run_cli
 
 DATA = Path(__file__).with_name("gpu_data")
 
