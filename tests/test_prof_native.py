@@ -111,7 +111,7 @@ def test_without_structure_files_procedures_come_from_symbols(measured: tuple[Pa
     bare = tmp_path / "bare.m"
     shutil.copytree(meas, bare, ignore=shutil.ignore_patterns("structs"))
     db = tmp_path / "bare.d"
-    run_cli("prof", str(bare), "-o", str(db), check=True)
+    run_cli("prof", str(bare), "-o", str(db), "--no-struct-on-demand", check=True)
     exp = callpath.open(db)
     kernel = find(exp, NodeKind.FUNCTION, name="kernel")
     assert len(kernel) == 1

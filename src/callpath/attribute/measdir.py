@@ -125,9 +125,20 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
                  workers: int = 1, mpi: bool = False,
                  stats: bool = False, instructions: bool = False,
                  keep_launchers: bool = False,
-                 notify: Callable[[str], None] | None = None) -> Experiment | None:
+                 notify: Callable[[str], None] | None = None,
+                 on_demand: bool = True, user_cache: bool = True,
+                 phases: dict[str, float] | None = None) -> Experiment | None:
     """The experiment of callpath measurement directories (see the module docstring), reduced
-    by ``workers`` processes (one work unit per process file)."""
+    by ``workers`` processes (one work unit per process file).
+
+    Modules without a structure file (``-S``, ``MEASDIR/structs/*.hpcstruct``) get their
+    structure on demand (``on_demand``): only the procedures the samples touched, cached per
+    build-id (:mod:`callpath.structure.ondemand`); without it they are attributed by their
+    symbol tables. ``phases``, when given, receives the seconds spent on ``structure`` and
+    ``attribute``."""
+    import time
+
+    t0 = time.perf_counter()
     heads = [_header(d) for d in measdirs]
     structs = list(struct_files)
     if not ignore_structs:
@@ -159,8 +170,14 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
                f"{'es' if len(chosen.launchers) > 1 else ''} "
                f"({', '.join(sorted({n for _, n in chosen.launchers}))}); "
                "--keep-launchers keeps them")
+    loaded = {} if ignore_structs else load_structures(structs)
+    if on_demand and not ignore_structs:
+        loaded.update(_on_demand(chosen.units, loaded, workers, notify, user_cache))
+    t1 = time.perf_counter()
+    if phases is not None:
+        phases["structure"] = t1 - t0
     part = reduce_units(reduce_process_files, chosen.units, workers, mpi, {
-        "structures": {} if ignore_structs else load_structures(structs), "metrics": infos,
+        "structures": loaded, "metrics": infos,
         "names": names, "ignore_structs": ignore_structs, "instructions": instructions,
         "process_ids": chosen.process_ids, "gpu_offset": gpu_offset})
     if part is None:
@@ -178,7 +195,35 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
         # accumulators, the accumulators invisible, the synchronization kinds hidden
         exp.metrics_yaml = gpu_attr.metrics_yaml_of(names[:gpu_offset],
                                                     [m.name for m in exp.metrics])
+    if phases is not None:
+        phases["attribute"] = time.perf_counter() - t1
     return exp
+
+
+def _on_demand(units: Sequence[Path], loaded: dict[str, Structure], workers: int,
+               notify: Callable[[str], None] | None, user_cache: bool
+               ) -> dict[str, Structure]:
+    """Structures of the modules and Python sources the measurement touched that ``loaded``
+    does not cover (by path, or by base name for a structure file given with ``-S``)."""
+    from callpath.structure.ondemand import measurement_requests, structures_for
+    from callpath.structure.python_ast import structure_of_python
+
+    reqs, pyfiles = measurement_requests(units, skip=set(loaded), user_cache=user_cache)
+    out: dict[str, Structure] = {}
+    for r in structures_for(reqs, workers):
+        if r.error is not None:
+            if notify is not None:
+                notify(f"{r.error} (attributed by address instead)")
+        elif r.structure is not None:
+            out[r.request.name] = r.structure
+    for f in pyfiles:
+        try:
+            s = structure_of_python(f)
+        except CallpathError:
+            continue  # a syntax error: the frames keep function and line
+        s.path = f
+        out[f] = s
+    return out
 
 
 def _header(d: Path) -> tuple[dict[str, Any], list[md.MetricInfo]]:

@@ -35,6 +35,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--ignore-structs", action="store_true",
                    help="attribute to load module addresses only, like hpcprof "
                    "--ignore-structs")
+    p.add_argument("--no-struct-on-demand", action="store_true",
+                   help="callpath measurements: do not recover the structure of the "
+                   "procedures the samples touched in modules without a structure file; "
+                   "attribute them by their symbol tables instead")
+    p.add_argument("--no-cache", action="store_true",
+                   help="callpath measurements: keep on-demand structure only in MEASDIR/"
+                   "structs, not in the per-user cache ($XDG_CACHE_HOME/callpath/structs)")
     p.add_argument("--no-sources", action="store_true",
                    help="do not copy source files into the database")
     p.add_argument("--title", default=None, help="database title (default: the program name)")
@@ -100,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         extra["instructions"] = True
     if "callpath" in kinds:
         extra["keep_launchers"] = args.keep_launchers
+        extra["on_demand"] = not args.no_struct_on_demand
+        extra["user_cache"] = not args.no_cache
         extra["notify"] = _notifier(args.mpi)
     reduce = prof_measdir if "callpath" in kinds else prof_hpctoolkit
     exp = reduce(dirs, structs, ignore_structs=args.ignore_structs, title=args.title,

@@ -1,10 +1,13 @@
 """``callpath profile [run options] -- CMD ARGS``: measure, recover structure, attribute.
 
-The three steps of ``callpath run``, ``callpath struct MEASDIR`` and ``callpath prof`` in one
-command, then the top of the report and the commands that open the result. A Python script
-(``CMD`` ending in ``.py``, or ``--python``) is measured by the Python sampler instead of
-perf_event sampling. A module whose structure cannot be recovered is reported and attributed by
-address; the database is still written.
+The steps of ``callpath run`` and ``callpath prof`` in one command, then the top of the report
+and the commands that open the result. Structure is recovered on demand by ``prof``: only the
+procedures the samples touched, cached per build-id (``structure/ondemand.py``), so a library
+that is mapped but never sampled is never analysed. A Python script (``CMD`` ending in ``.py``,
+or ``--python``) is measured by the Python sampler instead of perf_event sampling. A module
+whose structure cannot be recovered is reported and attributed by address; the database is
+still written. The time of each phase (measure, structure, attribute, write) is printed at the
+end, so that a user sees where the time after the program goes.
 """
 
 from __future__ import annotations
@@ -93,13 +96,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Namespace,
                        python: bool) -> int:
+    import time
+
+    t0 = time.perf_counter()
     status = _measure(cmd, meas, args, python)
+    phases: dict[str, float] = {"measure": time.perf_counter() - t0}
     if not (meas / "measurement.json").is_file():
         if status != 0:  # the Python sampler refused (no such script, a bad -F) and said why
             return status
         raise CallpathError(f"{meas}: the measurement was not written (the program could not "
                             "be measured)")
-    _struct(meas)
     from callpath.attribute.measdir import prof_measdir
     from callpath.attribute.reduce import workers_default
     from callpath.formats.v4.writer import write_v4
@@ -107,9 +113,11 @@ def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Name
     def note(msg: str) -> None:
         sys.stderr.write(f"callpath profile: {msg}\n")
 
-    exp = prof_measdir([meas], [], workers=workers_default(), notify=note)
+    exp = prof_measdir([meas], [], workers=workers_default(), notify=note, phases=phases)
     assert exp is not None  # None only for MPI ranks other than 0
+    t1 = time.perf_counter()
     write_v4(exp, db)
+    phases["write"] = time.perf_counter() - t1
     from callpath.cli.main import main as cli_main
 
     sys.stdout.write(f"\ncallpath profile: database {db} ({len(exp.cct)} contexts, "
@@ -118,6 +126,8 @@ def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Name
     cli_main(["report", str(db), "-d", str(args.depth), "-t", "1"])
     q = shlex.quote(str(db))
     sys.stdout.write(f"\nFull report:  callpath report {q}\nViewer:       callpath view {q}\n")
+    sys.stdout.write("Time:         " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items())
+                     + "\n")
     return status
 
 
@@ -159,11 +169,3 @@ def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool)
         argv.append("-t")
     ns = parser.parse_args([*argv, "--", *cmd])
     return int(ns.func(ns))
-
-
-def _struct(meas: Path) -> None:
-    from callpath.structure.driver import analyze_measurement
-
-    for r in analyze_measurement(meas):
-        if r.error:
-            sys.stderr.write(f"callpath: {r.error} (attributed by address instead)\n")

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.structure.cfg import CALL, ICALL, INDIRECT, build_cfg, decode
+from callpath.structure.demangle import demangle
 from callpath.structure.dwarf_info import DebugInfo, DwarfReader, Inlined
 from callpath.structure.dwarf_lines import LineTable, decode_line_tables
 from callpath.structure.elf import ElfModule, find_debug_file, open_elf
@@ -124,80 +125,121 @@ def analyze_binary(path: str | os.PathLike[str], *, jobs: int = 1) -> Structure:
 PARALLEL_MIN_PROCS = 1000
 
 
-def _analyze(mod: ElfModule, jobs: int = 1) -> Structure:
-    dbg = read_debug(mod)
-    extra_elves = []
-    dbg_mod = None
-    if dbg is not None and dbg.source != mod.path:
-        dbg_mod = open_elf(dbg.source, require_code=False)
-        extra_elves.append(dbg_mod.elf)
-    try:
-        dwarf_entries = []
+class PreparedModule:
+    """What every procedure's structure depends on, read once per module: its procedures
+    (symbols, PLT, DWARF subprograms, FDEs), line table, inlined records, no-return callees.
+
+    A procedure's scopes depend only on these and on its own code, never on which other
+    procedures are built with it: :meth:`build` of any selection gives, for each selected
+    procedure, exactly the scopes the whole module's build gives it. That is what lets
+    ``callpath prof`` recover only the procedures a measurement touched (``structure/
+    ondemand.py``) and agree with ``callpath struct`` of the whole binary.
+
+    ``demangle_all`` False leaves procedure names undemangled until a procedure is built
+    (libtorch_cpu.so has 380k C++ symbols: demangling them all is seconds that a build of a
+    few thousand procedures does not need).
+    """
+
+    def __init__(self, mod: ElfModule, *, demangle_all: bool = True) -> None:
+        self.mod = mod
+        dbg = read_debug(mod)
+        extra_elves = []
+        dbg_mod = None
+        if dbg is not None and dbg.source != mod.path:
+            dbg_mod = open_elf(dbg.source, require_code=False)
+            extra_elves.append(dbg_mod.elf)
+        try:
+            dwarf_entries = []
+            if dbg is not None:
+                for s in dbg.info.subprograms:
+                    lo = min(a for a, _ in s.ranges)
+                    hi = max(b for _, b in s.ranges)
+                    dwarf_entries.append((lo, hi, s.name, s.link_name or s.name))
+            procs = procedures(mod, extra_elves, dwarf_entries, demangle_names=demangle_all)
+        finally:
+            if dbg_mod is not None:
+                dbg_mod.close()
+        self.procs = procs
+        self.demangled = demangle_all
+        self.lines = dbg.lines if dbg is not None else _empty_lines()
+        noret_extra = dbg.info.noreturn_names if dbg is not None else set()
+        self.entry = np.array([p.entry for p in procs], dtype=np.uint64)
+        self.end = np.array([p.end for p in procs], dtype=np.uint64)
+        self.noret_addrs = {p.entry for p in procs if is_no_return(p.link_name, noret_extra)}
+        self.base = os.path.basename(mod.path)
+        entries = self.entry.tolist()
+        # Inlined records per procedure (by the procedure containing each record's first range).
+        self.inl_by_proc: dict[int, list[int]] = defaultdict(list)
+        self.inlined = dbg.info.inlined if dbg is not None else []
+        for k, rec in enumerate(self.inlined):
+            lo = min(a for a, _ in rec.ranges)
+            pi = bisect.bisect_right(entries, lo) - 1
+            if pi >= 0 and lo < procs[pi].end:
+                self.inl_by_proc[pi].append(k)
+        self.sub_names: dict[int, str] = {}
         if dbg is not None:
             for s in dbg.info.subprograms:
-                lo = min(a for a, _ in s.ranges)
-                hi = max(b for _, b in s.ranges)
-                dwarf_entries.append((lo, hi, s.name, s.link_name or s.name))
-        procs = procedures(mod, extra_elves, dwarf_entries)
-    finally:
-        if dbg_mod is not None:
-            dbg_mod.close()
-    lines = dbg.lines if dbg is not None else _empty_lines()
-    noret_extra = dbg.info.noreturn_names if dbg is not None else set()
-    entries = [p.entry for p in procs]
-    noret_addrs = {p.entry for p in procs if is_no_return(p.link_name, noret_extra)}
-    base = os.path.basename(mod.path)
+                for lo, _hi in s.ranges:
+                    self.sub_names.setdefault(lo, s.name)
+        self.reader = _SectionReader(mod)
 
-    # Inlined records per procedure (by the procedure containing each record's first range).
-    inl_by_proc: dict[int, list[int]] = defaultdict(list)
-    inlined = dbg.info.inlined if dbg is not None else []
-    for k, rec in enumerate(inlined):
-        lo = min(a for a, _ in rec.ranges)
-        pi = bisect.bisect_right(entries, lo) - 1
-        if pi >= 0 and lo < procs[pi].end:
-            inl_by_proc[pi].append(k)
-    sub_names: dict[int, str] = {}
-    if dbg is not None:
-        for s in dbg.info.subprograms:
-            for lo, _hi in s.ranges:
-                sub_names.setdefault(lo, s.name)
+    def groups(self, selection: npt.NDArray[np.int64] | None = None
+               ) -> tuple[list[str], dict[str, list[int]]]:
+        """The procedures (all, or ``selection``: indices into :attr:`procs`) grouped by the
+        source file of their entry line, in the order the FILE scopes are written."""
+        idx = np.arange(len(self.procs)) if selection is None else np.unique(selection)
+        pfile, _pline = _lines_at(self.lines, self.entry[idx])
+        groups: dict[str, list[int]] = defaultdict(list)
+        files = self.lines.files
+        own = f"[{self.base}]"
+        for i, f in zip(idx.tolist(), pfile.tolist(), strict=True):
+            groups[files[f] if f >= 0 else own].append(i)
+        order = sorted(groups, key=lambda f: (f.startswith("["), groups[f][0]))
+        return order, groups
 
-    # Decide each procedure's file (the source file of its entry line) to group them by F.
-    pfile, pline = _lines_at(lines, np.array(entries, dtype=np.uint64))
-    reader = _SectionReader(mod)
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i in range(len(procs)):
-        fname = lines.files[pfile[i]] if pfile[i] >= 0 else f"[{base}]"
-        groups[fname].append(i)
-    order = sorted(groups, key=lambda f: (f.startswith("["), groups[f][0]))
-
-    def build(fnames: list[str]) -> Structure:
+    def build(self, fnames: list[str], groups: dict[str, list[int]]) -> Structure:
+        """The structure of the procedures of ``groups[f]`` for ``f`` in ``fnames``."""
+        mod, procs, lines = self.mod, self.procs, self.lines
         b = StructureBuilder(mod.path, mod.build_id)
         b.has_calls = True  # every call instruction becomes a C scope
         for fname in fnames:
             fscope = b.add(Kind.FILE, 0, name=fname)
-            for i in groups[fname]:
+            ids = groups[fname]
+            _pf, pline = _lines_at(lines, self.entry[np.array(ids, dtype=np.int64)])
+            for i, pl in zip(ids, pline.tolist(), strict=True):
                 p = procs[i]
-                display = sub_names.get(p.entry, p.name) if p.origin != "plt" else p.name
-                _build_proc(b, fscope, p, display, int(pline[i]), fname, lines, inlined,
-                            inl_by_proc.get(i, []), reader, noret_addrs, base)
+                name = p.name if self.demangled else demangle(p.name)
+                display = self.sub_names.get(p.entry, name) if p.origin != "plt" else name
+                _build_proc(b, fscope, p, display, int(pl), fname, lines, self.inlined,
+                            self.inl_by_proc.get(i, []), self.reader, self.noret_addrs,
+                            self.base)
         return b.build()
 
-    if jobs <= 1 or len(procs) < PARALLEL_MIN_PROCS or not hasattr(os, "fork"):
-        return build(order)
-    # Consecutive FILE groups of about equal code size per process: the concatenation is then
-    # exactly the one-process result.
-    weight = [sum(procs[i].end - procs[i].entry for i in groups[f]) for f in order]
-    chunks: list[list[str]] = [[]]
-    total, acc = sum(weight), 0
-    for f, w in zip(order, weight, strict=True):
-        if acc >= total * len(chunks) / jobs and len(chunks) < jobs:
-            chunks.append([])
-        chunks[-1].append(f)
-        acc += w
-    chunks = [c for c in chunks if c]
-    reader.preload()  # children must not share the file offset of pyelftools' stream
-    return concat_structures(fork_map(build, chunks))
+    def build_parallel(self, order: list[str], groups: dict[str, list[int]],
+                       jobs: int) -> Structure:
+        """:meth:`build` in ``jobs`` forked processes, each a run of procedures of about equal
+        code size; the concatenation is exactly the one-process result."""
+        n = sum(len(groups[f]) for f in order)
+        if jobs <= 1 or n < PARALLEL_MIN_PROCS or not hasattr(os, "fork"):
+            return self.build(order, groups)
+        procs = self.procs
+        weight = [sum(procs[i].end - procs[i].entry for i in groups[f]) for f in order]
+        chunks: list[list[str]] = [[]]
+        total, acc = sum(weight), 0
+        for f, w in zip(order, weight, strict=True):
+            if acc >= total * len(chunks) / jobs and len(chunks) < jobs:
+                chunks.append([])
+            chunks[-1].append(f)
+            acc += w
+        chunks = [c for c in chunks if c]
+        self.reader.preload()  # children must not share the file offset of pyelftools' stream
+        return concat_structures(fork_map(lambda c: self.build(c, groups), chunks))
+
+
+def _analyze(mod: ElfModule, jobs: int = 1) -> Structure:
+    prep = PreparedModule(mod)
+    order, groups = prep.groups()
+    return prep.build_parallel(order, groups, jobs)
 
 
 class _SectionReader:

@@ -179,10 +179,12 @@ def fde_ranges(mod: ElfModule) -> list[tuple[int, int]]:
 
 
 def procedures(mod: ElfModule, extra_symbol_elves: list[Any] | None = None,
-               dwarf_entries: list[tuple[int, int, str, str]] | None = None) -> list[Procedure]:
+               dwarf_entries: list[tuple[int, int, str, str]] | None = None, *,
+               demangle_names: bool = True) -> list[Procedure]:
     """All procedures of ``mod``, sorted by entry, each ending where the next one starts at the
     latest. ``dwarf_entries`` are ``(low_pc, high_pc, name, link name)`` of DWARF subprograms,
-    used for code that no symbol names."""
+    used for code that no symbol names. ``demangle_names`` False leaves ``name`` equal to the
+    link name (the caller demangles the few it shows)."""
     cands = function_symbols(mod.elf, mod.path)
     for e in extra_symbol_elves or []:
         cands += function_symbols(e, mod.path)
@@ -220,5 +222,6 @@ def procedures(mod: ElfModule, extra_symbol_elves: list[Any] | None = None,
             limit = entries[i + 1]
         end = min(a + c.size, limit) if c.size else limit
         # shown demangled, as hpcstruct's n= (its ln= keeps the linkage name)
-        out.append(Procedure(a, max(end, a + 1), c.name, demangle(c.name), c.origin))
+        out.append(Procedure(a, max(end, a + 1), c.name,
+                             demangle(c.name) if demangle_names else c.name, c.origin))
     return out

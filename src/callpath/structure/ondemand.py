@@ -1,0 +1,265 @@
+"""Structure on demand: only the procedures a measurement touched, cached per build-id.
+
+The libraries of the ML stack are hundreds of megabytes (libtorch_cpu.so: 446 MB, 380k
+procedures); a run touches a few thousand of their procedures, and most libraries it maps it
+never executes. Recovering the whole structure of every mapped module cost minutes and
+gigabytes after the program ended. Here ``callpath prof`` recovers, per module, only the
+procedures that contain a sampled address or a return address of a sampled call path (their
+loops, inlined code, lines and call sites, by the same code as ``callpath struct``:
+:class:`~callpath.structure.binary.PreparedModule`), and a module no sample is in is not
+opened at all.
+
+The result is cached per module identity (build-id and separate debug file, the key of
+``callpath struct``'s cache) as an ``.npz`` entry (:mod:`callpath.structure.store`) holding
+the structure of the procedures analysed so far, the module's procedure table (entries and
+ends, so that a later run finds which procedures its addresses need without reading the symbol
+table) and the entries analysed. A later run that touches more procedures analyses only those
+and rewrites the entry with the union: the cache grows with use. Entries live in
+``$XDG_CACHE_HOME/callpath/structs/<key>.npz`` and in ``MEASDIR/structs/<key>.npz`` (the
+measurement then carries what it needs when it is moved to another machine).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from callpath.errors import CallpathError
+from callpath.structure import store
+from callpath.structure.driver import (
+    ANALYSIS_VERSION,
+    cache_key,
+    idle_cores,
+    module_identity,
+    user_cache_dir,
+)
+from callpath.structure.model import Structure, StructureBuilder, concat_structures
+
+#: Bumped whenever the entry's layout changes (the analysis version is checked too).
+FORMAT_VERSION = 1
+_FORMAT = "callpath on-demand structure"
+
+
+def _expect() -> dict[str, object]:
+    return {"format": _FORMAT, "version": FORMAT_VERSION, "analysis": ANALYSIS_VERSION}
+
+
+@dataclass
+class ModuleRequest:
+    """One load module and the addresses of it that a measurement touched."""
+
+    path: str  # the file to analyse (the saved image for the vdso)
+    name: str  # the module's path as the run saw it (the structure's LM name)
+    addrs: npt.NDArray[np.uint64]  # link-time addresses, unique, sorted
+    cache: list[Path] = field(default_factory=list)  # entries, first = the measurement's
+    error: str | None = None  # known before any analysis (missing file, changed build-id)
+
+
+@dataclass
+class OnDemandResult:
+    request: ModuleRequest
+    structure: Structure | None
+    error: str | None
+    analysed: int = 0  # procedures analysed by this call
+    known: int = 0  # procedures the cache held before it
+    procedures: int = 0  # procedures of the module (its symbol table)
+
+
+def _empty(name: str, build_id: str | None) -> Structure:
+    b = StructureBuilder(name, build_id)
+    b.has_calls = True
+    return b.build()
+
+
+def structure_for(req: ModuleRequest, jobs: int = 1) -> OnDemandResult:
+    """The structure of every procedure of ``req.path`` that holds one of ``req.addrs`` (and
+    of all procedures analysed by earlier runs: the cache entry's), analysing only those not
+    yet cached. Never raises a user error: the result carries its one-line message."""
+    if req.error is not None:
+        return OnDemandResult(req, None, req.error)
+    try:
+        return _structure_for(req, jobs)
+    except CallpathError as e:
+        return OnDemandResult(req, None, str(e))
+    except (MemoryError, RecursionError) as e:
+        return OnDemandResult(req, None, f"{req.path}: analysis failed ({type(e).__name__})")
+
+
+def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
+    from callpath.structure.binary import PreparedModule
+    from callpath.structure.elf import open_elf
+
+    s: Structure | None = None
+    meta: dict[str, object] = {}
+    lo = hi = done = np.zeros(0, np.uint64)
+    found = -1
+    for n, c in enumerate(req.cache):
+        got = store.load(c, _expect())
+        if got is not None:
+            s, meta, extra = got
+            try:
+                lo, hi = extra["proc_lo"].astype(np.uint64), extra["proc_hi"].astype(np.uint64)
+                done = extra["done"].astype(np.uint64)
+            except KeyError:
+                s = None
+                continue
+            if len(lo) != len(hi):
+                s = None
+                continue
+            found = n
+            break
+    prep = None
+    mod = None
+    try:
+        if found < 0:
+            mod = open_elf(req.path)
+            prep = PreparedModule(mod, demangle_all=False)
+            lo, hi = prep.entry, prep.end
+        known = len(done)
+        addrs = np.asarray(req.addrs, dtype=np.uint64)
+        i = np.searchsorted(lo, addrs, side="right").astype(np.int64) - 1
+        ok = i >= 0
+        ok &= addrs < hi[np.where(ok, i, 0)] if len(hi) else False
+        need = np.unique(i[ok])
+        missing = need[~np.isin(lo[need], done)]
+        if len(missing):
+            if prep is None:
+                mod = open_elf(req.path)
+                prep = PreparedModule(mod, demangle_all=False)
+                if not np.array_equal(prep.entry, lo):  # cannot happen for one build-id
+                    raise CallpathError(f"{req.path}: its procedures differ from the cached "
+                                        "ones of the same build-id")
+            order, groups = prep.groups(missing)
+            new = prep.build_parallel(order, groups, jobs)
+            s = new if s is None else concat_structures([s, new])
+            done = np.union1d(done, lo[missing]).astype(np.uint64)
+    finally:
+        if mod is not None:
+            mod.close()
+    if s is None:
+        s = _empty(req.name, None)
+    s.path = req.name
+    extra_out = {"proc_lo": lo, "proc_hi": hi, "done": done}
+    head = dict(_expect(), module=req.name)
+    for n, c in enumerate(req.cache):
+        if len(missing) or found < 0 or n < found:  # new, grown, or only in a later place
+            store.save(c, s, head, extra_out)
+    del meta
+    return OnDemandResult(req, s, None, analysed=len(missing), known=known, procedures=len(lo))
+
+
+def measurement_requests(files: Sequence[Path], *, skip: set[str] | None = None,
+                         user_cache: bool = True) -> tuple[list[ModuleRequest], list[str]]:
+    """What a measurement touched: one request per load module with a sampled address or a
+    return address (the call instruction: ``address - 1``) in a sampled call path, by its path
+    as the run saw it (``skip``: keys of the structures already loaded, by path or by
+    ``base:<file name>`` as ``-S`` files are matched), and the Python sources
+    of its code tables. Vectorised per thread; modules are deduplicated by path across
+    processes, their addresses merged."""
+    from callpath.formats import measdir as md
+
+    skip = skip or set()
+    native_kind = int(md.NodeKind.NATIVE)
+    exact_flag = int(md.NodeFlag.EXACT_PC)
+    addrs: dict[str, list[npt.NDArray[np.uint64]]] = {}
+    where: dict[str, tuple[str, str, Path]] = {}  # name -> (file, recorded build-id, measdir)
+    pyfiles: dict[str, None] = {}
+    for f in files:
+        proc = md.read_process(f)
+        d = Path(f).parent
+        mods, ips = [], []
+        for th in proc.threads:
+            nodes = th.nodes
+            if len(nodes) == 0:
+                continue
+            native = nodes["kind"].astype(np.int64) == native_kind
+            m = nodes["module"].astype(np.int64)[native]
+            a = nodes["address"].astype(np.uint64)[native]
+            exact = (nodes["flags"][native] & exact_flag) != 0
+            mods.append(m)
+            ips.append(np.where(exact | (a == 0), a, a - np.uint64(1)))
+        for code in proc.pycode:
+            if code.file.endswith(".py") and code.file not in skip:
+                pyfiles[code.file] = None
+        if not mods:
+            continue
+        m = np.concatenate(mods)
+        a = np.concatenate(ips)
+        ok = (m >= 0) & (m < len(proc.modules))
+        m, a = m[ok], a[ok]
+        order = np.argsort(m, kind="stable")
+        m, a = m[order], a[order]
+        ks, starts = np.unique(m, return_index=True)
+        for k, part in zip(ks.tolist(), np.split(a, starts[1:]), strict=True):
+            mod = proc.modules[k]
+            if (not mod.path or mod.path in skip or "base:" + os.path.basename(mod.path) in skip
+                    or (mod.path.startswith("[") and not mod.saved)):
+                continue
+            addrs.setdefault(mod.path, []).append(np.unique(part))
+            where.setdefault(mod.path, (str(d / mod.saved) if mod.saved else mod.path,
+                                        mod.build_id, d))
+    out = []
+    for name, parts in addrs.items():
+        path, recorded, d = where[name]
+        req = ModuleRequest(path, name, np.unique(np.concatenate(parts)))
+        if not os.path.isfile(path):
+            req.error = f"{path}: load module not found (deleted or moved since the measurement)"
+            out.append(req)
+            continue
+        bid, dbg = module_identity(path)
+        if recorded and bid and bid != recorded:
+            req.error = (f"{path}: build-id {bid} differs from {recorded} recorded by the "
+                         "measurement (the file was rebuilt since); skipped")
+            out.append(req)
+            continue
+        key = cache_key(name, bid or recorded or None, dbg) + ".npz"
+        req.cache = [d / "structs" / key]
+        if user_cache:
+            req.cache.append(user_cache_dir() / key)
+        out.append(req)
+    return out, [p for p in pyfiles if os.path.isfile(p)]
+
+
+def structures_for(reqs: list[ModuleRequest], workers: int,
+                   progress: Callable[[int, int, OnDemandResult], None] | None = None
+                   ) -> list[OnDemandResult]:
+    """:func:`structure_for` of every request: in this process when at most one of them has
+    work to do (it then gets the idle cores), else in ``workers`` processes, the biggest files
+    first. Results in the order of ``reqs``."""
+    def size(r: ModuleRequest) -> int:
+        try:
+            return os.path.getsize(r.path)
+        except OSError:
+            return 0
+
+    if workers <= 1 or len(reqs) <= 1:
+        res = []
+        for r in reqs:
+            res.append(structure_for(r, idle_cores(workers)))
+            if progress:
+                progress(len(res), len(reqs), res[-1])
+        return res
+    import multiprocessing as mp
+
+    order = sorted(range(len(reqs)), key=lambda k: -size(reqs[k]))
+    ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    results: dict[int, OnDemandResult] = {}
+    with ProcessPoolExecutor(min(workers, len(reqs)), mp_context=ctx) as pool:
+        futures = {pool.submit(structure_for, reqs[k], 1): k for k in order}
+        try:
+            for fut in as_completed(futures):
+                results[futures[fut]] = fut.result()
+                if progress:
+                    progress(len(results), len(reqs), results[futures[fut]])
+        except BrokenProcessPool:
+            raise CallpathError("a worker process of the structure analysis died (killed by "
+                                "a signal; out of memory?)") from None
+    return [results[k] for k in range(len(reqs))]

@@ -1,0 +1,192 @@
+"""Structure on demand (``callpath prof`` recovers only the procedures a measurement touched)
+against the whole binary's structure (``callpath struct``): the same scopes for every procedure
+built, the cache growing with later requests, and identical databases end to end on real
+programs compiled and sampled here."""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import callpath
+from callpath.structure import store
+from callpath.structure.binary import analyze_binary
+from callpath.structure.elf import open_elf
+from callpath.structure.model import Kind, Structure
+from callpath.structure.ondemand import ModuleRequest, structure_for
+from callpath.structure.symbols import procedures
+from conftest import ROOT, perf_reason, run_cli
+from prof_compare import matched_nodes, scoped_values
+
+Subtree = tuple[tuple[object, ...], ...]
+
+
+def _subtrees(s: Structure) -> dict[int, Subtree]:
+    """Per procedure entry, its scopes in preorder, every field spelled out (strings as text,
+    parents as offsets inside the subtree), so that two structures built separately compare."""
+    kids: list[list[int]] = [[] for _ in range(len(s))]
+    for i in range(1, len(s)):
+        kids[int(s.parent[i])].append(i)
+    out: dict[int, Subtree] = {}
+    for p in np.flatnonzero(s.kind == Kind.PROC).tolist():
+        rows: list[tuple[object, ...]] = []
+        pos: dict[int, int] = {}
+        stack = [p]
+        while stack:
+            i = stack.pop()
+            pos[i] = len(rows)
+            rows.append((int(s.kind[i]), pos.get(int(s.parent[i]), -1), s.text(int(s.name[i])),
+                         s.text(int(s.link_name[i])), s.text(int(s.file[i])), int(s.line[i]),
+                         s.text(int(s.call_file[i])), int(s.call_line[i]), int(s.target[i]),
+                         tuple(s.ranges(i))))
+            stack.extend(reversed(kids[i]))
+        out[int(s.range_lo[s.range_ptr[p]])] = tuple(rows)
+    return out
+
+
+def _biggest_library() -> Path:
+    """The biggest library the suite has: libpython (with DWARF where the interpreter ships
+    it), else libstdc++."""
+    cands = []
+    libdir, name = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("LDLIBRARY")
+    if libdir and name and name.endswith(".so"):
+        cands.append(Path(libdir) / name)
+    found = ctypes.util.find_library("stdc++")
+    for d in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64"):
+        if found:
+            cands.append(Path(d) / found)
+    for c in cands:
+        if c.is_file():
+            return c.resolve()
+    pytest.skip("neither libpython nor libstdc++ is installed as a shared library here")
+
+
+@pytest.fixture(scope="module")
+def library() -> tuple[Path, Structure]:
+    lib = _biggest_library()
+    return lib, analyze_binary(lib)
+
+
+def test_on_demand_procedures_equal_whole_binary(library: tuple[Path, Structure],
+                                                 tmp_path: Path) -> None:
+    """Every procedure built on demand has exactly the scopes (lines, loops, inlined code,
+    call sites, ranges) the whole binary's structure gives it, and only the procedures holding
+    a requested address are built; a second request analyses only what the first did not, and
+    the cache then holds the union."""
+    lib, whole = library
+    mod = open_elf(lib)
+    try:
+        procs = procedures(mod)
+    finally:
+        mod.close()
+    whole_trees = _subtrees(whole)
+    assert len(whole_trees) == len(procs)
+    # addresses inside every 7th procedure (entry, middle), then every 5th in a second run
+    first = procs[::7]
+    addrs = np.array([a for p in first for a in (p.entry, (p.entry + p.end) // 2)], np.uint64)
+    cache = [tmp_path / "meas" / "lib.npz", tmp_path / "user" / "lib.npz"]
+    r1 = structure_for(ModuleRequest(str(lib), str(lib), np.unique(addrs), list(cache)))
+    assert r1.error is None and r1.structure is not None
+    assert r1.analysed == len(first) and r1.known == 0 and r1.procedures == len(procs)
+    got = _subtrees(r1.structure)
+    assert set(got) == {p.entry for p in first}
+    for entry, tree in got.items():
+        assert tree == whole_trees[entry], hex(entry)
+    # every address maps to the same chain of scopes as in the whole structure
+    for s_ in (r1.structure,):
+        a = s_.lookup(addrs)
+        b = whole.lookup(addrs)
+        assert ((a >= 0) == (b >= 0)).all()
+        for x, y in zip(a.tolist(), b.tolist(), strict=True):
+            if x >= 0:
+                assert ([(int(s_.kind[c]), int(s_.line[c])) for c in s_.chain(x)]
+                        == [(int(whole.kind[c]), int(whole.line[c])) for c in whole.chain(y)])
+    assert all(c.is_file() for c in cache)
+    # a later run: more procedures; only the new ones are analysed, from the cache otherwise
+    second = procs[::5]
+    addrs2 = np.array([p.entry for p in second], np.uint64)
+    r2 = structure_for(ModuleRequest(str(lib), str(lib), addrs2, list(cache)))
+    assert r2.structure is not None
+    new = {p.entry for p in second} - {p.entry for p in first}
+    assert r2.known == len(first) and r2.analysed == len(new)
+    got2 = _subtrees(r2.structure)
+    assert set(got2) == {p.entry for p in first} | {p.entry for p in second}
+    for entry, tree in got2.items():
+        assert tree == whole_trees[entry], hex(entry)
+    # a third run with nothing new reads the entry and analyses nothing
+    r3 = structure_for(ModuleRequest(str(lib), str(lib), addrs2, list(cache)))
+    assert r3.analysed == 0 and r3.structure is not None
+    assert _subtrees(r3.structure) == got2
+
+
+def test_damaged_cache_entry_is_recomputed(library: tuple[Path, Structure],
+                                           tmp_path: Path) -> None:
+    lib, whole = library
+    trees = _subtrees(whole)
+    entry = sorted(trees)[len(trees) // 2]
+    c = tmp_path / "lib.npz"
+    r = structure_for(ModuleRequest(str(lib), str(lib), np.array([entry], np.uint64), [c]))
+    assert r.analysed == 1
+    data = c.read_bytes()
+    c.write_bytes(data[: len(data) // 2])
+    assert store.load(c) is None
+    r = structure_for(ModuleRequest(str(lib), str(lib), np.array([entry], np.uint64), [c]))
+    assert r.analysed == 1 and r.structure is not None
+    assert _subtrees(r.structure)[entry] == trees[entry]
+    assert store.load(c) is not None
+
+
+# -- end to end: the same database from on-demand and from whole-binary structure ----------
+
+C_PROGRAMS = [
+    ("hotloop", ROOT / "tests" / "prof_programs" / "hotloop.c", ["30000"], ["-O2", "-g"]),
+    ("nests", ROOT / "tests" / "struct_programs" / "nests.c", ["700"], ["-O2", "-g"]),
+    ("calls", ROOT / "tests" / "struct_programs" / "calls.c", ["100000000"], ["-O2", "-g"]),
+    ("nests-O3", ROOT / "tests" / "struct_programs" / "nests.c", ["700"], ["-O3"]),
+]
+
+
+def _same_database(a: Path, b: Path) -> None:
+    ea, eb = callpath.open(a), callpath.open(b)
+    ia, ib = matched_nodes(ea, eb)
+    for scope in ("execution", "function"):
+        np.testing.assert_array_equal(scoped_values(ea, 0, scope)[ia],
+                                      scoped_values(eb, 0, scope)[ib])
+
+
+@pytest.mark.parametrize("name,src,args,flags", C_PROGRAMS, ids=[p[0] for p in C_PROGRAMS])
+def test_on_demand_attributes_as_whole_binary(name: str, src: Path, args: list[str],
+                                              flags: list[str], tmp_path: Path) -> None:
+    """A real program sampled by ``callpath run``: ``callpath prof`` with structure on demand
+    writes the same tree with the same values as with ``callpath struct MEASDIR`` first."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    reason = perf_reason()
+    if reason is not None:
+        pytest.skip(f"perf_event sampling is not available here: {reason}")
+    exe = tmp_path / name
+    subprocess.run(["gcc", *flags, "-o", str(exe), str(src)], check=True)
+    meas = tmp_path / f"{name}.m"
+    run_cli("run", "-o", str(meas), "--top", "0", "--", str(exe), *args, check=True)
+    lean = tmp_path / "lean.m"
+    shutil.copytree(meas, lean)
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    r = run_cli("prof", str(lean), "-o", str(tmp_path / "lean.d"), env=env)
+    assert r.returncode == 0, r.stderr
+    assert not list((lean / "structs").glob("*.hpcstruct"))  # nothing whole was written
+    assert list((lean / "structs").glob("*.npz"))
+    run_cli("struct", str(meas), "--no-cache", check=True)
+    r = run_cli("prof", str(meas), "-o", str(tmp_path / "whole.d"), env=env)
+    assert r.returncode == 0, r.stderr
+    _same_database(tmp_path / "lean.d", tmp_path / "whole.d")
+    # the second run takes everything from the cache, and still agrees
+    r = run_cli("prof", str(lean), "-o", str(tmp_path / "again.d"), env=env)
+    assert r.returncode == 0, r.stderr
+    _same_database(tmp_path / "again.d", tmp_path / "whole.d")
