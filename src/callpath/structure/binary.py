@@ -199,12 +199,15 @@ class PreparedModule:
 
     def build(self, fnames: list[str], groups: dict[str, list[int]]) -> Structure:
         """The structure of the procedures of ``groups[f]`` for ``f`` in ``fnames``."""
+        return self.build_runs([(f, groups[f]) for f in fnames])
+
+    def build_runs(self, runs: list[tuple[str, list[int]]]) -> Structure:
+        """The structure of runs of procedures, each run under a FILE scope of its name."""
         mod, procs, lines = self.mod, self.procs, self.lines
         b = StructureBuilder(mod.path, mod.build_id)
         b.has_calls = True  # every call instruction becomes a C scope
-        for fname in fnames:
+        for fname, ids in runs:
             fscope = b.add(Kind.FILE, 0, name=fname)
-            ids = groups[fname]
             _pf, pline = _lines_at(lines, self.entry[np.array(ids, dtype=np.int64)])
             for i, pl in zip(ids, pline.tolist(), strict=True):
                 p = procs[i]
@@ -217,23 +220,29 @@ class PreparedModule:
 
     def build_parallel(self, order: list[str], groups: dict[str, list[int]],
                        jobs: int) -> Structure:
-        """:meth:`build` in ``jobs`` forked processes, each a run of procedures of about equal
-        code size; the concatenation is exactly the one-process result."""
+        """:meth:`build` in ``jobs`` forked processes, each a run of consecutive procedures of
+        about equal code size (cut inside a FILE group where needed: a library without DWARF
+        is one group); the concatenation, with a FILE cut in two joined again, is exactly the
+        one-process result."""
         n = sum(len(groups[f]) for f in order)
         if jobs <= 1 or n < PARALLEL_MIN_PROCS or not hasattr(os, "fork"):
             return self.build(order, groups)
-        procs = self.procs
-        weight = [sum(procs[i].end - procs[i].entry for i in groups[f]) for f in order]
-        chunks: list[list[str]] = [[]]
-        total, acc = sum(weight), 0
-        for f, w in zip(order, weight, strict=True):
-            if acc >= total * len(chunks) / jobs and len(chunks) < jobs:
-                chunks.append([])
-            chunks[-1].append(f)
-            acc += w
-        chunks = [c for c in chunks if c]
+        size = (self.end - self.entry).astype(np.int64)
+        flat = [(f, i) for f in order for i in groups[f]]
+        w = np.cumsum(size[np.array([i for _, i in flat], dtype=np.int64)])
+        cuts = np.searchsorted(w, w[-1] * np.arange(1, jobs) / jobs, side="right").tolist()
+        chunks: list[list[tuple[str, list[int]]]] = []
+        for lo, hi in zip([0, *cuts], [*cuts, len(flat)], strict=True):
+            runs: list[tuple[str, list[int]]] = []
+            for f, i in flat[lo:hi]:
+                if runs and runs[-1][0] == f:
+                    runs[-1][1].append(i)
+                else:
+                    runs.append((f, [i]))
+            if runs:
+                chunks.append(runs)
         self.reader.preload()  # children must not share the file offset of pyelftools' stream
-        return concat_structures(fork_map(lambda c: self.build(c, groups), chunks))
+        return concat_structures(fork_map(self.build_runs, chunks), join_files=True)
 
 
 def _analyze(mod: ElfModule, jobs: int = 1) -> Structure:

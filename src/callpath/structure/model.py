@@ -220,13 +220,16 @@ class StructureBuilder:
             map_lo=lo[order], map_hi=hi[order], map_scope=sc[order], has_calls=self.has_calls)
 
 
-def concat_structures(parts: list[Structure]) -> Structure:
+def concat_structures(parts: list[Structure], *, join_files: bool = False) -> Structure:
     """One structure from ``parts`` built separately for the same module (each with its own
     ROOT and string table), their top-level scopes appended in order under one ROOT.
 
-    Used to build the FILE groups of a large module in several processes. Parts hold
-    consecutive FILE groups, so the result is exactly what one builder would have produced —
-    strings included, since each part's strings are in first-use order. Vectorised per part.
+    Used to build runs of procedures of a large module in several processes. With
+    ``join_files``, a part whose first scope is a FILE of the same name as the last FILE
+    before it continues that FILE (its FILE row is dropped, its children move under the
+    earlier one: a FILE group cut between two processes), so the result is exactly what one
+    builder would have produced — strings included, since each part's strings are in
+    first-use order. Vectorised per part.
     """
     if not parts:
         raise ValueError("concat_structures needs at least one part")
@@ -236,20 +239,36 @@ def concat_structures(parts: list[Structure]) -> Structure:
         "kind", "parent", "name", "link_name", "file", "line", "call_file", "call_line",
         "target", "nranges", "range_lo", "range_hi", "map_lo", "map_hi", "map_scope")}
     off = 1  # scopes so far, the ROOT included
+    last_file, last_name = -1, ""  # the last top-level FILE so far: its index, its name
     for p in parts:
         ids = [sid.setdefault(x, len(sid)) for x in p.strings]
         remap = np.array([*ids, -1], dtype=np.int32)  # remap[-1] == -1 for "no string"
-        par = p.parent[1:]
-        cols["kind"].append(p.kind[1:])
-        cols["parent"].append(np.where(par == 0, 0, par - 1 + off).astype(np.int32))
+        # new index of each of the part's scopes (its ROOT -> 0)
+        new = np.arange(-1, len(p) - 1, dtype=np.int64) + off
+        new[0] = 0
+        keep = np.ones(len(p), dtype=bool)
+        keep[0] = False
+        if (join_files and len(p) > 1 and last_file > 0 and p.kind[1] == Kind.FILE
+                and p.text(int(p.name[1])) == last_name
+                and p.range_ptr[2] == p.range_ptr[1]):
+            keep[1] = False
+            new[2:] -= 1
+            new[1] = last_file
+        top = np.flatnonzero((p.parent == 0) & (p.kind == Kind.FILE))
+        if len(top):
+            last_file, last_name = int(new[top[-1]]), p.text(int(p.name[top[-1]]))
+        par = p.parent[keep]
+        cols["kind"].append(p.kind[keep])
+        cols["parent"].append(new[par].astype(np.int32))
         for k in ("name", "link_name", "file", "call_file"):
-            cols[k].append(remap[getattr(p, k)[1:]])
-        for k in ("line", "call_line", "target", "range_lo", "range_hi", "map_lo", "map_hi"):
-            cols[k].append(getattr(p, k)[1:] if k in ("line", "call_line", "target")
-                           else getattr(p, k))
-        cols["nranges"].append(np.diff(p.range_ptr)[1:])
-        cols["map_scope"].append((p.map_scope - 1 + off).astype(np.int32))
-        off += len(p) - 1
+            cols[k].append(remap[getattr(p, k)[keep]])
+        for k in ("line", "call_line", "target"):
+            cols[k].append(getattr(p, k)[keep])
+        for k in ("range_lo", "range_hi", "map_lo", "map_hi"):
+            cols[k].append(getattr(p, k))
+        cols["nranges"].append(np.diff(p.range_ptr)[keep])
+        cols["map_scope"].append(new[p.map_scope].astype(np.int32))
+        off += int(keep.sum())
     strings = [""] * len(sid)
     for s, i in sid.items():
         strings[i] = s

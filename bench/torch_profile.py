@@ -1,0 +1,158 @@
+"""``callpath profile --native`` of a PyTorch CPU training loop: time from program exit to
+report, cold and warm, peak memory of ``prof``, disk used (issue 27's goals).
+
+    python bench/torch_profile.py [--seconds 5] [--repeat 1] [--whole]
+
+Installs torch (``--torch torch==2.13.0+cpu``: a CPU build, the ``+cpu`` local version never
+matches PyPI's CUDA wheels; add ``--index-url https://download.pytorch.org/whl/cpu`` where the
+wheel is not on a local index) and callpath into its own venv ``bench/.env-torch`` (once; CI
+never runs this). Then, with a fresh structure cache (cold) and again with it filled (warm):
+
+- ``callpath profile --native`` of a small MLP training loop, its wall time, and the time of
+  the same loop run alone: their difference is what profiling added (sampling, the native
+  stacks' unwinding, structure, attribution, writing, the report); the phases ``profile``
+  prints (measure, structure, attribute, write);
+- ``callpath prof MEASDIR`` alone, its wall time and peak RSS (``wait4``'s ``ru_maxrss``);
+- the measurement directory's and the structure cache's size.
+
+``--whole`` also times ``callpath struct MEASDIR`` (whole-binary structure of every mapped
+module: the way ``profile`` worked before issue 27) and ``prof`` with those files. It takes
+minutes and gigabytes on libtorch_cpu.so: that is the point of comparison.
+
+Goals (issue 27, two cores): after the program ≤ 15 s cold, ≤ 3 s warm; ``prof`` ≤ 1 GB;
+measurement directory + cache ≤ 100 MB. Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = ROOT / "bench" / ".env-torch"
+
+TRAIN = '''
+import sys, time
+import torch
+torch.manual_seed(0)
+torch.set_num_threads(2)
+seconds = float(sys.argv[1])
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                            torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                            torch.nn.Linear(512, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loss_fn = torch.nn.CrossEntropyLoss()
+x = torch.randn(128, 256)
+y = torch.randint(0, 10, (128,))
+t0 = time.perf_counter()
+steps = 0
+while time.perf_counter() - t0 < seconds:
+    opt.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    opt.step()
+    steps += 1
+print(f"steps {steps} loss {loss.item():.4f}")
+'''
+
+
+def ensure_env(torch_spec: str, index_url: str | None) -> Path:
+    py = ENV / "bin" / "python"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(ENV)], check=True)
+    probe = subprocess.run([str(py), "-c", "import torch, callpath; "
+                            "print(torch.__version__, torch.version.cuda)"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        cmd = [str(py), "-m", "pip", "install", "--quiet", torch_spec]
+        if index_url:
+            cmd += ["--extra-index-url", index_url]
+        subprocess.run(cmd, check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "-e", str(ROOT)],
+                       check=True)
+        probe = subprocess.run([str(py), "-c", "import torch; print(torch.__version__, "
+                                "torch.version.cuda)"], capture_output=True, text=True,
+                               check=True)
+    print(f"torch {probe.stdout.strip()} in {ENV}")
+    return py
+
+
+def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
+    """Wall seconds, peak RSS (KiB, the largest process of the tree that ran) and stdout."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out:
+        p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        text = out.read()
+    if p.returncode != 0:
+        sys.stdout.write(text[-3000:])
+        raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}")
+    return wall, ru.ru_maxrss, text
+
+
+def du(path: Path) -> int:
+    if not path.exists():
+        return 0
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--torch", default="torch==2.13.0+cpu")
+    ap.add_argument("--index-url", default=None)
+    ap.add_argument("--whole", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args()
+    py = ensure_env(args.torch, args.index_url)
+    cp = [str(py), "-m", "callpath"]
+    work = Path(tempfile.mkdtemp(prefix="torch-bench-"))
+    train = work / "train.py"
+    train.write_text(TRAIN)
+    cache = work / "cache"
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    try:
+        alone, _, out = timed([str(py), str(train), str(args.seconds)], env)
+        print(f"loop alone: {alone:.2f} s ({out.strip().splitlines()[-1]})")
+        for label in ("cold", "warm"):
+            meas, db = work / f"{label}.m", work / f"{label}.d"
+            wall, _, out = timed([*cp, "profile", "--native", "-m", str(meas), "-o", str(db),
+                                  "--", str(py), str(train), str(args.seconds)], env)
+            phases = re.search(r"^Time:\s+(.*)$", out, re.M)
+            print(f"profile --native ({label} cache): {wall:.2f} s, {wall - alone:.2f} s more "
+                  f"than the loop alone; phases: {phases.group(1) if phases else '?'}")
+            print(f"  measurement directory {du(meas) / 2**20:.1f} MiB, structure cache "
+                  f"{du(cache / 'callpath' / 'structs') / 2**20:.1f} MiB, database "
+                  f"{du(db) / 2**20:.1f} MiB")
+        meas = work / "warm.m"
+        wall, rss, _ = timed([*cp, "prof", str(meas), "-o", str(work / "p.d")], env)
+        print(f"prof alone (warm): {wall:.2f} s, peak RSS {rss / 1024:.0f} MiB")
+        shutil.rmtree(meas / "structs", ignore_errors=True)
+        shutil.rmtree(cache / "callpath" / "structs", ignore_errors=True)
+        wall, rss, _ = timed([*cp, "prof", str(meas), "-o", str(work / "p2.d")], env)
+        print(f"prof alone (cold): {wall:.2f} s, peak RSS {rss / 1024:.0f} MiB")
+        if args.whole:
+            wall, rss, _ = timed([*cp, "struct", str(meas), "--no-cache"], env)
+            print(f"struct MEASDIR (whole binaries, before issue 27): {wall:.2f} s, peak RSS "
+                  f"{rss / 1024:.0f} MiB, {du(meas / 'structs') / 2**20:.0f} MiB of XML")
+            wall, rss, _ = timed([*cp, "prof", str(meas), "-o", str(work / "w.d")], env)
+            print(f"prof with whole structures: {wall:.2f} s, peak RSS {rss / 1024:.0f} MiB")
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
