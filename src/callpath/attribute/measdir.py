@@ -205,8 +205,11 @@ def _on_demand(units: Sequence[Path], loaded: dict[str, Structure], workers: int
                ) -> dict[str, Structure]:
     """Structures of the modules and Python sources the measurement touched that ``loaded``
     does not cover (by path, or by base name for a structure file given with ``-S``)."""
-    from callpath.structure.ondemand import measurement_requests, structures_for
-    from callpath.structure.python_ast import structure_of_python
+    from callpath.structure.ondemand import (
+        measurement_requests,
+        python_structures,
+        structures_for,
+    )
 
     reqs, pyfiles = measurement_requests(units, skip=set(loaded), user_cache=user_cache)
     out: dict[str, Structure] = {}
@@ -216,13 +219,7 @@ def _on_demand(units: Sequence[Path], loaded: dict[str, Structure], workers: int
                 notify(f"{r.error} (attributed by address instead)")
         elif r.structure is not None:
             out[r.request.name] = r.structure
-    for f in pyfiles:
-        try:
-            s = structure_of_python(f)
-        except CallpathError:
-            continue  # a syntax error: the frames keep function and line
-        s.path = f
-        out[f] = s
+    out.update(python_structures(pyfiles, workers, user_cache=user_cache))
     return out
 
 

@@ -219,13 +219,13 @@ class PreparedModule:
         return b.build()
 
     def build_parallel(self, order: list[str], groups: dict[str, list[int]],
-                       jobs: int) -> Structure:
+                       jobs: int, min_procs: int = PARALLEL_MIN_PROCS) -> Structure:
         """:meth:`build` in ``jobs`` forked processes, each a run of consecutive procedures of
         about equal code size (cut inside a FILE group where needed: a library without DWARF
         is one group); the concatenation, with a FILE cut in two joined again, is exactly the
         one-process result."""
         n = sum(len(groups[f]) for f in order)
-        if jobs <= 1 or n < PARALLEL_MIN_PROCS or not hasattr(os, "fork"):
+        if jobs <= 1 or n < min_procs or not hasattr(os, "fork"):
             return self.build(order, groups)
         size = (self.end - self.entry).astype(np.int64)
         flat = [(f, i) for f in order for i in groups[f]]

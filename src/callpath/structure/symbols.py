@@ -129,7 +129,10 @@ def plt_stubs(mod: ElfModule) -> list[_Cand]:
     elf = mod.elf
     slot_names: dict[int, str] = {}
     try:
-        for secname in (".rela.plt", ".rel.plt"):
+        fast = _rela_plt_names(elf)
+        if fast is not None:
+            slot_names = fast
+        for secname in () if fast is not None else (".rela.plt", ".rel.plt"):
             rel = elf.get_section_by_name(secname)
             if rel is None or not hasattr(rel, "iter_relocations"):
                 continue
@@ -158,6 +161,41 @@ def plt_stubs(mod: ElfModule) -> list[_Cand]:
             addr = sec.addr + off
             name = slot_names.get(slot, f"targ{addr:x}") if slot is not None else f"targ{addr:x}"
             out.append(_Cand(addr, step, f"{name}@plt", (0, 0, 0, 0), "plt"))
+    return out
+
+
+def _rela_plt_names(elf: Any) -> dict[int, str] | None:
+    """GOT slot -> symbol name of a 64-bit little-endian ``.rela.plt``, read as numpy arrays
+    (pyelftools parses a construct per relocation and per symbol: 19 s for libtorch_cpu.so's
+    43k PLT relocations); None for other layouts, which take the pyelftools path."""
+    import numpy as np
+
+    if getattr(elf, "elfclass", 64) != 64 or not getattr(elf, "little_endian", True):
+        return None
+    if elf.get_section_by_name(".rel.plt") is not None:
+        return None
+    rel = elf.get_section_by_name(".rela.plt")
+    if rel is None:
+        return {}
+    if rel["sh_type"] != "SHT_RELA" or rel["sh_entsize"] not in (0, 24):
+        return None
+    symtab = elf.get_section(rel["sh_link"])
+    if symtab is None or symtab["sh_type"] not in ("SHT_DYNSYM", "SHT_SYMTAB"):
+        return None
+    raw = bytes(rel.data())
+    rela = np.frombuffer(raw, np.dtype([("offset", "<u8"), ("info", "<u8"), ("addend", "<i8")]),
+                         count=len(raw) // 24)
+    sraw = bytes(symtab.data())
+    syms = np.frombuffer(sraw, _sym64(), count=len(sraw) // _sym64().itemsize)
+    strtab = bytes(elf.get_section(symtab["sh_link"]).data())
+    idx = (rela["info"] >> np.uint64(32)).astype(np.int64)
+    keep = (idx > 0) & (idx < len(syms))
+    out: dict[int, str] = {}
+    for slot, noff in zip(rela["offset"][keep].tolist(), syms["name"][idx[keep]].tolist(),
+                          strict=True):
+        end = strtab.find(b"\0", noff)
+        out[slot] = strtab[noff:end if end >= 0 else len(strtab)].decode(
+            "utf-8", "replace").split("@", 1)[0]
     return out
 
 
