@@ -108,15 +108,21 @@ def _alt_file(src: ElfModule) -> ElfModule | None:
     return open_elf(p, require_code=False)
 
 
-def analyze_binary(path: str | os.PathLike[str], *, jobs: int = 1) -> Structure:
+#: ``progress(done, total)``: procedures built so far (an estimate when split over processes).
+Progress = Callable[[int, int], None]
+
+
+def analyze_binary(path: str | os.PathLike[str], *, jobs: int = 1,
+                   progress: Progress | None = None) -> Structure:
     """Recover the structure of the ELF file at ``path`` (see the module docstring).
 
     With ``jobs`` > 1 and a large module, the procedures are built in that many processes
     (forked after the DWARF is read, so they share it copy-on-write); the result is identical.
+    ``progress`` is called as procedures are built (libtorch_cpu.so has 385k of them).
     """
     mod = open_elf(path)
     try:
-        return _analyze(mod, jobs)
+        return _analyze(mod, jobs, progress)
     finally:
         mod.close()
 
@@ -201,11 +207,14 @@ class PreparedModule:
         """The structure of the procedures of ``groups[f]`` for ``f`` in ``fnames``."""
         return self.build_runs([(f, groups[f]) for f in fnames])
 
-    def build_runs(self, runs: list[tuple[str, list[int]]]) -> Structure:
-        """The structure of runs of procedures, each run under a FILE scope of its name."""
+    def build_runs(self, runs: list[tuple[str, list[int]]], progress: Progress | None = None,
+                   scale: int = 1, total: int = 0) -> Structure:
+        """The structure of runs of procedures, each run under a FILE scope of its name;
+        ``progress(done * scale, total)`` every 256 procedures."""
         mod, procs, lines = self.mod, self.procs, self.lines
         b = StructureBuilder(mod.path, mod.build_id)
         b.has_calls = True  # every call instruction becomes a C scope
+        done = 0
         for fname, ids in runs:
             fscope = b.add(Kind.FILE, 0, name=fname)
             _pf, pline = _lines_at(lines, self.entry[np.array(ids, dtype=np.int64)])
@@ -216,17 +225,23 @@ class PreparedModule:
                 _build_proc(b, fscope, p, display, int(pl), fname, lines, self.inlined,
                             self.inl_by_proc.get(i, []), self.reader, self.noret_addrs,
                             self.base)
+                done += 1
+                if progress is not None and done % 256 == 0:
+                    progress(min(done * scale, total), total)
+        if progress is not None:
+            progress(min(done * scale, total), total)
         return b.build()
 
     def build_parallel(self, order: list[str], groups: dict[str, list[int]],
-                       jobs: int, min_procs: int = PARALLEL_MIN_PROCS) -> Structure:
+                       jobs: int, min_procs: int = PARALLEL_MIN_PROCS,
+                       progress: Progress | None = None) -> Structure:
         """:meth:`build` in ``jobs`` forked processes, each a run of consecutive procedures of
         about equal code size (cut inside a FILE group where needed: a library without DWARF
         is one group); the concatenation, with a FILE cut in two joined again, is exactly the
         one-process result."""
         n = sum(len(groups[f]) for f in order)
         if jobs <= 1 or n < min_procs or not hasattr(os, "fork"):
-            return self.build(order, groups)
+            return self.build_runs([(f, groups[f]) for f in order], progress, 1, n)
         size = (self.end - self.entry).astype(np.int64)
         flat = [(f, i) for f in order for i in groups[f]]
         w = np.cumsum(size[np.array([i for _, i in flat], dtype=np.int64)])
@@ -242,13 +257,20 @@ class PreparedModule:
             if runs:
                 chunks.append(runs)
         self.reader.preload()  # children must not share the file offset of pyelftools' stream
-        return concat_structures(fork_map(self.build_runs, chunks), join_files=True)
+        last = len(chunks) - 1
+
+        def run(k: int) -> Structure:
+            # only this process (the last chunk) reports: chunks are of equal code size, so
+            # its share done stands for the whole
+            return self.build_runs(chunks[k], progress if k == last else None, len(chunks), n)
+
+        return concat_structures(fork_map(run, list(range(len(chunks)))), join_files=True)
 
 
-def _analyze(mod: ElfModule, jobs: int = 1) -> Structure:
+def _analyze(mod: ElfModule, jobs: int = 1, progress: Progress | None = None) -> Structure:
     prep = PreparedModule(mod)
     order, groups = prep.groups()
-    return prep.build_parallel(order, groups, jobs)
+    return prep.build_parallel(order, groups, jobs, progress=progress)
 
 
 class _SectionReader:

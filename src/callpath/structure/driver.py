@@ -46,14 +46,15 @@ class Result:
     cached: bool = False
 
 
-def analyze_path(path: str, threads: int = 1) -> Structure:
+def analyze_path(path: str, threads: int = 1,
+                 progress: Callable[[int, int], None] | None = None) -> Structure:
     """Structure of one file: a Python source (by suffix) or an ELF load module (built by
-    ``threads`` processes if it is large)."""
+    ``threads`` processes if it is large; ``progress(procedures done, total)``)."""
     if path.endswith(".py"):
         from callpath.structure.python_ast import structure_of_python
         return structure_of_python(path)
     from callpath.structure.binary import analyze_binary
-    return analyze_binary(path, jobs=threads)
+    return analyze_binary(path, jobs=threads, progress=progress)
 
 
 #: Bumped whenever the analysis changes what it finds (v2: call sites, split DWARF, ifuncs;
@@ -119,8 +120,9 @@ def module_identity(path: str) -> tuple[str | None, str | None]:
         m.close()
 
 
-def run_job(job: Job) -> Result:
-    """Analyse one module, through the cache; never raises a user error."""
+def run_job(job: Job, progress: Callable[[int, int], None] | None = None) -> Result:
+    """Analyse one module, through the cache; never raises a user error. ``progress`` is
+    told how many of its procedures are built (the analysis of one big library is minutes)."""
     from callpath.formats.hpcstruct import read_hpcstruct, write_hpcstruct_file
     if job.error is not None:
         return Result(job, None, job.error)
@@ -148,7 +150,7 @@ def run_job(job: Job) -> Result:
         got[0].path = job.name
         return Result(job, got[0], None, cached=True)
     try:
-        s = analyze_path(job.path, job.threads)
+        s = analyze_path(job.path, job.threads, progress)
     except CallpathError as e:
         return Result(job, None, str(e))
     except (MemoryError, RecursionError) as e:
@@ -210,7 +212,8 @@ def run_jobs(jobs: list[Job], workers: int,
     if len(jobs) == 1:
         jobs[0].threads = idle_cores(workers)
     if workers <= 1 or len(jobs) <= 1:
-        it = (run_job(j) for j in jobs)
+        inner = getattr(progress, "procedures", None)
+        it = (run_job(j, inner(j) if inner is not None else None) for j in jobs)
         for r in it:
             results.append(r)
             if progress:
@@ -257,6 +260,19 @@ class ProgressBar:
         self.stream: IO[str] = stream or sys.stderr
         isatty = getattr(self.stream, "isatty", None)
         self.enabled = bool(isatty and isatty()) if enabled is None else enabled
+
+    def procedures(self, job: Job) -> Callable[[int, int], None] | None:
+        """A progress callback for the procedures of ``job`` (one module analysed in this
+        process): ``name: 41% of 385,177 procedures`` on the same line."""
+        if not self.enabled:
+            return None
+        name = os.path.basename(job.name)[:30]
+
+        def show(done: int, total: int) -> None:
+            pct = 100 * done // max(total, 1)
+            self.stream.write(f"\r{name}: {pct:3d}% of {total:,} procedures ")
+            self.stream.flush()
+        return show
 
     def __call__(self, done: int, total: int, r: Result) -> None:
         if not self.enabled:
