@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy.typing as npt
+
 from callpath.errors import FormatError
 from callpath.structure.demangle import demangle
 from callpath.structure.elf import ElfModule
@@ -223,11 +225,15 @@ def procedures(mod: ElfModule, extra_symbol_elves: list[Any] | None = None,
     latest. ``dwarf_entries`` are ``(low_pc, high_pc, name, link name)`` of DWARF subprograms,
     used for code that no symbol names. ``demangle_names`` False leaves ``name`` equal to the
     link name (the caller demangles the few it shows)."""
+    secs = mod.text_sections
+    fast = _best_symbols_fast(mod, extra_symbol_elves or [])
+    if fast is not None:
+        best = fast
+        return _finish(mod, best, dwarf_entries, demangle_names)
     cands = function_symbols(mod.elf, mod.path)
     for e in extra_symbol_elves or []:
         cands += function_symbols(e, mod.path)
     cands += plt_stubs(mod)
-    secs = mod.text_sections
 
     def in_text(a: int) -> bool:
         return any(s.addr <= a < s.addr + s.size for s in secs)
@@ -239,6 +245,19 @@ def procedures(mod: ElfModule, extra_symbol_elves: list[Any] | None = None,
         old = best.get(c.entry)
         if old is None or (c.rank, len(c.name), c.name) < (old.rank, len(old.name), old.name):
             best[c.entry] = c
+    return _finish(mod, best, dwarf_entries, demangle_names)
+
+
+def _finish(mod: ElfModule, best: dict[int, _Cand],
+            dwarf_entries: list[tuple[int, int, str, str]] | None,
+            demangle_names: bool) -> list[Procedure]:
+    """Procedures from the best symbol per entry, DWARF subprograms no symbol names, FDEs
+    (only without symbols) and the ``.init``/``.fini`` sections; ends cut at the next entry."""
+    secs = mod.text_sections
+
+    def in_text(a: int) -> bool:
+        return any(s.addr <= a < s.addr + s.size for s in secs)
+
     for lo, hi, name, link in dwarf_entries or []:
         if lo not in best and in_text(lo):
             best[lo] = _Cand(lo, hi - lo, link or name, (5, 0, 0, 0), "dwarf")
@@ -250,16 +269,139 @@ def procedures(mod: ElfModule, extra_symbol_elves: list[Any] | None = None,
     for s in secs:
         if s.name in (".init", ".fini") and s.addr not in best:
             best[s.addr] = _Cand(s.addr, s.size, s.name.lstrip("._"), (7, 0, 0, 0), "section")
-    entries = sorted(best)
-    out: list[Procedure] = []
-    for i, a in enumerate(entries):
-        c = best[a]
-        sec = next(s for s in secs if s.addr <= a < s.addr + s.size)
-        limit = sec.addr + sec.size
-        if i + 1 < len(entries) and entries[i + 1] < limit:
-            limit = entries[i + 1]
-        end = min(a + c.size, limit) if c.size else limit
-        # shown demangled, as hpcstruct's n= (its ln= keeps the linkage name)
-        out.append(Procedure(a, max(end, a + 1), c.name,
-                             demangle(c.name) if demangle_names else c.name, c.origin))
-    return out
+    import numpy as np
+
+    entries = np.array(sorted(best), dtype=np.uint64)
+    sec_lo = np.array([s.addr for s in secs], dtype=np.uint64)
+    sec_hi = np.array([s.addr + s.size for s in secs], dtype=np.uint64)
+    # every entry is in a text section (candidates outside were dropped): the section's end,
+    # or the next entry if it comes first, bounds it
+    limit = sec_hi[np.searchsorted(sec_lo, entries, side="right") - 1] if len(entries) else \
+        entries
+    nxt = np.append(entries[1:], np.uint64(np.iinfo(np.uint64).max))
+    limit = np.minimum(limit, nxt)
+    cands = [best[a] for a in entries.tolist()]
+    size = np.array([c.size for c in cands], dtype=np.uint64)
+    end = np.where(size > 0, np.minimum(entries + size, limit), limit)
+    end = np.maximum(end, entries + np.uint64(1))
+    # shown demangled, as hpcstruct's n= (its ln= keeps the linkage name)
+    return [Procedure(a, e, c.name, demangle(c.name) if demangle_names else c.name, c.origin)
+            for a, e, c in zip(entries.tolist(), end.tolist(), cands, strict=True)]
+
+
+def _best_symbols_fast(mod: ElfModule, extra: list[Any]) -> dict[int, _Cand] | None:
+    """The best candidate per entry, as :func:`procedures` chooses it (least ``(rank,
+    len(name), name)``, the first seen among equals), with the symbol tables read and ranked
+    as numpy arrays: a Python object per symbol was seconds for libtorch_cpu.so's 441k
+    function symbols. Only the winners' names are decoded. None (take the general path) for
+    other than 64-bit little-endian files or string tables with non-ASCII bytes (where a
+    name's length in characters is not its length in bytes)."""
+    import numpy as np
+
+    tables: list[tuple[bytes, npt.NDArray[Any], bool]] = []  # strtab, name offsets, dynsym
+    cols: dict[str, list[npt.NDArray[Any]]] = {k: [] for k in (
+        "entry", "size", "r0", "r1", "r2", "r3", "nlen", "src", "idx")}
+    for elf in [mod.elf, *extra]:
+        if getattr(elf, "elfclass", 64) != 64 or not getattr(elf, "little_endian", True):
+            return None
+        try:
+            for tab_rank, secname in enumerate((".symtab", ".dynsym")):
+                sec = elf.get_section_by_name(secname)
+                if (sec is None or sec["sh_type"] == "SHT_NOBITS"
+                        or not hasattr(sec, "iter_symbols")):
+                    continue
+                raw = bytes(sec.data())
+                strtab = bytes(elf.get_section(sec["sh_link"]).data())
+                st = np.frombuffer(strtab, dtype=np.uint8)
+                if (st >= 128).any():
+                    return None
+                dt = _sym64()
+                syms = np.frombuffer(raw, dt, count=len(raw) // dt.itemsize)
+                typ = syms["info"] & 0xF
+                keep = (((typ == 2) | (typ == 10)) & (syms["shndx"] != 0)
+                        & (syms["shndx"] != 0xFFF1) & (syms["value"] != 0)
+                        & (syms["name"] != 0))
+                sel = syms[keep]
+                noff = sel["name"].astype(np.int64)
+                if len(noff) and int(noff.max()) >= len(strtab):
+                    raise ValueError(f"symbol name offset {int(noff.max())} outside the "
+                                     "string table")
+                zeros = np.append(np.flatnonzero(st == 0), len(strtab))
+                nend = zeros[np.searchsorted(zeros, noff)]
+                if secname == ".dynsym":  # versioned names: up to the '@'
+                    ats = np.append(np.flatnonzero(st == ord("@")), len(strtab))
+                    nend = np.minimum(nend, ats[np.searchsorted(ats, noff)])
+                bind = (sel["info"] >> 4).astype(np.int64)
+                cols["entry"].append(sel["value"].astype(np.uint64))
+                cols["size"].append(sel["size"].astype(np.uint64))
+                cols["r0"].append(np.full(len(sel), tab_rank, np.int64))
+                cols["r1"].append((sel["size"] == 0).astype(np.int64))
+                cols["r2"].append(np.select([bind == 1, bind == 2, bind == 0], [0, 1, 2], 3))
+                first = st[np.minimum(noff, len(st) - 1)] if len(st) else np.zeros(0, np.uint8)
+                cols["r3"].append(((first == ord("_")) & (nend > noff)).astype(np.int64))
+                cols["nlen"].append(nend - noff)
+                cols["src"].append(np.full(len(sel), len(tables), np.int64))
+                cols["idx"].append(np.arange(len(sel), dtype=np.int64))
+                tables.append((strtab, np.stack([noff, nend]), secname == ".dynsym"))
+        except (ValueError, IndexError, KeyError) as e:
+            raise FormatError(mod.path, f"corrupt symbol table: {e}") from None
+        except Exception as e:
+            raise FormatError(mod.path, f"corrupt symbol table: {e}") from None
+    plt = plt_stubs(mod)
+    plt_src = len(tables)
+    if plt:
+        cols["entry"].append(np.array([c.entry for c in plt], dtype=np.uint64))
+        cols["size"].append(np.array([c.size for c in plt], dtype=np.uint64))
+        for k in ("r0", "r1", "r2", "r3"):
+            cols[k].append(np.zeros(len(plt), np.int64))
+        cols["nlen"].append(np.array([len(c.name) for c in plt], dtype=np.int64))
+        cols["src"].append(np.full(len(plt), plt_src, np.int64))
+        cols["idx"].append(np.arange(len(plt), dtype=np.int64))
+    if not cols["entry"]:
+        return {}
+    c = {k: np.concatenate(v) for k, v in cols.items()}
+    secs = mod.text_sections
+    sec_lo = np.array([s.addr for s in secs], dtype=np.uint64)
+    sec_hi = np.array([s.addr + s.size for s in secs], dtype=np.uint64)
+    j = np.searchsorted(sec_lo, c["entry"], side="right") - 1
+    ok = (j >= 0) & (c["entry"] < sec_hi[np.maximum(j, 0)]) if len(secs) else \
+        np.zeros(len(c["entry"]), bool)
+    c = {k: v[ok] for k, v in c.items()}
+    order = np.lexsort((np.arange(len(c["entry"])), c["nlen"], c["r3"], c["r2"], c["r1"],
+                        c["r0"], c["entry"]))
+    c = {k: v[order] for k, v in c.items()}
+    key = np.stack([c["r0"], c["r1"], c["r2"], c["r3"], c["nlen"]])
+    n = len(c["entry"])
+    head = np.ones(n, dtype=bool)
+    head[1:] = c["entry"][1:] != c["entry"][:-1]
+    # a tie: the next candidate of the same entry has the same rank and name length, so the
+    # names decide (rare: resolved in Python)
+    tie = np.zeros(n, dtype=bool)
+    tie[:-1] = ~head[1:] & (key[:, 1:] == key[:, :-1]).all(axis=0)
+
+    def name_of(k: int) -> str:
+        src, idx = int(c["src"][k]), int(c["idx"][k])
+        if src == plt_src:
+            return plt[idx].name
+        strtab, off, _dyn = tables[src]
+        return strtab[int(off[0, idx]):int(off[1, idx])].decode("utf-8", "replace")
+
+    def cand(k: int) -> _Cand:
+        src = int(c["src"][k])
+        rank = (int(c["r0"][k]), int(c["r1"][k]), int(c["r2"][k]), int(c["r3"][k]))
+        return _Cand(int(c["entry"][k]), int(c["size"][k]), name_of(k), rank,
+                     "plt" if src == plt_src else "symbol")
+
+    best: dict[int, _Cand] = {}
+    heads = np.flatnonzero(head)
+    tied = set(np.flatnonzero(head & tie).tolist())
+    for k in heads.tolist():
+        if k not in tied:
+            best[int(c["entry"][k])] = cand(k)
+            continue
+        m = k + 1
+        while m + 1 < n and tie[m]:
+            m += 1
+        group = [cand(x) for x in range(k, m + 1)]
+        best[group[0].entry] = min(group, key=lambda x: x.name)  # the first among equals
+    return best
