@@ -395,13 +395,13 @@ def _best_symbols_fast(mod: ElfModule, extra: list[Any]) -> dict[int, _Cand] | N
     best: dict[int, _Cand] = {}
     heads = np.flatnonzero(head)
     tied = set(np.flatnonzero(head & tie).tolist())
-    for k in heads.tolist():
-        if k not in tied:
-            best[int(c["entry"][k])] = cand(k)
+    for h in heads.tolist():
+        if h not in tied:
+            best[int(c["entry"][h])] = cand(h)
             continue
-        m = k + 1
+        m = h + 1
         while m + 1 < n and tie[m]:
             m += 1
-        group = [cand(x) for x in range(k, m + 1)]
+        group = [cand(x) for x in range(h, m + 1)]
         best[group[0].entry] = min(group, key=lambda x: x.name)  # the first among equals
     return best
