@@ -228,8 +228,7 @@ def procedures(mod: ElfModule, extra_symbol_elves: list[Any] | None = None,
     secs = mod.text_sections
     fast = _best_symbols_fast(mod, extra_symbol_elves or [])
     if fast is not None:
-        best = fast
-        return _finish(mod, best, dwarf_entries, demangle_names)
+        return _finish(mod, fast, dwarf_entries, demangle_names)
     cands = function_symbols(mod.elf, mod.path)
     for e in extra_symbol_elves or []:
         cands += function_symbols(e, mod.path)
