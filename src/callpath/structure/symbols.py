@@ -392,12 +392,27 @@ def _best_symbols_fast(mod: ElfModule, extra: list[Any]) -> dict[int, _Cand] | N
                      "plt" if src == plt_src else "symbol")
 
     best: dict[int, _Cand] = {}
-    heads = np.flatnonzero(head)
-    tied = set(np.flatnonzero(head & tie).tolist())
-    for h in heads.tolist():
-        if h not in tied:
-            best[int(c["entry"][h])] = cand(h)
-            continue
+    # the winners without a tie, as plain lists (a numpy scalar per field and symbol was most
+    # of the time: 12 s of 20 for libtorch_cpu.so's 385k procedures under cProfile)
+    plain = np.flatnonzero(head & ~tie)
+    src = c["src"][plain]
+    from_plt = src == plt_src
+    pnames = [plt[i].name for i in c["idx"][plain][from_plt].tolist()]
+    names: list[str] = [""] * len(plain)
+    for i, nm in zip(np.flatnonzero(from_plt).tolist(), pnames, strict=True):
+        names[i] = nm
+    for t, (strtab, off, _dyn) in enumerate(tables):
+        sel = np.flatnonzero(src == t)
+        ix = c["idx"][plain[sel]]
+        for i, a, b in zip(sel.tolist(), off[0, ix].tolist(), off[1, ix].tolist(),
+                           strict=True):
+            names[i] = strtab[a:b].decode("utf-8", "replace")
+    for ent, sz, r0, r1, r2, r3, nm, p in zip(
+            c["entry"][plain].tolist(), c["size"][plain].tolist(), c["r0"][plain].tolist(),
+            c["r1"][plain].tolist(), c["r2"][plain].tolist(), c["r3"][plain].tolist(), names,
+            from_plt.tolist(), strict=True):
+        best[ent] = _Cand(ent, sz, nm, (r0, r1, r2, r3), "plt" if p else "symbol")
+    for h in np.flatnonzero(head & tie).tolist():
         m = h + 1
         while m + 1 < n and tie[m]:
             m += 1
