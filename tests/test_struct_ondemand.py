@@ -91,7 +91,7 @@ def test_on_demand_procedures_equal_whole_binary(library: tuple[Path, Structure]
     # addresses inside every 7th procedure (entry, middle), then every 5th in a second run
     first = procs[::7]
     addrs = np.array([a for p in first for a in (p.entry, (p.entry + p.end) // 2)], np.uint64)
-    cache = [tmp_path / "meas" / "lib.npz", tmp_path / "user" / "lib.npz"]
+    cache = [tmp_path / "meas" / "lib.cpstruct", tmp_path / "user" / "lib.cpstruct"]
     r1 = structure_for(ModuleRequest(str(lib), str(lib), np.unique(addrs), list(cache)))
     assert r1.error is None and r1.structure is not None
     assert r1.analysed == len(first) and r1.known == 0 and r1.procedures == len(procs)
@@ -131,7 +131,7 @@ def test_damaged_cache_entry_is_recomputed(library: tuple[Path, Structure],
     lib, whole = library
     trees = _subtrees(whole)
     entry = sorted(trees)[len(trees) // 2]
-    c = tmp_path / "lib.npz"
+    c = tmp_path / "lib.cpstruct"
     r = structure_for(ModuleRequest(str(lib), str(lib), np.array([entry], np.uint64), [c]))
     assert r.analysed == 1
     data = c.read_bytes()
@@ -181,7 +181,7 @@ def test_on_demand_attributes_as_whole_binary(name: str, src: Path, args: list[s
     r = run_cli("prof", str(lean), "-o", str(tmp_path / "lean.d"), env=env)
     assert r.returncode == 0, r.stderr
     assert not list((lean / "structs").glob("*.hpcstruct"))  # nothing whole was written
-    assert list((lean / "structs").glob("*.npz"))
+    assert list((lean / "structs").glob("*.cpstruct"))
     run_cli("struct", str(meas), "--no-cache", check=True)
     r = run_cli("prof", str(meas), "-o", str(tmp_path / "whole.d"), env=env)
     assert r.returncode == 0, r.stderr

@@ -10,13 +10,14 @@ loops, inlined code, lines and call sites, by the same code as ``callpath struct
 opened at all.
 
 The result is cached per module identity (build-id and separate debug file, the key of
-``callpath struct``'s cache) as an ``.npz`` entry (:mod:`callpath.structure.store`) holding
+``callpath struct``'s cache) as a ``.cpstruct`` entry (:mod:`callpath.structure.store`) holding
 the structure of the procedures analysed so far, the module's procedure table (entries and
 ends, so that a later run finds which procedures its addresses need without reading the symbol
 table) and the entries analysed. A later run that touches more procedures analyses only those
 and rewrites the entry with the union: the cache grows with use. Entries live in
-``$XDG_CACHE_HOME/callpath/structs/<key>.npz`` and in ``MEASDIR/structs/<key>.npz`` (the
-measurement then carries what it needs when it is moved to another machine).
+``$XDG_CACHE_HOME/callpath/structs/<key>.cpstruct`` and in
+``MEASDIR/structs/<key>.cpstruct`` (the measurement then carries what it needs when it is
+moved to another machine).
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ def measurement_requests(files: Sequence[Path], *, skip: set[str] | None = None,
                          "measurement (the file was rebuilt since); skipped")
             out.append(req)
             continue
-        key = cache_key(name, bid or recorded or None, dbg) + ".npz"
+        key = cache_key(name, bid or recorded or None, dbg) + ".cpstruct"
         req.cache = [d / "structs" / key]
         if user_cache:
             req.cache.append(user_cache_dir() / key)
@@ -290,7 +291,7 @@ def python_structures(files: Sequence[str], workers: int, *, user_cache: bool = 
     out: dict[str, Structure] = {}
     todo: list[tuple[str, Path | None]] = []
     for f in files:
-        c = user_cache_dir() / (cache_key(f, None) + ".npz") if user_cache else None
+        c = user_cache_dir() / (cache_key(f, None) + ".cpstruct") if user_cache else None
         got = store.load(c, _expect_py()) if c is not None else None
         if got is not None:
             s = got[0]
