@@ -84,14 +84,20 @@ def ensure_env(torch_spec: str, index_url: str | None) -> Path:
     return py
 
 
+CPU: dict[str, float] = {}
+
+
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
-    """Wall seconds, peak RSS (KiB, the largest process of the tree that ran) and stdout."""
+    """Wall seconds, peak RSS (KiB, the largest process of the tree that ran) and stdout; the
+    CPU seconds (user + system, the process and its children) go to ``CPU["last"]``: on a
+    machine shared with other work they say more than the wall time."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out:
         p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
         _, status, ru = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - t0
+        CPU["last"] = ru.ru_utime + ru.ru_stime
         out.seek(0)
         text = out.read()
     if p.returncode != 0:
@@ -123,24 +129,30 @@ def main() -> None:
     env = dict(os.environ, XDG_CACHE_HOME=str(cache))
     try:
         alone, _, out = timed([str(py), str(train), str(args.seconds)], env)
-        print(f"loop alone: {alone:.2f} s ({out.strip().splitlines()[-1]})")
+        alone_cpu = CPU["last"]
+        print(f"loop alone: {alone:.2f} s, CPU {alone_cpu:.2f} s "
+              f"({out.strip().splitlines()[-1]}); load average {os.getloadavg()[0]:.1f}")
         for label in ("cold", "warm"):
             meas, db = work / f"{label}.m", work / f"{label}.d"
             wall, _, out = timed([*cp, "profile", "--native", "-m", str(meas), "-o", str(db),
                                   "--", str(py), str(train), str(args.seconds)], env)
             phases = re.search(r"^Time:\s+(.*)$", out, re.M)
             print(f"profile --native ({label} cache): {wall:.2f} s, {wall - alone:.2f} s more "
-                  f"than the loop alone; phases: {phases.group(1) if phases else '?'}")
+                  f"than the loop alone (CPU {CPU['last']:.2f} s, {CPU['last'] - alone_cpu:.2f}"
+                  f" s more); phases: {phases.group(1) if phases else '?'}; load average "
+                  f"{os.getloadavg()[0]:.1f}")
             print(f"  measurement directory {du(meas) / 2**20:.1f} MiB, structure cache "
                   f"{du(cache / 'callpath' / 'structs') / 2**20:.1f} MiB, database "
                   f"{du(db) / 2**20:.1f} MiB")
         meas = work / "warm.m"
         wall, rss, _ = timed([*cp, "prof", str(meas), "-o", str(work / "p.d")], env)
-        print(f"prof alone (warm): {wall:.2f} s, peak RSS {rss / 1024:.0f} MiB")
+        print(f"prof alone (warm): {wall:.2f} s, CPU {CPU['last']:.2f} s, peak RSS "
+              f"{rss / 1024:.0f} MiB")
         shutil.rmtree(meas / "structs", ignore_errors=True)
         shutil.rmtree(cache / "callpath" / "structs", ignore_errors=True)
         wall, rss, _ = timed([*cp, "prof", str(meas), "-o", str(work / "p2.d")], env)
-        print(f"prof alone (cold): {wall:.2f} s, peak RSS {rss / 1024:.0f} MiB")
+        print(f"prof alone (cold): {wall:.2f} s, CPU {CPU['last']:.2f} s, peak RSS "
+              f"{rss / 1024:.0f} MiB")
         if args.whole:
             wall, rss, _ = timed([*cp, "struct", str(meas), "--no-cache"], env)
             print(f"struct MEASDIR (whole binaries, before issue 27): {wall:.2f} s, peak RSS "
