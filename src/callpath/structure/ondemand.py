@@ -201,6 +201,8 @@ def measurement_requests(files: Sequence[Path], *, skip: set[str] | None = None,
         a = np.concatenate(ips)
         ok = (m >= 0) & (m < len(proc.modules))
         m, a = m[ok], a[ok]
+        if len(m) == 0:  # only Python frames (the Python sampler without --native)
+            continue
         order = np.argsort(m, kind="stable")
         m, a = m[order], a[order]
         ks, starts = np.unique(m, return_index=True)
