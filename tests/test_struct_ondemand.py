@@ -92,7 +92,9 @@ def test_on_demand_procedures_equal_whole_binary(library: tuple[Path, Structure]
     first = procs[::7]
     addrs = np.array([a for p in first for a in (p.entry, (p.entry + p.end) // 2)], np.uint64)
     cache = [tmp_path / "meas" / "lib.cpstruct", tmp_path / "user" / "lib.cpstruct"]
-    r1 = structure_for(ModuleRequest(str(lib), str(lib), np.unique(addrs), list(cache)))
+    state = tmp_path / "user" / "lib.prep.cpstruct"
+    r1 = structure_for(ModuleRequest(str(lib), str(lib), np.unique(addrs), list(cache),
+                                     state=state))
     assert r1.error is None and r1.structure is not None
     assert r1.analysed == len(first) and r1.known == 0 and r1.procedures == len(procs)
     got = _subtrees(r1.structure)
@@ -108,11 +110,12 @@ def test_on_demand_procedures_equal_whole_binary(library: tuple[Path, Structure]
             if x >= 0:
                 assert ([(int(s_.kind[c]), int(s_.line[c])) for c in s_.chain(x)]
                         == [(int(whole.kind[c]), int(whole.line[c])) for c in whole.chain(y)])
-    assert all(c.is_file() for c in cache)
-    # a later run: more procedures; only the new ones are analysed, from the cache otherwise
+    assert all(c.is_file() for c in cache) and state.is_file()
+    # a later run: more procedures; only the new ones are analysed, from the cache otherwise,
+    # with the module-wide facts (procedures, lines, inlining) from the state entry
     second = procs[::5]
     addrs2 = np.array([p.entry for p in second], np.uint64)
-    r2 = structure_for(ModuleRequest(str(lib), str(lib), addrs2, list(cache)))
+    r2 = structure_for(ModuleRequest(str(lib), str(lib), addrs2, list(cache), state=state))
     assert r2.structure is not None
     new = {p.entry for p in second} - {p.entry for p in first}
     assert r2.known == len(first) and r2.analysed == len(new)
@@ -120,10 +123,19 @@ def test_on_demand_procedures_equal_whole_binary(library: tuple[Path, Structure]
     assert set(got2) == {p.entry for p in first} | {p.entry for p in second}
     for entry, tree in got2.items():
         assert tree == whole_trees[entry], hex(entry)
+    # the same from the file itself (a damaged state entry is read past)
+    state.write_bytes(state.read_bytes()[:100])
+    shutil.rmtree(tmp_path / "meas")
+    (tmp_path / "user" / "lib.cpstruct").unlink()
+    r2b = structure_for(ModuleRequest(str(lib), str(lib), addrs2, list(cache), state=state))
+    assert r2b.structure is not None and r2b.analysed == len(second)
+    got2b = _subtrees(r2b.structure)
+    assert got2b == {p.entry: whole_trees[p.entry] for p in second}
+    assert state.is_file() and state.stat().st_size > 100  # written again, whole
     # a third run with nothing new reads the entry and analyses nothing
     r3 = structure_for(ModuleRequest(str(lib), str(lib), addrs2, list(cache)))
     assert r3.analysed == 0 and r3.structure is not None
-    assert _subtrees(r3.structure) == got2
+    assert _subtrees(r3.structure) == got2b
 
 
 def test_damaged_cache_entry_is_recomputed(library: tuple[Path, Structure],

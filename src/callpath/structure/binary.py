@@ -18,8 +18,9 @@ from __future__ import annotations
 import bisect
 import os
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -131,6 +132,29 @@ def analyze_binary(path: str | os.PathLike[str], *, jobs: int = 1,
 PARALLEL_MIN_PROCS = 1000
 
 
+class _ProcTable(Sequence[Procedure]):
+    """Procedures restored from a cached state, made into objects only when built (385k
+    objects for libtorch_cpu.so, of which a run builds a few hundred)."""
+
+    def __init__(self, entry: npt.NDArray[np.uint64], end: npt.NDArray[np.uint64],
+                 link: list[str], shown: list[str], origin: list[str]) -> None:
+        self.e, self.x, self.link, self.shown, self.origin = entry, end, link, shown, origin
+
+    def __len__(self) -> int:
+        return len(self.link)
+
+    @overload
+    def __getitem__(self, i: int) -> Procedure: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Procedure]: ...
+
+    def __getitem__(self, i: int | slice) -> Procedure | Sequence[Procedure]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return Procedure(int(self.e[i]), int(self.x[i]), self.link[i], self.shown[i],
+                         self.origin[i])
+
+
 class PreparedModule:
     """What every procedure's structure depends on, read once per module: its procedures
     (symbols, PLT, DWARF subprograms, FDEs), line table, inlined records, no-return callees.
@@ -146,8 +170,12 @@ class PreparedModule:
     few thousand procedures does not need).
     """
 
-    def __init__(self, mod: ElfModule, *, demangle_all: bool = True) -> None:
+    def __init__(self, mod: ElfModule, *, demangle_all: bool = True,
+                 state: dict[str, npt.NDArray[Any]] | None = None) -> None:
         self.mod = mod
+        if state is not None:
+            self._restore(state)
+            return
         dbg = read_debug(mod)
         extra_elves = []
         dbg_mod = None
@@ -165,7 +193,7 @@ class PreparedModule:
         finally:
             if dbg_mod is not None:
                 dbg_mod.close()
-        self.procs = procs
+        self.procs: Sequence[Procedure] = procs
         self.demangled = demangle_all
         self.lines = dbg.lines if dbg is not None else _empty_lines()
         noret_extra = dbg.info.noreturn_names if dbg is not None else set()
@@ -188,6 +216,95 @@ class PreparedModule:
                 for lo, _hi in s.ranges:
                     self.sub_names.setdefault(lo, s.name)
         self.reader = _SectionReader(mod)
+
+    # -- the module-wide facts as flat arrays (structure/ondemand.py caches them) -----------
+
+    _ORIGINS = ("symbol", "plt", "fde", "dwarf", "section")
+
+    def state(self) -> dict[str, npt.NDArray[Any]]:
+        """Everything :meth:`build` needs but the ELF file itself, as arrays: a later run that
+        touches new procedures of the module builds them without reading its symbol tables
+        and DWARF again (libtorch_cpu.so's 441k symbols, libpython's DWARF: seconds each).
+        Names are stored zlib-compressed (libtorch_cpu.so's mangled names: 38 MB raw)."""
+        import zlib
+
+        procs = self.procs
+        origin = {o: k for k, o in enumerate(self._ORIGINS)}
+        link = [p.link_name for p in procs]
+        shown = [p.name for p in procs] if self.demangled else []
+        inl = self.inlined
+        rptr = np.zeros(len(inl) + 1, dtype=np.int64)
+        rptr[1:] = np.cumsum([len(r.ranges) for r in inl])
+        flat = [x for r in inl for x in r.ranges]
+        sub_lo = sorted(self.sub_names)
+
+        def blob(strings: list[str]) -> npt.NDArray[np.uint8]:
+            raw = "\0".join(strings).encode("utf-8", "surrogatepass")
+            return np.frombuffer(zlib.compress(raw, 1), dtype=np.uint8)
+
+        return {
+            "entry": self.entry, "end": self.end,
+            "origin": np.array([origin.get(p.origin, 0) for p in procs], dtype=np.uint8),
+            "link": blob(link), "shown": blob(shown),
+            "counts": np.array([len(procs), len(shown), len(inl), len(sub_lo),
+                                len(self.lines.files), int(self.demangled)], dtype=np.int64),
+            "noret": np.array(sorted(self.noret_addrs), dtype=np.uint64),
+            "l_addr": self.lines.address, "l_file": self.lines.file,
+            "l_line": self.lines.line, "l_files": blob(self.lines.files),
+            "i_parent": np.array([r.parent for r in inl], dtype=np.int64),
+            "i_cfile": np.array([r.call_file for r in inl], dtype=np.int64),
+            "i_cline": np.array([r.call_line for r in inl], dtype=np.int64),
+            "i_names": blob([r.name for r in inl]), "i_rptr": rptr,
+            "i_lo": np.array([a for a, _ in flat], dtype=np.uint64),
+            "i_hi": np.array([b for _, b in flat], dtype=np.uint64),
+            "s_lo": np.array(sub_lo, dtype=np.uint64),
+            "s_names": blob([self.sub_names[a] for a in sub_lo]),
+        }
+
+    def _restore(self, st: dict[str, npt.NDArray[Any]]) -> None:
+        import zlib
+
+        def unblob(a: npt.NDArray[Any], n: int) -> list[str]:
+            if n == 0:
+                return []
+            return zlib.decompress(a.tobytes()).decode("utf-8", "surrogatepass").split("\0")
+
+        n_procs, n_shown, n_inl, n_sub, n_files, demangled = (int(x) for x in st["counts"])
+        self.entry = np.asarray(st["entry"], dtype=np.uint64)
+        self.end = np.asarray(st["end"], dtype=np.uint64)
+        link = unblob(st["link"], n_procs)
+        shown = unblob(st["shown"], n_shown) if demangled else link
+        origin = [self._ORIGINS[k] for k in st["origin"].tolist()]
+        if not (len(self.entry) == len(self.end) == len(link) == len(shown) == len(origin)
+                == n_procs):
+            raise ValueError("inconsistent procedure table")
+        self.procs = _ProcTable(self.entry, self.end, link, shown, origin)
+        self.demangled = bool(demangled)
+        self.noret_addrs = set(st["noret"].tolist())
+        self.lines = LineTable(np.asarray(st["l_addr"], dtype=np.uint64),
+                               np.asarray(st["l_file"], dtype=np.int32),
+                               np.asarray(st["l_line"], dtype=np.int32),
+                               unblob(st["l_files"], n_files), {})
+        names = unblob(st["i_names"], n_inl)
+        rptr = st["i_rptr"].tolist()
+        lo, hi = st["i_lo"].tolist(), st["i_hi"].tolist()
+        self.inlined = [
+            Inlined(-1, par, list(zip(lo[rptr[k]:rptr[k + 1]], hi[rptr[k]:rptr[k + 1]],
+                                      strict=True)), (0, 0), cf, cl, nm)
+            for k, (par, cf, cl, nm) in enumerate(zip(
+                st["i_parent"].tolist(), st["i_cfile"].tolist(), st["i_cline"].tolist(),
+                names, strict=True))]
+        self.sub_names = dict(zip(st["s_lo"].tolist(), unblob(st["s_names"], n_sub),
+                                  strict=True))
+        self.base = os.path.basename(self.mod.path)
+        self.inl_by_proc = defaultdict(list)
+        entries = self.entry.tolist()
+        for k, rec in enumerate(self.inlined):
+            first = min(a for a, _ in rec.ranges)
+            pi = bisect.bisect_right(entries, first) - 1
+            if pi >= 0 and first < int(self.end[pi]):
+                self.inl_by_proc[pi].append(k)
+        self.reader = _SectionReader(self.mod)
 
     def groups(self, selection: npt.NDArray[np.int64] | None = None
                ) -> tuple[list[str], dict[str, list[int]]]:

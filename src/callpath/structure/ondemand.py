@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -58,6 +59,11 @@ def _expect() -> dict[str, object]:
     return {"format": _FORMAT, "version": FORMAT_VERSION, "analysis": ANALYSIS_VERSION}
 
 
+def _expect_state() -> dict[str, object]:
+    return {"format": "callpath prepared module", "version": FORMAT_VERSION,
+            "analysis": ANALYSIS_VERSION}
+
+
 @dataclass
 class ModuleRequest:
     """One load module and the addresses of it that a measurement touched."""
@@ -67,6 +73,9 @@ class ModuleRequest:
     addrs: npt.NDArray[np.uint64]  # link-time addresses, unique, sorted
     cache: list[Path] = field(default_factory=list)  # entries, first = the measurement's
     error: str | None = None  # known before any analysis (missing file, changed build-id)
+    #: where the module-wide facts of the analysis are kept (per-user cache only: they are
+    #: megabytes for libtorch_cpu.so, and a measurement directory need not carry them)
+    state: Path | None = None
 
 
 @dataclass
@@ -124,10 +133,27 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
             break
     prep = None
     mod = None
+
+    def prepare() -> PreparedModule:
+        """The module-wide facts: from the per-user state entry when there is one, else
+        read from the file (and kept there for the next run that needs them)."""
+        nonlocal mod
+        mod = open_elf(req.path)
+        if req.state is not None:
+            got_state = store.load_arrays(req.state, _expect_state())
+            if got_state is not None:
+                try:
+                    return PreparedModule(mod, demangle_all=False, state=got_state[1])
+                except (ValueError, KeyError, IndexError, TypeError, zlib.error):
+                    pass  # a damaged entry: read the file
+        p = PreparedModule(mod, demangle_all=False)
+        if req.state is not None:
+            store.save_arrays(req.state, _expect_state(), p.state())
+        return p
+
     try:
         if found < 0:
-            mod = open_elf(req.path)
-            prep = PreparedModule(mod, demangle_all=False)
+            prep = prepare()
             lo, hi = prep.entry, prep.end
         known = len(done)
         addrs = np.asarray(req.addrs, dtype=np.uint64)
@@ -138,8 +164,7 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
         missing = need[~np.isin(lo[need], done)]
         if len(missing):
             if prep is None:
-                mod = open_elf(req.path)
-                prep = PreparedModule(mod, demangle_all=False)
+                prep = prepare()
                 if not np.array_equal(prep.entry, lo):  # cannot happen for one build-id
                     raise CallpathError(f"{req.path}: its procedures differ from the cached "
                                         "ones of the same build-id")
@@ -232,6 +257,7 @@ def measurement_requests(files: Sequence[Path], *, skip: set[str] | None = None,
         req.cache = [d / "structs" / key]
         if user_cache:
             req.cache.append(user_cache_dir() / key)
+            req.state = user_cache_dir() / key.replace(".cpstruct", ".prep.cpstruct")
         out.append(req)
     return out, [p for p in pyfiles if os.path.isfile(p)]
 

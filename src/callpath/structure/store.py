@@ -45,12 +45,29 @@ def save(path: str | os.PathLike[str], s: Structure, meta: dict[str, Any],
          extra: dict[str, npt.NDArray[Any]] | None = None) -> bool:
     """Write ``s`` with the JSON-able ``meta`` and ``extra`` arrays to ``path`` atomically;
     False (and nothing left behind) where it cannot be written."""
-    p = Path(path)
     arrays: dict[str, npt.NDArray[Any]] = {"s." + k: getattr(s, k) for k in ARRAYS}
-    arrays["strings"] = np.frombuffer(
-        "\0".join(s.strings).encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    arrays["strings"] = strings_to_array(s.strings)
     for k, v in (extra or {}).items():
         arrays["x." + k] = v
+    head = dict(meta, path=s.path, build_id=s.build_id, has_calls=s.has_calls,
+                n_strings=len(s.strings))
+    return save_arrays(path, head, arrays)
+
+
+def strings_to_array(strings: list[str]) -> npt.NDArray[np.uint8]:
+    """Strings as one NUL-separated UTF-8 array (:func:`array_to_strings` reverses it)."""
+    return np.frombuffer("\0".join(strings).encode("utf-8", "surrogatepass"), dtype=np.uint8)
+
+
+def array_to_strings(a: npt.NDArray[Any], n: int) -> list[str]:
+    return a.tobytes().decode("utf-8", "surrogatepass").split("\0") if n else []
+
+
+def save_arrays(path: str | os.PathLike[str], meta: dict[str, Any],
+                arrays: dict[str, npt.NDArray[Any]]) -> bool:
+    """Write named arrays and a JSON-able header to ``path`` in this module's layout,
+    atomically; False where it cannot be written."""
+    p = Path(path)
     layout: dict[str, list[Any]] = {}
     parts: list[bytes] = []
     off = 0
@@ -62,9 +79,7 @@ def save(path: str | os.PathLike[str], s: Structure, meta: dict[str, Any],
         parts.append(b + b"\0" * pad)
         off += len(b) + pad
     payload = b"".join(parts)
-    head = dict(meta, path=s.path, build_id=s.build_id, has_calls=s.has_calls,
-                n_strings=len(s.strings))
-    header = json.dumps({"meta": head, "arrays": layout, "size": len(payload),
+    header = json.dumps({"meta": meta, "arrays": layout, "size": len(payload),
                          "crc": zlib.crc32(payload)}).encode("utf-8")
     header += b" " * (-(len(header) + 16) % 8)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
@@ -86,6 +101,31 @@ def load(path: str | os.PathLike[str], expect: dict[str, Any] | None = None
     """``(structure, meta, extra arrays)`` of an entry written by :func:`save`, or None when
     it is absent, damaged, or its header differs from ``expect`` in any field given. The
     arrays are read-only views of the mapped file."""
+    got = load_arrays(path, expect)
+    if got is None:
+        return None
+    meta, arrays = got
+    try:
+        cols = {k: arrays["s." + k] for k in ARRAYS}
+        strings = array_to_strings(arrays["strings"], int(meta.get("n_strings", 0)))
+    except (KeyError, UnicodeDecodeError, ValueError):
+        return None
+    extra = {k[2:]: v for k, v in arrays.items() if k.startswith("x.")}
+    n = len(cols["kind"])
+    if (len(strings) != meta.get("n_strings") or len(cols["range_ptr"]) != n + 1
+            or any(len(cols[k]) != n for k in _PER_SCOPE)
+            or not len(cols["range_lo"]) == len(cols["range_hi"]) == int(cols["range_ptr"][-1])
+            or not len(cols["map_lo"]) == len(cols["map_hi"]) == len(cols["map_scope"])):
+        return None
+    s = Structure(path=str(meta.get("path", "")), build_id=meta.get("build_id"),
+                  strings=strings, has_calls=bool(meta.get("has_calls")), **cols)
+    return s, meta, extra
+
+
+def load_arrays(path: str | os.PathLike[str], expect: dict[str, Any] | None = None
+                ) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]] | None:
+    """``(meta, arrays)`` of a file written by :func:`save_arrays`; None when absent,
+    damaged, or its header differs from ``expect``."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -111,18 +151,6 @@ def load(path: str | os.PathLike[str], expect: dict[str, Any] | None = None
         for k, (dt, off, count) in doc["arrays"].items():
             arrays[k] = np.frombuffer(buf, dtype=np.dtype(dt), count=int(count),
                                       offset=int(off))
-        cols = {k: arrays["s." + k] for k in ARRAYS}
-        text = arrays["strings"].tobytes().decode("utf-8", "surrogatepass")
-        extra = {k[2:]: v for k, v in arrays.items() if k.startswith("x.")}
     except Exception:  # any entry that does not read back whole is a miss
         return None
-    strings = text.split("\0") if meta.get("n_strings") else []
-    n = len(cols["kind"])
-    if (len(strings) != meta.get("n_strings") or len(cols["range_ptr"]) != n + 1
-            or any(len(cols[k]) != n for k in _PER_SCOPE)
-            or not len(cols["range_lo"]) == len(cols["range_hi"]) == int(cols["range_ptr"][-1])
-            or not len(cols["map_lo"]) == len(cols["map_hi"]) == len(cols["map_scope"])):
-        return None
-    s = Structure(path=str(meta.get("path", "")), build_id=meta.get("build_id"),
-                  strings=strings, has_calls=bool(meta.get("has_calls")), **cols)
-    return s, meta, extra
+    return meta, arrays
