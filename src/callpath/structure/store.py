@@ -117,8 +117,14 @@ def load(path: str | os.PathLike[str], expect: dict[str, Any] | None = None
             or not len(cols["range_lo"]) == len(cols["range_hi"]) == int(cols["range_ptr"][-1])
             or not len(cols["map_lo"]) == len(cols["map_hi"]) == len(cols["map_scope"])):
         return None
+    c = cols
     s = Structure(path=str(meta.get("path", "")), build_id=meta.get("build_id"),
-                  strings=strings, has_calls=bool(meta.get("has_calls")), **cols)
+                  strings=strings, kind=c["kind"], parent=c["parent"], name=c["name"],
+                  link_name=c["link_name"], file=c["file"], line=c["line"],
+                  call_file=c["call_file"], call_line=c["call_line"], target=c["target"],
+                  range_ptr=c["range_ptr"], range_lo=c["range_lo"], range_hi=c["range_hi"],
+                  map_lo=c["map_lo"], map_hi=c["map_hi"], map_scope=c["map_scope"],
+                  has_calls=bool(meta.get("has_calls")))
     return s, meta, extra
 
 
