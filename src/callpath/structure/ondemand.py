@@ -113,13 +113,12 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
     from callpath.structure.elf import open_elf
 
     s: Structure | None = None
-    meta: dict[str, object] = {}
     lo = hi = done = np.zeros(0, np.uint64)
     found = -1
     for n, c in enumerate(req.cache):
         got = store.load(c, _expect())
         if got is not None:
-            s, meta, extra = got
+            s, _meta, extra = got
             try:
                 lo, hi = extra["proc_lo"].astype(np.uint64), extra["proc_hi"].astype(np.uint64)
                 done = extra["done"].astype(np.uint64)
@@ -183,7 +182,6 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
     for n, c in enumerate(req.cache):
         if len(missing) or found < 0 or n < found:  # new, grown, or only in a later place
             store.save(c, s, head, extra_out)
-    del meta
     return OnDemandResult(req, s, None, analysed=len(missing), known=known, procedures=len(lo))
 
 
