@@ -24,7 +24,7 @@ statement itself (docs/prof.md lists the differences).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -102,11 +102,15 @@ class ModuleMapper:
     def __init__(self, path: str, structure: Structure | None, tables: Tables,
                  symbols: SymbolTable | None = None,
                  kernel: KernelSymbols | None = None,
-                 direct: DirectSymbols | None = None) -> None:
+                 direct: DirectSymbols | None = None,
+                 symbols_of: Callable[[], SymbolTable | None] | None = None) -> None:
         self.path = path
         self.s = structure
         self.t = tables
         self.symbols = symbols
+        #: where the structure holds only some procedures (recovered on demand), the symbol
+        #: table for an address outside them, read the first time one comes
+        self.symbols_of = symbols_of
         self.kernel = kernel
         #: hpcprof's fallback where no structure covers an address: the module's ELF symbols
         self.direct = direct
@@ -134,6 +138,8 @@ class ModuleMapper:
             dfn = self.t.function(dsym[1], lm, dsym[0], -1, 0)
             self.cache[ip] = ((F, CALL, dfn, -1, 0, -1, 0),)
             return self.cache[ip]
+        if scope < 0 and self.symbols is None and self.symbols_of is not None:
+            self.symbols, self.symbols_of = self.symbols_of(), None
         proc = self.symbols.find(ip) if self.symbols is not None and scope < 0 else None
         if proc is not None:
             fid = self.t.function(proc[1], lm, proc[0], -1, 0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -172,14 +173,21 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
                "--keep-launchers keeps them")
     loaded = {} if ignore_structs else load_structures(structs)
     if on_demand and not ignore_structs:
-        loaded.update(_on_demand(chosen.units, loaded, workers, notify, user_cache))
+        # only process files hold sampled call paths (GPU companions' launch paths that
+        # reach a procedure no sample touched fall back to the symbol table)
+        found = _on_demand([u for u in chosen.units if fnmatch(u.name, md.PROCESS_GLOB)],
+                           loaded, workers, notify, user_cache)
+        partial = {k for k in found if not k.endswith(".py")}
+        loaded.update(found)
+    else:
+        partial = set()
     t1 = time.perf_counter()
     if phases is not None:
         phases["structure"] = t1 - t0
     part = reduce_units(reduce_process_files, chosen.units, workers, mpi, {
         "structures": loaded, "metrics": infos,
         "names": names, "ignore_structs": ignore_structs, "instructions": instructions,
-        "process_ids": chosen.process_ids, "gpu_offset": gpu_offset})
+        "process_ids": chosen.process_ids, "gpu_offset": gpu_offset, "partial": partial})
     if part is None:
         return None
     if not part.threads:
@@ -280,7 +288,9 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
                 syms = None
                 if s is None and not STATE.get("ignore_structs"):
                     syms = SymbolTable.of_file(path)
-                mp = mappers[mod] = ModuleMapper(path, s, tables, syms)
+                later = (lambda p=path: SymbolTable.of_file(p)) \
+                    if s is not None and path in STATE.get("partial", ()) else None
+                mp = mappers[mod] = ModuleMapper(path, s, tables, syms, symbols_of=later)
             return mp.steps(addr)
         if kind == _PYTHON:
             return py.steps(codes[mod], addr)
