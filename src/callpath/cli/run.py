@@ -51,8 +51,24 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    "default")
     p.add_argument("--finish", metavar="MEASDIR", default=None,
                    help="only post-process MEASDIR (a run whose launcher was killed)")
+    p.add_argument("-p", "--pid", type=int, default=None, metavar="PID",
+                   help="measure the running process PID (every thread, and threads it "
+                   "starts) instead of starting CMD; it keeps running (docs/run.md)")
+    p.add_argument("--duration", type=_duration, default=None, metavar="S",
+                   help="with --pid: stop after S seconds (default: when the process exits "
+                   "or on Ctrl-C)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS")
     p.set_defaults(func=run)
+
+
+def _duration(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {s!r}") from None
+    if not 0 < v < 1e9:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {s!r}")
+    return v
 
 
 def _stack_size(s: str) -> int:
@@ -127,6 +143,13 @@ def run(args: argparse.Namespace) -> int:
     cmd = list(args.command)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
+    if getattr(args, "pid", None) is not None:
+        from callpath.cli.attach import run_attached
+
+        return run_attached(args, cmd)
+    if getattr(args, "duration", None) is not None:
+        raise CallpathError("--duration: only with --pid (a program started by callpath runs "
+                            "to its end)")
     if args.module is not None:
         return _run_python([args.module, *cmd], True, args)
     if not cmd:

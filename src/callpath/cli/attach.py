@@ -1,0 +1,69 @@
+"""``callpath run --pid PID [--duration S]``: measure a process that is already running.
+
+Kept apart from ``cli/run.py`` so that launching and attaching change independently; the
+measurement directory written is the one ``run`` writes, so ``struct``, ``prof`` and
+``profile`` read it unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from callpath.errors import CallpathError
+
+
+def run_attached(args: argparse.Namespace, cmd: list[str]) -> int:
+    """Attach to ``args.pid``, sample it, unwind post-mortem, print the summary."""
+    from callpath.cli.run import _mark_complete, _progress, fresh_path
+    from callpath.measure import attach, events, postmortem, summary
+
+    pid = int(args.pid)
+    if cmd:
+        raise CallpathError(f"--pid {pid}: expected no command (the process is already "
+                            f"running), got {' '.join(cmd)!r}")
+    if getattr(args, "module", None) is not None:
+        raise CallpathError("--pid and -m: expected one of them (-m starts a Python module)")
+    attach.check_pid(pid)
+    specs = [events.parse_event(e) for e in (args.event or [events.DEFAULT_EVENT])]
+    if args.output:
+        out = Path(args.output)
+    else:
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip() or "program"
+        except OSError:
+            name = "program"
+        out = fresh_path(f"callpath-{name.replace('/', '_')}-{pid}-measurements")
+    opts = attach.AttachOptions(specs, out, duration=args.duration, trace=args.trace,
+                                stack_size=args.stack_size)
+    how = f"for {args.duration:g} s" if args.duration else "until it exits or Ctrl-C"
+    if sys.stderr.isatty():
+        sys.stderr.write(f"callpath: attached to process {pid}, sampling {how}\n")
+    result = attach.attach(pid, opts)
+    for spec, reason in result.failed:
+        sys.stderr.write(f"callpath: event {spec.name} not measured: {reason}\n")
+    _progress("unwinding call stacks ...")
+    res = postmortem.finish(out, _progress)
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[K")
+    _mark_complete(out, res, None)
+    ev = ", ".join(e.spec.name for e in result.events)
+    end = "exited" if result.exited else "kept running (detached)"
+    sys.stderr.write(f"callpath: attached to process {pid} ({result.threads} threads) for "
+                     f"{result.wall_s:.2f} s, sampled on {ev}; the process {end}.\n")
+    summary.print_summary(out, res, None, args.top, sys.stderr)
+    if _is_python(pid) and not result.exited:
+        sys.stderr.write("callpath: note: process %d runs Python; this measurement has its "
+                         "native call paths (the interpreter's C frames)\n" % pid)
+    return 0
+
+
+def _is_python(pid: int) -> bool:
+    try:
+        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+    return exe.startswith("python") or "libpython3" in maps
