@@ -48,6 +48,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="Python sampler: samples per second (default 1000)")
     p.add_argument("-d", "--depth", type=int, default=16,
                    help="depth of the report printed at the end (default 16)")
+    p.add_argument("-p", "--pid", type=int, default=None, metavar="PID",
+                   help="measure the running process PID instead of starting CMD (see "
+                   "callpath run --pid)")
+    from callpath.cli.run import _duration
+
+    p.add_argument("--duration", type=_duration, default=None, metavar="S",
+                   help="with --pid: stop after S seconds (default: at its exit or Ctrl-C)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS")
     p.set_defaults(func=run)
 
@@ -56,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     cmd = list(args.command)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
+    if getattr(args, "pid", None) is not None:
+        cmd = _attached_name(args.pid, cmd)
     if not cmd:
         raise CallpathError("no program to run: expected 'callpath profile [options] -- CMD "
                             "ARGS'")
@@ -64,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.keep_interpreter_frames and not args.native:
         raise CallpathError("--keep-interpreter-frames: expected with --native (it keeps "
                             "CPython's frames of the merged native paths)")
-    python = args.python or cmd[0].endswith(".py")
+    python = (args.python or cmd[0].endswith(".py")) and getattr(args, "pid", None) is None
     name = os.path.basename(cmd[0]).removesuffix(".py") or "program"
     meas = Path(args.measurements) if args.measurements else fresh_path(
         f"callpath-{name}-measurements")
@@ -167,5 +176,26 @@ def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool)
         argv += ["-e", event]
     if args.trace:
         argv.append("-t")
+    if getattr(args, "pid", None) is not None:
+        argv += ["--pid", str(args.pid)]
+        if args.duration is not None:
+            argv += ["--duration", str(args.duration)]
+        ns = parser.parse_args(argv)
+        return int(ns.func(ns))
     ns = parser.parse_args([*argv, "--", *cmd])
     return int(ns.func(ns))
+
+
+def _attached_name(pid: int, cmd: list[str]) -> list[str]:
+    """With --pid, the process's name stands for CMD in the default directory names."""
+    from callpath.measure.attach import check_pid
+
+    if cmd:
+        raise CallpathError(f"--pid {pid}: expected no command (the process is already "
+                            f"running), got {' '.join(cmd)!r}")
+    check_pid(pid)
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip().replace("/", "_")
+    except OSError:
+        name = ""
+    return [f"{name or 'program'}-{pid}"]
