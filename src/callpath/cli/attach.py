@@ -27,6 +27,11 @@ def run_attached(args: argparse.Namespace, cmd: list[str]) -> int:
     if getattr(args, "module", None) is not None:
         raise CallpathError("--pid and -m: expected one of them (-m starts a Python module)")
     attach.check_pid(pid)
+    if not args.event and _is_python(pid):
+        return _attach_python(args, pid)
+    if getattr(args, "native", False):
+        raise CallpathError(f"--pid {pid}: --native is for Python processes (this one runs no "
+                            "CPython 3.11-3.13)")
     specs = [events.parse_event(e) for e in (args.event or [events.DEFAULT_EVENT])]
     if args.output:
         out = Path(args.output)
@@ -54,13 +59,49 @@ def run_attached(args: argparse.Namespace, cmd: list[str]) -> int:
     sys.stderr.write(f"callpath: attached to process {pid} ({result.threads} threads) for "
                      f"{result.wall_s:.2f} s, sampled on {ev}; the process {end}.\n")
     summary.print_summary(out, res, None, args.top, sys.stderr)
-    if _is_python(pid) and not result.exited:
-        sys.stderr.write("callpath: note: process %d runs Python; this measurement has its "
-                         "native call paths (the interpreter's C frames)\n" % pid)
+    return 0
+
+
+#: samples per second of a Python process read from outside (py-spy's default too): each
+#: sample reads every thread's stack, and the reads cost the measured program nothing but
+#: memory bandwidth; the sampler's own CPU grows with the rate
+REMOTE_FREQUENCY = 100.0
+
+
+def _attach_python(args: argparse.Namespace, pid: int) -> int:
+    """A CPython 3.11-3.13 process: Python call paths with lines, read from its memory."""
+    from callpath.cli.run import fresh_path
+    from callpath.measure import events
+    from callpath.measure.remote_python import RemotePython
+    from callpath.measure.remote_sampler import attach_python
+
+    if getattr(args, "native", False):
+        raise CallpathError(f"--pid {pid} --native: merging native stacks into Python call "
+                            "paths of an attached process is not available yet; without "
+                            "--native: Python paths; with -e cpu-clock: native paths")
+    remote = RemotePython(pid)
+    frequency = REMOTE_FREQUENCY
+    for text in getattr(args, "frequency_events", []) or []:
+        spec = events.parse_event(text)
+        if spec.frequency:
+            frequency = float(spec.frequency)
+    name = Path(f"/proc/{pid}/comm").read_text().strip() if os.path.exists(
+        f"/proc/{pid}/comm") else "python"
+    out = Path(args.output) if args.output else fresh_path(
+        f"callpath-{name.replace('/', '_')}-{pid}-measurements")
+    res = attach_python(pid, out, duration=args.duration, frequency=frequency, remote=remote)
+    end = "exited" if res.exited else "kept running (detached)"
+    ver = ".".join(map(str, remote.version))
+    sys.stderr.write(
+        f"callpath: read the Python stacks of process {pid} (Python {ver}, {res.threads} "
+        f"threads) {res.ticks} times in {res.wall_s:.2f} s: {res.samples} thread samples, "
+        f"{res.unreadable} unreadable (changed while read); the process {end}.\n"
+        f"callpath: measurement directory: {out}\n")
     return 0
 
 
 def _is_python(pid: int) -> bool:
+    """Whether ``pid`` runs CPython (its executable or a libpython mapped)."""
     try:
         exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
         maps = Path(f"/proc/{pid}/maps").read_text()

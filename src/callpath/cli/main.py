@@ -28,6 +28,7 @@ COMMANDS = {
     "lines": "cost per source line and execution context (PerfVisS)",
     "export": "write a database as speedscope, pprof, Chrome trace or folded stacks",
     "import": "read folded stacks, speedscope, pprof or perf script output into a database",
+    "dump": "print the current call path of every thread of a running process",
 }
 # Subcommands whose module name differs from the command (``import`` is a Python keyword).
 MODULES = {"import": "import_"}
