@@ -201,3 +201,95 @@ def test_attach_other_user_is_refused(tmp_path: Path) -> None:
     finally:
         victim.kill()
         victim.wait()
+
+
+PY_PROGRAM = Path(__file__).resolve().parent / "programs" / "attach_py.py"
+PYTHONS = [f"python3.{m}" for m in (11, 12, 13)]
+
+
+def _line_of(tag: str) -> int:
+    lines = PY_PROGRAM.read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if text.rstrip().endswith(tag))
+
+
+class PySpinner(Spinner):
+    def __init__(self, python: str, tmp: Path) -> None:  # noqa: D107
+        self.stop_file = tmp / f"stop-{time.monotonic_ns()}"
+        self.proc = subprocess.Popen([python, str(PY_PROGRAM), str(self.stop_file)],
+                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline() == "ready\n"
+
+
+def _python(name: str) -> str:
+    """The interpreter ``name`` from PATH, else from pyenv's versions (whose shims refuse a
+    version that is not selected)."""
+    import glob
+    import shutil
+
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    found = [shutil.which(name), *sorted(glob.glob(f"{root}/versions/{name[6:]}.*/bin/{name}"))]
+    for path in found:
+        if path and subprocess.run([path, "-c", "pass"], capture_output=True,
+                                   check=False).returncode == 0:
+            return path
+    pytest.skip(f"{name} is not installed")
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_dump_python_threads(python: str, tmp_path: Path) -> None:
+    """dump --pid: the main thread in time.sleep and a thread waiting on a lock, each with
+    its Python call path and line; the program is not stopped and exits normally."""
+    exe = _python(python)
+    spin = PySpinner(exe, tmp_path)
+    try:
+        time.sleep(0.3)
+        proc = callpath("dump", "--pid", str(spin.proc.pid))
+        assert proc.returncode == 0, proc.stderr
+        status, text = spin.finish()
+    finally:
+        spin.kill()
+    assert status == 0 and text.strip() == "done"
+    out = proc.stdout
+    blocks = out.split("\n\n")
+    main = next(b for b in blocks if "(main)" in b)
+    assert f"main ({PY_PROGRAM}:{_line_of('SLEEP_LINE')})" in main, out
+    assert "<module>" in main
+    assert any(f"waiter ({PY_PROGRAM}:{_line_of('LOCK_LINE')})" in b and "Thread.run" in b
+               for b in blocks), out
+    assert "Python 3." in blocks[0]
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_attach_python_lines(python: str, tmp_path: Path) -> None:
+    """run --pid on a Python program: Python call paths with lines (the zlib loop is the hot
+    line of the compressing thread); the program keeps running and exits normally."""
+    exe = _python(python)
+    spin = PySpinner(exe, tmp_path)
+    out = tmp_path / "m"
+    try:
+        proc = callpath("run", "--pid", str(spin.proc.pid), "--duration", "2", "-o", str(out))
+        assert proc.returncode == 0, proc.stderr
+        assert "kept running" in proc.stderr, proc.stderr
+        assert spin.proc.poll() is None
+        status, text = spin.finish()
+    finally:
+        spin.kill()
+    assert status == 0 and text.strip() == "done"
+    m = measdir.read(out)
+    assert m.header["status"] == "complete"
+    (p,) = m.processes
+    assert len(p.threads) == 3
+    codes = p.pycode
+    hot = (str(PY_PROGRAM), "compressor", _line_of("COMPRESS_LINE"))
+    per_line: dict[tuple[str, str, int], int] = {}
+    for t in p.threads:
+        for leaf in range(len(t.nodes)):
+            n = int(t.samples[leaf].sum())
+            nd = t.nodes[leaf]
+            if n and nd["kind"] == measdir.NodeKind.PYTHON:
+                c = codes[int(nd["module"])]
+                key = (c.file, c.function, int(nd["address"]))
+                per_line[key] = per_line.get(key, 0) + n
+    assert per_line.get(hot, 0) > 0, per_line
+    assert any(k[1] == "waiter" and k[2] == _line_of("LOCK_LINE") for k in per_line), per_line
