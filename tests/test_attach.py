@@ -213,7 +213,7 @@ def _line_of(tag: str) -> int:
 
 
 class PySpinner(Spinner):
-    def __init__(self, python: str, tmp: Path) -> None:  # noqa: D107
+    def __init__(self, python: str, tmp: Path) -> None:
         self.stop_file = tmp / f"stop-{time.monotonic_ns()}"
         self.proc = subprocess.Popen([python, str(PY_PROGRAM), str(self.stop_file)],
                                      stdout=subprocess.PIPE, text=True, start_new_session=True)

@@ -182,7 +182,7 @@ class RemotePython:
         for path, start in sorted(candidates.items(), key=lambda kv: "libpython" not in kv[0]):
             try:
                 syms, first = _symbols(path, want)
-            except (OSError, Exception):  # noqa: BLE001 (not ELF, unreadable: next file)
+            except (OSError, Exception):
                 continue
             if "_PyRuntime" in syms and "PyCode_Type" in syms:
                 bias = start - first

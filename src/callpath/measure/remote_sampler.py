@@ -16,6 +16,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -124,7 +125,7 @@ class RemoteSampler:
         c[0] += 1
         c[1] += wall
 
-    def write(self, out: Path, facts: dict[str, object],
+    def write(self, out: Path, facts: dict[str, Any],
               metrics: list[measdir.MetricInfo]) -> None:
         pid = self.remote.pid
         node_id = measdir.host_id()
@@ -172,7 +173,7 @@ def record(pid: int, remote: RemotePython, out: Path, *, duration: float | None,
             except (ProcessLookupError, PermissionError):
                 exited = True
                 break
-            except Exception:  # noqa: BLE001 (a read torn by the running program: next tick)
+            except Exception:
                 unreadable += 1
                 threads = []
             ticks += 1
