@@ -11,3 +11,10 @@ from callpath.model import Experiment
 
 __version__ = "0.1.0"
 __all__ = ["CallpathError", "Experiment", "FormatError", "__version__", "open"]
+
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext callpath``: the ``%%callpath`` cell magic (callpath.notebook)."""
+    from callpath.notebook import load_ipython_extension as load
+
+    load(ipython)
