@@ -43,6 +43,10 @@ fi
 # fits this machine they skip with the reason instead of failing the setup
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check ${CONSTRAINTS:+-c "$CONSTRAINTS"} -e '.[mpi]' ||
   echo "setup: the mpi extra (mpi4py, mpich) could not be installed; the MPI tests will skip" >&2
+# the notebook extra (IPython, a kernel, nbclient) lets the %%callpath test run; without it
+# that test skips with the reason
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check ${CONSTRAINTS:+-c "$CONSTRAINTS"} -e '.[notebook]' ||
+  echo "setup: the notebook extra (ipython, ipykernel, nbclient) could not be installed; the notebook test will skip" >&2
 rm -f "$VENV"/.installed*
 touch "$VENV/.installed-${STAMP_TAG:-python3}"
 echo "setup: $VENV: $("$VENV/bin/python" -V) ($PY)"
