@@ -161,49 +161,50 @@ def _fmt(v: Any) -> str:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext callpath``: register ``%%callpath`` and ``%callpath_view``."""
-    from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-    from IPython.display import HTML, display
+    """``%load_ext callpath``: register ``%%callpath`` and ``%callpath_view``. IPython is
+    reached through ``Any`` (it is an optional, not always installed, dependency)."""
+    import importlib
 
-    @magics_class
-    class CallpathMagics(Magics):  # type: ignore[misc]
-        @cell_magic  # type: ignore[misc]
-        def callpath(self, line: str, cell: str) -> None:
-            """Profile the cell: ``%%callpath [--native] [-o DB] [-d DEPTH]``."""
+    disp: Any = importlib.import_module("IPython.display")
+
+    def show(db: Path, depth: int) -> None:
+        try:
+            disp.display(disp.HTML(render(db, depth)))
+        except CallpathError as e:
+            print(f"callpath: {e}", file=sys.stderr)
+
+    def callpath_cell(line: str, cell: str) -> None:
+        """Profile the cell: ``%%callpath [--native] [-o DB] [-d DEPTH]``."""
+        try:
+            opts = _parser().parse_args(shlex.split(line))
+        except SystemExit:
+            print(f"%%callpath: expected [--native] [-o DB] [-d DEPTH], got {line!r}",
+                  file=sys.stderr)
+            return
+        prof = CellProfile(opts.native, Path(opts.output) if opts.output else None)
+        try:
+            proc = prof.start()
+        except CallpathError as e:
+            print(f"callpath: {e}", file=sys.stderr)
+            return
+        try:
+            ipython.run_cell(cell)  # a cell that raises shows its error and is still profiled
+        finally:
             try:
-                opts = _parser().parse_args(shlex.split(line))
-            except SystemExit:
-                print(f"%%callpath: expected [--native] [-o DB] [-d DEPTH], got {line!r}",
-                      file=sys.stderr)
-                return
-            prof = CellProfile(opts.native, Path(opts.output) if opts.output else None)
-            try:
-                proc = prof.start()
+                prof.stop(proc)
             except CallpathError as e:
                 print(f"callpath: {e}", file=sys.stderr)
-                return
-            result = None
-            try:
-                result = self.shell.run_cell(cell)
-            finally:
-                try:
-                    prof.stop(proc)
-                    display(HTML(render(prof.db, opts.depth)))
-                except CallpathError as e:
-                    print(f"callpath: {e}", file=sys.stderr)
-            if result is not None and not result.success:
-                return
+            else:
+                show(prof.db, opts.depth)
 
-        @line_magic  # type: ignore[misc]
-        def callpath_view(self, line: str) -> None:
-            """``%callpath_view DB``: the top of DB and the command that opens the viewer."""
-            db = Path(line.strip())
-            if not db.exists():
-                print(f"callpath: {db}: no such database", file=sys.stderr)
-                return
-            try:
-                display(HTML(render(db, 12)))
-            except CallpathError as e:
-                print(f"callpath: {e}", file=sys.stderr)
+    def callpath_view(line: str) -> None:
+        """``%callpath_view DB``: the top of DB and the command that opens the viewer."""
+        db = Path(line.strip())
+        if not db.exists():
+            print(f"callpath: {db}: no such database", file=sys.stderr)
+            return
+        show(db, 12)
 
-    ipython.register_magics(CallpathMagics)
+    ipython.register_magic_function(callpath_cell, magic_kind="cell", magic_name="callpath")
+    ipython.register_magic_function(callpath_view, magic_kind="line",
+                                    magic_name="callpath_view")
