@@ -231,10 +231,13 @@ def attach_python(pid: int, out: Path, *, duration: float | None, frequency: flo
     metrics = [measdir.MetricInfo(m.name, m.unit, m.period, round(frequency), m.description,
                                   m.event) for m in METRICS]
     start = time.time()
-    measdir.write_header(out, metrics, command=cmdline, program=facts.get("exe", ""),
-                         status="running", start_time=start, attached_pid=pid,
-                         sampler="python-remote")
+    # a stop signal from now on ends the sampling, not the program: the header is the sign
+    # that sampling is starting (the notebook magic waits for it, then may stop us at once)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
+        measdir.write_header(out, metrics, command=cmdline, program=facts.get("exe", ""),
+                             status="running", start_time=start, attached_pid=pid,
+                             sampler="python-remote")
         sampler, res = record(pid, remote, out, duration=duration, frequency=frequency,
                               pidfd=pidfd)
         sampler.write(out, facts, metrics)
@@ -242,6 +245,9 @@ def attach_python(pid: int, out: Path, *, duration: float | None, frequency: flo
         launch._discard(out, created)
         raise
     finally:
+        while signal.sigtimedwait(STOP_SIGNALS, 0) is not None:
+            pass  # a second Ctrl-C while writing: the measurement is already complete
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
         if pidfd is not None:
             os.close(pidfd)
     summary = {"samples": res.samples, "partial": 0, "lost": 0, "throttled": 0,
