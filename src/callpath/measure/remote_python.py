@@ -162,6 +162,11 @@ class RemotePython:
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
+        self._buf = ctypes.create_string_buffer(4096)
+        self._local = _IoVec(ctypes.cast(self._buf, ctypes.c_void_p), 0)
+        self._remote = _IoVec(None, 0)
+        self._local_p = ctypes.pointer(self._local)
+        self._remote_p = ctypes.pointer(self._remote)
         candidates: dict[str, int] = {}  # file -> start of its mapping at file offset 0
         try:
             with open(f"/proc/{pid}/maps") as f:
@@ -208,13 +213,18 @@ class RemotePython:
         self.o = OFFSETS[self.version]
         self._codes: dict[int, Code] = {}
         self._strings: dict[int, str] = {}
+        self._lines: dict[tuple[int, int], int] = {}
+        self._ts_size = max(v for k, v in self.o.items() if k.startswith("tstate_")) + 8
 
     # ---- memory
     def read(self, addr: int, size: int) -> bytes:
-        buf = ctypes.create_string_buffer(size)
-        local = _IoVec(ctypes.cast(buf, ctypes.c_void_p), size)
-        remote = _IoVec(ctypes.c_void_p(addr), size)
-        n = _libc.process_vm_readv(self.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        if size > len(self._buf):
+            self._buf = ctypes.create_string_buffer(max(size, 2 * len(self._buf)))
+            self._local.iov_base = ctypes.cast(self._buf, ctypes.c_void_p)
+        self._local.iov_len = size
+        self._remote.iov_base = addr
+        self._remote.iov_len = size
+        n = _libc.process_vm_readv(self.pid, self._local_p, 1, self._remote_p, 1, 0)
         if n != size:
             err = ctypes.get_errno()
             if n < 0 and err in (1, 13):  # EPERM, EACCES
@@ -222,7 +232,7 @@ class RemotePython:
             if n < 0 and err == 3:  # ESRCH
                 raise ProcessLookupError(err, os.strerror(err))
             raise ReadError(f"cannot read {size} bytes at {addr:#x}")
-        return buf.raw
+        return self._buf.raw[:size]
 
     def _u64(self, addr: int) -> int:
         return int(struct.unpack("<Q", self.read(addr, 8))[0])
@@ -281,14 +291,15 @@ class RemotePython:
 
     def stack(self, ts: int) -> PyThread:
         o = self.o
-        tid = self._u64(ts + o["tstate_native_thread_id"])
-        ident = self._u64(ts + o["tstate_thread_id"])
+        head = self.read(ts, self._ts_size)  # the fields read, in one system call
+        tid = struct.unpack_from("<Q", head, o["tstate_native_thread_id"])[0]
+        ident = struct.unpack_from("<Q", head, o["tstate_thread_id"])[0]
         frames: list[Frame] = []
         try:
             if "tstate_current_frame" in o:
-                f = self._u64(ts + o["tstate_current_frame"])
+                f = struct.unpack_from("<Q", head, o["tstate_current_frame"])[0]
             else:
-                cf = self._u64(ts + o["tstate_cframe"])
+                cf = struct.unpack_from("<Q", head, o["tstate_cframe"])[0]
                 f = self._u64(cf + o["cframe_current_frame"]) if cf else 0
             seen: set[int] = set()
             size = o["frame_owner"] + 1
@@ -307,7 +318,11 @@ class RemotePython:
                 if code is not None:
                     instr = struct.unpack_from("<Q", raw, o["frame_instr"])[0]
                     unit = (instr - (code_p + o["code_adaptive"])) // 2
-                    frames.append(Frame(code, line_at(code.linetable, code.first_line, unit)))
+                    line = self._lines.get((code_p, unit))
+                    if line is None:
+                        line = line_at(code.linetable, code.first_line, unit)
+                        self._lines[(code_p, unit)] = line
+                    frames.append(Frame(code, line))
                 f = prev
         except ReadError as e:
             return PyThread(tid, ident, [], str(e))

@@ -59,12 +59,27 @@ class RemoteResult:
     threads: int
 
 
+_STAT_FDS: dict[tuple[int, int], int] = {}
+
+
 def _running(pid: int, tid: int) -> bool:
+    """Whether the thread is on a CPU (or runnable): its /proc stat, kept open and re-read
+    with pread (opening it at every tick cost a sixth of the sampler's CPU)."""
+    fd = _STAT_FDS.get((pid, tid))
     try:
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "R"
+        if fd is None:
+            fd = os.open(f"/proc/{pid}/task/{tid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            _STAT_FDS[(pid, tid)] = fd
+        text = os.pread(fd, 1024, 0)
+        return text.rsplit(b")", 1)[1].split()[0] == b"R"
     except (OSError, IndexError):
         return False
+
+
+def _close_stats() -> None:
+    for fd in _STAT_FDS.values():
+        os.close(fd)
+    _STAT_FDS.clear()
 
 
 def _name(pid: int, tid: int) -> str:
@@ -192,6 +207,7 @@ def record(pid: int, remote: RemotePython, out: Path, *, duration: float | None,
                 break
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        _close_stats()
     samples = sum(th.samples for th in sampler.threads.values())
     unreadable += sum(th.unreadable for th in sampler.threads.values())
     return sampler, RemoteResult(samples, unreadable, ticks, exited, time.monotonic() - start,
