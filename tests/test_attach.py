@@ -186,7 +186,9 @@ def test_attach_other_user_is_refused(tmp_path: Path) -> None:
         code = ("import sys, os, argparse; from callpath.cli.main import main, build_parser; "
                 "build_parser(); "
                 "import callpath.cli.run, callpath.cli.attach, callpath.measure.attach, "
-                "callpath.measure.events, callpath.measure.postmortem; "
+                "callpath.measure.events, callpath.measure.postmortem, importlib.util; "
+                "import contextlib; exec('with contextlib.suppress(ImportError): "
+                "import callpath.measure.gpu.session'); "
                 "os.setgid(65533); os.setgroups([]); os.setuid(65533); "
                 "sys.exit(main(sys.argv[1:]))")
         proc = subprocess.run([sys.executable, "-c", code, "run", "--pid", str(victim.pid),
@@ -293,3 +295,41 @@ def test_attach_python_lines(python: str, tmp_path: Path) -> None:
                 per_line[key] = per_line.get(key, 0) + n
     assert per_line.get(hot, 0) > 0, per_line
     assert any(k[1] == "waiter" and k[2] == _line_of("LOCK_LINE") for k in per_line), per_line
+
+
+def test_ctrl_c_detaches_and_keeps_the_measurement(perf_ok: None, build,  # type: ignore[no-untyped-def]  # noqa: F811
+                                                   tmp_path: Path) -> None:
+    """SIGINT to callpath (Ctrl-C) ends the measurement, not the program: the directory is
+    complete and the program exits normally later."""
+    exe = build("attach_spin.c", "attach_spin")
+    spin = Spinner(exe, tmp_path)
+    out = tmp_path / "m"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
+    try:
+        prof = subprocess.Popen([sys.executable, "-m", "callpath", "run", "--pid",
+                                 str(spin.proc.pid), "-o", str(out)],
+                                env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not (out / "raw.perf").exists():
+                assert prof.poll() is None, prof.communicate()[1]
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(0.5)
+            prof.send_signal(signal.SIGINT)
+            _, err = prof.communicate(timeout=120)
+        finally:
+            if prof.poll() is None:
+                prof.kill()
+                prof.wait()
+        assert prof.returncode == 0, err
+        assert "kept running" in err, err
+        assert spin.proc.poll() is None
+        status, text = spin.finish()
+    finally:
+        spin.kill()
+    assert status == 0 and text.strip() == "done"
+    m = measdir.read(out)
+    assert m.header["status"] == "complete"
+    assert _counts(out, "hot_loop")[0] > 0

@@ -51,6 +51,37 @@ _PROT = {"r": 1, "w": 2, "x": 4}
 _MAX_RESCANS = 20
 
 
+class StopRequests:
+    """Ctrl-C, SIGTERM and SIGHUP end the measurement, never callpath with a traceback.
+
+    The signals are blocked in the sampling thread and taken with ``sigtimedwait``; but a
+    process-directed signal goes to any thread that does not block it (numpy's OpenBLAS
+    threads, started at import, do not), and Python then raises KeyboardInterrupt in the main
+    thread. So a handler that only notes the request is installed too, for the duration."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> StopRequests:
+        for sig in STOP_SIGNALS:
+            self._old[sig] = signal.signal(sig, self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)  # type: ignore[arg-type]
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.seen = True
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for a stop request; whether one came (now or before)."""
+        if not self.seen and signal.sigtimedwait(STOP_SIGNALS, timeout) is not None:
+            self.seen = True
+        return self.seen
+
+
 @dataclass
 class AttachOptions:
     events: list[EventSpec]
@@ -229,6 +260,7 @@ def attach(pid: int, opts: AttachOptions) -> AttachResult:
             raise access_error(pid, e.errno) from None
         pidfd = None  # an old kernel: poll /proc instead
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    stop = StopRequests().__enter__()
     fds: list[int] = []
     rings: list[perf.RingBuffer] = []
     opened: list[launch.OpenedEvent] = []
@@ -295,7 +327,7 @@ def attach(pid: int, opts: AttachOptions) -> AttachResult:
         for fd in fds:
             with contextlib.suppress(OSError):
                 perf.ioctl(fd, perf.PERF_EVENT_IOC_ENABLE)
-        exited, nbytes = _drain(pid, pidfd, rings, out, opts.duration)
+        exited, nbytes = _drain(pid, pidfd, rings, out, opts.duration, stop)
         for fd in fds:
             with contextlib.suppress(OSError):
                 perf.ioctl(fd, perf.PERF_EVENT_IOC_DISABLE)
@@ -305,6 +337,7 @@ def attach(pid: int, opts: AttachOptions) -> AttachResult:
         launch._discard(out, created)
         raise
     finally:
+        stop.__exit__()
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         for r in rings:
             r.close()
@@ -359,7 +392,7 @@ def _alive(pid: int, pidfd: int | None) -> bool:
 
 
 def _drain(pid: int, pidfd: int | None, rings: list[perf.RingBuffer], out: Path,
-           duration: float | None) -> tuple[bool, int]:
+           duration: float | None, stop: StopRequests) -> tuple[bool, int]:
     """Copy the rings to ``raw.perf`` until the deadline, the process's end or a stop signal;
     returns whether the process ended, and the bytes written."""
     raw: IO[bytes] = open(out / launch.RAW_FILE, "ab")  # noqa: SIM115
@@ -377,7 +410,7 @@ def _drain(pid: int, pidfd: int | None, rings: list[perf.RingBuffer], out: Path,
             nbytes += _copy(rings, raw, procs, seen)
             raw.flush()
             procs.flush()
-            if signal.sigtimedwait(STOP_SIGNALS, 0) is not None:
+            if stop.wait(0):
                 break
             if not _alive(pid, pidfd):
                 exited = True

@@ -22,7 +22,7 @@ import numpy as np
 
 from callpath.errors import CallpathError
 from callpath.formats import measdir
-from callpath.measure.attach import STOP_SIGNALS
+from callpath.measure.attach import STOP_SIGNALS, StopRequests
 from callpath.measure.remote_python import PyThread, RemotePython
 
 METRICS = [
@@ -170,7 +170,8 @@ class RemoteSampler:
 
 
 def record(pid: int, remote: RemotePython, out: Path, *, duration: float | None,
-           frequency: float, pidfd: int | None) -> tuple[RemoteSampler, RemoteResult]:
+           frequency: float, pidfd: int | None,
+           stop: StopRequests) -> tuple[RemoteSampler, RemoteResult]:
     """Sample until ``duration`` passes, the process exits, or SIGINT/SIGTERM/SIGHUP."""
     sampler = RemoteSampler(remote, frequency)
     period = 1.0 / frequency
@@ -200,7 +201,7 @@ def record(pid: int, remote: RemotePython, out: Path, *, duration: float | None,
             wait = max(nxt - time.monotonic(), 0.0)
             if wait == 0.0:
                 nxt = time.monotonic()  # fell behind (a loaded machine): no burst to catch up
-            if signal.sigtimedwait(STOP_SIGNALS, wait) is not None:
+            if stop.wait(wait):
                 break
             if not _alive(pid, pidfd):
                 exited = True
@@ -251,12 +252,13 @@ def attach_python(pid: int, out: Path, *, duration: float | None, frequency: flo
     # that sampling is starting (the notebook magic waits for it, then may stop us at once)
     old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        measdir.write_header(out, metrics, command=cmdline, program=facts.get("exe", ""),
-                             status="running", start_time=start, attached_pid=pid,
-                             sampler="python-remote")
-        sampler, res = record(pid, remote, out, duration=duration, frequency=frequency,
-                              pidfd=pidfd)
-        sampler.write(out, facts, metrics)
+        with StopRequests() as stop:
+            measdir.write_header(out, metrics, command=cmdline, program=facts.get("exe", ""),
+                                 status="running", start_time=start, attached_pid=pid,
+                                 sampler="python-remote")
+            sampler, res = record(pid, remote, out, duration=duration, frequency=frequency,
+                                  pidfd=pidfd, stop=stop)
+            sampler.write(out, facts, metrics)
     except BaseException:
         launch._discard(out, created)
         raise
