@@ -333,3 +333,17 @@ def test_ctrl_c_detaches_and_keeps_the_measurement(perf_ok: None, build,  # type
     m = measdir.read(out)
     assert m.header["status"] == "complete"
     assert _counts(out, "hot_loop")[0] > 0
+
+
+def test_dump_native_program(build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """dump --pid of a C program: its threads and states, and why there is no Python stack."""
+    exe = build("attach_spin.c", "attach_spin")
+    spin = Spinner(exe, tmp_path)
+    try:
+        proc = callpath("dump", "--pid", str(spin.proc.pid))
+        status, _ = spin.finish()
+    finally:
+        spin.kill()
+    assert proc.returncode == 0 and status == 0, proc.stderr
+    assert f"Thread {spin.proc.pid} (main)" in proc.stdout
+    assert "not a CPython process" in proc.stdout.splitlines()[0]

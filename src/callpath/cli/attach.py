@@ -71,7 +71,6 @@ REMOTE_FREQUENCY = 100.0
 def _attach_python(args: argparse.Namespace, pid: int) -> int:
     """A CPython 3.11-3.13 process: Python call paths with lines, read from its memory."""
     from callpath.cli.run import fresh_path
-    from callpath.measure import events
     from callpath.measure.remote_python import RemotePython
     from callpath.measure.remote_sampler import attach_python
 
@@ -81,10 +80,6 @@ def _attach_python(args: argparse.Namespace, pid: int) -> int:
                             "--native: Python paths; with -e cpu-clock: native paths")
     remote = RemotePython(pid)
     frequency = REMOTE_FREQUENCY
-    for text in getattr(args, "frequency_events", []) or []:
-        spec = events.parse_event(text)
-        if spec.frequency:
-            frequency = float(spec.frequency)
     name = Path(f"/proc/{pid}/comm").read_text().strip() if os.path.exists(
         f"/proc/{pid}/comm") else "python"
     out = Path(args.output) if args.output else fresh_path(
