@@ -165,6 +165,7 @@ def test_attach_user_errors(tmp_path: Path) -> None:
         (["run", "--duration", "1", "--", "true"], "only with --pid"),
         (["run", "--pid", str(os.getpid()), "--duration", "-1"], "positive number of seconds"),
         (["profile", "--pid", str(pid_max + 1)], "no such process"),
+        (["run", "--pid", str(os.getpid()), "-e", "gpu=nvidia"], "GPU events"),
     ]
     for argv, words in cases:
         proc = callpath(*argv, "-o" if argv[0] == "run" else "-m", str(tmp_path / "m"))

@@ -121,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "keep_interpreter_frames", False) and not args.native:
         raise CallpathError("--keep-interpreter-frames: expected with --native (it keeps "
                             "CPython's frames of the merged native paths)")
+    if getattr(args, "pid", None) is not None and any(e.startswith("gpu") for e in args.event):
+        raise CallpathError(f"--pid {args.pid}: GPU events are measured only for programs "
+                            "callpath starts (expected -e gpu=... without --pid)")
     from callpath.measure.gpu import session as gpu_session
 
     args.event, gpu_kind = gpu_session.split_events(list(args.event))
