@@ -11,8 +11,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from callpath.errors import CallpathError
+
+if TYPE_CHECKING:
+    from callpath.measure.remote_python import RemotePython
 
 
 def run_attached(args: argparse.Namespace, cmd: list[str]) -> int:
@@ -28,7 +32,16 @@ def run_attached(args: argparse.Namespace, cmd: list[str]) -> int:
         raise CallpathError("--pid and -m: expected one of them (-m starts a Python module)")
     attach.check_pid(pid)
     if not args.event and _is_python(pid):
-        return _attach_python(args, pid)
+        from callpath.measure.remote_python import RemotePython
+
+        try:
+            remote = RemotePython(pid)
+        except CallpathError as e:  # another version, no symbols: its native paths instead
+            sys.stderr.write(f"callpath: {e}; measuring its native call paths instead\n")
+        except PermissionError as e:
+            raise attach.access_error(pid, e.errno or 1, "read the memory of") from None
+        else:
+            return _attach_python(args, pid, remote)
     if getattr(args, "native", False):
         raise CallpathError(f"--pid {pid}: --native is for Python processes (this one runs no "
                             "CPython 3.11-3.13)")
@@ -68,17 +81,15 @@ def run_attached(args: argparse.Namespace, cmd: list[str]) -> int:
 REMOTE_FREQUENCY = 100.0
 
 
-def _attach_python(args: argparse.Namespace, pid: int) -> int:
+def _attach_python(args: argparse.Namespace, pid: int, remote: RemotePython) -> int:
     """A CPython 3.11-3.13 process: Python call paths with lines, read from its memory."""
     from callpath.cli.run import fresh_path
-    from callpath.measure.remote_python import RemotePython
     from callpath.measure.remote_sampler import attach_python
 
     if getattr(args, "native", False):
         raise CallpathError(f"--pid {pid} --native: merging native stacks into Python call "
                             "paths of an attached process is not available yet; without "
                             "--native: Python paths; with -e cpu-clock: native paths")
-    remote = RemotePython(pid)
     frequency = REMOTE_FREQUENCY
     name = Path(f"/proc/{pid}/comm").read_text().strip() if os.path.exists(
         f"/proc/{pid}/comm") else "python"

@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         remote = RemotePython(pid)
     except CallpathError as e:
         note = str(e).split(": ", 1)[-1]
+    except PermissionError as e:
+        raise attach.access_error(pid, e.errno or 1, "read the memory of") from None
     else:
         try:
             threads = remote.threads()

@@ -18,9 +18,10 @@ opened on it before its first instruction. Instead:
   detaching is closing the events. The process's end is noticed through a pidfd (it is not
   our child: its status is its parent's to read).
 
-Permission is the kernel's ptrace access check (``PTRACE_MODE_READ``): the same user (or
-CAP_SYS_PTRACE), and ``kernel.yama.ptrace_scope`` below 2 (where Yama is built in; 1 forbids
-attaching to a non-descendant only for ptrace itself, not for perf_event).
+Permission is the kernel's ptrace access check (``PTRACE_MODE_READ`` for perf_event): the
+same user (or CAP_SYS_PTRACE), and ``kernel.yama.ptrace_scope`` below 2 where Yama is built in
+(Yama's scope 1 restricts only *attach* accesses, such as ``process_vm_readv``, which reading
+a Python process's frames needs).
 """
 
 from __future__ import annotations
@@ -114,6 +115,11 @@ def access_error(pid: int, err: int, what: str = "measure") -> CallpathError:
                 f"--pid {pid}: cannot {what} a process of another user (uid {owner}; you are "
                 f"uid {me}): run callpath as that user, or as root / with CAP_SYS_PTRACE")
         scope = _ptrace_scope()
+        if scope == 1 and what != "measure":
+            return CallpathError(
+                f"--pid {pid}: kernel.yama.ptrace_scope = 1 lets only a process's ancestors "
+                f"{what} it: run as root / with CAP_SYS_PTRACE, or 'sysctl "
+                "kernel.yama.ptrace_scope=0'")
         if scope is not None and scope >= 2:
             fix = ("run as root / with CAP_SYS_PTRACE, or 'sysctl kernel.yama.ptrace_scope=1'"
                    if scope == 2 else "only a reboot lowers 3")

@@ -186,9 +186,13 @@ def record(pid: int, remote: RemotePython, out: Path, *, duration: float | None,
             now = time.monotonic_ns()
             try:
                 threads = remote.threads()
-            except (ProcessLookupError, PermissionError):
+            except ProcessLookupError:
                 exited = True
                 break
+            except PermissionError as e:
+                from callpath.measure.attach import access_error
+
+                raise access_error(pid, e.errno or 1, "read the memory of") from None
             except Exception:
                 unreadable += 1
                 threads = []
