@@ -348,3 +348,22 @@ def test_dump_native_program(build, tmp_path: Path) -> None:  # type: ignore[no-
     assert proc.returncode == 0 and status == 0, proc.stderr
     assert f"Thread {spin.proc.pid} (main)" in proc.stdout
     assert "not a CPython process" in proc.stdout.splitlines()[0]
+
+
+def test_attach_older_python_falls_back_to_native(perf_ok: None, tmp_path: Path) -> None:  # noqa: F811
+    """CPython 3.10 (frames not readable by this version): one line says so, and its native
+    call paths are measured instead; the program is unharmed."""
+    exe = _python("python3.10")
+    spin = PySpinner(exe, tmp_path)
+    out = tmp_path / "m"
+    try:
+        proc = callpath("run", "--pid", str(spin.proc.pid), "--duration", "1", "-o", str(out))
+        status, text = spin.finish()
+    finally:
+        spin.kill()
+    assert proc.returncode == 0, proc.stderr
+    assert "Python 3.10; expected CPython 3.11, 3.12 or 3.13" in proc.stderr
+    assert "measuring its native call paths instead" in proc.stderr
+    assert status == 0 and text.strip() == "done"
+    m = measdir.read(out)
+    assert m.header["status"] == "complete" and m.processes
