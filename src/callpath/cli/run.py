@@ -18,7 +18,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Run CMD under perf_event sampling (every thread and child process), unwind "
         "the call stacks post-mortem, and write a measurement directory. Default event: "
         "cpu-clock every 1 ms of CPU time (1 kHz).",
-        epilog="EVENT is a software event (cpu-clock, task-clock, page-faults, "
+        epilog="EVENT is REALTIME (or wall: wall-clock time on and off CPU, and where threads "
+        "wait), a software event (cpu-clock, task-clock, page-faults, "
         "context-switches, ...), a hardware event (cycles, instructions, cache-misses, "
         "branch-misses, ...) or a raw code rHEX, optionally with @PERIOD or @fFREQUENCY "
         "(e.g. cpu-clock@500000, cycles@f2000). See docs/run.md.")
@@ -135,9 +136,19 @@ def run(args: argparse.Namespace) -> int:
 
     if is_python_target(cmd) or (args.native and mpi_python_target(cmd)):
         return _run_python(cmd, False, args)
-    specs = [events.parse_event(e) for e in (args.event or [events.DEFAULT_EVENT])]
+    texts = args.event or [events.DEFAULT_EVENT]
+    clocks = [c for c in (events.parse_realtime(e) for e in texts) if c is not None]
+    if len(clocks) > 1:
+        raise CallpathError("-e REALTIME given twice: expected it once (with @PERIOD for its "
+                            "CPU clock)")
+    specs = clocks + [events.parse_event(e) for e in texts if events.parse_realtime(e) is None]
+    if clocks and any(s.name in events.CLOCKS or s.name == launch.SWITCH_EVENT
+                      for s in specs[1:]):
+        raise CallpathError("-e REALTIME measures CPU time and context switches itself: "
+                            "expected no other cpu-clock, task-clock or context-switches event")
     out = Path(args.output) if args.output else _default_output(cmd)
-    opts = launch.RunOptions(specs, out, trace=args.trace, stack_size=args.stack_size)
+    opts = launch.RunOptions(specs, out, trace=args.trace, stack_size=args.stack_size,
+                             realtime=bool(clocks))
     result = launch.run(cmd, opts)
     for spec, reason in result.failed:
         sys.stderr.write(f"callpath: event {spec.name} not measured: {reason}\n")
@@ -181,7 +192,8 @@ def _run_python(cmd: list[str], module: bool, args: argparse.Namespace) -> int:
 
     frequency = 1000.0
     for text in args.event:
-        spec = events.parse_event(text)
+        # the Python sampler measures CPU and wall-clock time (REALTIME) of every thread anyway
+        spec = events.parse_realtime(text) or events.parse_event(text)
         if spec.name not in ("cpu-clock", "task-clock"):
             raise CallpathError(f"event {text!r}: Python programs are sampled on CPU time; "
                                 "expected cpu-clock or task-clock (with @fHZ or @PERIOD_NS)")
@@ -222,5 +234,11 @@ def _mark_complete(out: Path, res: Any, exit_status: int | None) -> None:
         "throttled": res.throttled, "undecodable": res.bad,
         "partial_reasons": res.partial_reasons,
         "contexts": [{"pid": t.pid, "tid": t.tid, "thread": t.index, "rank": t.rank,
-                      "samples": t.samples, "partial": t.partial} for t in res.threads]}
+                      "samples": t.samples, "partial": t.partial,
+                      **({"wall_ns": t.time.wall, "cpu_ns": t.time.cpu,
+                          "offcpu_ns": round(t.time.off), "blocked_ns": round(t.time.blocked)}
+                         if t.time is not None else {})} for t in res.threads]}
+    if res.switch_samples:
+        header["summary"]["switch_samples"] = res.switch_samples
+        header["summary"]["switches"] = res.switches
     measdir.write_header(out, metrics, **header)

@@ -62,6 +62,19 @@ def parse_event(text: str) -> EventSpec:
     return EventSpec(name, typ, config, period, frequency)
 
 
+#: ``-e REALTIME`` (HPCToolkit's name) or ``-e wall``: wall-clock and off-CPU time
+REALTIME_NAMES = ("realtime", "wall")
+
+
+def parse_realtime(text: str) -> EventSpec | None:
+    """``REALTIME[@PERIOD | @fFREQUENCY]``: the CPU clock that measures its on-CPU part
+    (period in ns of CPU time, as ``cpu-clock``; default 1 ms), or None for other events."""
+    name, at, rate = text.partition("@")
+    if name.strip().lower() not in REALTIME_NAMES:
+        return None
+    return parse_event("cpu-clock" + at + rate)
+
+
 def _is_hex(s: str) -> bool:
     try:
         int(s, 16)

@@ -53,6 +53,38 @@ class RunOptions:
     ring_pages: int = 0  # data pages per CPU ring; 0: 8 MiB, less beyond 8 CPUs (64 MiB in all)
     linger: float = 2.0     # seconds to keep measuring descendants after the program exits
     nice: int = 5           # the launcher yields the CPU to the program it measures
+    #: ``-e REALTIME``: the first event is the CPU clock; context switches are sampled too
+    #: (at most ``switch_frequency`` stacks per second per thread and CPU, the kernel adapting
+    #: the period) and every sample carries its thread's CPU time (``realtime_metrics``)
+    realtime: bool = False
+    switch_frequency: int = 1000
+
+
+#: the events a REALTIME measurement opens after its CPU clock: context switches, by frequency
+SWITCH_EVENT = "context-switches"
+
+
+def switch_spec(frequency: int) -> EventSpec:
+    """Context switches of the program's threads, at most ``frequency`` samples per second
+    per thread and CPU: the kernel samples every switch while a thread switches less often,
+    and every Nth (N adapted at each sample) beyond, so that a program switching 10^5 times a
+    second is not slowed by its stack copies (docs/run.md, "Wall-clock and off-CPU time")."""
+    return EventSpec(SWITCH_EVENT, 1, 3, 0, frequency)
+
+
+def realtime_metrics(cpu: EventSpec, frequency: int) -> list[measdir.MetricInfo]:
+    """The three metrics of ``-e REALTIME``, in this order (indices 0, 1, 2 of the header):
+    wall-clock = CPU time + time off CPU, each at its call path."""
+    return [
+        measdir.MetricInfo("REALTIME", "ns", cpu.period, cpu.frequency,
+                           "wall-clock time: CPU time (cpu-clock samples) plus time off CPU "
+                           "(charged where the thread was switched out)", "REALTIME"),
+        measdir.MetricInfo("CPUTIME", "ns", cpu.period, cpu.frequency,
+                           "CPU time (cpu-clock samples)", cpu.name),
+        measdir.MetricInfo("OFFCPU", "ns", 0, frequency,
+                           "time off CPU (blocked, or runnable and waiting for a CPU), at the "
+                           "call path where the thread was switched out", SWITCH_EVENT),
+    ]
 
 
 @dataclass
@@ -226,12 +258,19 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
         leaders: dict[int, int] = {}
         cpus = perf.online_cpus()
         pages = opts.ring_pages or ring_pages_for(len(cpus))
-        for spec in opts.events:
-            ev = OpenedEvent(spec, len(opened))
+        specs = list(opts.events)
+        base = 0
+        if opts.realtime:
+            specs.insert(1, switch_spec(opts.switch_frequency))
+            base = 1  # metric 0 is REALTIME, computed post-mortem from the other two
+        for spec in specs:
+            ev = OpenedEvent(spec, len(opened) + base)
             try:
                 for cpu in cpus:
                     attr = perf.make_attr(spec, stack_size=opts.stack_size,
-                                          sideband=not opened)
+                                          sideband=not opened, read_time=opts.realtime,
+                                          user_callchain=not (opts.realtime
+                                                              and spec.name == SWITCH_EVENT))
                     attr.flags |= 1 << 14  # watermark: wake the poll when a quarter is full
                     attr.wakeup_events = pages * mmap.PAGESIZE // 4
                     fd = _open_user_or_all(attr, gate.pid, cpu)
@@ -246,6 +285,12 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
                 failed.append((spec, perf.explain(e.errno or 0, spec)))
                 continue
             opened.append(ev)
+        if opts.realtime and [e.spec for e in opened[:2]] != specs[:2]:
+            gate.abort()
+            _discard(out, created)
+            reasons = "; ".join(f"{s.name}: {r}" for s, r in failed)
+            raise CallpathError("-e REALTIME needs a CPU clock and context-switch sampling "
+                                f"with the thread's CPU time in each sample ({reasons})")
         if not opened:
             gate.abort()
             reasons = "; ".join(f"{s.name}: {r}" for s, r in failed)
@@ -253,11 +298,20 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
             raise CallpathError(f"no event could be opened ({reasons})")
         vdso = _save_vdso(out)
         metrics = [measdir.MetricInfo(e.spec.name, unit_of(e.spec), e.spec.period,
-                                      e.spec.frequency, event=e.spec.name) for e in opened]
-        raw_info = {"sample_type": perf.make_attr(opened[0].spec).sample_type,
-                    "regs": perf.REGS_ORDER, "stack_size": opts.stack_size,
-                    "ids": {str(i): e.metric for e in opened for i in e.ids},
-                    "trace": opts.trace, "vdso": vdso}
+                                      e.spec.frequency, event=e.spec.name)
+                   for e in opened[2 if opts.realtime else 0:]]
+        if opts.realtime:
+            metrics[:0] = realtime_metrics(opened[0].spec, opts.switch_frequency)
+        raw_info: dict[str, Any] = {
+            "sample_type": perf.make_attr(opened[0].spec, read_time=opts.realtime).sample_type,
+            "regs": perf.REGS_ORDER, "stack_size": opts.stack_size,
+            "ids": {str(i): e.metric for e in opened for i in e.ids},
+            "trace": opts.trace, "vdso": vdso}
+        if opts.realtime:
+            raw_info["read_words"] = perf.READ_WORDS
+            raw_info["realtime"] = {"cpu_metric": 1, "switch_metric": 2,
+                                    "cpu_period": opened[0].spec.period,
+                                    "switch_frequency": opts.switch_frequency}
         start = time.time()
         measdir.write_header(out, metrics, command=cmd, program=path, status="running",
                              start_time=start, raw=raw_info,

@@ -55,6 +55,9 @@ class Samples:
     stack_words: npt.NDArray[np.int64]  # valid words in the copy (dyn_size / 8)
     callchain0: npt.NDArray[np.int64]   # word index of the kernel call chain's first entry
     callchain_n: npt.NDArray[np.int64]
+    #: the thread's CPU time (ns) at the sample (``-e REALTIME``: the event's time enabled);
+    #: zeros when not recorded
+    cputime: U64 = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
 
     def __len__(self) -> int:
         return len(self.time)
@@ -75,6 +78,7 @@ class RawData:
 def decode(path: Path, raw_info: dict[str, Any]) -> RawData:
     """Decode ``raw.perf`` written with the attributes in ``raw_info`` (measurement.json)."""
     nregs = len(raw_info["regs"])
+    read_words = int(raw_info.get("read_words", 0))
     ids = {int(k): int(v) for k, v in raw_info["ids"].items()}
     size = path.stat().st_size if path.exists() else 0
     size -= size % 8
@@ -110,7 +114,7 @@ def decode(path: Path, raw_info: dict[str, Any]) -> RawData:
         pos += rsize
     side.sort(key=lambda s: s.time)
     samples, bad_samples = _samples(words, np.asarray(sample_offsets, dtype=np.int64) // 8,
-                                    nregs, ids)
+                                    nregs, ids, read_words)
     return RawData(words, samples, side, lost, bad + bad_samples)
 
 
@@ -153,8 +157,9 @@ def _sideband(buf: Any, pos: int, typ: int, misc: int, rsize: int) -> Sideband:
 
 
 def _samples(w: U64, o: npt.NDArray[np.int64], nregs: int,
-             ids: dict[int, int]) -> tuple[Samples, int]:
-    """Gather the fields of all samples (layout fixed by ``perf.make_attr``'s sample_type)."""
+             ids: dict[int, int], read_words: int = 0) -> tuple[Samples, int]:
+    """Gather the fields of all samples (layout fixed by ``perf.make_attr``'s sample_type;
+    ``read_words``: the ``SAMPLE_READ`` words after the period, as ``-e REALTIME`` asks)."""
     n = len(o)
     if n == 0:
         z = np.zeros(0, dtype=np.int64)
@@ -162,11 +167,12 @@ def _samples(w: U64, o: npt.NDArray[np.int64], nregs: int,
                        np.zeros((0, nregs), dtype=np.uint64), z.astype(bool), z, z, z, z), 0
     ident = w[o + 1]
     pidtid = w[o + 3]
-    nr = w[o + 7].astype(np.int64)
     lim = len(w)
-    good = (nr >= 0) & (nr < 4096) & (o + 8 + nr < lim)
+    cc = o + 7 + read_words  # the call chain's length word
+    nr = w[np.minimum(cc, lim - 1)].astype(np.int64)
+    good = (nr >= 0) & (nr < 4096) & (cc + 1 + nr < lim)
     nr = np.where(good, nr, 0)
-    abi_at = o + 8 + nr
+    abi_at = cc + 1 + nr
     abi = w[np.minimum(abi_at, lim - 1)]
     has_regs = good & (abi != 0)
     regs0 = abi_at + 1
@@ -187,7 +193,8 @@ def _samples(w: U64, o: npt.NDArray[np.int64], nregs: int,
                 tid=(pidtid >> np.uint64(32)).astype(np.int64),
                 cpu=(w[o + 5] & 0xFFFFFFFF).astype(np.int64), period=w[o + 6],
                 metric=metric, regs=regs, has_regs=has_regs & ok, stack0=stack0,
-                stack_words=dyn // 8, callchain0=o + 8, callchain_n=nr)
+                stack_words=dyn // 8, callchain0=cc + 1, callchain_n=nr,
+                cputime=w[o + 8] if read_words >= 2 else np.zeros(n, dtype=np.uint64))
     bad = int(np.count_nonzero(~ok))
     if bad:
         s = s.take(ok)
