@@ -72,7 +72,11 @@ def parse_realtime(text: str) -> EventSpec | None:
     name, at, rate = text.partition("@")
     if name.strip().lower() not in REALTIME_NAMES:
         return None
-    return parse_event("cpu-clock" + at + rate)
+    try:
+        return parse_event("cpu-clock" + at + rate)
+    except CallpathError:
+        raise CallpathError(f"event {text!r}: expected REALTIME, REALTIME@PERIOD (ns of CPU "
+                            "time between CPU samples) or REALTIME@fFREQUENCY") from None
 
 
 def _is_hex(s: str) -> bool:

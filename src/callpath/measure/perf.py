@@ -51,13 +51,10 @@ F_EXCLUDE_CALLCHAIN_USER = 1 << 22
 F_MMAP2 = 1 << 23
 F_COMM_EXEC = 1 << 24
 F_USE_CLOCKID = 1 << 25
+F_CONTEXT_SWITCH = 1 << 26
 F_BUILD_ID = 1 << 34
 
 CLOCK_MONOTONIC = 1
-FORMAT_TOTAL_TIME_ENABLED = 1 << 0
-#: words that ``SAMPLE_READ`` adds to a sample with ``read_format = TOTAL_TIME_ENABLED``:
-#: the event's count and its time enabled (for a per-thread event: the thread's CPU time)
-READ_WORDS = 2
 
 PERF_EVENT_IOC_ENABLE = 0x2400
 PERF_EVENT_IOC_DISABLE = 0x2401
@@ -150,18 +147,20 @@ DEFAULT_STACK_SIZE = 8192
 
 def make_attr(spec: EventSpec, *, sample: bool = True, stack_size: int = DEFAULT_STACK_SIZE,
               inherit: bool = True, exclude_kernel: bool = False,
-              sideband: bool = False, read_time: bool = False,
+              sideband: bool = False, switch_records: bool = False,
               user_callchain: bool = True) -> PerfEventAttr:
     """Attributes of a sampling event. ``sideband``: also report mmaps (with build-ids),
     comm/exec, fork and exit (asked of one event only, or records come twice).
 
-    ``read_time`` (``callpath run -e REALTIME``): every sample also carries the event's
-    ``time_enabled``. For an event on a thread that is the thread's CPU time so far, whichever
-    CPU it ran on (a task's events share one context, whose clock runs while the task runs),
-    so two samples of a thread give its time off CPU between them without a record per
-    context switch (Linux 6.12+ accepts ``SAMPLE_READ`` with ``inherit``). ``user_callchain``
-    False drops the frame-pointer call chain the kernel would walk (unused: CFI unwinding
-    replaces it) for events whose rate a program controls, such as context switches."""
+    ``switch_records`` (``callpath run -e REALTIME``, with ``sideband``): also a
+    PERF_RECORD_SWITCH at every switch of a thread out of and back onto a CPU (40 bytes, about
+    0.25 us each here; the out record says whether the thread was preempted), which give each
+    thread's time off CPU exactly. ``SAMPLE_READ`` of the thread's clock in each sample would
+    too, but with ``inherit`` it made every context switch of the program 4-5x dearer (Linux
+    6.18, bench/offcpu.py). ``user_callchain`` False drops the frame-pointer call chain the
+    kernel would walk (unused: CFI unwinding replaces it) for events whose rate a program
+    controls, such as context switches.
+    """
     a = PerfEventAttr()
     a.type = spec.type
     a.size = ctypes.sizeof(PerfEventAttr)
@@ -187,9 +186,8 @@ def make_attr(spec: EventSpec, *, sample: bool = True, stack_size: int = DEFAULT
         a.sample_max_stack = 127
         flags |= F_SAMPLE_ID_ALL | F_USE_CLOCKID
         a.clockid = CLOCK_MONOTONIC
-        if read_time:
-            a.sample_type |= SAMPLE_READ
-            a.read_format = FORMAT_TOTAL_TIME_ENABLED
+        if switch_records and sideband:
+            flags |= F_CONTEXT_SWITCH
         if not user_callchain:
             flags |= F_EXCLUDE_CALLCHAIN_USER
     a.flags = flags

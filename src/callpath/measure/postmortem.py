@@ -361,7 +361,13 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
     col = {r: regs.index(r) for r in ("ip", "sp", "bx", "bp", "r12", "r13", "r14", "r15")}
     rt = raw_info.get("realtime")
     switch_metric = int(rt["switch_metric"]) if isinstance(rt, dict) else -1
-    oc = offcpu.compute(sm, switch_metric, *_thread_life(raw.sideband)) if rt else None
+    oc = offcpu.compute(sm, switch_metric, raw.switches, _thread_life(raw.sideband)) \
+        if rt and raw.switches is not None else None
+    if oc is not None and oc.duplicate.any():
+        keep = ~oc.duplicate
+        oc.take(keep)
+        sm = sm.take(keep)
+        img_of = img_of[keep]
     table = cfi.RowTable()
     store = recipes.RecipeStore()
     compiler = cfi.Compiler(table, recipes=store.get, mode=unwind_mode())
@@ -407,7 +413,7 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
         if oc is not None:
             value[s.metric == switch_metric] = oc.charged[sel][s.metric == switch_metric]
             nodes, nthread, leaf, run_leaf = _placeholders(nodes, nthread, leaf, fr, s, mm,
-                                                           switch_metric)
+                                                           switch_metric, oc.preempted[sel])
         gen = img.generation
         while (img.pid, gen) in used_names:
             gen += 1
@@ -470,8 +476,6 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
                 total_partial += npart
                 extra: dict[str, Any] = {}
                 if tt is not None:
-                    tt.blocked = float(value[ts][(s.metric[ts] == switch_metric)
-                                                 & _blocked_mask(leaf, ts, nodes)].sum())
                     extra = {"wall_ns": tt.wall, "cpu_ns": tt.cpu, "offcpu_ns": round(tt.off),
                              "blocked_ns": round(tt.blocked),
                              "switch_samples": tt.switch_samples, "switches": tt.switches}
@@ -490,35 +494,35 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
     (out / RAW_FILE).unlink()
     (out / PROCS_FILE).unlink(missing_ok=True)
     ranked = sorted(((k[0], k[1], v) for k, v in flat.items()), key=lambda x: -x[2])
-    is_sw = sm.metric == switch_metric
     return Result(summaries, len(sm), total_partial, raw.lost, throttled, raw.bad_samples,
                   ranked, reasons,
                   {cfi.SOURCES[i]: v for i, v in enumerate(compiler.frame_sources) if v},
-                  store.log, int(np.count_nonzero(is_sw)), int(sm.period[is_sw].sum()))
+                  store.log,
+                  sum(x.switch_samples for x in oc.threads.values()) if oc else 0,
+                  sum(x.switches for x in oc.threads.values()) if oc else 0)
 
 
-def _thread_life(side: list[records.Sideband]) -> tuple[dict[tuple[int, int], int],
-                                                        dict[tuple[int, int], int]]:
-    """When each thread's event clocks started (its fork; the first exec for the measured
-    program, whose events are enabled there) and when it exited."""
-    starts: dict[tuple[int, int], int] = {}
-    exits: dict[tuple[int, int], int] = {}
+def _thread_life(side: list[records.Sideband]) -> offcpu.Life:
+    """When each thread started (its fork; the exec that enabled the events for the measured
+    program's first thread) and when it exited."""
+    life = offcpu.Life()
     for sb in side:
         if sb.kind in ("fork", "exec"):
-            starts.setdefault((sb.pid, sb.tid), sb.time)
+            life.starts.setdefault((sb.pid, sb.tid), sb.time)
         elif sb.kind == "exit":
-            exits[(sb.pid, sb.tid)] = sb.time
-    return starts, exits
+            life.exits[(sb.pid, sb.tid)] = sb.time
+    return life
 
 
 def _placeholders(nodes: npt.NDArray[Any], nthread: npt.NDArray[np.int64],
                   leaf: npt.NDArray[np.int64], fr: unwind.Frames, s: records.Samples,
-                  mm: unwind.ModuleMap, switch_metric: int
+                  mm: unwind.ModuleMap, switch_metric: int, preempted: npt.NDArray[np.int8]
                   ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64], npt.NDArray[np.int64],
                              npt.NDArray[np.int64]]:
-    """Below the leaf of every context-switch sample, a PLACEHOLDER node: BLOCKED when the
-    leaf pc follows a ``syscall`` instruction (the thread blocked in the system call its
-    wrapper made), else PREEMPTED (switched out while runnable). Returns the new nodes, their
+    """Below the leaf of every context-switch sample, a PLACEHOLDER node: PREEMPTED when its
+    switch record says the thread was preempted (it stayed runnable), else BLOCKED. Where no
+    record matched (``preempted`` -1), BLOCKED when the leaf pc follows a ``syscall``
+    instruction (the thread was in the system call its wrapper made). Returns the new nodes, their
     threads, each sample's leaf (the placeholder for switch samples) and its frame leaf."""
     sw = np.flatnonzero(s.metric == switch_metric)
     if not len(sw):
@@ -534,6 +538,10 @@ def _placeholders(nodes: npt.NDArray[Any], nthread: npt.NDArray[np.int64],
     hit = np.array([in_syscall[(m, a)] for m, a in zip(fm.tolist(), fa.tolist(), strict=True)],
                    dtype=bool)
     code[fs[hit]] = int(measdir.Placeholder.BLOCKED)
+    verdict = preempted[sw]
+    known = verdict >= 0
+    code[sw[known]] = np.where(verdict[known] == 1, int(measdir.Placeholder.PREEMPTED),
+                               int(measdir.Placeholder.BLOCKED))
     key = leaf[sw] * 4 + code[sw]
     uk, inv = np.unique(key, return_inverse=True)
     extra = np.zeros(len(uk), dtype=measdir.NODE_DTYPE)
@@ -545,14 +553,6 @@ def _placeholders(nodes: npt.NDArray[Any], nthread: npt.NDArray[np.int64],
     new_leaf[sw] = len(nodes) + inv.reshape(-1)
     return (np.concatenate([nodes, extra]), np.concatenate([nthread, nthread[uk // 4]]),
             new_leaf, leaf)
-
-
-def _blocked_mask(leaf: npt.NDArray[np.int64], ts: npt.NDArray[np.int64],
-                  nodes: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
-    """Which of the samples ``ts`` end in a BLOCKED placeholder."""
-    nd = nodes[leaf[ts]]
-    return np.asarray((nd["kind"] == measdir.NodeKind.PLACEHOLDER)
-                      & (nd["address"] == int(measdir.Placeholder.BLOCKED)))
 
 
 def _flat(acc: dict[tuple[str, str], int], fr: unwind.Frames, s: records.Samples,

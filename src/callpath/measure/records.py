@@ -21,7 +21,8 @@ import numpy.typing as npt
 from callpath.errors import FormatError
 
 REC_MMAP, REC_LOST, REC_COMM, REC_EXIT, REC_THROTTLE, REC_UNTHROTTLE, REC_FORK = 1, 2, 3, 4, 5, 6, 7
-REC_SAMPLE, REC_MMAP2, REC_LOST_SAMPLES = 9, 10, 13
+REC_SAMPLE, REC_MMAP2, REC_LOST_SAMPLES, REC_SWITCH = 9, 10, 13, 14
+MISC_SWITCH_OUT, MISC_SWITCH_OUT_PREEMPT = 0x2000, 0x4000
 MISC_COMM_EXEC = 0x2000
 MISC_MMAP_BUILD_ID = 0x4000
 _HDR = struct.Struct("<IHH")
@@ -55,9 +56,6 @@ class Samples:
     stack_words: npt.NDArray[np.int64]  # valid words in the copy (dyn_size / 8)
     callchain0: npt.NDArray[np.int64]   # word index of the kernel call chain's first entry
     callchain_n: npt.NDArray[np.int64]
-    #: the thread's CPU time (ns) at the sample (``-e REALTIME``: the event's time enabled);
-    #: zeros when not recorded
-    cputime: U64 = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
 
     def __len__(self) -> int:
         return len(self.time)
@@ -67,18 +65,33 @@ class Samples:
 
 
 @dataclass
+class Switches:
+    """PERF_RECORD_SWITCH records (``-e REALTIME``): a thread switched out of a CPU (``out``;
+    ``preempt``: while runnable) or back in, in file order."""
+
+    time: U64
+    pid: npt.NDArray[np.int64]
+    tid: npt.NDArray[np.int64]
+    out: npt.NDArray[np.bool_]
+    preempt: npt.NDArray[np.bool_]
+
+    def __len__(self) -> int:
+        return len(self.time)
+
+
+@dataclass
 class RawData:
     words: U64
     samples: Samples
     sideband: list[Sideband]
     lost: int
     bad_samples: int
+    switches: Switches | None = None
 
 
 def decode(path: Path, raw_info: dict[str, Any]) -> RawData:
     """Decode ``raw.perf`` written with the attributes in ``raw_info`` (measurement.json)."""
     nregs = len(raw_info["regs"])
-    read_words = int(raw_info.get("read_words", 0))
     ids = {int(k): int(v) for k, v in raw_info["ids"].items()}
     size = path.stat().st_size if path.exists() else 0
     size -= size % 8
@@ -90,6 +103,7 @@ def decode(path: Path, raw_info: dict[str, Any]) -> RawData:
             buf = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
         words = np.frombuffer(buf, dtype=np.uint64, count=size // 8)
     sample_offsets: list[int] = []
+    switch_offsets: list[int] = []
     side: list[Sideband] = []
     lost = 0
     bad = 0
@@ -101,6 +115,8 @@ def decode(path: Path, raw_info: dict[str, Any]) -> RawData:
             break  # a torn tail (killed mid-write): keep what came before
         if typ == REC_SAMPLE:
             sample_offsets.append(pos)
+        elif typ == REC_SWITCH and rsize == 8 + 8 * TRAILER_WORDS:
+            switch_offsets.append(pos)
         elif typ in (REC_MMAP2, REC_COMM, REC_FORK, REC_EXIT, REC_LOST, REC_THROTTLE,
                      REC_UNTHROTTLE, REC_LOST_SAMPLES):
             try:
@@ -114,8 +130,19 @@ def decode(path: Path, raw_info: dict[str, Any]) -> RawData:
         pos += rsize
     side.sort(key=lambda s: s.time)
     samples, bad_samples = _samples(words, np.asarray(sample_offsets, dtype=np.int64) // 8,
-                                    nregs, ids, read_words)
-    return RawData(words, samples, side, lost, bad + bad_samples)
+                                    nregs, ids)
+    return RawData(words, samples, side, lost, bad + bad_samples,
+                   _switches(words, np.asarray(switch_offsets, dtype=np.int64) // 8))
+
+
+def _switches(w: U64, o: npt.NDArray[np.int64]) -> Switches:
+    """Gather the switch records (header, then the sample_id trailer: pid/tid, time, ...)."""
+    misc = (w[o] >> np.uint64(32)) & np.uint64(0xFFFF)
+    pidtid = w[o + 1]
+    return Switches(w[o + 2], (pidtid & np.uint64(0xFFFFFFFF)).astype(np.int64),
+                    (pidtid >> np.uint64(32)).astype(np.int64),
+                    (misc & np.uint64(MISC_SWITCH_OUT)) != 0,
+                    (misc & np.uint64(MISC_SWITCH_OUT_PREEMPT)) != 0)
 
 
 def _sideband(buf: Any, pos: int, typ: int, misc: int, rsize: int) -> Sideband:
@@ -157,9 +184,8 @@ def _sideband(buf: Any, pos: int, typ: int, misc: int, rsize: int) -> Sideband:
 
 
 def _samples(w: U64, o: npt.NDArray[np.int64], nregs: int,
-             ids: dict[int, int], read_words: int = 0) -> tuple[Samples, int]:
-    """Gather the fields of all samples (layout fixed by ``perf.make_attr``'s sample_type;
-    ``read_words``: the ``SAMPLE_READ`` words after the period, as ``-e REALTIME`` asks)."""
+             ids: dict[int, int]) -> tuple[Samples, int]:
+    """Gather the fields of all samples (layout fixed by ``perf.make_attr``'s sample_type)."""
     n = len(o)
     if n == 0:
         z = np.zeros(0, dtype=np.int64)
@@ -168,7 +194,7 @@ def _samples(w: U64, o: npt.NDArray[np.int64], nregs: int,
     ident = w[o + 1]
     pidtid = w[o + 3]
     lim = len(w)
-    cc = o + 7 + read_words  # the call chain's length word
+    cc = o + 7  # the call chain's length word
     nr = w[np.minimum(cc, lim - 1)].astype(np.int64)
     good = (nr >= 0) & (nr < 4096) & (cc + 1 + nr < lim)
     nr = np.where(good, nr, 0)
@@ -193,8 +219,7 @@ def _samples(w: U64, o: npt.NDArray[np.int64], nregs: int,
                 tid=(pidtid >> np.uint64(32)).astype(np.int64),
                 cpu=(w[o + 5] & 0xFFFFFFFF).astype(np.int64), period=w[o + 6],
                 metric=metric, regs=regs, has_regs=has_regs & ok, stack0=stack0,
-                stack_words=dyn // 8, callchain0=cc + 1, callchain_n=nr,
-                cputime=w[o + 8] if read_words >= 2 else np.zeros(n, dtype=np.uint64))
+                stack_words=dyn // 8, callchain0=cc + 1, callchain_n=nr)
     bad = int(np.count_nonzero(~ok))
     if bad:
         s = s.take(ok)

@@ -34,9 +34,12 @@ def print_summary(out: Path, res: Result, run: RunResult | None, top: int,
     procs = len({t.pid for t in res.threads})
     parts = []
     if run is not None:
-        ev = ", ".join(e.spec.name for e in run.events)
+        ev = ", ".join(dict.fromkeys(e.spec.name for e in run.events))
         parts.append(f"The program {describe_status(run.exit_status)} after "
                      f"{run.wall_s:.2f} s, sampled on {ev}.")
+        if run.switch_capped_s > 0:
+            parts.append(f"For {run.switch_capped_s:.2f} s the program switched too often "
+                         "for a call path at every context switch: they were sampled (capped).")
     pct = 100.0 * res.partial / res.samples if res.samples else 0.0
     why = ""
     if res.partial_reasons:
@@ -91,8 +94,9 @@ def _offcpu(res: Result) -> list[str]:
     if res.switches <= res.switch_samples * CAP_RATIO:
         return [said + "."]
     return [said + f": capped (1 in {res.switches / res.switch_samples:.1f}); time off CPU "
-            "is still exact per thread, and each sampled switch is charged the off-CPU time "
-            "up to its thread's next sample."]
+            "is still exact per thread (every switch is recorded), and the time of a switch "
+            "without a call path goes to its thread's next sampled switch of the same kind "
+            "(blocked or preempted)."]
 
 
 def _unwind_sources(res: Result) -> list[str]:
