@@ -214,11 +214,15 @@ def test_mpi_recv_waits(perf_ok: None, bindir: Path, tmp_path: Path) -> None:  #
     p = rank0[0]
     main = next(t for t in p.threads if int(t.info["index"]) == 0)
     paths = node_paths(m, p, main)
-    got = under(paths, main.values[:, REALTIME].tolist(), "wait_for_result", r"P?MPI_Recv") * 1e-9
-    # MPICH polls (CPU time) or sleeps (off CPU): either way the wall-clock time is there
+    got = under(paths, main.values[:, REALTIME].tolist(), r"wait_for_result(\.\w+)*",
+                r"P?MPI_Recv") * 1e-9
+    # MPICH polls with sched_yield (CPU time, and preempted at each yield on a busy
+    # machine): either way the wall-clock time is there. It yields thousands of times a
+    # second, above the every-switch limit, so a few unsampled switches' time can go to a
+    # neighbouring sampled switch elsewhere (start-up, UCX's threads): 0.9 of it at least.
     run_wall = main.stats["wall_ns"] * 1e-9
     assert waited >= 0.3
-    assert abs(got - waited) <= 0.02 * run_wall + SLACK_S, (got, waited)
+    assert 0.9 * waited - SLACK_S <= got <= waited + 0.02 * run_wall + SLACK_S, (got, waited)
 
 
 def test_report_threads_and_prof(perf_ok: None, bindir: Path, tmp_path: Path  # noqa: F811
