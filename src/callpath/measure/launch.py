@@ -57,7 +57,7 @@ class RunOptions:
     #: (at most ``switch_frequency`` stacks per second per thread and CPU, the kernel adapting
     #: the period) and every switch out and in is recorded (``realtime_metrics``)
     realtime: bool = False
-    switch_frequency: int = 1000
+    switch_frequency: int = 250
     switch_limit: int = 2000  # switches/s of the program above which not every one is sampled
 
 
