@@ -91,11 +91,17 @@ def run(args: argparse.Namespace) -> int:
     from callpath.measure import events, launch, postmortem, summary
 
     if args.list_events:
-        for spec, reason in launch.probe_events(events.all_events()):
+        probed = launch.probe_events(events.all_events())
+        for spec, reason in probed:
             kind = {events.TYPE_SOFTWARE: "software", events.TYPE_HARDWARE: "hardware"}.get(
                 spec.type, "raw")
             state = "available" if reason is None else f"unavailable: {reason}"
             print(f"{spec.name:26} {kind:9} {state}")
+        # REALTIME: the CPU clock and context switches counted in the kernel
+        missing = [f"{s.name}: {r}" for s, r in probed
+                   if s.name in ("cpu-clock", launch.SWITCH_EVENT) and r is not None]
+        state = "available" if not missing else f"unavailable: {'; '.join(missing)}"
+        print(f"{'REALTIME (wall)':26} {'software':9} {state} (wall-clock and off-CPU time)")
         from callpath.measure.gpu.library import unavailable
 
         why = unavailable()

@@ -154,7 +154,7 @@ def make_attr(spec: EventSpec, *, sample: bool = True, stack_size: int = DEFAULT
 
     ``switch_records`` (``callpath run -e REALTIME``, with ``sideband``): also a
     PERF_RECORD_SWITCH at every switch of a thread out of and back onto a CPU (40 bytes, about
-    0.25 us each here; the out record says whether the thread was preempted), which give each
+    0.5 us each here; the out record says whether the thread was preempted), which give each
     thread's time off CPU exactly. ``SAMPLE_READ`` of the thread's clock in each sample would
     too, but with ``inherit`` it made every context switch of the program 4-5x dearer (Linux
     6.18, bench/offcpu.py). ``user_callchain`` False drops the frame-pointer call chain the
