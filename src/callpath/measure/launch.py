@@ -61,7 +61,7 @@ class RunOptions:
     switch_limit: int = 2000  # switches/s of the program above which not every one is sampled
 
 
-#: the events a REALTIME measurement opens after its CPU clock: context switches, by frequency
+#: the software event of the switch samples of -e REALTIME (two of them: below)
 SWITCH_EVENT = "context-switches"
 
 
