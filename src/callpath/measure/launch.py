@@ -378,8 +378,13 @@ class _SwitchLimiter:
     """-e REALTIME: keeps the every-switch event on while the program switches less than
     ``limit`` times a second, off above (back on below half of it). The rate is the count of
     the always-on capped event, read on its original events (which add their inherited
-    events' counts); disabling an original disables its inherited events too. ``capped_s``
-    says how long the cap was in force."""
+    events' counts) every ``WINDOW_S``; disabling an original disables its inherited events
+    too. ``capped_s`` says how long the cap was in force."""
+
+    #: the rate is judged over this long: a burst of switches in one 50 ms poll of a program
+    #: that switches slowly on average turned the every-switch event off (1 in 8 switches of
+    #: the bench's slowest rate lost their call path with 50 ms)
+    WINDOW_S = 0.25
 
     def __init__(self, every: list[int], counted: list[int], limit: int) -> None:
         self.every, self.counted, self.limit = every, counted, limit
@@ -397,7 +402,7 @@ class _SwitchLimiter:
     def check(self) -> None:
         now, count = time.monotonic(), self._count()
         t0, c0 = self.last
-        if now - t0 < 0.05:
+        if now - t0 < self.WINDOW_S:
             return
         rate = (count - c0) / (now - t0)
         self.last = (now, count)
