@@ -442,13 +442,15 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
                 tt = oc.threads.get((img.pid, tid)) if oc is not None else None
                 if oc is not None:
                     # REALTIME (metric 0) = CPU time + time off CPU, at the same contexts;
-                    # off-CPU time before the thread's first switch sample: at its root
+                    # off-CPU time without a call path (before the thread first ran): at
+                    # its root
                     un = tt.unattributed if tt is not None else 0.0
-                    c_node = np.concatenate([c_node, c_node, [0, 0]])
+                    nr = 2 if un > 0 else 0
+                    c_node = np.concatenate([c_node, c_node, [0, 0][:nr]])
                     c_met = np.concatenate([c_met, np.zeros(len(ts), dtype=np.int64),
-                                            [switch_metric, 0]])
-                    c_val = np.concatenate([c_val, c_val, [un, un]])
-                    c_n = np.concatenate([c_n, c_n, [0, 0]])
+                                            [switch_metric, 0][:nr]])
+                    c_val = np.concatenate([c_val, c_val, [un, un][:nr]])
+                    c_n = np.concatenate([c_n, c_n, [0, 0][:nr]])
                 lk = c_node * nmet + c_met
                 uk, inv = np.unique(lk, return_inverse=True)
                 cnt = np.zeros(len(uk), dtype=measdir.COUNT_DTYPE)
@@ -528,7 +530,9 @@ def _placeholders(nodes: npt.NDArray[Any], nthread: npt.NDArray[np.int64],
     if not len(sw):
         return nodes, nthread, leaf, leaf
     code = np.full(len(s), int(measdir.Placeholder.PREEMPTED), dtype=np.int64)
-    top = fr.depth == 0
+    unmatched = np.zeros(len(s), dtype=bool)
+    unmatched[sw[preempted[sw] < 0]] = True
+    top = (fr.depth == 0) & unmatched[fr.sample]  # leaves to look at: those without a record
     fs, fm, fa = fr.sample[top], fr.module[top], fr.address[top]
     in_syscall: dict[tuple[int, int], bool] = {}
     for m, a in set(zip(fm.tolist(), fa.tolist(), strict=True)):
