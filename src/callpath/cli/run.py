@@ -38,6 +38,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    f"{DEFAULT_STACK_SIZE}; "
                    "raise it when the summary reports paths cut short: deep recursion, big "
                    "stack frames, Python interpreters need 32768)")
+    p.add_argument("--switch-limit", type=_switch_limit, default=2000, metavar="N",
+                   help="-e REALTIME: every context switch gets its call path while the "
+                   "program switches less than N times a second; above, they are sampled "
+                   "(default 2000; each sampled switch copies the stack)")
     p.add_argument("--top", type=int, default=10, metavar="N",
                    help="procedures in the closing flat summary (0: none)")
     p.add_argument("-m", "--module", metavar="MODULE", default=None,
@@ -63,6 +67,16 @@ def _stack_size(s: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a number of bytes, got {s!r}") from None
     if not 0 <= v <= 60000 or v % 8:
         raise argparse.ArgumentTypeError(f"expected a multiple of 8 in 0..60000, got {s!r}")
+    return v
+
+
+def _switch_limit(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected switches per second, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more switches per second, got {s!r}")
     return v
 
 
@@ -154,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
                             "expected no other cpu-clock, task-clock or context-switches event")
     out = Path(args.output) if args.output else _default_output(cmd)
     opts = launch.RunOptions(specs, out, trace=args.trace, stack_size=args.stack_size,
-                             realtime=bool(clocks))
+                             realtime=bool(clocks), switch_limit=args.switch_limit)
     result = launch.run(cmd, opts)
     for spec, reason in result.failed:
         sys.stderr.write(f"callpath: event {spec.name} not measured: {reason}\n")
