@@ -52,9 +52,9 @@ from callpath.formats import measdir_gpu as mdg
 from callpath.model import Experiment
 from callpath.structure.model import Kind, Structure
 
-_ROOT, _NATIVE, _PYTHON, _PARTIAL, _UNKNOWN = (int(k) for k in (
+_ROOT, _NATIVE, _PYTHON, _PARTIAL, _UNKNOWN, _PLACEHOLDER = (int(k) for k in (
     md.NodeKind.ROOT, md.NodeKind.NATIVE, md.NodeKind.PYTHON, md.NodeKind.PARTIAL,
-    md.NodeKind.UNKNOWN))
+    md.NodeKind.UNKNOWN, md.NodeKind.PLACEHOLDER))
 _SAMPLED = 1000  # frame kind of a sampled native PC when prof keeps instruction scopes
 
 
@@ -296,6 +296,12 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
             return py.steps(codes[mod], addr)
         if kind == _PARTIAL:
             return tb.entry(ENTRY_UNKNOWN, "partial call paths")
+        if kind == _PLACEHOLDER:
+            # -e REALTIME: <blocked>/<preempted> below the frame where the thread was switched
+            # out, a function context of its own as hpcprof makes of hpcrun's placeholders
+            name = next((v for k, v in md.PLACEHOLDER_NAMES.items() if int(k) == addr),
+                        f"<placeholder {addr}>")
+            return ((F, CALL, tables.function(name, -1, 0, -1, 0), -1, 0, -1, 0),)
         if kind == -1:  # a thread's own root: anchored by Walker.anchors, never by this
             return 0
         if kind == _ROOT:

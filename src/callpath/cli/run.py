@@ -18,7 +18,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Run CMD under perf_event sampling (every thread and child process), unwind "
         "the call stacks post-mortem, and write a measurement directory. Default event: "
         "cpu-clock every 1 ms of CPU time (1 kHz).",
-        epilog="EVENT is a software event (cpu-clock, task-clock, page-faults, "
+        epilog="EVENT is REALTIME (or wall: wall-clock time on and off CPU, and where threads "
+        "wait), a software event (cpu-clock, task-clock, page-faults, "
         "context-switches, ...), a hardware event (cycles, instructions, cache-misses, "
         "branch-misses, ...) or a raw code rHEX, optionally with @PERIOD or @fFREQUENCY "
         "(e.g. cpu-clock@500000, cycles@f2000). See docs/run.md.")
@@ -37,6 +38,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    f"{DEFAULT_STACK_SIZE}; "
                    "raise it when the summary reports paths cut short: deep recursion, big "
                    "stack frames, Python interpreters need 32768)")
+    p.add_argument("--switch-limit", type=_switch_limit, default=2000, metavar="N",
+                   help="-e REALTIME: every context switch gets its call path while the "
+                   "program switches less than N times a second; above, they are sampled "
+                   "(default 2000; each sampled switch copies the stack)")
     p.add_argument("--top", type=int, default=10, metavar="N",
                    help="procedures in the closing flat summary (0: none)")
     p.add_argument("-m", "--module", metavar="MODULE", default=None,
@@ -81,6 +86,16 @@ def _stack_size(s: str) -> int:
     return v
 
 
+def _switch_limit(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected switches per second, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more switches per second, got {s!r}")
+    return v
+
+
 def fresh_path(base: str) -> Path:
     """``base``, else ``base-2``, ``base-3``, ...: the first that does not exist, so that a
     default output never overwrites an earlier measurement or database."""
@@ -106,11 +121,17 @@ def run(args: argparse.Namespace) -> int:
     from callpath.measure import events, launch, postmortem, summary
 
     if args.list_events:
-        for spec, reason in launch.probe_events(events.all_events()):
+        probed = launch.probe_events(events.all_events())
+        for spec, reason in probed:
             kind = {events.TYPE_SOFTWARE: "software", events.TYPE_HARDWARE: "hardware"}.get(
                 spec.type, "raw")
             state = "available" if reason is None else f"unavailable: {reason}"
             print(f"{spec.name:26} {kind:9} {state}")
+        # REALTIME: the CPU clock and context switches counted in the kernel
+        missing = [f"{s.name}: {r}" for s, r in probed
+                   if s.name in ("cpu-clock", launch.SWITCH_EVENT) and r is not None]
+        state = "available" if not missing else f"unavailable: {'; '.join(missing)}"
+        print(f"{'REALTIME (wall)':26} {'software':9} {state} (wall-clock and off-CPU time)")
         from callpath.measure.gpu.library import unavailable
 
         why = unavailable()
@@ -161,9 +182,19 @@ def run(args: argparse.Namespace) -> int:
 
     if is_python_target(cmd) or (args.native and mpi_python_target(cmd)):
         return _run_python(cmd, False, args)
-    specs = [events.parse_event(e) for e in (args.event or [events.DEFAULT_EVENT])]
+    texts = args.event or [events.DEFAULT_EVENT]
+    clocks = [c for c in (events.parse_realtime(e) for e in texts) if c is not None]
+    if len(clocks) > 1:
+        raise CallpathError("-e REALTIME given twice: expected it once (with @PERIOD for its "
+                            "CPU clock)")
+    specs = clocks + [events.parse_event(e) for e in texts if events.parse_realtime(e) is None]
+    if clocks and any(s.name in events.CLOCKS or s.name == launch.SWITCH_EVENT
+                      for s in specs[1:]):
+        raise CallpathError("-e REALTIME measures CPU time and context switches itself: "
+                            "expected no other cpu-clock, task-clock or context-switches event")
     out = Path(args.output) if args.output else _default_output(cmd)
-    opts = launch.RunOptions(specs, out, trace=args.trace, stack_size=args.stack_size)
+    opts = launch.RunOptions(specs, out, trace=args.trace, stack_size=args.stack_size,
+                             realtime=bool(clocks), switch_limit=args.switch_limit)
     result = launch.run(cmd, opts)
     for spec, reason in result.failed:
         sys.stderr.write(f"callpath: event {spec.name} not measured: {reason}\n")
@@ -207,7 +238,8 @@ def _run_python(cmd: list[str], module: bool, args: argparse.Namespace) -> int:
 
     frequency = 1000.0
     for text in args.event:
-        spec = events.parse_event(text)
+        # the Python sampler measures CPU and wall-clock time (REALTIME) of every thread anyway
+        spec = events.parse_realtime(text) or events.parse_event(text)
         if spec.name not in ("cpu-clock", "task-clock"):
             raise CallpathError(f"event {text!r}: Python programs are sampled on CPU time; "
                                 "expected cpu-clock or task-clock (with @fHZ or @PERIOD_NS)")
@@ -248,5 +280,11 @@ def _mark_complete(out: Path, res: Any, exit_status: int | None) -> None:
         "throttled": res.throttled, "undecodable": res.bad,
         "partial_reasons": res.partial_reasons,
         "contexts": [{"pid": t.pid, "tid": t.tid, "thread": t.index, "rank": t.rank,
-                      "samples": t.samples, "partial": t.partial} for t in res.threads]}
+                      "samples": t.samples, "partial": t.partial,
+                      **({"wall_ns": t.time.wall, "cpu_ns": t.time.cpu,
+                          "offcpu_ns": round(t.time.off), "blocked_ns": round(t.time.blocked)}
+                         if t.time is not None else {})} for t in res.threads]}
+    if res.switch_samples:
+        header["summary"]["switch_samples"] = res.switch_samples
+        header["summary"]["switches"] = res.switches
     measdir.write_header(out, metrics, **header)

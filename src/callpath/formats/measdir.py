@@ -66,6 +66,20 @@ class NodeKind(IntEnum):
     PYTHON = 2    # Python frame: ``module`` indexes the code table, ``address`` current line
     PARTIAL = 3   # root of call paths that could not be unwound to the thread's entry
     UNKNOWN = 4   # a frame whose pc lies in no known module: ``address`` is the raw pc
+    PLACEHOLDER = 5  # a state below the leaf frame: ``address`` is a Placeholder code
+
+
+class Placeholder(IntEnum):
+    """What a PLACEHOLDER node stands for (``callpath run -e REALTIME``): the thread was
+    switched out at its parent's pc, in a system call (BLOCKED) or elsewhere, runnable and
+    waiting for a CPU (PREEMPTED). ``callpath prof`` shows it as ``<blocked>``/``<preempted>``
+    under the frame where it happened, and the trace uses it for the time off CPU."""
+
+    BLOCKED = 1
+    PREEMPTED = 2
+
+
+PLACEHOLDER_NAMES = {Placeholder.BLOCKED: "<blocked>", Placeholder.PREEMPTED: "<preempted>"}
 
 
 class NodeFlag(IntEnum):

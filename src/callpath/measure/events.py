@@ -62,6 +62,23 @@ def parse_event(text: str) -> EventSpec:
     return EventSpec(name, typ, config, period, frequency)
 
 
+#: ``-e REALTIME`` (HPCToolkit's name) or ``-e wall``: wall-clock and off-CPU time
+REALTIME_NAMES = ("realtime", "wall")
+
+
+def parse_realtime(text: str) -> EventSpec | None:
+    """``REALTIME[@PERIOD | @fFREQUENCY]``: the CPU clock that measures its on-CPU part
+    (period in ns of CPU time, as ``cpu-clock``; default 1 ms), or None for other events."""
+    name, at, rate = text.partition("@")
+    if name.strip().lower() not in REALTIME_NAMES:
+        return None
+    try:
+        return parse_event("cpu-clock" + at + rate)
+    except CallpathError:
+        raise CallpathError(f"event {text!r}: expected REALTIME, REALTIME@PERIOD (ns of CPU "
+                            "time between CPU samples) or REALTIME@fFREQUENCY") from None
+
+
 def _is_hex(s: str) -> bool:
     try:
         int(s, 16)

@@ -53,6 +53,47 @@ class RunOptions:
     ring_pages: int = 0  # data pages per CPU ring; 0: 8 MiB, less beyond 8 CPUs (64 MiB in all)
     linger: float = 2.0     # seconds to keep measuring descendants after the program exits
     nice: int = 5           # the launcher yields the CPU to the program it measures
+    #: ``-e REALTIME``: the first event is the CPU clock; context switches are sampled too
+    #: (at most ``switch_frequency`` stacks per second per thread and CPU, the kernel adapting
+    #: the period) and every switch out and in is recorded (``realtime_metrics``)
+    realtime: bool = False
+    switch_frequency: int = 250
+    switch_limit: int = 2000  # switches/s of the program above which not every one is sampled
+
+
+#: the software event of the switch samples of -e REALTIME (two of them: below)
+SWITCH_EVENT = "context-switches"
+
+
+def switch_spec(frequency: int) -> EventSpec:
+    """Context switches of the program's threads, at most ``frequency`` samples per second
+    per thread and CPU (the kernel adapts the period at each sample): the cap that keeps a
+    program switching 10^5 times a second from being slowed by its stack copies."""
+    return EventSpec(SWITCH_EVENT, 1, 3, 0, frequency)
+
+
+#: the second switch event of -e REALTIME: a sample at every switch, while the program
+#: switches less than ``RunOptions.switch_limit`` times a second (the launcher turns it off
+#: above, on again below half of it). The kernel's frequency mode alone samples 1 in 2 or
+#: worse after a burst of switches and never comes back to 1 for a thread that then
+#: switches slowly (it adapts only at samples less than two ticks apart, or at a tick with
+#: new events), so the blocked interval that matters would often have no call path.
+EVERY_SWITCH = EventSpec(SWITCH_EVENT, 1, 3, 1, 0)
+
+
+def realtime_metrics(cpu: EventSpec, frequency: int) -> list[measdir.MetricInfo]:
+    """The three metrics of ``-e REALTIME``, in this order (indices 0, 1, 2 of the header):
+    wall-clock = CPU time + time off CPU, each at its call path."""
+    return [
+        measdir.MetricInfo("REALTIME", "ns", cpu.period, cpu.frequency,
+                           "wall-clock time: CPU time (cpu-clock samples) plus time off CPU "
+                           "(charged where the thread was switched out)", "REALTIME"),
+        measdir.MetricInfo("CPUTIME", "ns", cpu.period, cpu.frequency,
+                           "CPU time (cpu-clock samples)", cpu.name),
+        measdir.MetricInfo("OFFCPU", "ns", 0, frequency,
+                           "time off CPU (blocked, or runnable and waiting for a CPU), at the "
+                           "call path where the thread was switched out", SWITCH_EVENT),
+    ]
 
 
 @dataclass
@@ -60,6 +101,7 @@ class OpenedEvent:
     spec: EventSpec
     metric: int
     ids: list[int] = field(default_factory=list)
+    fds: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -69,6 +111,9 @@ class RunResult:
     failed: list[tuple[EventSpec, str]]
     raw_bytes: int
     wall_s: float
+    #: -e REALTIME: seconds during which the program switched too often for a call path at
+    #: every switch (the capped event sampled alone)
+    switch_capped_s: float = 0.0
 
 
 def resolve_program(cmd: list[str]) -> str:
@@ -226,16 +271,29 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
         leaders: dict[int, int] = {}
         cpus = perf.online_cpus()
         pages = opts.ring_pages or ring_pages_for(len(cpus))
-        for spec in opts.events:
-            ev = OpenedEvent(spec, len(opened))
+        specs = list(opts.events)
+        # -e REALTIME: metric 0 is REALTIME, computed post-mortem from the CPU clock (metric
+        # 1) and the two switch events (both metric 2)
+        metric_of = list(range(len(specs)))
+        if opts.realtime:
+            specs[1:1] = [EVERY_SWITCH, switch_spec(opts.switch_frequency)]
+            metric_of = [1, 2, 2] + [k + 2 for k in range(1, len(specs) - 2)]
+        for spec in specs:
+            ev = OpenedEvent(spec, metric_of[len(opened)])
             try:
                 for cpu in cpus:
+                    switches = opts.realtime and spec.name == SWITCH_EVENT
                     attr = perf.make_attr(spec, stack_size=opts.stack_size,
-                                          sideband=not opened)
+                                          sideband=not opened, switch_records=opts.realtime,
+                                          user_callchain=not switches)
                     attr.flags |= 1 << 14  # watermark: wake the poll when a quarter is full
                     attr.wakeup_events = pages * mmap.PAGESIZE // 4
-                    fd = _open_user_or_all(attr, gate.pid, cpu)
+                    # a context switch happens in the kernel: counting user mode only
+                    # would never sample one, so no retry without the kernel for it
+                    fd = perf.perf_event_open(attr, gate.pid, cpu) if switches else \
+                        _open_user_or_all(attr, gate.pid, cpu)
                     fds.append(fd)
+                    ev.fds.append(fd)
                     ev.ids.append(perf.event_id(fd))
                     if cpu in leaders:
                         perf.ioctl(fd, perf.PERF_EVENT_IOC_SET_OUTPUT, leaders[cpu])
@@ -243,9 +301,21 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
                         leaders[cpu] = fd
                         rings.append(perf.RingBuffer(fd, pages))
             except OSError as e:
-                failed.append((spec, perf.explain(e.errno or 0, spec)))
+                why = perf.explain(e.errno or 0, spec)
+                if opts.realtime and spec.name == SWITCH_EVENT and e.errno in (
+                        errno.EACCES, errno.EPERM):
+                    why = ("context switches are sampled in the kernel: it needs "
+                           "/proc/sys/kernel/perf_event_paranoid at 1 or below, or root / "
+                           "CAP_PERFMON")
+                failed.append((spec, why))
                 continue
             opened.append(ev)
+        if opts.realtime and [e.spec for e in opened[:3]] != specs[:3]:
+            gate.abort()
+            _discard(out, created)
+            reasons = "; ".join(f"{s.name}: {r}" for s, r in failed)
+            raise CallpathError("-e REALTIME needs a CPU clock and context-switch sampling "
+                                f"({reasons})")
         if not opened:
             gate.abort()
             reasons = "; ".join(f"{s.name}: {r}" for s, r in failed)
@@ -253,11 +323,19 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
             raise CallpathError(f"no event could be opened ({reasons})")
         vdso = _save_vdso(out)
         metrics = [measdir.MetricInfo(e.spec.name, unit_of(e.spec), e.spec.period,
-                                      e.spec.frequency, event=e.spec.name) for e in opened]
-        raw_info = {"sample_type": perf.make_attr(opened[0].spec).sample_type,
-                    "regs": perf.REGS_ORDER, "stack_size": opts.stack_size,
-                    "ids": {str(i): e.metric for e in opened for i in e.ids},
-                    "trace": opts.trace, "vdso": vdso}
+                                      e.spec.frequency, event=e.spec.name)
+                   for e in opened[3 if opts.realtime else 0:]]
+        if opts.realtime:
+            metrics[:0] = realtime_metrics(opened[0].spec, opts.switch_frequency)
+        raw_info: dict[str, Any] = {
+            "sample_type": perf.make_attr(opened[0].spec).sample_type,
+            "regs": perf.REGS_ORDER, "stack_size": opts.stack_size,
+            "ids": {str(i): e.metric for e in opened for i in e.ids},
+            "trace": opts.trace, "vdso": vdso}
+        if opts.realtime:
+            raw_info["realtime"] = {"cpu_metric": 1, "switch_metric": 2,
+                                    "cpu_period": opened[0].spec.period,
+                                    "switch_frequency": opts.switch_frequency}
         start = time.time()
         measdir.write_header(out, metrics, command=cmd, program=path, status="running",
                              start_time=start, raw=raw_info,
@@ -270,11 +348,14 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
             os.waitpid(gate.pid, 0)
             _discard(out, created)
             raise CallpathError(f"{cmd[0]}: cannot execute ({os.strerror(err)})")
-        status, nbytes = _drain_loop(gate.pid, rings, out, opts.linger)
+        limiter = _SwitchLimiter(opened[1].fds, opened[2].fds, opts.switch_limit) \
+            if opts.realtime else None
+        status, nbytes = _drain_loop(gate.pid, rings, out, opts.linger, limiter)
         for fd in fds:
             with contextlib.suppress(OSError):
                 perf.ioctl(fd, perf.PERF_EVENT_IOC_DISABLE)
-        return RunResult(status, opened, failed, nbytes, time.time() - start)
+        return RunResult(status, opened, failed, nbytes, time.time() - start,
+                         limiter.capped_s if limiter is not None else 0.0)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         for r in rings:
@@ -293,8 +374,51 @@ def _discard(out: Path, created: bool) -> None:
             out.rmdir()
 
 
+class _SwitchLimiter:
+    """-e REALTIME: keeps the every-switch event on while the program switches less than
+    ``limit`` times a second, off above (back on below half of it). The rate is the count of
+    the always-on capped event, read on its original events (which add their inherited
+    events' counts) every ``WINDOW_S``; disabling an original disables its inherited events
+    too. ``capped_s`` says how long the cap was in force."""
+
+    #: the rate is judged over this long: a burst of switches in one 50 ms poll of a program
+    #: that switches slowly on average turned the every-switch event off (1 in 8 switches of
+    #: the bench's slowest rate lost their call path with 50 ms)
+    WINDOW_S = 0.25
+
+    def __init__(self, every: list[int], counted: list[int], limit: int) -> None:
+        self.every, self.counted, self.limit = every, counted, limit
+        self.on = True
+        self.last = (time.monotonic(), 0)
+        self.capped_s = 0.0
+
+    def _count(self) -> int:
+        total = 0
+        for fd in self.counted:
+            with contextlib.suppress(OSError):
+                total += int.from_bytes(os.read(fd, 8), "little")
+        return total
+
+    def check(self) -> None:
+        now, count = time.monotonic(), self._count()
+        t0, c0 = self.last
+        if now - t0 < self.WINDOW_S:
+            return
+        rate = (count - c0) / (now - t0)
+        self.last = (now, count)
+        if not self.on:
+            self.capped_s += now - t0
+        want = rate < (self.limit / 2 if not self.on else self.limit)
+        if want != self.on:
+            req = perf.PERF_EVENT_IOC_ENABLE if want else perf.PERF_EVENT_IOC_DISABLE
+            for fd in self.every:
+                with contextlib.suppress(OSError):
+                    perf.ioctl(fd, req)
+            self.on = want
+
+
 def _drain_loop(child: int, rings: list[perf.RingBuffer], out: Path,
-                linger: float) -> tuple[int, int]:
+                linger: float, limiter: _SwitchLimiter | None = None) -> tuple[int, int]:
     raw: IO[bytes] = open(out / RAW_FILE, "ab")  # noqa: SIM115
     procs: IO[str] = open(out / PROCS_FILE, "a")  # noqa: SIM115
     seen: set[tuple[int, int]] = set()
@@ -319,6 +443,8 @@ def _drain_loop(child: int, rings: list[perf.RingBuffer], out: Path,
                     r.consume(head)
             raw.flush()
             procs.flush()
+            if limiter is not None:
+                limiter.check()
             sig = signal.sigtimedwait(FORWARDED, 0)
             while sig is not None:
                 if sig.si_code != SI_KERNEL and status is None:

@@ -47,9 +47,11 @@ F_ENABLE_ON_EXEC = 1 << 12
 F_TASK = 1 << 13
 F_SAMPLE_ID_ALL = 1 << 18
 F_EXCLUDE_CALLCHAIN_KERNEL = 1 << 21
+F_EXCLUDE_CALLCHAIN_USER = 1 << 22
 F_MMAP2 = 1 << 23
 F_COMM_EXEC = 1 << 24
 F_USE_CLOCKID = 1 << 25
+F_CONTEXT_SWITCH = 1 << 26
 F_BUILD_ID = 1 << 34
 
 CLOCK_MONOTONIC = 1
@@ -145,9 +147,20 @@ DEFAULT_STACK_SIZE = 8192
 
 def make_attr(spec: EventSpec, *, sample: bool = True, stack_size: int = DEFAULT_STACK_SIZE,
               inherit: bool = True, exclude_kernel: bool = False,
-              sideband: bool = False) -> PerfEventAttr:
+              sideband: bool = False, switch_records: bool = False,
+              user_callchain: bool = True) -> PerfEventAttr:
     """Attributes of a sampling event. ``sideband``: also report mmaps (with build-ids),
-    comm/exec, fork and exit (asked of one event only, or records come twice)."""
+    comm/exec, fork and exit (asked of one event only, or records come twice).
+
+    ``switch_records`` (``callpath run -e REALTIME``, with ``sideband``): also a
+    PERF_RECORD_SWITCH at every switch of a thread out of and back onto a CPU (40 bytes, about
+    0.5 us each here; the out record says whether the thread was preempted), which give each
+    thread's time off CPU exactly. ``SAMPLE_READ`` of the thread's clock in each sample would
+    too, but with ``inherit`` it made every context switch of the program 4-5x dearer (Linux
+    6.18, bench/offcpu.py). ``user_callchain`` False drops the frame-pointer call chain the
+    kernel would walk (unused: CFI unwinding replaces it) for events whose rate a program
+    controls, such as context switches.
+    """
     a = PerfEventAttr()
     a.type = spec.type
     a.size = ctypes.sizeof(PerfEventAttr)
@@ -173,6 +186,10 @@ def make_attr(spec: EventSpec, *, sample: bool = True, stack_size: int = DEFAULT
         a.sample_max_stack = 127
         flags |= F_SAMPLE_ID_ALL | F_USE_CLOCKID
         a.clockid = CLOCK_MONOTONIC
+        if switch_records and sideband:
+            flags |= F_CONTEXT_SWITCH
+        if not user_callchain:
+            flags |= F_EXCLUDE_CALLCHAIN_USER
     a.flags = flags
     a.wakeup_events = 0
     return a

@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from callpath.errors import CallpathError, FormatError
 from callpath.formats import measdir
-from callpath.measure import cfi, loadmap, recipes, records, unwind
+from callpath.measure import cfi, loadmap, offcpu, recipes, records, unwind
 from callpath.measure.elfinfo import ElfInfo
 from callpath.measure.launch import PROCS_FILE, RAW_FILE
 from callpath.measure.loadmap import Mapping
@@ -68,6 +68,7 @@ class ThreadSummary:
     partial: int
     program: str = ""  # the process's executable (basename): names launchers in the summary
     name: str = ""  # the thread's name (comm), as the database's context carries it
+    time: offcpu.ThreadTime | None = None  # -e REALTIME: its wall, CPU and off-CPU time
 
 
 @dataclass
@@ -83,6 +84,10 @@ class Result:
     #: frames found per source (CFI, recipes, ...) and the recipe analyses of this run
     frame_sources: dict[str, int] = field(default_factory=dict)
     recipe_log: list[recipes.Computed] = field(default_factory=list)
+    #: -e REALTIME: context-switch samples and the switches they stand for (more switches
+    #: than samples: the kernel sampled 1 in N, the cap was reached)
+    switch_samples: int = 0
+    switches: int = 0
 
 
 def _images(side: list[records.Sideband]) -> tuple[list[Image], dict[int, list[tuple[int, int]]]]:
@@ -354,6 +359,15 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
         img_of[sel] = np.array([h[1] for h in hist])[np.maximum(k, 0)]
     regs = list(raw_info["regs"])
     col = {r: regs.index(r) for r in ("ip", "sp", "bx", "bp", "r12", "r13", "r14", "r15")}
+    rt = raw_info.get("realtime")
+    switch_metric = int(rt["switch_metric"]) if isinstance(rt, dict) else -1
+    oc = offcpu.compute(sm, switch_metric, raw.switches, _thread_life(raw.sideband)) \
+        if rt and raw.switches is not None else None
+    if oc is not None and oc.duplicate.any():
+        keep = ~oc.duplicate
+        oc.take(keep)
+        sm = sm.take(keep)
+        img_of = img_of[keep]
     table = cfi.RowTable()
     store = recipes.RecipeStore()
     compiler = cfi.Compiler(table, recipes=store.get, mode=unwind_mode())
@@ -394,6 +408,12 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
         tindex = {t: i for i, t in enumerate(order)}
         thread_of = np.array([tindex[t] for t in s.tid.tolist()], dtype=np.int64)
         nodes, nthread, leaf = _build_tree(fr, len(s), thread_of, len(order))
+        value = s.period.astype(np.float64)
+        run_leaf = leaf
+        if oc is not None:
+            value[s.metric == switch_metric] = oc.charged[sel][s.metric == switch_metric]
+            nodes, nthread, leaf, run_leaf = _placeholders(nodes, nthread, leaf, fr, s, mm,
+                                                           switch_metric, oc.preempted[sel])
         gen = img.generation
         while (img.pid, gen) in used_names:
             gen += 1
@@ -417,32 +437,59 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
                 w.thread(t, tid=tid, ids=measdir.context_ids(node_id, rank, t), index=t,
                          name=img.thread_name(tid))
                 w.nodes(t, tn)
-                lk = new_id[leaf[ts]] * nmet + s.metric[ts]
+                c_node, c_met = new_id[leaf[ts]], s.metric[ts]
+                c_val, c_n = value[ts], np.ones(len(ts), dtype=np.int64)
+                tt = oc.threads.get((img.pid, tid)) if oc is not None else None
+                if oc is not None:
+                    # REALTIME (metric 0) = CPU time + time off CPU, at the same contexts;
+                    # off-CPU time without a call path (before the thread first ran): at
+                    # its root
+                    un = tt.unattributed if tt is not None else 0.0
+                    nr = 2 if un > 0 else 0
+                    c_node = np.concatenate([c_node, c_node, [0, 0][:nr]])
+                    c_met = np.concatenate([c_met, np.zeros(len(ts), dtype=np.int64),
+                                            [switch_metric, 0][:nr]])
+                    c_val = np.concatenate([c_val, c_val, [un, un][:nr]])
+                    c_n = np.concatenate([c_n, c_n, [0, 0][:nr]])
+                lk = c_node * nmet + c_met
                 uk, inv = np.unique(lk, return_inverse=True)
                 cnt = np.zeros(len(uk), dtype=measdir.COUNT_DTYPE)
                 cnt["node"] = uk // nmet
                 cnt["metric"] = uk % nmet
-                cnt["samples"] = np.bincount(inv.reshape(-1), minlength=len(uk))
-                cnt["value"] = np.bincount(inv.reshape(-1), weights=s.period[ts].astype(
-                    np.float64), minlength=len(uk))
+                cnt["samples"] = np.bincount(inv.reshape(-1), weights=c_n, minlength=len(uk))
+                cnt["value"] = np.bincount(inv.reshape(-1), weights=c_val, minlength=len(uk))
                 w.counts(t, cnt)
                 if trace:
                     tr = np.zeros(len(ts), dtype=measdir.TRACE_DTYPE)
                     tr["time"] = s.time[ts]
                     tr["node"] = new_id[leaf[ts]]
                     tr["metric"] = s.metric[ts]
+                    if oc is not None:
+                        # a switch-out opens a blocked interval (its placeholder) that ends
+                        # when the thread runs again, back in the frame where it stopped
+                        sws = ts[s.metric[ts] == switch_metric]
+                        back = np.zeros(len(sws), dtype=measdir.TRACE_DTYPE)
+                        back["time"] = oc.resume[sel][sws]
+                        back["node"] = new_id[run_leaf[sws]]
+                        back["metric"] = switch_metric
+                        tr = np.concatenate([tr, back])
                     w.trace(t, tr[np.argsort(tr["time"], kind="stable")])
                 npart = int(np.count_nonzero(~fr.complete[ts]))
                 total_partial += npart
-                w.stats(t, samples=len(ts), partial=npart)
+                extra: dict[str, Any] = {}
+                if tt is not None:
+                    extra = {"wall_ns": tt.wall, "cpu_ns": tt.cpu, "offcpu_ns": round(tt.off),
+                             "blocked_ns": round(tt.blocked),
+                             "switch_samples": tt.switch_samples, "switches": tt.switches}
+                w.stats(t, samples=len(ts), partial=npart, **extra)
                 summaries.append(ThreadSummary(img.pid, tid, t, rank, len(ts), npart,
                                                os.path.basename(str(f.get("exe", "")))
-                                               or img.comm, img.thread_name(tid)))
+                                               or img.comm, img.thread_name(tid), tt))
         for code, cnt_ in zip(*np.unique(fr.reason[~fr.complete], return_counts=True),
                               strict=True):
             name = unwind.REASONS.get(int(code), "no user registers")
             reasons[name] = reasons.get(name, 0) + int(cnt_)
-        _flat(flat, fr, s, mm, names)
+        _flat(flat, fr, s, mm, names, 1 if oc is not None else 0)
     for done in sorted(staging.iterdir()):
         os.replace(done, out / done.name)
     staging.rmdir()
@@ -452,13 +499,71 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
     return Result(summaries, len(sm), total_partial, raw.lost, throttled, raw.bad_samples,
                   ranked, reasons,
                   {cfi.SOURCES[i]: v for i, v in enumerate(compiler.frame_sources) if v},
-                  store.log)
+                  store.log,
+                  sum(x.switch_samples for x in oc.threads.values()) if oc else 0,
+                  sum(x.switches for x in oc.threads.values()) if oc else 0)
+
+
+def _thread_life(side: list[records.Sideband]) -> offcpu.Life:
+    """When each thread started (its fork; the exec that enabled the events for the measured
+    program's first thread) and when it exited."""
+    life = offcpu.Life()
+    for sb in side:
+        if sb.kind in ("fork", "exec"):
+            life.starts.setdefault((sb.pid, sb.tid), sb.time)
+        elif sb.kind == "exit":
+            life.exits[(sb.pid, sb.tid)] = sb.time
+    return life
+
+
+def _placeholders(nodes: npt.NDArray[Any], nthread: npt.NDArray[np.int64],
+                  leaf: npt.NDArray[np.int64], fr: unwind.Frames, s: records.Samples,
+                  mm: unwind.ModuleMap, switch_metric: int, preempted: npt.NDArray[np.int8]
+                  ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64], npt.NDArray[np.int64],
+                             npt.NDArray[np.int64]]:
+    """Below the leaf of every context-switch sample, a PLACEHOLDER node: PREEMPTED when its
+    switch record says the thread was preempted (it stayed runnable), else BLOCKED. Where no
+    record matched (``preempted`` -1), BLOCKED when the leaf pc follows a ``syscall``
+    instruction (the thread was in the system call its wrapper made). Returns the new nodes, their
+    threads, each sample's leaf (the placeholder for switch samples) and its frame leaf."""
+    sw = np.flatnonzero(s.metric == switch_metric)
+    if not len(sw):
+        return nodes, nthread, leaf, leaf
+    code = np.full(len(s), int(measdir.Placeholder.PREEMPTED), dtype=np.int64)
+    unmatched = np.zeros(len(s), dtype=bool)
+    unmatched[sw[preempted[sw] < 0]] = True
+    top = (fr.depth == 0) & unmatched[fr.sample]  # leaves to look at: those without a record
+    fs, fm, fa = fr.sample[top], fr.module[top], fr.address[top]
+    in_syscall: dict[tuple[int, int], bool] = {}
+    for m, a in set(zip(fm.tolist(), fa.tolist(), strict=True)):
+        elf = mm.elves[m] if 0 <= m < len(mm.elves) else None
+        in_syscall[(m, a)] = elf is not None and a >= 2 and \
+            elf.read_code(a - 2, a) == b"\x0f\x05"
+    hit = np.array([in_syscall[(m, a)] for m, a in zip(fm.tolist(), fa.tolist(), strict=True)],
+                   dtype=bool)
+    code[fs[hit]] = int(measdir.Placeholder.BLOCKED)
+    verdict = preempted[sw]
+    known = verdict >= 0
+    code[sw[known]] = np.where(verdict[known] == 1, int(measdir.Placeholder.PREEMPTED),
+                               int(measdir.Placeholder.BLOCKED))
+    key = leaf[sw] * 4 + code[sw]
+    uk, inv = np.unique(key, return_inverse=True)
+    extra = np.zeros(len(uk), dtype=measdir.NODE_DTYPE)
+    extra["parent"] = uk // 4
+    extra["kind"] = measdir.NodeKind.PLACEHOLDER
+    extra["module"] = -1
+    extra["address"] = (uk % 4).astype(np.uint64)
+    new_leaf = leaf.copy()
+    new_leaf[sw] = len(nodes) + inv.reshape(-1)
+    return (np.concatenate([nodes, extra]), np.concatenate([nthread, nthread[uk // 4]]),
+            new_leaf, leaf)
 
 
 def _flat(acc: dict[tuple[str, str], int], fr: unwind.Frames, s: records.Samples,
-          mm: unwind.ModuleMap, names: list[str]) -> None:
-    """Leaf samples of the first metric per procedure (symbol tables of the modules)."""
-    leaf = (fr.depth == 0) & (s.metric[fr.sample] == 0) if len(s) else fr.depth == 0
+          mm: unwind.ModuleMap, names: list[str], metric: int = 0) -> None:
+    """Leaf samples of the first sampled metric (``metric``: REALTIME's is its CPU clock)
+    per procedure (symbol tables of the modules)."""
+    leaf = (fr.depth == 0) & (s.metric[fr.sample] == metric) if len(s) else fr.depth == 0
     mods, addrs = fr.module[leaf], fr.address[leaf]
     if not len(mods):
         return

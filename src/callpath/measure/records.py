@@ -21,7 +21,8 @@ import numpy.typing as npt
 from callpath.errors import FormatError
 
 REC_MMAP, REC_LOST, REC_COMM, REC_EXIT, REC_THROTTLE, REC_UNTHROTTLE, REC_FORK = 1, 2, 3, 4, 5, 6, 7
-REC_SAMPLE, REC_MMAP2, REC_LOST_SAMPLES = 9, 10, 13
+REC_SAMPLE, REC_MMAP2, REC_LOST_SAMPLES, REC_SWITCH = 9, 10, 13, 14
+MISC_SWITCH_OUT, MISC_SWITCH_OUT_PREEMPT = 0x2000, 0x4000
 MISC_COMM_EXEC = 0x2000
 MISC_MMAP_BUILD_ID = 0x4000
 _HDR = struct.Struct("<IHH")
@@ -64,12 +65,28 @@ class Samples:
 
 
 @dataclass
+class Switches:
+    """PERF_RECORD_SWITCH records (``-e REALTIME``): a thread switched out of a CPU (``out``;
+    ``preempt``: while runnable) or back in, in file order."""
+
+    time: U64
+    pid: npt.NDArray[np.int64]
+    tid: npt.NDArray[np.int64]
+    out: npt.NDArray[np.bool_]
+    preempt: npt.NDArray[np.bool_]
+
+    def __len__(self) -> int:
+        return len(self.time)
+
+
+@dataclass
 class RawData:
     words: U64
     samples: Samples
     sideband: list[Sideband]
     lost: int
     bad_samples: int
+    switches: Switches | None = None
 
 
 def decode(path: Path, raw_info: dict[str, Any]) -> RawData:
@@ -86,6 +103,7 @@ def decode(path: Path, raw_info: dict[str, Any]) -> RawData:
             buf = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
         words = np.frombuffer(buf, dtype=np.uint64, count=size // 8)
     sample_offsets: list[int] = []
+    switch_offsets: list[int] = []
     side: list[Sideband] = []
     lost = 0
     bad = 0
@@ -97,6 +115,8 @@ def decode(path: Path, raw_info: dict[str, Any]) -> RawData:
             break  # a torn tail (killed mid-write): keep what came before
         if typ == REC_SAMPLE:
             sample_offsets.append(pos)
+        elif typ == REC_SWITCH and rsize == 8 + 8 * TRAILER_WORDS:
+            switch_offsets.append(pos)
         elif typ in (REC_MMAP2, REC_COMM, REC_FORK, REC_EXIT, REC_LOST, REC_THROTTLE,
                      REC_UNTHROTTLE, REC_LOST_SAMPLES):
             try:
@@ -111,7 +131,18 @@ def decode(path: Path, raw_info: dict[str, Any]) -> RawData:
     side.sort(key=lambda s: s.time)
     samples, bad_samples = _samples(words, np.asarray(sample_offsets, dtype=np.int64) // 8,
                                     nregs, ids)
-    return RawData(words, samples, side, lost, bad + bad_samples)
+    return RawData(words, samples, side, lost, bad + bad_samples,
+                   _switches(words, np.asarray(switch_offsets, dtype=np.int64) // 8))
+
+
+def _switches(w: U64, o: npt.NDArray[np.int64]) -> Switches:
+    """Gather the switch records (header, then the sample_id trailer: pid/tid, time, ...)."""
+    misc = (w[o] >> np.uint64(32)) & np.uint64(0xFFFF)
+    pidtid = w[o + 1]
+    return Switches(w[o + 2], (pidtid & np.uint64(0xFFFFFFFF)).astype(np.int64),
+                    (pidtid >> np.uint64(32)).astype(np.int64),
+                    (misc & np.uint64(MISC_SWITCH_OUT)) != 0,
+                    (misc & np.uint64(MISC_SWITCH_OUT_PREEMPT)) != 0)
 
 
 def _sideband(buf: Any, pos: int, typ: int, misc: int, rsize: int) -> Sideband:
@@ -162,11 +193,12 @@ def _samples(w: U64, o: npt.NDArray[np.int64], nregs: int,
                        np.zeros((0, nregs), dtype=np.uint64), z.astype(bool), z, z, z, z), 0
     ident = w[o + 1]
     pidtid = w[o + 3]
-    nr = w[o + 7].astype(np.int64)
     lim = len(w)
-    good = (nr >= 0) & (nr < 4096) & (o + 8 + nr < lim)
+    cc = o + 7  # the call chain's length word
+    nr = w[np.minimum(cc, lim - 1)].astype(np.int64)
+    good = (nr >= 0) & (nr < 4096) & (cc + 1 + nr < lim)
     nr = np.where(good, nr, 0)
-    abi_at = o + 8 + nr
+    abi_at = cc + 1 + nr
     abi = w[np.minimum(abi_at, lim - 1)]
     has_regs = good & (abi != 0)
     regs0 = abi_at + 1
@@ -187,7 +219,7 @@ def _samples(w: U64, o: npt.NDArray[np.int64], nregs: int,
                 tid=(pidtid >> np.uint64(32)).astype(np.int64),
                 cpu=(w[o + 5] & 0xFFFFFFFF).astype(np.int64), period=w[o + 6],
                 metric=metric, regs=regs, has_regs=has_regs & ok, stack0=stack0,
-                stack_words=dyn // 8, callchain0=o + 8, callchain_n=nr)
+                stack_words=dyn // 8, callchain0=cc + 1, callchain_n=nr)
     bad = int(np.count_nonzero(~ok))
     if bad:
         s = s.take(ok)

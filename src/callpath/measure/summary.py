@@ -11,9 +11,13 @@ from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from callpath.measure.launch import RunResult
-    from callpath.measure.postmortem import Result
+    from callpath.measure.postmortem import Result, ThreadSummary
 
 MAX_CONTEXT_LINES = 16
+#: more switches than this times the switch samples: the kernel's cap on stack samples per
+#: second (``launch.switch_spec``) took over, and the summary says so. Below it, the few extra
+#: switches are the frequency mode's first adjustments.
+CAP_RATIO = 1.05
 
 
 def describe_status(status: int) -> str:
@@ -30,9 +34,12 @@ def print_summary(out: Path, res: Result, run: RunResult | None, top: int,
     procs = len({t.pid for t in res.threads})
     parts = []
     if run is not None:
-        ev = ", ".join(e.spec.name for e in run.events)
+        ev = ", ".join(dict.fromkeys(e.spec.name for e in run.events))
         parts.append(f"The program {describe_status(run.exit_status)} after "
                      f"{run.wall_s:.2f} s, sampled on {ev}.")
+        if run.switch_capped_s > 0:
+            parts.append(f"For {run.switch_capped_s:.2f} s the program switched too often "
+                         "for a call path at every context switch: they were sampled (capped).")
     pct = 100.0 * res.partial / res.samples if res.samples else 0.0
     why = ""
     if res.partial_reasons:
@@ -46,6 +53,7 @@ def print_summary(out: Path, res: Result, run: RunResult | None, top: int,
     if res.bad:
         parts.append(f"{res.bad} records could not be decoded.")
     parts.extend(_unwind_sources(res))
+    parts.extend(_offcpu(res))
     parts.append(f"Measurement directory: {out}")
     stream.write(textwrap.fill("callpath: " + " ".join(parts), width=100) + "\n")
     rows = sorted(res.threads, key=lambda t: -t.samples)
@@ -55,7 +63,7 @@ def print_summary(out: Path, res: Result, run: RunResult | None, top: int,
         named = f", {t.name}" if t.name else ""
         stream.write(f"  {rank}pid {t.pid}{prog} thread {t.index} (tid {t.tid}{named}): "
                      f"{t.samples} samples"
-                     f", {t.partial} partial\n")
+                     f", {t.partial} partial{_life(t)}\n")
     if len(rows) > MAX_CONTEXT_LINES:
         stream.write(f"  ... and {len(rows) - MAX_CONTEXT_LINES} more contexts\n")
     if top and res.flat:
@@ -64,6 +72,31 @@ def print_summary(out: Path, res: Result, run: RunResult | None, top: int,
         for name, module, count in res.flat[:top]:
             stream.write(f"  {100.0 * count / total:6.2f}%  {count:8d}  {name}  [{module}]\n")
     stream.flush()
+
+
+def _life(t: ThreadSummary) -> str:
+    """-e REALTIME: how the thread's life divides between CPU, blocked and preempted."""
+    tt = t.time
+    if tt is None or tt.wall <= 0:
+        return ""
+    pct = 100.0 / tt.wall
+    return (f"; wall {tt.wall / 1e9:.3f} s: on CPU {tt.cpu / 1e9:.3f} s "
+            f"({tt.cpu * pct:.0f}%), blocked {tt.blocked / 1e9:.3f} s ({tt.blocked * pct:.0f}%), "
+            f"preempted {(tt.off - tt.blocked) / 1e9:.3f} s ({(tt.off - tt.blocked) * pct:.0f}%)")
+
+
+def _offcpu(res: Result) -> list[str]:
+    """-e REALTIME: whether every context switch got its call path, or the cap sampled."""
+    if not res.switch_samples:
+        return []
+    said = (f"{res.switch_samples} of {res.switches} context switches sampled with their "
+            "call path")
+    if res.switches <= res.switch_samples * CAP_RATIO:
+        return [said + "."]
+    return [said + f": capped (1 in {res.switches / res.switch_samples:.1f}); time off CPU "
+            "is still exact per thread (every switch is recorded), and the time of a switch "
+            "without a call path goes to its thread's next sampled switch of the same kind "
+            "(blocked or preempted)."]
 
 
 def _unwind_sources(res: Result) -> list[str]:
