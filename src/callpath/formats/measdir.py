@@ -236,6 +236,20 @@ def check_new_directory(out: Path) -> None:
                             "choose another -o)")
 
 
+def make_new_directory(out: Path) -> bool:
+    """:func:`check_new_directory`, then create ``out`` (and its parents); whether it was
+    created, so that a run that measures nothing can remove what it made. Shared by ``run``,
+    ``run --pid`` and the attached Python sampler."""
+    check_new_directory(out)
+    try:
+        created = not out.exists()
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CallpathError(f"{out}: cannot create the measurement directory "
+                            f"({e.strerror})") from None
+    return created
+
+
 def write_header(directory: str | os.PathLike[str], metrics: Iterable[MetricInfo],
                  **fields: Any) -> Path:
     """Write (or rewrite) ``measurement.json`` atomically. ``fields`` are free-form additions

@@ -251,13 +251,7 @@ def attach(pid: int, opts: AttachOptions) -> AttachResult:
     the raw data end up in ``opts.out/raw.perf`` for ``postmortem.finish``."""
     check_pid(pid)
     out = opts.out
-    measdir.check_new_directory(out)
-    try:
-        created = not out.exists()
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise CallpathError(f"{out}: cannot create the measurement directory "
-                            f"({e.strerror})") from None
+    created = measdir.make_new_directory(out)
     try:
         pidfd: int | None = os.pidfd_open(pid)
     except OSError as e:

@@ -252,13 +252,7 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
     """Measure ``cmd``; the raw data end up in ``opts.out/raw.perf`` (decoded by postmortem)."""
     path = resolve_program(cmd)
     out = opts.out
-    measdir.check_new_directory(out)
-    try:
-        created = not out.exists()
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise CallpathError(f"{out}: cannot create the measurement directory "
-                            f"({e.strerror})") from None
+    created = measdir.make_new_directory(out)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from callpath.errors import CallpathError
 from callpath.formats import measdir
 from callpath.measure.attach import STOP_SIGNALS, StopRequests
 from callpath.measure.remote_python import PyThread, RemotePython
@@ -230,13 +229,7 @@ def attach_python(pid: int, out: Path, *, duration: float | None, frequency: flo
     """Measure the Python process ``pid`` into the new measurement directory ``out``."""
     from callpath.measure import launch
 
-    measdir.check_new_directory(out)
-    try:
-        created = not out.exists()
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise CallpathError(f"{out}: cannot create the measurement directory "
-                            f"({e.strerror})") from None
+    created = measdir.make_new_directory(out)
     try:
         pidfd: int | None = os.pidfd_open(pid)
     except OSError:
