@@ -527,12 +527,12 @@ def test_comparison_looks_right(page: Any, server: Any) -> None:
     pg.click("#tb-compare")
     pg.select_option("#cmp-base", str(SMALL))
     pg.select_option("#cmp-new", str(LOOPS))
-    n_tabs = pg.evaluate("() => document.querySelectorAll('#db-tabs [role=tab]').length")
     pg.click("#cmp-ok")
-    # the comparison is computed and written by the server: on a loaded machine that can take
-    # longer than the page's default wait
-    pg.wait_for_function("(n) => document.querySelectorAll('#db-tabs [role=tab]').length === n",
-                         arg=n_tabs + 1, timeout=90000)
+    # the comparison is computed and written by the server (on a loaded machine that can take
+    # longer than the page's default wait); its tab is named base → new
+    pg.wait_for_function(
+        "() => [...document.querySelectorAll('#db-tabs [role=tab]')]"
+        ".some(t => t.textContent.trim() === 'small.d → loops-cputime-t.d')", timeout=90000)
     idle(pg)
     tab = pg.inner_text("#db-tabs [aria-selected=true]")
     assert tab == "small.d → loops-cputime-t.d"
