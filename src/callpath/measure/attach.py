@@ -407,7 +407,7 @@ def _drain(pid: int, pidfd: int | None, rings: list[perf.RingBuffer], out: Path,
     try:
         while True:
             poller.poll(50)
-            nbytes += _copy(rings, raw, procs, seen)
+            nbytes += launch.copy_rings(rings, raw, procs, seen)
             raw.flush()
             procs.flush()
             if stop.wait(0):
@@ -417,23 +417,8 @@ def _drain(pid: int, pidfd: int | None, rings: list[perf.RingBuffer], out: Path,
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 break
-        nbytes += _copy(rings, raw, procs, seen)
+        nbytes += launch.copy_rings(rings, raw, procs, seen)
     finally:
         raw.close()
         procs.close()
     return exited, nbytes
-
-
-def _copy(rings: list[perf.RingBuffer], raw: IO[bytes], procs: IO[str],
-          seen: set[tuple[int, int]]) -> int:
-    n = 0
-    for r in rings:
-        head, views = r.pending()
-        if views:
-            data = views[0] if len(views) == 1 else b"".join(bytes(v) for v in views)
-            for v in views:
-                raw.write(v)
-                n += len(v)
-            launch._note_processes(data, seen, procs)
-            r.consume(head)
-    return n

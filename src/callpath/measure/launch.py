@@ -425,16 +425,7 @@ def _drain_loop(child: int, rings: list[perf.RingBuffer], out: Path,
     try:
         while True:
             poller.poll(50)
-            for r in rings:
-                head, views = r.pending()
-                if views:
-                    # a record may wrap around the ring's end: parse a joined copy then
-                    data = views[0] if len(views) == 1 else b"".join(bytes(v) for v in views)
-                    for v in views:
-                        raw.write(v)
-                        nbytes += len(v)
-                    _note_processes(data, seen, procs)
-                    r.consume(head)
+            nbytes += copy_rings(rings, raw, procs, seen)
             raw.flush()
             procs.flush()
             if limiter is not None:
@@ -469,6 +460,24 @@ def _drain_loop(child: int, rings: list[perf.RingBuffer], out: Path,
         raw.close()
         procs.close()
     return status if status is not None else 0, nbytes
+
+
+def copy_rings(rings: list[perf.RingBuffer], raw: IO[bytes], procs: IO[str],
+               seen: set[tuple[int, int]]) -> int:
+    """Append what the rings hold to ``raw`` and note the processes born or exec'd in it
+    (while they live); the bytes copied. Shared by ``run`` and ``run --pid``."""
+    n = 0
+    for r in rings:
+        head, views = r.pending()
+        if views:
+            # a record may wrap around the ring's end: parse a joined copy then
+            data = views[0] if len(views) == 1 else b"".join(bytes(v) for v in views)
+            for v in views:
+                raw.write(v)
+                n += len(v)
+            _note_processes(data, seen, procs)
+            r.consume(head)
+    return n
 
 
 def _note_processes(data: bytes | memoryview, seen: set[tuple[int, int]], procs: IO[str]) -> None:
