@@ -519,10 +519,6 @@ def test_every_tab_looks_right(page: Any, server: Any, db: int, name: str) -> No
     look_at_tabs(pg, name, info)
 
 
-@pytest.mark.skip(reason="known defect under investigation: in the whole suite (3 of 3 "
-                  "CI runs) the Compare dialog's comparison tab never appears and the page "
-                  "ends on database 2; passes alone and with the other browser modules "
-                  "(test_flame_browser covers the Compare dialog meanwhile)")
 def test_comparison_looks_right(page: Any, server: Any) -> None:
     """A comparison opened from the viewer: its tab reads base → new, its tabs look right;
     comparing databases whose metrics differ by name says so."""
