@@ -390,6 +390,14 @@ def test_gpu_database_opens_on_the_time(page: Any, server: Any) -> None:
                          "document.querySelector('#ln-heat .ln-row')")
     metric = pg.eval_on_selector("#ln-metric", "s => s.options[s.selectedIndex].textContent")
     assert metric.startswith("GPUOP")
+    # GPU time has no line of its own: it is on the line that launched it, which says so,
+    # and the tab opens there (the hottest line)
+    launch = pg.evaluate("""() => [...document.querySelectorAll('#ln-src .ln-srow')]
+        .map((r, i) => [i, !!r.querySelector('.ln-launch'), r.classList.contains('sel'),
+                        [...document.querySelectorAll('#ln-heat .ln-row')][i].textContent])
+        .filter(x => x[1])""")
+    assert len(launch) == 1 and launch[0][2], launch
+    assert float(launch[0][3].split()[0]) > 0, launch
     # its rows come from several files: each file is named where the listing enters it
     files = pg.evaluate("""() => [...document.querySelectorAll('#ln-src .ln-srow')].map(r =>
         [r.title.split(':')[0], (r.querySelector('.ln-fname') || {}).textContent || null])""")
