@@ -41,7 +41,7 @@ from callpath.analysis.source import point_from_inclusive, select_contexts
 from callpath.analysis.treeops import nearest_marked
 from callpath.errors import CallpathError
 from callpath.model import Experiment, Metric, NodeKind, Relation
-from callpath.model.contexts import ExecutionContext
+from callpath.model.contexts import ExecutionContext, node_texts
 from callpath.model.gpu import GPU_PLACEHOLDERS
 
 F64 = npt.NDArray[np.float64]
@@ -169,7 +169,7 @@ def build_line_matrix(exp: Experiment, metric: str | int | Metric = 0, group: st
     if isinstance(contexts, str):
         profiles = select_contexts(exp, contexts, regex=contexts_regex)
         if not profiles:
-            labels = ", ".join(c.label(exp.id_names) for c in exp.contexts[:8])
+            labels = ", ".join(exp.context_label(c) for c in exp.contexts[:8])
             raise CallpathError(f"context selection {contexts!r} selects no execution context "
                                 f"(they are: {labels}{', ...' if len(exp.contexts) > 8 else ''})")
     elif contexts is None:
@@ -208,7 +208,7 @@ def _columns(exp: Experiment, profiles: list[int], group: str
 
     ctxs.sort(key=ident_key)
     if group == "none":
-        return ([c.label(names) for c in ctxs], [c.short_label(names) for c in ctxs],
+        return ([exp.context_label(c) for c in ctxs], [c.short_label(names) for c in ctxs],
                 [[c.index] for c in ctxs])
     keep = {k for k, n in enumerate(names) if n in _KEEP_KINDS[group]}
     groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
@@ -216,8 +216,11 @@ def _columns(exp: Experiment, profiles: list[int], group: str
         gk = tuple((i.kind, i.logical_id) for i in c.ids if i.kind in keep)
         groups.setdefault(gk, []).append(c.index)
     labels, shorts = [], []
+    nodes = node_texts(exp.profiles, names)  # a host id in hex, left out when one node
     for gk in groups:
-        lab = " ".join(f"{names[k] if k < len(names) else f'KIND{k}'} {v}" for k, v in gk)
+        lab = " ".join(f"{names[k] if k < len(names) else f'KIND{k}'} {nodes.get(v, v)}"
+                       for k, v in gk if not (k < len(names) and names[k] == "NODE"
+                                           and nodes.get(v) == ""))
         labels.append(lab or "all")
         short = ".".join(str(v) for k, v in gk if names[k] != "NODE") if gk else "all"
         shorts.append(short or lab)

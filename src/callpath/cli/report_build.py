@@ -125,7 +125,7 @@ def build_report(exp: Experiment, args: argparse.Namespace, out: TextIO) -> int:
     if args.threads is not None:
         profiles = select_contexts(exp, args.threads, regex=args.threads_regex)
         if not profiles:
-            labels = ", ".join(c.label(exp.id_names) for c in exp.contexts[:8])
+            labels = ", ".join(exp.context_label(c) for c in exp.contexts[:8])
             raise CallpathError(f"--threads {args.threads!r} selects no execution context "
                                 f"(they are: {labels}{', ...' if len(exp.contexts) > 8 else ''})")
     source = tree_source(exp, profiles)
