@@ -115,7 +115,7 @@ def main() -> int:
                 if said:
                     got = notes.get(name, "0 0").split()[:2]
                     notes[name] = (f"{int(got[0]) + int(said[1])} {int(got[1]) + int(said[2])}"
-                                   " switches had / got a call path")
+                                   " (of all runs: switches with a call path, switches)")
                 shutil.rmtree(out, ignore_errors=True)
                 for f in tmp.glob("*.data"):
                     f.unlink()
