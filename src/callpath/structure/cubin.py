@@ -27,11 +27,10 @@ import shutil
 import struct
 import subprocess
 import tempfile
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 from callpath.errors import CallpathError, FormatError
 from callpath.structure.demangle import demangle
@@ -73,6 +72,39 @@ class _Rows:
     files: list[str] = field(default_factory=list)
     inline: list[tuple[int, int, int]] = field(default_factory=list)
     strings: bytes = b""
+    #: derived by :meth:`index`: the addresses that start a row, sorted, and the row that
+    #: describes each (the last of several rows at one address); each row's inline state
+    starts: list[int] = field(default_factory=list)
+    row_at: list[int] = field(default_factory=list)
+    ctx: list[tuple[int, int]] = field(default_factory=list)
+
+    def index(self) -> None:
+        last: dict[int, int] = {}
+        for r, a in enumerate(self.address):
+            if self.line[r] > 0:
+                last[a] = r
+            else:  # an end of sequence: no row of its own
+                last.pop(a, None)
+        self.starts = sorted(last)
+        self.row_at = [last[a] for a in self.starts]
+        n = len(self.address)
+        self.ctx = [(-1, 0)] * n
+        ch = sorted(self.inline)
+        for k, (start, c, name) in enumerate(ch):
+            end = ch[k + 1][0] if k + 1 < len(ch) else n
+            for r in range(start, min(end, n)):
+                self.ctx[r] = (c if 0 <= c < r else -1, name)
+
+    def outermost(self, r: int) -> int:
+        """The row of the outermost call site of row r's inlined code (r if not inlined)."""
+        while self.ctx[r][0] >= 0:
+            r = self.ctx[r][0]
+        return r
+
+    def function_rows(self, lo: int, hi: int) -> dict[int, int]:
+        """Row start address -> row, for the rows inside ``[lo, hi)``."""
+        i, j = bisect_left(self.starts, lo), bisect_left(self.starts, hi)
+        return dict(zip(self.starts[i:j], self.row_at[i:j], strict=True))
 
 
 def gpu_binary_kind(path: str | os.PathLike[str]) -> str | None:
@@ -129,7 +161,7 @@ def cubins_of(data: bytes, *, path: str = "") -> tuple[list[Cubin], list[str]]:
 def _elf_arch(data: bytes) -> int:
     """The SM version in a cubin's ``e_flags`` (its low bits in the pre-CUDA-12.8 layout,
     bits 8-15 in the newer one), 0 when it cannot be told."""
-    flags = struct.unpack_from("<I", data, 48)[0]
+    flags = int(struct.unpack_from("<I", data, 48)[0])
     for v in ((flags >> 8) & 0xFF, flags & 0xFF):
         if 20 <= v <= 200:
             return v
@@ -202,15 +234,14 @@ def _line_rows(cubin: Cubin, path: str) -> _Rows:
     buf = bytes(data)
     file_ids: dict[str, int] = {}
     pos = 0
-    while pos + 4 <= len(buf):
-        start = len(rows.address)
-        gids = _decode_one(buf, pos, "", path, rows.strings, None, 8, rows.files, file_ids,
-                           rows.address, rows.file, rows.line, rows.inline)
-        del gids
+    while pos + 4 <= len(buf):  # one line program per compilation unit
         unit = int.from_bytes(buf[pos:pos + 4], "little")
-        if unit == 0 or len(rows.address) == start and unit == 0:
+        if unit == 0 or unit == 0xFFFFFFFF:  # padding; 64-bit DWARF is not used in cubins
             break
+        _decode_one(buf, pos, "", path, rows.strings, None, 8, rows.files, file_ids,
+                    rows.address, rows.file, rows.line, rows.inline)
         pos += 4 + unit
+    rows.index()
     return rows
 
 
@@ -329,7 +360,7 @@ def loops_of(ins: list[_Insn], lo: int, hi: int) -> tuple[list[tuple[int, int, i
                 starts.add(int(i.target))
     order = sorted(starts)
     block_of = {a: n for n, a in enumerate(order)}
-    bounds = order + [code[-1].addr + 16]
+    bounds = [*order, code[-1].addr + 16]
     succ: list[list[int]] = [[] for _ in order]
     last: list[int] = [0] * len(order)
     b = 0
@@ -366,7 +397,7 @@ class GpuStructure:
 
 
 def analyze_gpu_binary(path: str | os.PathLike[str], *, name: str | None = None,
-                       nvdisasm: str | None | bool = True) -> GpuStructure:
+                       nvdisasm: str | bool | None = True) -> GpuStructure:
     """Structure of a cubin or fatbin: functions, source lines with inlined code, loops
     (with ``nvdisasm``; ``nvdisasm=True`` looks for it, a path uses that one, None/False
     none). ``notes`` say what could not be recovered, one line each."""
@@ -413,18 +444,12 @@ def analyze_gpu_binary(path: str | os.PathLike[str], *, name: str | None = None,
 
 
 def _function_file(rows: _Rows, fn: GpuFunction) -> str | None:
-    """The source file of a function's first line row that is not inlined code."""
-    lo, hi = fn.address, fn.address + max(fn.size, 1)
-    ctx = _inline_state(rows)
-    best = None
-    for r, a in enumerate(rows.address):
-        if lo <= a < hi and rows.line[r] > 0 and (best is None or a < rows.address[best]):
-            best = r
-    if best is None:
+    """The source file of a function: that of its first line row, or of that row's outermost
+    call site where it is inlined code."""
+    i = bisect_left(rows.starts, fn.address)
+    if i >= len(rows.starts) or rows.starts[i] >= fn.address + max(fn.size, 1):
         return None
-    while ctx[best][0] >= 0:
-        best = ctx[best][0]
-    return _row_file(rows, best)
+    return _row_file(rows, rows.outermost(rows.row_at[i]))
 
 
 def _section_offsets(cb: Cubin) -> dict[str, int]:
@@ -438,15 +463,7 @@ def _build_function(b: StructureBuilder, files: dict[str, int], fn: GpuFunction,
     """Append one function's FILE (shared by the functions of one source file), PROC, LOOP,
     ALIEN and STMT scopes; False when no line row falls inside it."""
     lo, hi = fn.address, fn.address + max(fn.size, 1)
-    a = np.array(rows.address, dtype=np.uint64)
-    # the rows of this function in program order, then by address (the last of several rows
-    # at one address describes its instructions)
-    inside = np.flatnonzero((a >= lo) & (a < hi))
-    ctx_of = _inline_state(rows)
-    seq: dict[int, int] = {}
-    for r in inside.tolist():
-        if rows.line[r] > 0:
-            seq[int(a[r])] = r
+    seq = rows.function_rows(lo, hi)  # segment start -> its row
     addrs = sorted(seq)
     link = fn.name
     display = demangle(link)
@@ -455,36 +472,33 @@ def _build_function(b: StructureBuilder, files: dict[str, int], fn: GpuFunction,
         ps = b.add(Kind.PROC, fscope, name=display, link=link, line=0, ranges=[(lo, lo + 1)])
         b.map_range(lo, hi, ps)
         return False
+    if addrs[0] > lo:  # code before the first row: the first row's line
+        seq[lo] = seq[addrs[0]]
+        addrs.insert(0, lo)
     entry = seq[addrs[0]]
     # the entry row may itself be inlined code: the function's own file and line are then
     # its outermost call site's
-    top = entry
-    while ctx_of[top][0] >= 0:
-        top = ctx_of[top][0]
+    top = rows.outermost(entry)
     fname = _row_file(rows, top)
-    pline = rows.line[top]
     fscope = _file_scope(b, files, fname)
-    pscope = b.add(Kind.PROC, fscope, name=display, link=link, file=fname, line=pline,
-                   ranges=[(lo, lo + 1)])
-    # segments [addrs[i], addrs[i+1]) with their row
-    seg_hi = addrs[1:] + [hi]
+    pscope = b.add(Kind.PROC, fscope, name=display, link=link, file=fname,
+                   line=rows.line[top], ranges=[(lo, lo + 1)])
     loops: list[tuple[int, int, int]] = []
     seg_loop = [-1] * len(addrs)
     if code:
         lps, blocks = loops_of(code, lo - sec_base, hi - sec_base)
         loops = [(h + sec_base, lt + sec_base, par) for h, lt, par in lps]
-        bl = [(s + sec_base, e + sec_base, lp) for s, e, lp in blocks]
+        bl = [(x + sec_base, e + sec_base, lp) for x, e, lp in blocks]
         # split segments at block starts so that each segment lies in one block
-        cut = sorted(set(addrs) | {s for s, _, _ in bl if lo <= s < hi})
-        seq = {x: seq[max(y for y in addrs if y <= x)] if any(y <= x for y in addrs)
-               else entry for x in cut}
+        cut = sorted(set(addrs) | {x for x, _, _ in bl if lo <= x < hi})
+        seq = {x: seq[addrs[bisect_right(addrs, x) - 1]] for x in cut}
         addrs = cut
-        seg_hi = addrs[1:] + [hi]
-        starts = [s for s, _, _ in bl]
+        bstart = [x for x, _, _ in bl]
         seg_loop = []
         for x in addrs:
-            k = int(np.searchsorted(np.array(starts, dtype=np.int64), x, side="right")) - 1
+            k = bisect_right(bstart, x) - 1
             seg_loop.append(bl[k][2] if k >= 0 and x < bl[k][1] else -1)
+    seg_hi = [*addrs[1:], hi]
 
     def loop_chain(n: int) -> list[int]:
         out: list[int] = []
@@ -496,9 +510,9 @@ def _build_function(b: StructureBuilder, files: dict[str, int], fn: GpuFunction,
     def inline_chain(r: int) -> list[tuple[int, int]]:
         """(call-site row, name offset) of each inlined frame around row r, outermost first."""
         out: list[tuple[int, int]] = []
-        while ctx_of[r][0] >= 0:
-            out.append(ctx_of[r])
-            r = ctx_of[r][0]
+        while rows.ctx[r][0] >= 0:
+            out.append(rows.ctx[r])
+            r = rows.ctx[r][0]
         return out[::-1]
 
     scopes: dict[tuple[tuple[int, int], ...], int] = {(): pscope}
@@ -579,24 +593,11 @@ def _row_file(rows: _Rows, r: int) -> str | None:
 
 def _line_at(rows: _Rows, seq: dict[int, int], addrs: list[int], at: int
              ) -> tuple[str | None, int]:
-    k = int(np.searchsorted(np.array(addrs, dtype=np.int64), at, side="right")) - 1
+    k = bisect_right(addrs, at) - 1
     if k < 0:
         return None, 0
     r = seq[addrs[k]]
-    f = rows.file[r]
-    return (rows.files[f] if 0 <= f < len(rows.files) else None), rows.line[r]
-
-
-def _inline_state(rows: _Rows) -> list[tuple[int, int]]:
-    """(call-site row or -1, name offset) of every row, from the recorded changes."""
-    n = len(rows.address)
-    out = [(-1, 0)] * n
-    ch = sorted(rows.inline)
-    for k, (start, ctx, name) in enumerate(ch):
-        end = ch[k + 1][0] if k + 1 < len(ch) else n
-        for r in range(start, end):
-            out[r] = (ctx if 0 <= ctx < n and ctx != r else -1, name)
-    return out
+    return _row_file(rows, r), rows.line[r]
 
 
 def _file_scope(b: StructureBuilder, files: dict[str, int], fname: str | None) -> int:
