@@ -192,7 +192,21 @@ def functions_of(cubin: Cubin) -> list[GpuFunction]:
     except (ELFError, ValueError, struct.error) as e:
         raise FormatError("cubin", f"corrupt cubin at offset {cubin.offset:#x}: {e}") from None
     out.sort(key=lambda f: f.address)
+    # a non-inlined device function of a whole-program build sits inside its caller's
+    # section, after the caller's code, and the caller's symbol size covers it: each function
+    # ends where the next one starts
+    for a, b in zip(out, out[1:], strict=False):
+        if a.section == b.section and a.address < b.address < a.address + a.size:
+            a.size = b.address - a.address
     return out
+
+
+def display_name(link: str) -> str:
+    """A function's name as shown: demangled; a device function that the compiler placed
+    in its caller's section is named ``$caller$callee``, shown as the callee."""
+    if link.startswith("$") and link.count("$") >= 2:
+        link = link.rsplit("$", 1)[1]
+    return demangle(link)
 
 
 def _line_rows(cubin: Cubin, path: str) -> _Rows:
@@ -466,7 +480,7 @@ def _build_function(b: StructureBuilder, files: dict[str, int], fn: GpuFunction,
     seq = rows.function_rows(lo, hi)  # segment start -> its row
     addrs = sorted(seq)
     link = fn.name
-    display = demangle(link)
+    display = display_name(link)
     if not addrs:
         fscope = _file_scope(b, files, f"[{os.path.basename(b.path)}]")
         ps = b.add(Kind.PROC, fscope, name=display, link=link, line=0, ranges=[(lo, lo + 1)])

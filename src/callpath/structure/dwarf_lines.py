@@ -163,7 +163,8 @@ def _decode_one(data: bytes, off: int, comp_dir: str, path: str, debug_str: byte
     global file id of each of its file numbers. ``nv``, when given, receives NVIDIA's inline
     records (cubins built with ``-lineinfo``/``-G``) as ``(row, context, name)``: from row
     ``row`` (an index into the output lists) on, rows are code inlined at the call site that
-    row ``context`` describes (0: not inlined; else a 1-based row of this program), in the
+    row ``context`` describes (0: not inlined; else a 1-based row of this sequence; here
+    made an index into the output lists), in the
     function whose name is at ``name`` in ``.debug_str``. The state machine keeps them until
     the next record, so only the changes are recorded (nothing per row)."""
     r = _Reader(data, off, path)
@@ -277,6 +278,7 @@ def _decode_one(data: bytes, off: int, comp_dir: str, path: str, debug_str: byte
                     addr = 0
                     file = default_file
                     line = 1
+                    first_row = len(out_a)
                 elif sub == 2:  # set_address
                     addr = int.from_bytes(d[pos + 1:nxt], "little")
                 elif sub == 0x90 and nv is not None:  # DW_LNE_NVIDIA_inlined_call
