@@ -30,6 +30,7 @@ import tempfile
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 from callpath.errors import CallpathError, FormatError
@@ -195,7 +196,7 @@ def functions_of(cubin: Cubin) -> list[GpuFunction]:
     # a non-inlined device function of a whole-program build sits inside its caller's
     # section, after the caller's code, and the caller's symbol size covers it: each function
     # ends where the next one starts
-    for a, b in zip(out, out[1:], strict=False):
+    for a, b in pairwise(out):
         if a.section == b.section and a.address < b.address < a.address + a.size:
             a.size = b.address - a.address
     return out
