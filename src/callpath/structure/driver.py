@@ -9,6 +9,7 @@ so a module used by many runs is analysed once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -357,15 +358,23 @@ def measurement_jobs(directory: str | os.PathLike[str], *, user_cache: bool = Tr
 def gpu_binary_jobs(directory: Path, *, user_cache: bool = True,
                     only: set[str] | None = None) -> dict[str, Job]:
     """One job per GPU binary the measurement saved (``gpubins/*.gpubin``; ``only``: those
-    file names), named by its path in the directory. The file names are content hashes, so
-    ``prof`` finds the structure by base name wherever the directory is moved."""
+    file names), named by its path in the directory. The file names are content hashes: they
+    identify the binary wherever the directory is moved (``prof`` finds the structure by base
+    name), and the cache key adds whether nvdisasm (loops) was there. A structure file of the
+    same binary made with the other setting is removed from ``MEASDIR/structs/`` (prof would
+    otherwise read either)."""
     jobs: dict[str, Job] = {}
+    structs = directory / "structs"
     for p in sorted((directory / "gpubins").glob("*.gpubin")):
         if only is not None and p.name not in only:
             continue
-        bid, tag = module_identity(str(p))
-        key = cache_key(str(p), bid, tag)
-        cache = [directory / "structs" / f"{key}.hpcstruct"]
+        _, tag = module_identity(str(p))
+        key = cache_key(str(p), p.stem, tag)
+        for old in structs.glob(f"{p.name}-{p.stem}-*.hpcstruct"):
+            if old.name != f"{key}.hpcstruct":
+                with contextlib.suppress(OSError):
+                    old.unlink()
+        cache = [structs / f"{key}.hpcstruct"]
         if user_cache:
             cache.append(user_cache_dir() / f"{key}.hpcstruct")
         jobs[key] = Job(str(p), str(p), cache)
