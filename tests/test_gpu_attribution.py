@@ -3,6 +3,7 @@ traces, on CUPTI activity recorded on an H200 (``../shared/data/gpu``; see gpu_f
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import callpath
 from callpath.formats import measdir as md
 from callpath.formats import measdir_gpu as mdg
+from callpath.formats.hpcstruct import read_hpcstruct
 from callpath.measure.gpu import convert as cv
 from callpath.model.contexts import IdKind
 from callpath.structure.demangle import demangle
@@ -298,3 +300,31 @@ def test_kernels_named_by_their_gpu_binary(tmp_path: Path) -> None:
                    and ref.functions[int(ref.cct.function[ref.cct.parent[i]])].name
                    == "kernmain()"][:1]
     assert ref_line == 19
+
+
+def test_struct_of_a_measurements_gpu_binaries(tmp_path: Path) -> None:
+    """``callpath struct MEASDIR`` analyses the GPU binaries the run saved (gpubins/) beside
+    its host modules, into MEASDIR/structs/ where prof reads them, and says in one line that
+    loops need nvdisasm when it is not there; prof then maps the kernel through it."""
+    cubin = shared_path("hpctoolkit", "meas", "loops-cuda-nvidia-t.m", "gpubins",
+                        "1165a3eeddeea5ea3616d1cdbc6faa59.gpubin")
+    meas, h = _measurement_with_cubin(tmp_path, cubin.read_bytes(), "_Z8kernmainv")
+    gpubin = meas / "gpubins" / f"{h:016x}.gpubin"
+    run = run_cli("struct", str(meas), "--no-cache", check=True,
+                  env={"CALLPATH_NVDISASM": ""})
+    notes = [ln for ln in run.stderr.splitlines() if "nvdisasm" in ln]
+    assert notes == [f"callpath struct: {gpubin}: no loops: nvdisasm not found (a CUDA "
+                     "toolkit, or 'pip install nvidia-cuda-nvdisasm'; CALLPATH_NVDISASM "
+                     "names one)"]
+    index = json.loads((meas / "structs" / "index.json").read_text())["modules"]
+    (s,) = read_hpcstruct(meas / "structs" / index[str(gpubin)])
+    assert [s.text(int(s.name[i])) for i in range(len(s)) if s.kind[i] == 2] == ["kernmain()"]
+    # the directory moved: the structure is still found (by the binary's content hash)
+    moved = tmp_path / "moved"
+    meas.rename(moved)
+    db = tmp_path / "db"
+    run_cli("prof", str(moved), "-o", str(db), check=True)
+    exp = callpath.open(db)
+    hot = np.flatnonzero(exp.exclusive(exp.metric("GKER (sec)")))
+    leaf = int(hot[np.argmax(exp.cct.depth[hot])])
+    assert (int(exp.cct.kind[leaf]), int(exp.cct.line[leaf])) == (2, 19)
