@@ -238,8 +238,10 @@ def _gpu_structures(measdirs: Sequence[Path], companions: Sequence[Path],
                     notify: Callable[[str], None] | None, user_cache: bool
                     ) -> dict[str, Structure]:
     """Structures of the GPU binaries whose kernels ran (``gpu_kernel_binaries`` of the
-    companions) that ``loaded`` does not hold: whole binaries (small beside host libraries),
-    cached in ``MEASDIR/structs/`` and the user's cache as ``callpath struct MEASDIR`` does."""
+    companions) that ``loaded`` does not hold: their functions and lines, without loops
+    (nvdisasm of a library's largest cubins takes minutes, and only the kernels' entries are
+    mapped), cached in ``MEASDIR/structs/`` and the user's cache as ``callpath struct
+    MEASDIR`` caches its structures."""
     from callpath.structure.driver import gpu_binary_jobs, run_jobs
 
     wanted: dict[Path, set[str]] = {}
@@ -253,12 +255,12 @@ def _gpu_structures(measdirs: Sequence[Path], companions: Sequence[Path],
             if name and "base:" + name not in loaded:
                 wanted.setdefault(c.parent, set()).add(name)
     jobs = [j for d in measdirs if d in wanted
-            for j in gpu_binary_jobs(d, user_cache=user_cache, only=wanted[d]).values()]
+            for j in gpu_binary_jobs(d, user_cache=user_cache, only=wanted[d],
+                                     loops=False).values()]
     out: dict[str, Structure] = {}
     for r in run_jobs(jobs, workers) if jobs else []:
-        for note in ([r.error] if r.error else []) + (r.notes or []):
-            if notify is not None:
-                notify(note)
+        if r.error and notify is not None:  # (notes on lines and loops are struct's to say)
+            notify(r.error)
         if r.structure is not None:
             out[r.job.name] = r.structure
             out["base:" + os.path.basename(r.job.name)] = r.structure

@@ -450,7 +450,7 @@ def analyze_gpu_binary(path: str | os.PathLike[str], *, name: str | None = None,
     elif nfun and no_lines == nfun:
         notes.append("no line information (built without -lineinfo or -G): function names "
                      "only")
-    if nfun and tool is None:
+    if nfun and tool is None and nvdisasm is True:
         notes.append("no loops: nvdisasm not found (a CUDA toolkit, or 'pip install "
                      "nvidia-cuda-nvdisasm'; CALLPATH_NVDISASM names one)")
     s = b.build()

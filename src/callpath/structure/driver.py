@@ -37,6 +37,9 @@ class Job:
     need_structure: bool = True
     #: Processes for this one module (>1 only when it dominates the work, see run_jobs).
     threads: int = 1
+    #: GPU binaries: look for nvdisasm to recover loops (minutes on the largest cubins;
+    #: ``prof``'s on-demand structure, which maps kernel entries only, goes without)
+    gpu_loops: bool = True
 
 
 @dataclass
@@ -163,7 +166,7 @@ def run_job(job: Job, progress: Callable[[int, int], None] | None = None) -> Res
     try:
         from callpath.structure.cubin import analyze_gpu_binary, gpu_binary_kind
         if gpu_binary_kind(job.path):
-            g = analyze_gpu_binary(job.path)
+            g = analyze_gpu_binary(job.path, nvdisasm=job.gpu_loops)
             s, notes = g.structure, [f"{job.name}: {n}" for n in g.notes]
         else:
             s = analyze_path(job.path, job.threads, progress)
@@ -356,7 +359,7 @@ def measurement_jobs(directory: str | os.PathLike[str], *, user_cache: bool = Tr
 
 
 def gpu_binary_jobs(directory: Path, *, user_cache: bool = True,
-                    only: set[str] | None = None) -> dict[str, Job]:
+                    only: set[str] | None = None, loops: bool = True) -> dict[str, Job]:
     """One job per GPU binary the measurement saved (``gpubins/*.gpubin``; ``only``: those
     file names), named by its path in the directory. The file names are content hashes: they
     identify the binary wherever the directory is moved (``prof`` finds the structure by base
@@ -369,6 +372,8 @@ def gpu_binary_jobs(directory: Path, *, user_cache: bool = True,
         if only is not None and p.name not in only:
             continue
         _, tag = module_identity(str(p))
+        if not loops:
+            tag = "no-nvdisasm"
         key = cache_key(str(p), p.stem, tag)
         for old in structs.glob(f"{p.name}-{p.stem}-*.hpcstruct"):
             if old.name != f"{key}.hpcstruct":
@@ -377,7 +382,7 @@ def gpu_binary_jobs(directory: Path, *, user_cache: bool = True,
         cache = [structs / f"{key}.hpcstruct"]
         if user_cache:
             cache.append(user_cache_dir() / f"{key}.hpcstruct")
-        jobs[key] = Job(str(p), str(p), cache)
+        jobs[key] = Job(str(p), str(p), cache, gpu_loops=loops)
     return jobs
 
 
