@@ -302,7 +302,8 @@ class _Insn:
     addr: int  # offset in its section
     op: str
     predicated: bool
-    target: str | None  # label of a direct branch
+    label: str | None  # target label of a direct branch or call
+    dest: int = -1  # its section offset (-1: indirect, or a label of another section)
 
 
 def disassemble(nvdisasm: str, cubin: Cubin) -> dict[str, list[_Insn]]:
@@ -345,11 +346,10 @@ def disassemble(nvdisasm: str, cubin: Cubin) -> dict[str, list[_Insn]]:
             t = _TARGET.search(m.group(4))
             pred = m.group(2) is not None and m.group(2).strip() not in ("@PT", "@UPT")
             cur.append(_Insn(a, m.group(3).split(".")[0], pred, t.group(1) if t else None))
-    for s, ins in out.items():  # labels -> addresses (a label at the end: past the code)
-        end = ins[-1].addr + 16 if ins else 0
+    for s, ins in out.items():  # labels -> section offsets
         for i in ins:
-            if i.target is not None:
-                i.target = str(labels[s].get(i.target, end if i.target in labels[s] else -1))
+            if i.label is not None:
+                i.dest = labels[s].get(i.label, -1)
     return out
 
 
@@ -371,8 +371,8 @@ def loops_of(ins: list[_Insn], lo: int, hi: int) -> tuple[list[tuple[int, int, i
         if i.op in _BRANCH or i.op in _INDIRECT or i.op in _STOP:
             if k + 1 < len(code):
                 starts.add(code[k + 1].addr)
-            if i.op in _BRANCH and i.target is not None and lo <= int(i.target) < hi:
-                starts.add(int(i.target))
+            if i.op in _BRANCH and lo <= i.dest < hi:
+                starts.add(i.dest)
     order = sorted(starts)
     block_of = {a: n for n, a in enumerate(order)}
     bounds = [*order, code[-1].addr + 16]
@@ -390,8 +390,8 @@ def loops_of(ins: list[_Insn], lo: int, hi: int) -> tuple[list[tuple[int, int, i
             i.op in _BRANCH or i.op in _INDIRECT or i.op in _STOP))
         if falls:
             succ[b].append(block_of[nxt])  # type: ignore[index]
-        if i.op in _BRANCH and i.target is not None and int(i.target) in block_of:
-            succ[b].append(block_of[int(i.target)])
+        if i.op in _BRANCH and i.dest in block_of:
+            succ[b].append(block_of[i.dest])
     loops, innermost = find_loops(succ)
     out = []
     for lp in loops:
@@ -453,9 +453,7 @@ def analyze_gpu_binary(path: str | os.PathLike[str], *, name: str | None = None,
     if nfun and tool is None and nvdisasm is True:
         notes.append("no loops: nvdisasm not found (a CUDA toolkit, or 'pip install "
                      "nvidia-cuda-nvdisasm'; CALLPATH_NVDISASM names one)")
-    s = b.build()
-    s.has_calls = False
-    return GpuStructure(s, notes)
+    return GpuStructure(b.build(), notes)
 
 
 def _function_file(rows: _Rows, fn: GpuFunction) -> str | None:
@@ -500,12 +498,18 @@ def _build_function(b: StructureBuilder, files: dict[str, int], fn: GpuFunction,
                    line=rows.line[top], ranges=[(lo, lo + 1)])
     loops: list[tuple[int, int, int]] = []
     seg_loop = [-1] * len(addrs)
+    # call instructions (nvdisasm's CALL): scopes of their own, as hpcstruct's C, with the
+    # callee's address where it is in this cubin's section (0 otherwise)
+    calls = {i.addr + sec_base: (i.dest + sec_base if i.dest >= 0 else 0)
+             for i in code or () if i.op == "CALL" and lo <= i.addr + sec_base < hi}
     if code:
         lps, blocks = loops_of(code, lo - sec_base, hi - sec_base)
         loops = [(h + sec_base, lt + sec_base, par) for h, lt, par in lps]
         bl = [(x + sec_base, e + sec_base, lp) for x, e, lp in blocks]
-        # split segments at block starts so that each segment lies in one block
-        cut = sorted(set(addrs) | {x for x, _, _ in bl if lo <= x < hi})
+        # split segments at block starts so that each segment lies in one block, and around
+        # each call instruction
+        cut = sorted(set(addrs) | {x for x, _, _ in bl if lo <= x < hi}
+                     | {y for c in calls for y in (c, c + 16) if y < hi})
         seq = {x: seq[addrs[bisect_right(addrs, x) - 1]] for x in cut}
         addrs = cut
         bstart = [x for x, _, _ in bl]
@@ -534,6 +538,7 @@ def _build_function(b: StructureBuilder, files: dict[str, int], fn: GpuFunction,
     Path_ = tuple[tuple[int, int], ...]
     stmts: dict[Path_, dict[tuple[int, int], list[tuple[int, int]]]] = defaultdict(
         lambda: defaultdict(list))
+    call_scopes: dict[Path_, list[tuple[int, int, int, int]]] = defaultdict(list)
 
     def scope_of(path: Path_, at: int) -> int:
         got = scopes.get(path)
@@ -579,6 +584,9 @@ def _build_function(b: StructureBuilder, files: dict[str, int], fn: GpuFunction,
                 tree[pth[:d - 1]].append(pre)
         r = seq[addrs[n]]
         f = rows.file[r]
+        if addrs[n] in calls and seg_hi[n] == addrs[n] + 16:
+            call_scopes[pth].append((addrs[n], f, rows.line[r], calls[addrs[n]]))
+            continue
         stmts[pth][(f, rows.line[r])].append((addrs[n], seg_hi[n]))
 
     def emit(pth: Path_) -> None:
@@ -594,6 +602,11 @@ def _build_function(b: StructureBuilder, files: dict[str, int], fn: GpuFunction,
                        line=ln, ranges=merged)
             for x, y in merged:
                 b.map_range(x, y, st)
+        for a, f, ln, t in call_scopes[pth]:
+            cs = b.add(Kind.CALL, sc, file=rows.files[f] if 0 <= f < len(rows.files) else None,
+                       line=ln, target=t, ranges=[(a, a + 16)])
+            b.map_range(a, a + 16, cs)
+            b.has_calls = True
         for ch in tree[pth]:
             emit(ch)
 
