@@ -105,14 +105,17 @@ def test_functions_and_lines_of_a_lineinfo_cubin(built: dict[str, Path]) -> None
     s = g.structure
     procs = _procs(s)
     assert set(procs) == {"kern(double*, int)", "other(float*)", "scale(double volatile*, int)"}
-    # each function in the source file at the line of its first instruction: its opening
-    # line, or the next one where the compiler gave the entry no row of its own
+    # each function in the source file; its first instruction is its opening line, or the
+    # next one where the compiler gave the entry no row of its own; the function's line is
+    # the smallest of its code's, inlined code included, as hpcstruct gives it
     for name, tag in (("kern(double*, int)", "kern(double* out, int n) {"),
                       ("other(float*)", "// other"),
                       ("scale(double volatile*, int)", "int n) {")):
         p = procs[name]
         assert s.text(int(s.file[p])) == str(built["lineinfo"].parent / "loops.cu")
-        assert _line(tag) <= int(s.line[p]) <= _line(tag) + 1, name
+        entry = int(s.lookup([int(s.range_lo[s.range_ptr[p]])])[0])
+        assert _line(tag) <= int(s.line[entry]) <= _line(tag) + 1, name
+        assert int(s.line[p]) == min(_lines(s, p)), name
     # statements are lines of the function's code; the statements' ranges cover the function
     kern = procs["kern(double*, int)"]
     assert {_line("// kern entry"), _line("// loop outer"), _line("// loop inner")} \
@@ -180,8 +183,9 @@ def test_loops_with_nvdisasm(built: dict[str, Path], kind: str) -> None:
 
 def test_struct_cli_reproduces_hpcstruct_of_hpcrun_cubin(tmp_path: Path) -> None:
     """The cubin hpcrun saved for HPCToolkit's loops-cuda measurement: the function, its
-    statements' lines and address ranges and the inlined device function are hpcstruct's
-    (``structs/*.gpubin-gpucfg-yes.hpcstruct``), and with nvdisasm its loop too."""
+    line, its statements' lines and address ranges and the inlined device function are
+    hpcstruct's (``structs/*.gpubin-gpucfg-yes.hpcstruct``), and with nvdisasm the whole
+    structure is, loop included."""
     from callpath.formats.hpcstruct import read_hpcstruct
 
     meas = shared_path("hpctoolkit", "meas", "loops-cuda-nvidia-t.m")
@@ -191,34 +195,32 @@ def test_struct_cli_reproduces_hpcstruct_of_hpcrun_cubin(tmp_path: Path) -> None
     run = run_cli("struct", str(cubin), "-o", str(out), "--no-cache", check=True)
     (ours,) = read_hpcstruct(out)
 
-    def stmts(s: Structure) -> set[tuple[int, tuple[tuple[int, int], ...]]]:
-        return {(int(s.line[i]), tuple(s.ranges(i))) for i in range(len(s))
-                if s.kind[i] == Kind.STMT}
+    def scopes(s: Structure) -> list[tuple[object, ...]]:
+        """Every scope in preorder: kind, depth, names, lines, address ranges."""
+        return [(int(s.kind[i]), len(s.chain(i)), s.text(int(s.name[i])),
+                 s.text(int(s.file[i])), int(s.line[i]), s.text(int(s.call_file[i])),
+                 int(s.call_line[i]), int(s.target[i]), tuple(s.ranges(i)))
+                for i in range(1, len(s))]
 
-    assert stmts(ours) == stmts(oracle) or find_nvdisasm() is None
-    # statements per line: hpcstruct's, up to loops splitting a line's ranges
-    def by_line(s: Structure) -> dict[int, set[tuple[int, int]]]:
-        got: dict[int, set[tuple[int, int]]] = {}
-        for ln, rs in stmts(s):
-            got.setdefault(ln, set()).update(rs)
-        return {ln: _merge(r) for ln, r in got.items()}
+    if find_nvdisasm() is not None:
+        assert scopes(ours) == scopes(oracle)
+        assert ours.has_calls == oracle.has_calls
+        return
+    assert "nvdisasm" in run.stderr
+    # without the loop: the same scopes with the loop's own taken out, and the statements'
+    # ranges of each line (a loop splits a line's statements) merged
+    def flat(s: Structure) -> tuple[list[tuple[object, ...]], dict[int, set[tuple[int, int]]]]:
+        lines: dict[int, set[tuple[int, int]]] = {}
+        rest = []
+        for row in scopes(s):
+            if row[0] == Kind.STMT:
+                lines.setdefault(int(str(row[4])), set()).update(row[8])  # type: ignore[arg-type]
+            elif row[0] != Kind.LOOP:
+                rest.append((row[0], row[2], row[3], row[4], row[8]))
+        return rest, {ln: _merge(rs) for ln, rs in lines.items()}
 
-    assert by_line(ours) == by_line(oracle)
-    (p,) = [i for i in range(len(ours)) if ours.kind[i] == Kind.PROC]
-    (q,) = [i for i in range(len(oracle)) if oracle.kind[i] == Kind.PROC]
-    assert ours.text(int(ours.name[p])) == oracle.text(int(oracle.name[q])) == "kernmain()"
-    assert ours.ranges(p) == oracle.ranges(q)
-    assert [ours.text(int(ours.name[i])) for i in range(len(ours)) if ours.kind[i] == Kind.ALIEN] \
-        == [oracle.text(int(oracle.name[i])) for i in range(len(oracle))
-            if oracle.kind[i] == Kind.ALIEN]
-    loops = sorted((int(s.line[i]), tuple(s.ranges(i))) for s in (ours,) for i in range(len(s))
-                   if s.kind[i] == Kind.LOOP)
-    want = sorted((int(oracle.line[i]), tuple(oracle.ranges(i))) for i in range(len(oracle))
-                  if oracle.kind[i] == Kind.LOOP)
-    if find_nvdisasm() is None:
-        assert loops == [] and "nvdisasm" in run.stderr
-    else:
-        assert loops == want
+    assert flat(ours) == flat(oracle)
+    assert not any(ours.kind == Kind.LOOP)
 
 
 def _merge(rs: set[tuple[int, int]]) -> set[tuple[int, int]]:

@@ -78,16 +78,20 @@ class _Rows:
     starts: list[int] = field(default_factory=list)
     row_at: list[int] = field(default_factory=list)
     ctx: list[tuple[int, int]] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)  # sorted addresses of sequence ends
 
     def index(self) -> None:
         last: dict[int, int] = {}
+        ends = set()
         for r, a in enumerate(self.address):
             if self.line[r] > 0:
                 last[a] = r
             else:  # an end of sequence: no row of its own
                 last.pop(a, None)
+                ends.add(a)
         self.starts = sorted(last)
         self.row_at = [last[a] for a in self.starts]
+        self.ends = sorted(ends)
         n = len(self.address)
         self.ctx = [(-1, 0)] * n
         ch = sorted(self.inline)
@@ -103,9 +107,18 @@ class _Rows:
         return r
 
     def function_rows(self, lo: int, hi: int) -> dict[int, int]:
-        """Row start address -> row, for the rows inside ``[lo, hi)``."""
+        """Row start address -> row, for the rows inside ``[lo, hi)``; a row that starts
+        before ``lo`` and whose sequence goes on past it covers ``lo`` too (as in hpcstruct:
+        a function the line program gives no row of its own, a math library routine the
+        compiler appended, takes the line before it)."""
         i, j = bisect_left(self.starts, lo), bisect_left(self.starts, hi)
-        return dict(zip(self.starts[i:j], self.row_at[i:j], strict=True))
+        out = dict(zip(self.starts[i:j], self.row_at[i:j], strict=True))
+        if lo not in out and i > 0:
+            prev = self.starts[i - 1]
+            k = bisect_right(self.ends, prev)
+            if k >= len(self.ends) or self.ends[k] > lo:
+                out[lo] = self.row_at[i - 1]
+        return out
 
 
 def gpu_binary_kind(path: str | os.PathLike[str]) -> str | None:
@@ -203,10 +216,11 @@ def functions_of(cubin: Cubin) -> list[GpuFunction]:
 
 
 def display_name(link: str) -> str:
-    """A function's name as shown: demangled; a device function that the compiler placed
-    in its caller's section is named ``$caller$callee``, shown as the callee."""
-    if link.startswith("$") and link.count("$") >= 2:
-        link = link.rsplit("$", 1)[1]
+    """A function's name as shown: demangled, except a device function that the compiler
+    placed in its caller's section, ``$caller$callee``, named so as hpcstruct names it (no
+    demangler takes it; hpcprof's databases show it so)."""
+    if link.startswith("$"):
+        return link
     return demangle(link)
 
 
@@ -256,6 +270,9 @@ def _line_rows(cubin: Cubin, path: str) -> _Rows:
         _decode_one(buf, pos, "", path, rows.strings, None, 8, rows.files, file_ids,
                     rows.address, rows.file, rows.line, rows.inline)
         pos += 4 + unit
+    # nvcc names files relative to the build directory ("builddir/../tests/x.cu"): the
+    # normalised path is the file's name, as hpcstruct writes it
+    rows.files = [os.path.normpath(f) if f else f for f in rows.files]
     rows.index()
     return rows
 
@@ -453,16 +470,19 @@ def analyze_gpu_binary(path: str | os.PathLike[str], *, name: str | None = None,
     if nfun and tool is None and nvdisasm is True:
         notes.append("no loops: nvdisasm not found (a CUDA toolkit, or 'pip install "
                      "nvidia-cuda-nvdisasm'; CALLPATH_NVDISASM names one)")
+    # as hpcstruct's --gpucfg yes: with the control flow decoded, the call sites are all there
+    # (has-calls="1" tells hpcprof it may rebuild calling contexts inside kernels from them)
+    b.has_calls = b.has_calls or bool(tool and cubins)
     return GpuStructure(b.build(), notes)
 
 
 def _function_file(rows: _Rows, fn: GpuFunction) -> str | None:
-    """The source file of a function: that of its first line row, or of that row's outermost
-    call site where it is inlined code."""
-    i = bisect_left(rows.starts, fn.address)
-    if i >= len(rows.starts) or rows.starts[i] >= fn.address + max(fn.size, 1):
+    """The source file of a function: that of its first line row (one carried in from before
+    it included), or of that row's outermost call site where it is inlined code."""
+    got = rows.function_rows(fn.address, fn.address + max(fn.size, 1))
+    if not got:
         return None
-    return _row_file(rows, rows.outermost(rows.row_at[i]))
+    return _row_file(rows, rows.outermost(got[min(got)]))
 
 
 def _section_offsets(cb: Cubin) -> dict[str, int]:
@@ -489,13 +509,15 @@ def _build_function(b: StructureBuilder, files: dict[str, int], fn: GpuFunction,
         seq[lo] = seq[addrs[0]]
         addrs.insert(0, lo)
     entry = seq[addrs[0]]
-    # the entry row may itself be inlined code: the function's own file and line are then
-    # its outermost call site's
+    # the entry row may itself be inlined code: the function's own file is then its outermost
+    # call site's; its line is the smallest of its code's (hpcstruct's: the opening line
+    # where the compiler gave the entry a row of its own, else the line of the first
+    # statement, or of an inlined function defined above it)
     top = rows.outermost(entry)
     fname = _row_file(rows, top)
     fscope = _file_scope(b, files, fname)
     pscope = b.add(Kind.PROC, fscope, name=display, link=link, file=fname,
-                   line=rows.line[top], ranges=[(lo, lo + 1)])
+                   line=min(rows.line[r] for r in seq.values()), ranges=[(lo, lo + 1)])
     loops: list[tuple[int, int, int]] = []
     seg_loop = [-1] * len(addrs)
     # call instructions (nvdisasm's CALL): scopes of their own, as hpcstruct's C, with the
@@ -591,7 +613,9 @@ def _build_function(b: StructureBuilder, files: dict[str, int], fn: GpuFunction,
 
     def emit(pth: Path_) -> None:
         sc = scope_of(pth, addrs[seen[pth]])
-        for (f, ln), rs in sorted(stmts[pth].items(), key=lambda kv: kv[1][0][0]):
+        # statements and call sites in line order, as hpcstruct writes them (hpcprof's
+        # reconstruction of calling contexts visits callers in the file's order)
+        for (f, ln), rs in sorted(stmts[pth].items(), key=lambda kv: (kv[0][1], kv[1][0][0])):
             merged: list[tuple[int, int]] = []
             for x, y in rs:
                 if merged and merged[-1][1] == x:
@@ -602,7 +626,7 @@ def _build_function(b: StructureBuilder, files: dict[str, int], fn: GpuFunction,
                        line=ln, ranges=merged)
             for x, y in merged:
                 b.map_range(x, y, st)
-        for a, f, ln, t in call_scopes[pth]:
+        for a, f, ln, t in sorted(call_scopes[pth], key=lambda c: (c[2], c[0])):
             cs = b.add(Kind.CALL, sc, file=rows.files[f] if 0 <= f < len(rows.files) else None,
                        line=ln, target=t, ranges=[(a, a + 16)])
             b.map_range(a, a + 16, cs)
