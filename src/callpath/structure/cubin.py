@@ -182,7 +182,7 @@ def _elf_arch(data: bytes) -> int:
     return 0
 
 
-def functions_of(cubin: Cubin) -> list[GpuFunction]:
+def functions_of(cubin: Cubin, path: str = "cubin") -> list[GpuFunction]:
     """The function symbols of a cubin at their file offsets (hpcrun's relocation)."""
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
@@ -203,8 +203,8 @@ def functions_of(cubin: Cubin) -> list[GpuFunction]:
                 host = secs[shn]
                 out.append(GpuFunction(sym.name, cubin.offset + int(host["sh_offset"])
                                        + int(sym["st_value"]), int(sym["st_size"]), host.name))
-    except (ELFError, ValueError, struct.error) as e:
-        raise FormatError("cubin", f"corrupt cubin at offset {cubin.offset:#x}: {e}") from None
+    except (ELFError, ValueError, struct.error, KeyError, IndexError) as e:
+        raise FormatError(path, f"corrupt cubin at offset {cubin.offset:#x}: {e}") from None
     out.sort(key=lambda f: f.address)
     # a non-inlined device function of a whole-program build sits inside its caller's
     # section, after the caller's code, and the caller's symbol size covers it: each function
@@ -258,7 +258,7 @@ def _line_rows(cubin: Cubin, path: str) -> _Rows:
                 data[off:off + 8] = (value & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
         strs = next((s for s in secs if s.name == ".debug_str"), None)
         rows.strings = strs.data() if strs is not None else b""
-    except (ELFError, ValueError, struct.error, KeyError) as e:
+    except (ELFError, ValueError, struct.error, KeyError, IndexError) as e:
         raise FormatError(path, f"corrupt cubin at offset {cubin.offset:#x}: {e}") from None
     buf = bytes(data)
     file_ids: dict[str, int] = {}
@@ -446,7 +446,7 @@ def analyze_gpu_binary(path: str | os.PathLike[str], *, name: str | None = None,
     nfun = 0
     todo: list[tuple[Cubin, GpuFunction, _Rows, list[_Insn] | None, int]] = []
     for cb in cubins:
-        funcs = functions_of(cb)
+        funcs = functions_of(cb, p)
         rows = _line_rows(cb, p)
         code: dict[str, list[_Insn]] = {}
         if tool and funcs:
@@ -454,7 +454,7 @@ def analyze_gpu_binary(path: str | os.PathLike[str], *, name: str | None = None,
                 code = disassemble(tool, cb)
             except CallpathError as e:
                 notes.append(f"loops of sm_{cb.arch} cubin: {e}")
-        sec_off = _section_offsets(cb)
+        sec_off = _section_offsets(cb, p)
         todo.extend((cb, fn, rows, code.get(fn.section), sec_off.get(fn.section, 0))
                     for fn in funcs)
     # scopes go in preorder: the functions of one source file together
@@ -485,10 +485,14 @@ def _function_file(rows: _Rows, fn: GpuFunction) -> str | None:
     return _row_file(rows, rows.outermost(got[min(got)]))
 
 
-def _section_offsets(cb: Cubin) -> dict[str, int]:
+def _section_offsets(cb: Cubin, path: str) -> dict[str, int]:
+    from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
-    elf = ELFFile(io.BytesIO(cb.data))
-    return {s.name: cb.offset + int(s["sh_offset"]) for s in elf.iter_sections()}
+    try:
+        elf = ELFFile(io.BytesIO(cb.data))
+        return {s.name: cb.offset + int(s["sh_offset"]) for s in elf.iter_sections()}
+    except (ELFError, ValueError, struct.error) as e:
+        raise FormatError(path, f"corrupt cubin at offset {cb.offset:#x}: {e}") from None
 
 
 def _build_function(b: StructureBuilder, files: dict[str, int], fn: GpuFunction, rows: _Rows,
