@@ -69,8 +69,13 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=1.0, help="plain duration of each run")
     ap.add_argument("--rates", default="1000,10000,100000",
                     help="target context switches per second (comma-separated)")
+    ap.add_argument("--tmp-prefix", default=os.path.join(tempfile.gettempdir(),
+                                                         "callpath-bench-offcpu-"),
+                    help="where the program, measurements and perf files go (a fresh "
+                    "directory whose name starts so, removed at the end)")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="offcpu-bench-"))
+    tmp = Path(tempfile.mkdtemp(prefix=os.path.basename(args.tmp_prefix),
+                                dir=os.path.dirname(args.tmp_prefix) or None))
     exe = tmp / "pingpong"
     subprocess.run(["gcc", "-O2", "-g", "-pthread", "-o", str(exe), str(SOURCE)], check=True)
     os.environ["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH",
@@ -84,7 +89,7 @@ def main() -> int:
           f"medians of {args.runs}; ratios to plain in the same run; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{'rate':>8} {'configuration':34} {'switches/s':>11} {'program s':>10} "
-          f"{'ratio':>6} {'cpu s':>7} {'ratio':>6}  notes")
+          f"{'ratio':>6} {'cpu s':>7} {'ratio':>6} {'us/sw':>6}  notes")
     for rate in (int(r) for r in args.rates.split(",")):
         work = max(int(1e9 / rate - per_switch * 1e9), 0)
         iters = max(int(rate * args.seconds / 2), 10)
@@ -125,8 +130,11 @@ def main() -> int:
             me = statistics.median(x[0] for x in xs)
             mc = statistics.median(x[1] for x in xs)
             sw = statistics.median(x[2] / x[0] for x in xs)
+            # CPU time the measurement added to the program per switch (both threads): less
+            # sensitive to the machine's load than elapsed time
+            added = 1e6 * (mc - bc) / max(statistics.median(x[2] for x in xs), 1)
             print(f"{rate:>8} {name:34} {sw:11,.0f} {me:10.3f} {me / be:6.3f} {mc:7.3f} "
-                  f"{mc / bc:6.3f}  {notes.get(name, '')}")
+                  f"{mc / bc:6.3f} {added:6.2f}  {notes.get(name, '')}")
         if not perf:
             print(f"{rate:>8} perf is not installed: no comparison")
         elif not off_cpu:

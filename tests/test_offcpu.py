@@ -73,3 +73,29 @@ def test_threads_apart_and_no_records() -> None:
     assert oc.charged.tolist() == [60.0, 30.0]
     empty = offcpu.compute(s, SWITCH, switches([]), offcpu.Life())
     assert empty.charged.tolist() == [0.0, 0.0] and not empty.threads
+
+
+def test_gap_without_records_is_estimated_from_cpu_samples() -> None:
+    # records off in [200, 600): the interval from 180 is cut at 200; the thread's first
+    # record after the gap is a switch-in at 650, so it was off from 600; in the gap its CPU
+    # samples say 250 ns on CPU, so 150 ns off, charged to its gap's two switch samples by
+    # their periods (1 and 2 switches)
+    s = samples([(11, 99, SWITCH), (11, 300, CPU), (11, 400, SWITCH), (11, 500, CPU),
+                 (11, 550, SWITCH), (11, 899, SWITCH)])
+    s.period[:] = np.array([1, 125, 1, 125, 2, 1], dtype=np.uint64)
+    sw = switches([(11, 0, "in"), (11, 100, "out"), (11, 150, "in"), (11, 180, "out"),
+                   (11, 650, "in"), (11, 900, "out")])
+    gaps = np.array([[200, 600]], dtype=np.int64)
+    oc = offcpu.compute(s, SWITCH, sw, offcpu.Life({(10, 11): 0}, {(10, 11): 1000}),
+                        gaps, CPU)
+    assert oc.charged.tolist() == [50.0, 0.0, 50.0, 0.0, 100.0, 100.0 + 20.0]
+    assert oc.preempted.tolist() == [0, -1, -1, -1, -1, 0]
+    t = oc.threads[(10, 11)]
+    assert t.off == 50 + 20 + 150 + 50 + 100
+    assert (t.estimated, t.estimated_from, t.estimated_off) == (400, 200, 150.0)
+    assert t.unattributed == 50.0 and t.blocked == 50 + 20 + 100
+    assert t.cpu == 1000 - t.off
+    # a gap without any switch sample of the thread: its estimate goes to the root
+    oc = offcpu.compute(s.take(np.array([0, 1, 3, 5])), SWITCH, sw,
+                        offcpu.Life({(10, 11): 0}, {(10, 11): 1000}), gaps, CPU)
+    assert oc.threads[(10, 11)].unattributed == 50.0 + 150.0

@@ -211,6 +211,40 @@ def test_openmp_barrier(perf_ok: None, bindir: Path, tmp_path: Path) -> None:  #
     assert blocked >= 0.5 * rep[longest]["wait"] * 1e-9, (blocked, rep[longest])
 
 
+def test_above_the_cap_estimates(perf_ok: None, bindir: Path,  # noqa: F811
+                                 tmp_path: Path) -> None:
+    """A program switching about 10^5 times a second (two threads passing a token through
+    pipes, no work between passes) is above the cap: the launcher turns the switch records
+    off and each thread's time off CPU there is its life less its sampled CPU time. The
+    estimate is as good as CPUTIME: a CPU clock sample every 1 ms of a thread's CPU time
+    (short by under one period), plus what the rings lose in the first tens of ms, before
+    the launcher turns the every-switch stacks off on a loaded machine (at most 35 ms of
+    0.8 s in development); the margin is 10% of the run's wall time + 10 ms, 3x that."""
+    exe = build(bindir, "gcc", "pingpong.c", "-pthread")
+    m, stdout, stderr = measure(tmp_path / "m", str(exe), "100000", "0")
+    own = {int(w[1]): int(w[2]) * 1e-9 for w in (line.split() for line in stdout.splitlines())
+           if w[:1] == ["thread"]}
+    assert len(own) == 2, stdout
+    ths = threads_of(m)
+    run_wall = max(t.stats["wall_ns"] for _p, t in ths.values()) * 1e-9
+    check_wall_identity(m, run_wall)
+    said = " ".join(stderr.split())
+    assert "switched too often for a record" in said, said
+    for tid, cpu_s in own.items():
+        p, t = ths[tid]
+        cpu = float(t.values[:, CPUTIME].sum()) * 1e-9
+        off = float(t.values[:, OFFCPU].sum()) * 1e-9
+        assert abs(cpu - cpu_s) <= 0.1 * run_wall + 0.01, (tid, cpu, cpu_s)
+        # the summary's line for the thread says its time off CPU was estimated, from when
+        line = next(x for x in stderr.split("\n") if f"(tid {tid}," in x)
+        assert re.search(r"estimated off CPU [\d.]+ s \(\d+%: in [\d.]+ s of its life "
+                         r"from [\d.]+ s on", " ".join(line.split())), line
+        # the estimate sits where the thread waited: in read() on its pipe
+        paths = node_paths(m, p, t)
+        in_read = under(paths, t.values[:, OFFCPU].tolist(), r"(__libc_)?read") * 1e-9
+        assert off >= 0.2 * run_wall and in_read >= 0.5 * off, (tid, off, in_read)
+
+
 def test_mpi_recv_waits(perf_ok: None, bindir: Path, tmp_path: Path) -> None:  # noqa: F811
     cc = Path(sys.executable).parent / "mpicc"
     launcher = mpi_launch.mpirun()

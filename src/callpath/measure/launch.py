@@ -83,6 +83,15 @@ def switch_spec(frequency: int) -> EventSpec:
 #: new events), so the blocked interval that matters would often have no call path.
 EVERY_SWITCH = EventSpec(SWITCH_EVENT, 1, 3, 1, 0)
 
+#: the carrier of -e REALTIME's switch records: a software "dummy" event (it never counts nor
+#: samples) with ``context_switch``, so that the launcher can turn the records off on their own
+#: while the program switches faster than ``RunOptions.switch_limit``. A pair of records is
+#: the largest part of REALTIME's cost per switch (bench/offcpu.py: 1.3 of 2.3 us); above the
+#: limit the time off CPU is estimated instead (``offcpu.compute``, ``GAPS_FILE``).
+SWITCH_RECORDS = EventSpec("dummy", 1, 9, 1 << 62, 0)
+#: -e REALTIME: the [start, end) CLOCK_MONOTONIC ns during which the switch records were off
+GAPS_FILE = "switch-gaps.json"
+
 
 def realtime_metrics(cpu: EventSpec, frequency: int) -> list[measdir.MetricInfo]:
     """The three metrics of ``-e REALTIME``, in this order (indices 0, 1, 2 of the header):
@@ -281,7 +290,7 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
                 for cpu in cpus:
                     switches = opts.realtime and spec.name == SWITCH_EVENT
                     attr = perf.make_attr(spec, stack_size=opts.stack_size,
-                                          sideband=not opened, switch_records=opts.realtime,
+                                          sideband=not opened,
                                           user_callchain=not switches)
                     attr.flags |= 1 << 14  # watermark: wake the poll when a quarter is full
                     attr.wakeup_events = pages * mmap.PAGESIZE // 4
@@ -318,6 +327,16 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
             reasons = "; ".join(f"{s.name}: {r}" for s, r in failed)
             _discard(out, created)
             raise CallpathError(f"no event could be opened ({reasons})")
+        records_fds: list[int] = []
+        if opts.realtime:
+            for cpu in cpus:
+                attr = perf.make_attr(SWITCH_RECORDS, stack_size=opts.stack_size,
+                                      switch_records=True)
+                attr.sample_type = perf.make_attr(opened[0].spec).sample_type
+                fd = _open_user_or_all(attr, gate.pid, cpu)
+                fds.append(fd)
+                records_fds.append(fd)
+                perf.ioctl(fd, perf.PERF_EVENT_IOC_SET_OUTPUT, leaders[cpu])
         vdso = _save_vdso(out)
         metrics = [measdir.MetricInfo(e.spec.name, unit_of(e.spec), e.spec.period,
                                       e.spec.frequency, event=e.spec.name)
@@ -345,12 +364,14 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
             os.waitpid(gate.pid, 0)
             _discard(out, created)
             raise CallpathError(f"{cmd[0]}: cannot execute ({os.strerror(err)})")
-        limiter = _SwitchLimiter(opened[1].fds, opened[2].fds, opts.switch_limit) \
-            if opts.realtime else None
+        limiter = _SwitchLimiter(opened[1].fds + records_fds, opened[2].fds,
+                                 opts.switch_limit) if opts.realtime else None
         status, nbytes = _drain_loop(gate.pid, rings, out, opts.linger, limiter)
         for fd in fds:
             with contextlib.suppress(OSError):
                 perf.ioctl(fd, perf.PERF_EVENT_IOC_DISABLE)
+        if limiter is not None:
+            (out / GAPS_FILE).write_text(json.dumps(limiter.gaps()))
         return RunResult(status, opened, failed, nbytes, time.time() - start,
                          limiter.capped_s if limiter is not None else 0.0)
     finally:
@@ -372,11 +393,13 @@ def _discard(out: Path, created: bool) -> None:
 
 
 class _SwitchLimiter:
-    """-e REALTIME: keeps the every-switch event on while the program switches less than
-    ``limit`` times a second, off above (back on below half of it). The rate is the count of
-    the always-on capped event, read on its original events (which add their inherited
-    events' counts) every ``WINDOW_S``; disabling an original disables its inherited events
-    too. ``capped_s`` says how long the cap was in force."""
+    """-e REALTIME: keeps the every-switch event and the switch records on while the program
+    switches less than ``limit`` times a second, off above (back on below half of it). The
+    rate is the count of the always-on capped event, read on its original events (which add
+    their inherited events' counts) every ``WINDOW_S``; disabling an original disables its
+    inherited events too (the kernel's ioctl walks the event's children, and a thread forked
+    while it is off inherits it off). ``capped_s`` says how long the cap was in force,
+    ``gaps`` when (CLOCK_MONOTONIC ns, the clock of the records)."""
 
     #: the rate is judged over this long: a burst of switches in one 50 ms poll of a program
     #: that switches slowly on average turned the every-switch event off (1 in 8 switches of
@@ -388,6 +411,11 @@ class _SwitchLimiter:
         self.on = True
         self.last = (time.monotonic(), 0)
         self.capped_s = 0.0
+        self._gaps: list[list[int]] = []
+
+    def gaps(self) -> list[list[int]]:
+        """[start, end) of every stretch with the records off; one still open ends never."""
+        return [[a, b if b >= 0 else 1 << 62] for a, b in self._gaps]
 
     def _count(self) -> int:
         total = 0
@@ -399,7 +427,10 @@ class _SwitchLimiter:
     def check(self) -> None:
         now, count = time.monotonic(), self._count()
         t0, c0 = self.last
-        if now - t0 < self.WINDOW_S:
+        # a window's worth of switches twice over before the window ends: off at once (at
+        # 10^5 switches/s a quarter second of records and stacks overflows the rings)
+        early = self.on and count - c0 >= 2 * self.limit * self.WINDOW_S
+        if now - t0 < self.WINDOW_S and not early:
             return
         rate = (count - c0) / (now - t0)
         self.last = (now, count)
@@ -408,9 +439,13 @@ class _SwitchLimiter:
         want = rate < (self.limit / 2 if not self.on else self.limit)
         if want != self.on:
             req = perf.PERF_EVENT_IOC_ENABLE if want else perf.PERF_EVENT_IOC_DISABLE
+            if not want:  # off from before the first ioctl, on again after the last
+                self._gaps.append([time.clock_gettime_ns(time.CLOCK_MONOTONIC), -1])
             for fd in self.every:
                 with contextlib.suppress(OSError):
                     perf.ioctl(fd, req)
+            if want and self._gaps:
+                self._gaps[-1][1] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             self.on = want
 
 
@@ -428,11 +463,11 @@ def _drain_loop(child: int, rings: list[perf.RingBuffer], out: Path,
     try:
         while True:
             poller.poll(50)
+            if limiter is not None:  # before the copy: a burst of switches fills the rings
+                limiter.check()
             nbytes += copy_rings(rings, raw, procs, seen)
             raw.flush()
             procs.flush()
-            if limiter is not None:
-                limiter.check()
             sig = signal.sigtimedwait(FORWARDED, 0)
             while sig is not None:
                 if sig.si_code != SI_KERNEL and status is None:

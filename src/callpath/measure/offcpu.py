@@ -12,6 +12,14 @@ period, as a CPU-clock sample stands for the CPU time before it — else its pre
 Time off CPU before a thread first ran (a new thread waiting for a CPU) has no call path and
 goes to the thread's root.
 
+Above the cap the records themselves are turned off (``launch.SWITCH_RECORDS``: a pair of them
+is the largest part of the cost of a switch), and on again when the program slows down. In
+such a gap a thread's time off CPU is estimated: its life in the gap less its CPU time there
+(its CPU-clock samples' periods, short by less than one period), charged to its switch
+samples in the gap in proportion to their periods (each stands for that many switches), else
+to its root. An interval that a gap cuts is exact up to the gap's start; after the gap, a
+thread whose first record is a switch-in was off CPU from the gap's end (it left unseen).
+
 Why records and not the thread's clock read in each sample (``PERF_SAMPLE_READ``, which would
 give the same numbers from samples alone): with inherited events that made every context switch
 of the program 4-5 times dearer on Linux 6.18, where a pair of switch records costs about
@@ -60,6 +68,12 @@ class ThreadTime:
     switches: int          # switch-outs recorded
     switch_samples: int    # ... of which sampled with a call path
     blocked: float = 0.0
+    #: ns of its life spent in gaps of the switch records, where ``off`` is estimated
+    estimated: int = 0
+    #: when the first such gap began (ns, the records' clock), -1 if none
+    estimated_from: int = -1
+    #: the part of ``off`` estimated in those gaps (neither blocked nor preempted)
+    estimated_off: float = 0.0
 
     @property
     def wall(self) -> int:
@@ -85,9 +99,13 @@ class OffCpu:
         self.preempted, self.duplicate = self.preempted[keep], self.duplicate[keep]
 
 
-def compute(s: Samples, switch_metric: int, sw: Switches, life: Life) -> OffCpu:
-    """Charge every thread's off-CPU intervals to its switch samples (module docstring)."""
+def compute(s: Samples, switch_metric: int, sw: Switches, life: Life,
+            gaps: I64 | None = None, cpu_metric: int = -1) -> OffCpu:
+    """Charge every thread's off-CPU intervals to its switch samples; in ``gaps`` ((k, 2)
+    sorted disjoint [start, end) ns without switch records) estimate them from the CPU-clock
+    samples of ``cpu_metric`` (module docstring)."""
     n = len(s)
+    gaps = np.zeros((0, 2), dtype=np.int64) if gaps is None else np.asarray(gaps, np.int64)
     charged = np.zeros(n, dtype=np.float64)
     resume = s.time.copy()
     preempted = np.zeros(n, dtype=np.int8) - 1  # per sample: 1/0 from its record, -1 unknown
@@ -116,6 +134,21 @@ def compute(s: Samples, switch_metric: int, sw: Switches, life: Life) -> OffCpu:
     ends_g = np.array([life.exits.get(k, -1) for k in keys], dtype=np.int64)
     has_in = nxt_after <= group_end
     t_in = np.where(has_in, t[np.minimum(nxt_after, m - 1)], ends_g[gid])
+    if len(gaps):
+        # an interval ends at the next gap's start; a switch-in that is a thread's first
+        # record after a gap ends an interval that began at the gap's end
+        g_next = np.searchsorted(gaps[:, 0], t, side="right")
+        cut = gaps[np.minimum(g_next, len(gaps) - 1), 0]
+        t_in = np.where((g_next < len(gaps)) & (cut < t_in), cut, t_in)
+        g_last = np.searchsorted(gaps[:, 1], t, side="right") - 1  # last gap ended by t
+        g_end = np.where(g_last >= 0, gaps[np.maximum(g_last, 0), 1], -1)
+        prev_t = np.empty(m, dtype=np.int64)
+        prev_t[1:] = t[:-1]
+        prev_t[first] = -1
+        after_gap = ~out & (g_end >= 0) & (g_end > prev_t) & (g_end <= t)
+    else:
+        after_gap = np.zeros(m, dtype=bool)
+        g_end = np.zeros(m, dtype=np.int64)
     off = np.where(out & (t_in > t), t_in - t, 0).astype(np.float64)
     # pair each switch sample with the first out record of its thread at or after it
     ss = np.flatnonzero(s.metric == switch_metric)
@@ -127,6 +160,10 @@ def compute(s: Samples, switch_metric: int, sw: Switches, life: Life) -> OffCpu:
     rec = oorder[np.minimum(at, m - 1)]
     good = (at < m) & out[rec] & (tid[rec] == s.tid[ss]) & (pid[rec] == s.pid[ss]) \
         & (t[rec] - (s.time[ss].astype(np.int64)) < 1_000_000)  # the same switch: within 1 ms
+    if len(gaps):  # a sample in a gap has no record: never the first one after the gap
+        st = s.time[ss].astype(np.int64)
+        gi = np.searchsorted(gaps[:, 0], st, side="right") - 1
+        good &= ~((gi >= 0) & (st < gaps[np.maximum(gi, 0), 1]))
     # both switch events may have sampled one switch: keep one sample of it
     gs, gr = ss[good], rec[good]
     by = np.lexsort((gs, gr))
@@ -167,7 +204,11 @@ def compute(s: Samples, switch_metric: int, sw: Switches, life: Life) -> OffCpu:
     # per thread: its life, and what of it was off CPU (before it first ran too)
     born = np.array([life.starts.get(k, -1) for k in keys], dtype=np.int64)
     fi = np.flatnonzero(first)
-    wait0 = np.where((born >= 0) & ~out[fi] & (t[fi] > born), t[fi] - born, 0)
+    wait0 = np.where((born >= 0) & ~out[fi] & (t[fi] > born) & ~after_gap[fi], t[fi] - born, 0)
+    # after a gap, off CPU from the gap's end (or the thread's birth) to its first switch-in
+    from_ = np.maximum(g_end, np.where(first, born[gid], -1))
+    wait0 = wait0 + np.bincount(gid, weights=np.where(after_gap, t - from_, 0),
+                                minlength=len(keys))
     offsum = np.bincount(gid, weights=off, minlength=len(keys)) + wait0
     unattr = np.bincount(gid, weights=np.where(out & (target < 0), off, 0.0),
                          minlength=len(keys)) + wait0
@@ -175,11 +216,62 @@ def compute(s: Samples, switch_metric: int, sw: Switches, life: Life) -> OffCpu:
     nsw = np.bincount(gid, weights=out.astype(np.float64), minlength=len(keys))
     nss = np.bincount(gid, weights=sampled.astype(np.float64), minlength=len(keys))
     li = np.flatnonzero(last)
+    est = _GapEstimate(s, switch_metric, cpu_metric, gaps)
     for g, k in enumerate(keys):
         lo = int(born[g]) if born[g] >= 0 else int(t[fi[g]])
         hi = int(ends_g[g]) if ends_g[g] >= 0 else int(t[li[g]])
         wall = max(hi - lo, 0)
-        threads[k] = ThreadTime(lo, hi, max(wall - round(float(offsum[g])), 0),
-                                float(offsum[g]), float(unattr[g]), int(nsw[g]),
-                                int(nss[g]), float(blocked[g]))
+        add, un, span, since = est.charge(k, lo, hi, charged)
+        th = ThreadTime(lo, hi, 0, float(offsum[g]) + add, float(unattr[g]) + un,
+                        int(nsw[g]), int(nss[g]), float(blocked[g]), span, since, add)
+        th.cpu = max(wall - round(th.off), 0)
+        threads[k] = th
     return OffCpu(charged, resume, preempted, threads, duplicate)
+
+
+class _GapEstimate:
+    """Per thread: its CPU-clock and switch samples that fall in gaps of the switch records,
+    to estimate and charge its time off CPU in each gap (module docstring)."""
+
+    def __init__(self, s: Samples, switch_metric: int, cpu_metric: int, gaps: I64) -> None:
+        self.gaps, self.s = gaps, s
+        self.by: dict[tuple[int, int], I64] = {}
+        t = s.time.astype(np.int64)
+        self.gi = np.searchsorted(gaps[:, 0], t, side="right") - 1 if len(gaps) else \
+            np.zeros(len(s), dtype=np.int64) - 1
+        self.is_cpu = s.metric == cpu_metric
+        if not len(gaps) or not len(s):
+            return
+        inside = (self.gi >= 0) & (t < gaps[np.maximum(self.gi, 0), 1]) \
+            & ((s.metric == switch_metric) | self.is_cpu)
+        idx = np.flatnonzero(inside)
+        idx = idx[np.lexsort((s.tid[idx], s.pid[idx]))]
+        if not len(idx):
+            return
+        p, q = s.pid[idx], s.tid[idx]
+        cut = np.flatnonzero((p[1:] != p[:-1]) | (q[1:] != q[:-1])) + 1
+        for part in np.split(idx, cut):
+            self.by[(int(s.pid[part[0]]), int(s.tid[part[0]]))] = part
+
+    def charge(self, key: tuple[int, int], lo: int, hi: int, charged: F64
+               ) -> tuple[float, float, int, int]:
+        """Estimate the thread's time off CPU in every gap within its life [lo, hi) and
+        charge it to its switch samples there by their periods; returns (time off CPU, the
+        part of it without a switch sample, ns of its life in gaps, first gap's start or -1)."""
+        if not len(self.gaps):
+            return 0.0, 0.0, 0, -1
+        a = np.clip(self.gaps[:, 0], lo, hi)
+        span = np.clip(self.gaps[:, 1], lo, hi) - a
+        live = np.flatnonzero(span > 0)
+        if not len(live):
+            return 0.0, 0.0, 0, -1
+        part = self.by.get(key, np.zeros(0, dtype=np.int64))
+        g = self.gi[part]
+        w = self.s.period[part].astype(np.float64)
+        c = self.is_cpu[part]
+        cpu = np.bincount(g, weights=np.where(c, w, 0.0), minlength=len(self.gaps))
+        nsw = np.bincount(g, weights=np.where(c, 0.0, w), minlength=len(self.gaps))
+        off = np.maximum(span - cpu, 0.0)
+        sw, gs = part[~c], g[~c]
+        charged[sw] += off[gs] * w[~c] / nsw[gs]
+        return float(off.sum()), float(off[nsw == 0].sum()), int(span.sum()), int(a[live[0]])

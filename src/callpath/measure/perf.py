@@ -152,7 +152,7 @@ def make_attr(spec: EventSpec, *, sample: bool = True, stack_size: int = DEFAULT
     """Attributes of a sampling event. ``sideband``: also report mmaps (with build-ids),
     comm/exec, fork and exit (asked of one event only, or records come twice).
 
-    ``switch_records`` (``callpath run -e REALTIME``, with ``sideband``): also a
+    ``switch_records`` (``callpath run -e REALTIME``, on an event of their own): also a
     PERF_RECORD_SWITCH at every switch of a thread out of and back onto a CPU (40 bytes, about
     0.5 us each here; the out record says whether the thread was preempted), which give each
     thread's time off CPU exactly. ``SAMPLE_READ`` of the thread's clock in each sample would
@@ -186,7 +186,7 @@ def make_attr(spec: EventSpec, *, sample: bool = True, stack_size: int = DEFAULT
         a.sample_max_stack = 127
         flags |= F_SAMPLE_ID_ALL | F_USE_CLOCKID
         a.clockid = CLOCK_MONOTONIC
-        if switch_records and sideband:
+        if switch_records:
             flags |= F_CONTEXT_SWITCH
         if not user_callchain:
             flags |= F_EXCLUDE_CALLCHAIN_USER

@@ -28,7 +28,7 @@ from callpath.errors import CallpathError, FormatError
 from callpath.formats import measdir
 from callpath.measure import cfi, loadmap, offcpu, recipes, records, unwind
 from callpath.measure.elfinfo import ElfInfo
-from callpath.measure.launch import PROCS_FILE, RAW_FILE
+from callpath.measure.launch import GAPS_FILE, PROCS_FILE, RAW_FILE
 from callpath.measure.loadmap import Mapping
 from callpath.structure.demangle import demangle
 
@@ -361,8 +361,9 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
     col = {r: regs.index(r) for r in ("ip", "sp", "bx", "bp", "r12", "r13", "r14", "r15")}
     rt = raw_info.get("realtime")
     switch_metric = int(rt["switch_metric"]) if isinstance(rt, dict) else -1
-    oc = offcpu.compute(sm, switch_metric, raw.switches, _thread_life(raw.sideband)) \
-        if rt and raw.switches is not None else None
+    oc = offcpu.compute(sm, switch_metric, raw.switches, _thread_life(raw.sideband),
+                        _switch_gaps(out), int(rt["cpu_metric"])) \
+        if isinstance(rt, dict) and raw.switches is not None else None
     if oc is not None and oc.duplicate.any():
         keep = ~oc.duplicate
         oc.take(keep)
@@ -502,6 +503,15 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
                   store.log,
                   sum(x.switch_samples for x in oc.threads.values()) if oc else 0,
                   sum(x.switches for x in oc.threads.values()) if oc else 0)
+
+
+def _switch_gaps(out: Path) -> npt.NDArray[np.int64]:
+    """-e REALTIME: when the launcher turned the switch records off (``launch.GAPS_FILE``)."""
+    try:
+        rows = json.loads((out / GAPS_FILE).read_text())
+    except (OSError, ValueError):
+        rows = []
+    return np.array(rows, dtype=np.int64).reshape(-1, 2)
 
 
 def _thread_life(side: list[records.Sideband]) -> offcpu.Life:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from callpath.measure.launch import RunResult
+    from callpath.measure.offcpu import ThreadTime
     from callpath.measure.postmortem import Result, ThreadSummary
 
 MAX_CONTEXT_LINES = 16
@@ -39,7 +40,9 @@ def print_summary(out: Path, res: Result, run: RunResult | None, top: int,
                      f"{run.wall_s:.2f} s, sampled on {ev}.")
         if run.switch_capped_s > 0:
             parts.append(f"For {run.switch_capped_s:.2f} s the program switched too often "
-                         "for a call path at every context switch: they were sampled (capped).")
+                         "for a record and a call path at every context switch: they were "
+                         "sampled (capped) and its threads' time off CPU estimated from "
+                         "their CPU time (each thread's line says when).")
     pct = 100.0 * res.partial / res.samples if res.samples else 0.0
     why = ""
     if res.partial_reasons:
@@ -80,9 +83,22 @@ def _life(t: ThreadSummary) -> str:
     if tt is None or tt.wall <= 0:
         return ""
     pct = 100.0 / tt.wall
+    pre = tt.off - tt.blocked - tt.estimated_off
     return (f"; wall {tt.wall / 1e9:.3f} s: on CPU {tt.cpu / 1e9:.3f} s "
             f"({tt.cpu * pct:.0f}%), blocked {tt.blocked / 1e9:.3f} s ({tt.blocked * pct:.0f}%), "
-            f"preempted {(tt.off - tt.blocked) / 1e9:.3f} s ({(tt.off - tt.blocked) * pct:.0f}%)")
+            f"preempted {pre / 1e9:.3f} s ({pre * pct:.0f}%)"
+            + _estimated(tt))
+
+
+def _estimated(tt: ThreadTime) -> str:
+    """Where the switch records were off (the program switched above the cap): from when,
+    for how long, the thread's time off CPU was estimated (and not split blocked/preempted)."""
+    if tt.estimated <= 0:
+        return ""
+    return (f", estimated off CPU {tt.estimated_off / 1e9:.3f} s "
+            f"({tt.estimated_off * 100.0 / tt.wall:.0f}%: in {tt.estimated / 1e9:.3f} s of its "
+            f"life from {(tt.estimated_from - tt.start) / 1e9:.3f} s on, it switched above the "
+            "cap)")
 
 
 def _offcpu(res: Result) -> list[str]:
@@ -94,7 +110,7 @@ def _offcpu(res: Result) -> list[str]:
     if res.switches <= res.switch_samples * CAP_RATIO:
         return [said + "."]
     return [said + f": capped (1 in {res.switches / res.switch_samples:.1f}); time off CPU "
-            "is still exact per thread (every switch is recorded), and the time of a switch "
+            "is exact per thread where every switch was recorded, and the time of a switch "
             "without a call path goes to its thread's next sampled switch of the same kind "
             "(blocked or preempted)."]
 
