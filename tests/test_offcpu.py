@@ -95,6 +95,7 @@ def test_gap_without_records_is_estimated_from_cpu_samples() -> None:
     assert (t.estimated, t.estimated_from, t.estimated_off) == (400, 200, 150.0)
     assert t.unattributed == 50.0 and t.blocked == 50 + 20 + 100
     assert t.cpu == 1000 - t.off
+    assert (t.switches, t.switch_samples) == (3 + 3, 2 + 2)
     # a gap without any switch sample of the thread: its estimate goes to the root
     oc = offcpu.compute(s.take(np.array([0, 1, 3, 5])), SWITCH, sw,
                         offcpu.Life({(10, 11): 0}, {(10, 11): 1000}), gaps, CPU)

@@ -65,7 +65,7 @@ class ThreadTime:
     cpu: int
     off: float
     unattributed: float
-    switches: int          # switch-outs recorded
+    switches: int          # switch-outs recorded, plus those the gaps' samples stand for
     switch_samples: int    # ... of which sampled with a call path
     blocked: float = 0.0
     #: ns of its life spent in gaps of the switch records, where ``off`` is estimated
@@ -221,9 +221,10 @@ def compute(s: Samples, switch_metric: int, sw: Switches, life: Life,
         lo = int(born[g]) if born[g] >= 0 else int(t[fi[g]])
         hi = int(ends_g[g]) if ends_g[g] >= 0 else int(t[li[g]])
         wall = max(hi - lo, 0)
-        add, un, span, since = est.charge(k, lo, hi, charged)
+        add, un, span, since, n_sw, n_ss = est.charge(k, lo, hi, charged)
         th = ThreadTime(lo, hi, 0, float(offsum[g]) + add, float(unattr[g]) + un,
-                        int(nsw[g]), int(nss[g]), float(blocked[g]), span, since, add)
+                        int(nsw[g]) + n_sw, int(nss[g]) + n_ss, float(blocked[g]), span,
+                        since, add)
         th.cpu = max(wall - round(th.off), 0)
         threads[k] = th
     return OffCpu(charged, resume, preempted, threads, duplicate)
@@ -254,17 +255,18 @@ class _GapEstimate:
             self.by[(int(s.pid[part[0]]), int(s.tid[part[0]]))] = part
 
     def charge(self, key: tuple[int, int], lo: int, hi: int, charged: F64
-               ) -> tuple[float, float, int, int]:
+               ) -> tuple[float, float, int, int, int, int]:
         """Estimate the thread's time off CPU in every gap within its life [lo, hi) and
         charge it to its switch samples there by their periods; returns (time off CPU, the
-        part of it without a switch sample, ns of its life in gaps, first gap's start or -1)."""
+        part of it without a switch sample, ns of its life in gaps, first gap's start or -1,
+        the switches its gaps' switch samples stand for (their periods), those samples)."""
         if not len(self.gaps):
-            return 0.0, 0.0, 0, -1
+            return 0.0, 0.0, 0, -1, 0, 0
         a = np.clip(self.gaps[:, 0], lo, hi)
         span = np.clip(self.gaps[:, 1], lo, hi) - a
         live = np.flatnonzero(span > 0)
         if not len(live):
-            return 0.0, 0.0, 0, -1
+            return 0.0, 0.0, 0, -1, 0, 0
         part = self.by.get(key, np.zeros(0, dtype=np.int64))
         g = self.gi[part]
         w = self.s.period[part].astype(np.float64)
@@ -274,4 +276,5 @@ class _GapEstimate:
         off = np.maximum(span - cpu, 0.0)
         sw, gs = part[~c], g[~c]
         charged[sw] += off[gs] * w[~c] / nsw[gs]
-        return float(off.sum()), float(off[nsw == 0].sum()), int(span.sum()), int(a[live[0]])
+        return (float(off.sum()), float(off[nsw == 0].sum()), int(span.sum()), int(a[live[0]]),
+                int(nsw.sum()), len(sw))
