@@ -235,6 +235,7 @@ def test_above_the_cap_estimates(perf_ok: None, bindir: Path,  # noqa: F811
         cpu = float(t.values[:, CPUTIME].sum()) * 1e-9
         off = float(t.values[:, OFFCPU].sum()) * 1e-9
         assert abs(cpu - cpu_s) <= 0.1 * run_wall + 0.01, (tid, cpu, cpu_s)
+        assert 0 < t.stats["offcpu_estimated_ns"] <= t.stats["offcpu_ns"]
         # the summary's line for the thread says its time off CPU was estimated, from when
         line = next(x for x in stderr.split("\n") if f"(tid {tid}," in x)
         assert re.search(r"estimated off CPU [\d.]+ s \(\d+%: in [\d.]+ s of its life "

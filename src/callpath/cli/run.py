@@ -282,7 +282,10 @@ def _mark_complete(out: Path, res: Any, exit_status: int | None) -> None:
         "contexts": [{"pid": t.pid, "tid": t.tid, "thread": t.index, "rank": t.rank,
                       "samples": t.samples, "partial": t.partial,
                       **({"wall_ns": t.time.wall, "cpu_ns": t.time.cpu,
-                          "offcpu_ns": round(t.time.off), "blocked_ns": round(t.time.blocked)}
+                          "offcpu_ns": round(t.time.off), "blocked_ns": round(t.time.blocked),
+                          **({"offcpu_estimated_ns": round(t.time.estimated_off),
+                              "estimated_from_ns": t.time.estimated_from - t.time.start}
+                             if t.time.estimated else {})}
                          if t.time is not None else {})} for t in res.threads]}
     if res.switch_samples:
         header["summary"]["switch_samples"] = res.switch_samples

@@ -482,6 +482,10 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
                     extra = {"wall_ns": tt.wall, "cpu_ns": tt.cpu, "offcpu_ns": round(tt.off),
                              "blocked_ns": round(tt.blocked),
                              "switch_samples": tt.switch_samples, "switches": tt.switches}
+                    if tt.estimated:  # above the cap: how much off-CPU time was estimated
+                        extra.update(offcpu_estimated_ns=round(tt.estimated_off),
+                                     estimated_span_ns=tt.estimated,
+                                     estimated_from_ns=tt.estimated_from - tt.start)
                 w.stats(t, samples=len(ts), partial=npart, **extra)
                 summaries.append(ThreadSummary(img.pid, tid, t, rank, len(ts), npart,
                                                os.path.basename(str(f.get("exe", "")))
