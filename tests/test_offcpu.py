@@ -84,6 +84,7 @@ def test_gap_without_records_is_estimated_from_cpu_samples() -> None:
                  (11, 550, SWITCH), (11, 899, SWITCH)])
     s.period[:] = np.array([1, 125, 1, 125, 2, 1], dtype=np.uint64)
     sw = switches([(11, 0, "in"), (11, 100, "out"), (11, 150, "in"), (11, 180, "out"),
+                   (11, 201, "in"), (11, 202, "out"),  # in the gap: ignored
                    (11, 650, "in"), (11, 900, "out")])
     gaps = np.array([[200, 600]], dtype=np.int64)
     oc = offcpu.compute(s, SWITCH, sw, offcpu.Life({(10, 11): 0}, {(10, 11): 1000}),

@@ -106,6 +106,15 @@ def compute(s: Samples, switch_metric: int, sw: Switches, life: Life,
     samples of ``cpu_metric`` (module docstring)."""
     n = len(s)
     gaps = np.zeros((0, 2), dtype=np.int64) if gaps is None else np.asarray(gaps, np.int64)
+    if len(gaps) and len(sw):
+        # records inside a gap (written between its start, read before the ioctl, and the
+        # ioctl taking effect) are dropped: a gap's start is the last moment all were kept
+        st = sw.time.astype(np.int64)
+        gi = np.searchsorted(gaps[:, 0], st, side="right") - 1
+        kept = ~((gi >= 0) & (st < gaps[np.maximum(gi, 0), 1]))
+        if not kept.all():
+            sw = Switches(sw.time[kept], sw.pid[kept], sw.tid[kept], sw.out[kept],
+                          sw.preempt[kept])
     charged = np.zeros(n, dtype=np.float64)
     resume = s.time.copy()
     preempted = np.zeros(n, dtype=np.int8) - 1  # per sample: 1/0 from its record, -1 unknown
