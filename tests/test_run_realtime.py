@@ -218,8 +218,10 @@ def test_above_the_cap_estimates(perf_ok: None, bindir: Path,  # noqa: F811
     off and each thread's time off CPU there is its life less its sampled CPU time. The
     estimate is as good as CPUTIME: a CPU clock sample every 1 ms of a thread's CPU time
     (short by under one period), plus what the rings lose in the first tens of ms, before
-    the launcher turns the every-switch stacks off on a loaded machine (at most 35 ms of
-    0.8 s in development); the margin is 10% of the run's wall time + 10 ms, 3x that."""
+    the launcher turns the every-switch stacks off on a loaded machine (2-43 ms over runs of
+    0.76-1.17 s in nine development runs); the margin is 15% of the run's wall time + 10 ms,
+    about 3x that. A wrong estimate is 0.3-0.8 s off here (a switch-out inside a gap that ran
+    to the thread's exit, in development)."""
     exe = build(bindir, "gcc", "pingpong.c", "-pthread")
     m, stdout, stderr = measure(tmp_path / "m", str(exe), "100000", "0")
     own = {int(w[1]): int(w[2]) * 1e-9 for w in (line.split() for line in stdout.splitlines())
@@ -234,7 +236,7 @@ def test_above_the_cap_estimates(perf_ok: None, bindir: Path,  # noqa: F811
         p, t = ths[tid]
         cpu = float(t.values[:, CPUTIME].sum()) * 1e-9
         off = float(t.values[:, OFFCPU].sum()) * 1e-9
-        assert abs(cpu - cpu_s) <= 0.1 * run_wall + 0.01, (tid, cpu, cpu_s)
+        assert abs(cpu - cpu_s) <= 0.15 * run_wall + 0.01, (tid, cpu, cpu_s)
         assert 0 < t.stats["offcpu_estimated_ns"] <= t.stats["offcpu_ns"]
         # the summary's line for the thread says its time off CPU was estimated, from when
         line = next(x for x in stderr.split("\n") if f"(tid {tid}," in x)
