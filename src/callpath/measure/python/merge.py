@@ -32,6 +32,7 @@ import bisect
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from callpath.errors import FormatError
 from callpath.formats import measdir as md
 from callpath.measure import cfi, loadmap, postmortem, unwind
 from callpath.measure.loadmap import Mapping
+from callpath.measure.python import forwarding
 
 MAGIC = 0x4E4D5043
 HEAD_WORDS = 14          # sizeof(Head) / 8 in _callpath_native.c
@@ -305,39 +307,69 @@ def own_code(file: str) -> bool:
 
 
 def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: frozenset[int],
-                  own_codes: frozenset[int], keep_interpreter: bool = False) -> list[Key]:
+                  own_codes: frozenset[int], keep_interpreter: bool = False,
+                  forwarding: Callable[[int, int], bool] | None = None) -> list[Key]:
     """A merged path (root first) as a user reads it.
 
     The profiler never appears: the path ends before its first frame of the profiler's own
     code (its shared objects, ``own_modules``, or its Python files, ``own_codes``), and the
     interpreter's frames that led there (the signal's handling) go with it; a path that is
-    the profiler's alone comes back empty. Unless ``keep_interpreter``, the interpreter's own
-    native frames (those of the modules in ``interpreter``: the ones that hold
-    ``_PyEval_EvalFrameDefault``, libpython or a statically linked python executable) are
-    elided between two Python frames (the evaluation loop, vectorcall, slot wrappers: the
-    call machinery of Python calling Python through C), so that Python frames follow each
-    other; the frames of other modules between them (an extension that calls back into
-    Python: ``sorted`` is the interpreter's, a PyTorch operator is not) stay. Everything below
-    the innermost Python frame stays: the call into an extension and the extension, the
-    library, the kernel, and the interpreter's own C code where the time is spent there
-    (``list_sort_impl``, ``_PyObject_Malloc``, ``take_gil`` waiting for the GIL)."""
+    the profiler's alone comes back empty. Unless ``keep_interpreter``, two kinds of call
+    machinery are elided between two frames of interest:
+
+    - the interpreter's own native frames (those of the modules in ``interpreter``: the ones
+      that hold ``_PyEval_EvalFrameDefault``, libpython or a statically linked python
+      executable) wherever a frame of another kind follows them: between two Python frames
+      (the evaluation loop, vectorcall, slot wrappers: Python calling Python through C) and
+      between a Python frame and the extension it calls (``_PyObject_MakeTpCall``,
+      ``cfunction_call``), so that Python frames follow each other and the extension hangs
+      under the Python line that called it. The interpreter's frames after the last frame of
+      another kind stay: its own C code where the time is spent (``list_sort_impl``,
+      ``_PyObject_Malloc``, ``take_gil`` waiting for the GIL);
+    - a library's trampolines: a native frame that ``forwarding(module, address)`` calls a
+      stub or a dispatcher (``forwarding.forwards``) and whose callee is in the same module
+      (PyTorch's ``at::_ops::addmm::call``, ``c10::impl::wrap_kernel_functor_unboxed_``).
+
+    The innermost frame always stays."""
     for i, k in enumerate(path):
         if (k[0] == _NATIVE and k[1] in own_modules) or (k[0] == _PYTHON and k[1] in own_codes):
             path = path[:i]
             while path and path[-1][0] == _NATIVE and path[-1][1] in interpreter:
                 path.pop()
             break
-    if keep_interpreter:
+    if keep_interpreter or len(path) < 2:
         return path
-    py = [i for i, k in enumerate(path) if k[0] == _PYTHON]
-    if not py:
-        return path
-    last = py[-1]
+    other = [i for i, k in enumerate(path) if not (k[0] == _NATIVE and k[1] in interpreter)]
+    last_other = other[-1] if other else -1
+    keep: list[Key] = []
+    last = len(path) - 1
+    for i, k in enumerate(path):
+        if k[0] == _NATIVE and i < last:
+            if k[1] in interpreter:
+                if i < last_other:
+                    continue
+            elif forwarding is not None and not k[3] & md.NodeFlag.EXACT_PC:
+                nxt = path[i + 1]
+                if nxt[0] == _NATIVE and nxt[1] == k[1] and forwarding(k[1], k[2]):
+                    continue
+        keep.append(k)
+    return keep
 
-    def interp(k: Key) -> bool:
-        return k[0] == _NATIVE and k[1] in interpreter
 
-    return [k for k in path[:last] if not interp(k)] + path[last:]
+class Forwarding:
+    """``forwarding.forwards`` per (module, return address), each asked once per merge."""
+
+    def __init__(self, mm: unwind.ModuleMap) -> None:
+        self.mm = mm
+        self.memo: dict[tuple[int, int], bool] = {}
+
+    def __call__(self, module: int, address: int) -> bool:
+        got = self.memo.get((module, address))
+        if got is None:
+            elf = self.mm.elves[module] if 0 <= module < len(self.mm.elves) else None
+            got = elf is not None and forwarding.forwards(elf, address)
+            self.memo[(module, address)] = got
+        return got
 
 
 def _compiler() -> cfi.Compiler:
@@ -392,6 +424,7 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     own_modules = frozenset(m.index for m in mods
                             if os.path.basename(m.path).startswith(OWN_MODULES))
     own_codes = frozenset(i for i, c in enumerate(proc.pycode) if own_code(c.file))
+    forwards = Forwarding(mm)
     # native frames per sample, leaf first
     order = np.lexsort((fr.depth, fr.sample))
     fs = fr.sample[order]
@@ -463,7 +496,8 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
             natk.pop()
             evl.pop()
         path, state = merge_paths(natk, evl, complete[s], groups)
-        path = readable_path(path, interpreter, own_modules, own_codes, keep_interpreter)
+        path = readable_path(path, interpreter, own_modules, own_codes, keep_interpreter,
+                             forwards)
         got = path_memo[memo_key] = (path, state, phi > plo)
         return got
 
