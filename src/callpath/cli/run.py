@@ -51,9 +51,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    "native stack of every sample is unwound and merged below the Python "
                    "frames; docs/python-measurement.md)")
     p.add_argument("--keep-interpreter-frames", action="store_true",
-                   help="with --native: keep CPython's own frames between two Python frames "
-                   "(the evaluation loop, vectorcall, slot wrappers), which are elided by "
-                   "default")
+                   help="with --native: keep every frame: CPython's own frames between two "
+                   "Python frames or before an extension (the evaluation loop, vectorcall, "
+                   "slot wrappers) and a library's trampolines (dispatchers, wrappers), "
+                   "which are elided by default")
     p.add_argument("--finish", metavar="MEASDIR", default=None,
                    help="only post-process MEASDIR (a run whose launcher was killed)")
     p.add_argument("-p", "--pid", type=int, default=None, metavar="PID",
