@@ -235,7 +235,7 @@ def _run_python(cmd: list[str], module: bool, args: argparse.Namespace) -> int:
     line; docs/python-measurement.md). Its rate comes from a CPU-time event's frequency or
     period (``cpu-clock@f500``, ``cpu-clock@2000000``); other events need the native sampler."""
     from callpath.measure import events
-    from callpath.measure.python.launch import run_python
+    from callpath.measure.python.launch import DEFAULT_NATIVE_STACK, run_python
 
     frequency = 1000.0
     for text in args.event:
@@ -252,7 +252,7 @@ def _run_python(cmd: list[str], module: bool, args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else _default_output([name])
     return run_python(cmd, module=module, out_dir=out, frequency=frequency, trace=args.trace,
                       native=bool(getattr(args, "native", False)),
-                      native_stack=max(args.stack_size, 32768),
+                      native_stack=max(args.stack_size, DEFAULT_NATIVE_STACK),
                       keep_interpreter=bool(getattr(args, "keep_interpreter_frames", False)))
 
 
