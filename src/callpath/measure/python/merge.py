@@ -22,8 +22,9 @@ stopped below them) go on top, above the native frames that were recovered, and 
 counts as *partial*; evaluation frames left without a group are left out with the entry and
 the sample counts as *unmatched*. A code object the sampler never interned (it died between
 the signal and the next walk) stays an unknown frame with its address. Each merged path is
-then made readable (``readable_path``): CPython's own frames between two Python frames are
-elided unless ``--keep-interpreter-frames``, and the profiler's own frames are cut off.
+then made readable (``readable_path``): CPython's own frames before a Python frame or an
+extension and a library's trampolines between two of its frames (``forwarding``) are elided
+unless ``--keep-interpreter-frames``, and the profiler's own frames are cut off.
 """
 
 from __future__ import annotations
