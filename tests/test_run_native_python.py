@@ -376,7 +376,8 @@ def test_readable_path_elides_the_interpreter_and_hides_the_profiler() -> None:
 def test_readable_path_elides_trampolines_within_a_library() -> None:
     """Frames that ``forwarding`` calls trampolines (addresses 20 and 21 here) are elided
     where their callee is in their own module, never where it is in another module, never
-    the innermost frame, and not with ``keep_interpreter``; exact (leaf) pcs are not asked."""
+    the innermost or the outermost frame, and not with ``keep_interpreter``; exact (leaf)
+    pcs are not asked."""
     asked: list[tuple[int, int]] = []
 
     def fwd(module: int, address: int) -> bool:
@@ -399,6 +400,9 @@ def test_readable_path_elides_trampolines_within_a_library() -> None:
     assert merge.readable_path([f, entry, disp, leaf], none, none, none,
                                forwarding=fwd) == [f, entry, leaf]
     assert asked == [(1, 10), (1, 20)]
+    # a native thread's path: its outermost frame is not between two frames
+    assert merge.readable_path([disp, wrap, impl], none, none, none,
+                               forwarding=fwd) == [disp, impl]
 
 
 def test_forked_worker_has_its_own_merged_paths(capture_ok: None, libs: dict[str, Path],

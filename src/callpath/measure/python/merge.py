@@ -329,7 +329,9 @@ def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: fro
       ``_PyObject_Malloc``, ``take_gil`` waiting for the GIL);
     - a library's trampolines: a native frame that ``forwarding(module, address)`` calls a
       stub or a dispatcher (``forwarding.forwards``) and whose callee is in the same module
-      (PyTorch's ``at::_ops::addmm::call``, ``c10::impl::wrap_kernel_functor_unboxed_``).
+      (PyTorch's ``at::_ops::addmm::call``, ``c10::impl::wrap_kernel_functor_unboxed_``)
+      and that has a caller in the path (a native thread's outermost frame, ``__clone3``,
+      stays).
 
     The innermost frame always stays."""
     for i, k in enumerate(path):
@@ -349,7 +351,7 @@ def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: fro
             if k[1] in interpreter:
                 if i < last_other:
                     continue
-            elif forwarding is not None and not k[3] & md.NodeFlag.EXACT_PC:
+            elif forwarding is not None and i > 0 and not k[3] & md.NodeFlag.EXACT_PC:
                 nxt = path[i + 1]
                 if nxt[0] == _NATIVE and nxt[1] == k[1] and forwarding(k[1], k[2]):
                     continue
