@@ -18,8 +18,8 @@ holds for any library built this way:
   pointer): it decides where the call goes and goes there once.
 
 The merge elides such a frame only where the frame it called is in the same load module (a
-library's own call machinery between two of its frames) and never the innermost frame (where
-the time is spent). A procedure with a loop that calls through a pointer (a driver iterating
+library's own call machinery between two of its frames), never the innermost frame (where
+the time is spent) nor the outermost. A procedure with a loop that calls through a pointer (a driver iterating
 over callbacks, a pass manager) keeps its frame, and so does a call from one library into
 another. ``--keep-interpreter-frames`` keeps every frame.
 """
