@@ -19,9 +19,9 @@ holds for any library built this way:
 
 The merge elides such a frame only where the frame it called is in the same load module (a
 library's own call machinery between two of its frames), never the innermost frame (where
-the time is spent) nor the outermost. A procedure with a loop that calls through a pointer (a driver iterating
-over callbacks, a pass manager) keeps its frame, and so does a call from one library into
-another. ``--keep-interpreter-frames`` keeps every frame.
+the time is spent) nor the outermost. A procedure with a loop that calls through a pointer (a
+driver iterating over callbacks, a pass manager) keeps its frame, and so does a call from one
+library into another. ``--keep-interpreter-frames`` keeps every frame.
 """
 
 from __future__ import annotations
@@ -34,6 +34,35 @@ STUB_BYTES = 64          # a procedure this small can only forward its call
 MAX_DISPATCH_BYTES = 4096  # larger procedures are not looked at (work, not a trampoline)
 
 
+MAX_CALLER_BYTES = 1 << 16  # calls_through_pointer decodes procedures up to this size
+
+
+def _procedure(elf: ElfInfo, ra: int, limit: int) -> tuple[int, int, bytes] | None:
+    starts, ends, _names = elf.symbols()
+    i = bisect.bisect_right(starts, ra - 1) - 1
+    if i < 0 or ra - 1 >= ends[i] or ends[i] - starts[i] > limit:
+        return None
+    data = elf.read_code(starts[i], ends[i])
+    return (starts[i], ends[i], data) if len(data) == ends[i] - starts[i] else None
+
+
+def calls_through_pointer(elf: ElfInfo, ra: int) -> bool:
+    """Whether the call that returns to link-time address ``ra`` of ``elf`` is indirect
+    (``call *%reg``, ``call *mem``): how an interpreter reaches an extension's function (a
+    method's or a type slot's pointer), unlike its direct calls into the C library."""
+    from callpath.structure.cfg import ICALL, decode
+
+    got = _procedure(elf, ra, MAX_CALLER_BYTES)
+    if got is None:
+        return False
+    lo, hi, data = got
+    code = decode(data, lo, lo, hi)
+    try:
+        return code.kind[code.end.index(ra)] == ICALL
+    except ValueError:
+        return False
+
+
 def forwards(elf: ElfInfo, ra: int) -> bool:
     """Whether the frame that returns to link-time address ``ra`` of ``elf`` is a stub or a
     dispatcher (module docstring). False where its procedure, its code or the call before
@@ -41,20 +70,11 @@ def forwards(elf: ElfInfo, ra: int) -> bool:
     from callpath.structure.cfg import CALL, ICALL, RETURN, build_cfg, decode
     from callpath.structure.havlak import find_loops
 
-    starts, ends, _names = elf.symbols()
-    i = bisect.bisect_right(starts, ra - 1) - 1
-    if i < 0 or ra - 1 >= ends[i]:
+    got = _procedure(elf, ra, MAX_DISPATCH_BYTES)
+    if got is None:
         return False
-    lo, hi = starts[i], ends[i]
-    if hi - lo > MAX_DISPATCH_BYTES:
-        return False
-    data = elf.read_code(lo, hi)
-    if len(data) != hi - lo:
-        return False
-    try:
-        code = decode(data, lo, lo, hi)
-    except (ValueError, RuntimeError):
-        return False
+    lo, hi, data = got
+    code = decode(data, lo, lo, hi)
     try:
         k = code.end.index(ra)
     except ValueError:

@@ -52,10 +52,12 @@ HEAD_WORDS = 14          # sizeof(Head) / 8 in _callpath_native.c
 REPEAT = 8               # Head.flags: the thread has not run since its previous sample
 CODE_NOTE_SLACK_NS = 3_000_000_000  # a code object is noted within ~1 s of being seen
 EVAL_SYMBOLS = frozenset({"_PyEval_EvalFrameDefault"})
+GIL_SYMBOLS = frozenset({"take_gil"})  # where a thread waits for the GIL (3.11 to 3.13)
 IDLE_CPU_SHARE = 20      # as the Python sampler: IDLE when the thread used under 5% of a CPU
 STAGING = ".merging"
-_NATIVE, _PYTHON, _PARTIAL, _UNKNOWN = (int(md.NodeKind.NATIVE), int(md.NodeKind.PYTHON),
-                                        int(md.NodeKind.PARTIAL), int(md.NodeKind.UNKNOWN))
+_NATIVE, _PYTHON, _PARTIAL, _UNKNOWN, _PLACEHOLDER = (
+    int(md.NodeKind.NATIVE), int(md.NodeKind.PYTHON), int(md.NodeKind.PARTIAL),
+    int(md.NodeKind.UNKNOWN), int(md.NodeKind.PLACEHOLDER))
 Key = tuple[int, int, int, int]  # (kind, module or code, address or line, flags)
 
 
@@ -229,20 +231,44 @@ def _python_frames(rec: Records, notes: dict[str, Any], pycode: list[md.PyCode])
     return sample, ci, line, fl & 1, incomplete
 
 
-def _eval_frames(fr: unwind.Frames, mm: unwind.ModuleMap) -> npt.NDArray[np.bool_]:
-    """Which unwound frames are activations of CPython's evaluation loop."""
+def _eval_frames(fr: unwind.Frames, mm: unwind.ModuleMap) -> tuple[npt.NDArray[np.bool_],
+                                                                  npt.NDArray[np.bool_]]:
+    """Which unwound frames are activations of CPython's evaluation loop, and which are its
+    ``take_gil`` (a thread waiting for the GIL; the symbol may carry a compiler suffix such
+    as ``take_gil.lto_priv.0``)."""
     ok = fr.module >= 0
     addr = fr.address.astype(np.int64) - (~fr.exact).astype(np.int64)
     key = np.where(ok, (fr.module << 48) | (addr & ((1 << 48) - 1)), -1)
     uk, inv = np.unique(key, return_inverse=True)
     is_eval = np.zeros(len(uk), dtype=bool)
+    is_gil = np.zeros(len(uk), dtype=bool)
     for u, k in enumerate(uk.tolist()):
         if k < 0:
             continue
         elf = mm.elves[k >> 48]
-        if elf is not None and elf.symbolize(k & ((1 << 48) - 1)) in EVAL_SYMBOLS:
+        name = elf.symbolize(k & ((1 << 48) - 1)) if elf is not None else None
+        if name in EVAL_SYMBOLS:
             is_eval[u] = True
-    return is_eval[inv.reshape(-1)] if len(key) else np.zeros(0, dtype=bool)
+        elif name is not None and name.split(".")[0] in GIL_SYMBOLS:
+            is_gil[u] = True
+    if not len(key):
+        return np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+    return is_eval[inv.reshape(-1)], is_gil[inv.reshape(-1)]
+
+
+def mark_gil_wait(path: list[Key], gil: frozenset[tuple[int, int]]) -> list[Key]:
+    """A path whose frames below its innermost Python frame include CPython's ``take_gil``
+    (``gil``: (module, address) of those frames) ends there with a ``<GIL wait>``
+    placeholder: the thread was waiting for the GIL at that Python line, which is what a
+    user needs to see, not the condition variable and futex frames ``take_gil`` waits in
+    (cut). The frames between the line and ``take_gil`` stay: they say what gave the GIL up
+    (``time.sleep``, a read, the evaluation loop's periodic hand-over)."""
+    py = [i for i, k in enumerate(path) if k[0] == _PYTHON]
+    for j in range(py[-1] + 1 if py else 0, len(path)):
+        k = path[j]
+        if k[0] == _NATIVE and (k[1], k[2]) in gil:
+            return [*path[:j + 1], (_PLACEHOLDER, -1, int(md.Placeholder.GIL_WAIT), 0)]
+    return path
 
 
 def merge_paths(native: list[Key], is_eval: list[bool], complete: bool,
@@ -309,7 +335,8 @@ def own_code(file: str) -> bool:
 
 def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: frozenset[int],
                   own_codes: frozenset[int], keep_interpreter: bool = False,
-                  forwarding: Callable[[int, int], bool] | None = None) -> list[Key]:
+                  forwarding: Callable[[int, int], bool] | None = None,
+                  through_pointer: Callable[[int, int], bool] | None = None) -> list[Key]:
     """A merged path (root first) as a user reads it.
 
     The profiler never appears: the path ends before its first frame of the profiler's own
@@ -320,13 +347,14 @@ def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: fro
 
     - the interpreter's own native frames (those of the modules in ``interpreter``: the ones
       that hold ``_PyEval_EvalFrameDefault``, libpython or a statically linked python
-      executable) wherever a frame of another kind follows them: between two Python frames
-      (the evaluation loop, vectorcall, slot wrappers: Python calling Python through C) and
-      between a Python frame and the extension it calls (``_PyObject_MakeTpCall``,
-      ``cfunction_call``), so that Python frames follow each other and the extension hangs
-      under the Python line that called it. The interpreter's frames after the last frame of
-      another kind stay: its own C code where the time is spent (``list_sort_impl``,
-      ``_PyObject_Malloc``, ``take_gil`` waiting for the GIL);
+      executable) that lead to a Python frame (the evaluation loop, vectorcall, slot
+      wrappers: Python calling Python through C) or to an extension's function, which the
+      interpreter calls through a pointer (``through_pointer(module, address)`` of the
+      run's last frame: ``_PyObject_MakeTpCall``, ``cfunction_call``), so that Python frames
+      follow each other and the extension hangs under the Python line that called it. The
+      interpreter's other frames stay: its own C code where the time is spent and what it
+      calls directly (``list_sort_impl`` and ``memmove``, ``_PyObject_Malloc``, ``take_gil``
+      with its ``<GIL wait>``);
     - a library's trampolines: a native frame that ``forwarding(module, address)`` calls a
       stub or a dispatcher (``forwarding.forwards``) and whose callee is in the same module
       (PyTorch's ``at::_ops::addmm::call``, ``c10::impl::wrap_kernel_functor_unboxed_``)
@@ -342,14 +370,31 @@ def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: fro
             break
     if keep_interpreter or len(path) < 2:
         return path
-    other = [i for i, k in enumerate(path) if not (k[0] == _NATIVE and k[1] in interpreter)]
-    last_other = other[-1] if other else -1
+    # the interpreter's frames to leave out: each run of them that leads to a Python frame,
+    # or to another module's native frame that the run's last frame called through a pointer
+    # (a method, a type slot: the extension's function), not directly (the C library)
+    drop = [False] * len(path)
+    i = 0
+    while i < len(path):
+        k = path[i]
+        if not (k[0] == _NATIVE and k[1] in interpreter):
+            i += 1
+            continue
+        j = i
+        while j < len(path) and path[j][0] == _NATIVE and path[j][1] in interpreter:
+            j += 1
+        if j < len(path) and path[j][0] != _PLACEHOLDER and (
+                path[j][0] != _NATIVE or (through_pointer is not None and not
+                                          path[j - 1][3] & md.NodeFlag.EXACT_PC and
+                                          through_pointer(path[j - 1][1], path[j - 1][2]))):
+            drop[i:j] = [True] * (j - i)
+        i = j
     keep: list[Key] = []
     last = len(path) - 1
     for i, k in enumerate(path):
         if k[0] == _NATIVE and i < last:
             if k[1] in interpreter:
-                if i < last_other:
+                if drop[i]:
                     continue
             elif forwarding is not None and i > 0 and not k[3] & md.NodeFlag.EXACT_PC:
                 nxt = path[i + 1]
@@ -365,6 +410,7 @@ class Forwarding:
     def __init__(self, mm: unwind.ModuleMap) -> None:
         self.mm = mm
         self.memo: dict[tuple[int, int], bool] = {}
+        self.pointer_memo: dict[tuple[int, int], bool] = {}
 
     def __call__(self, module: int, address: int) -> bool:
         got = self.memo.get((module, address))
@@ -372,6 +418,15 @@ class Forwarding:
             elf = self.mm.elves[module] if 0 <= module < len(self.mm.elves) else None
             got = elf is not None and forwarding.forwards(elf, address)
             self.memo[(module, address)] = got
+        return got
+
+    def through_pointer(self, module: int, address: int) -> bool:
+        """``forwarding.calls_through_pointer`` per (module, return address)."""
+        got = self.pointer_memo.get((module, address))
+        if got is None:
+            elf = self.mm.elves[module] if 0 <= module < len(self.mm.elves) else None
+            got = elf is not None and forwarding.calls_through_pointer(elf, address)
+            self.pointer_memo[(module, address)] = got
         return got
 
 
@@ -413,7 +468,9 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     fr = unwind.unwind(rec.words, rec.regs[:, 0].copy(), rec.regs[:, 1].copy(), saved,
                        rec.stack0, rec.nwords, mm, compiler,
                        high=(rec.high_at, rec.high_n, rec.high0))
-    is_eval = _eval_frames(fr, mm)
+    is_eval, is_gil = _eval_frames(fr, mm)
+    gil = frozenset(zip(fr.module[is_gil].tolist(), fr.address[is_gil].astype(np.int64).tolist(),
+                        strict=True))
     if int(rec.npy.sum()) and not is_eval.any():
         # no activation of the evaluation loop named in any native stack (a stripped or
         # unknown interpreter build): nothing says where the Python frames belong
@@ -499,8 +556,10 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
             natk.pop()
             evl.pop()
         path, state = merge_paths(natk, evl, complete[s], groups)
+        if gil and path:
+            path = mark_gil_wait(path, gil)
         path = readable_path(path, interpreter, own_modules, own_codes, keep_interpreter,
-                             forwards)
+                             forwards, forwards.through_pointer)
         got = path_memo[memo_key] = (path, state, phi > plo)
         return got
 
