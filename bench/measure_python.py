@@ -57,6 +57,12 @@ into libtorch and its BLAS) under PYTHON, an interpreter that has torch installe
 (``python3.11 -m venv E && E/bin/pip install torch``); callpath runs under this one.
 
     .venv/bin/python bench/measure_python.py --native --torch E/bin/python [--repeat 5]
+
+``--torch-threads 1`` runs that loop on one thread (``torch.set_num_threads``): torch's OpenMP
+workers spin-wait between operators, so with its default (one thread per core) the process's
+CPU time moves with how the sampled main thread is scheduled. For ``--native`` the table adds
+*proc* and *proc CPU*: the measured process's own wall-clock and CPU time from its start
+(``import torch`` included) to the end of the workload, without a tool's post-processing.
 """
 
 from __future__ import annotations
@@ -189,6 +195,8 @@ import torch
 from torch import nn
 
 torch.manual_seed(0)
+if int(__import__("os").environ.get("BENCH_TORCH_THREADS", "0")):
+    torch.set_num_threads(int(__import__("os").environ["BENCH_TORCH_THREADS"]))
 model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                       nn.Linear(512, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -495,6 +503,9 @@ def main() -> int:
                     help="with --native: a small PyTorch CPU training loop run by PYTHON (an "
                     "interpreter that has torch, of the version callpath's capture is built "
                     "for) instead of the mixed workload")
+    ap.add_argument("--torch-threads", type=int, default=0, metavar="N",
+                    help="with --torch: torch.set_num_threads(N) (default: torch's own, one "
+                    "per core; its OpenMP workers spin-wait, which moves CPU figures)")
     ap.add_argument("--only", action="append", default=[],
                     help="run only configurations whose name starts with this (and plain)")
     args = ap.parse_args()
@@ -520,6 +531,8 @@ def main() -> int:
             if not args.native:
                 ap.error("--torch: expected with --native")
             wpy = args.torch
+            if args.torch_threads:
+                os.environ["BENCH_TORCH_THREADS"] = str(args.torch_threads)
             script = tmp / "train.py"
             script.write_text(TORCH_WORKLOAD)
         elif args.native:
