@@ -29,7 +29,8 @@ OFFSETS: dict[tuple[int, int], dict[str, int]] = {
     (3, 11): {"runtime_interpreters_head": 40, "interp_next": 0, "interp_threads_head": 16,
               "tstate_next": 8, "tstate_thread_id": 152, "tstate_native_thread_id": 160,
               "tstate_cframe": 56, "cframe_current_frame": 8, "frame_code": 32,
-              "frame_instr": 56, "frame_previous": 48, "frame_owner": 69, "code_filename": 112,
+              "frame_instr": 56, "frame_previous": 48, "frame_is_entry": 68, "frame_owner": 69,
+              "code_filename": 112,
               "code_qualname": 128, "code_firstlineno": 72, "code_linetable": 136,
               "code_adaptive": 184, "unicode_length": 16, "unicode_state": 32,
               "unicode_ascii_size": 48, "unicode_compact_size": 72, "bytes_size": 16,
@@ -82,6 +83,10 @@ class Code:
 class Frame:
     code: Code
     line: int  # 0 where unknown
+    #: the first frame of its evaluation activation (3.11: ``is_entry``; 3.12+: the frame
+    #: just above a shim owned by the C stack): where ``--native`` cuts the Python frames
+    #: into the groups that replace the native stack's ``_PyEval_EvalFrameDefault`` frames
+    entry: bool = False
 
 
 @dataclass
@@ -311,6 +316,8 @@ class RemotePython:
                 prev = struct.unpack_from("<Q", raw, o["frame_previous"])[0]
                 owner = raw[o["frame_owner"]]
                 if self.version >= (3, 12) and owner == OWNED_BY_CSTACK:
+                    if frames and not frames[-1].entry:
+                        frames[-1] = Frame(frames[-1].code, frames[-1].line, True)
                     f = prev
                     continue
                 code_p = struct.unpack_from("<Q", raw, o["frame_code"])[0]
@@ -322,7 +329,8 @@ class RemotePython:
                     if line is None:
                         line = line_at(code.linetable, code.first_line, unit)
                         self._lines[(code_p, unit)] = line
-                    frames.append(Frame(code, line))
+                    entry = "frame_is_entry" in o and raw[o["frame_is_entry"]] != 0
+                    frames.append(Frame(code, line, entry))
                 f = prev
         except ReadError as e:
             return PyThread(tid, ident, [], str(e))
