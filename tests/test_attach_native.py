@@ -1,0 +1,108 @@
+"""``callpath run --pid PID --native``: the native stacks of an attached Python process, merged
+below the Python frames read from its memory (real programs started before the profiler)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from callpath.formats import measdir
+from test_attach import PYTHONS, PySpinner, _line_of, _python
+from test_run_native import callpath, perf_ok  # noqa: F401
+from test_run_native_python import NAT, PY, innermost_python_above, libs, paths  # noqa: F401
+
+CTYPES_PROGRAM = Path(__file__).resolve().parent / "programs" / "attach_ctypes.py"
+
+
+class CtypesSpinner(PySpinner):
+    def __init__(self, python: str, lib: Path, tmp: Path) -> None:
+        self.stop_file = tmp / f"stop-{time.monotonic_ns()}"
+        self.proc = subprocess.Popen([python, str(CTYPES_PROGRAM), str(lib), str(self.stop_file)],
+                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline() == "ready\n"
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_ctypes_kernels_below_their_callers(perf_ok: None, libs: dict[str, Path],  # noqa: F811
+                                            python: str, tmp_path: Path) -> None:
+    """kernel_a is called only from small_part, kernel_b only from large_part, alternating
+    (about 40 and 80 ms a call). Attached with --native for 3 s: every sample in either
+    kernel has its own caller as the innermost Python frame above it, at the calling line
+    (no exception: a native stack lent to a tick of another Python state would break this),
+    with ctypes between and no evaluation loop left in the path; the program keeps running
+    and ends normally. At least 10 samples must reach a kernel: a running thread gets a
+    native sample every 10 ms of CPU time and a call spans several ticks, so 3 s give about
+    150 even at a fifth of a CPU; fewer means the pairing is broken."""
+    if "kernels" not in libs:
+        pytest.skip("gcc cannot build a shared library here")
+    exe = _python(python)
+    spin = CtypesSpinner(exe, libs["kernels"], tmp_path)
+    out = tmp_path / "m"
+    try:
+        proc = callpath("run", "--pid", str(spin.proc.pid), "--native", "--duration", "3",
+                        "-o", str(out))
+        assert proc.returncode == 0, proc.stderr
+        assert "kept running" in proc.stderr and "native stacks:" in proc.stderr, proc.stderr
+        assert spin.proc.poll() is None
+        status, text = spin.finish()
+    finally:
+        spin.kill()
+    assert status == 0 and text.strip() == "done"
+    assert not (out / "raw.perf").exists()
+    m = measdir.read(out)
+    assert m.header["status"] == "complete" and m.header["native"] is True
+    (p,) = m.processes
+    assert p.info["native_merge"]["merged"] > 0, p.info
+    want = {"kernel_a": ("small_part", _line_of_in(CTYPES_PROGRAM, "SMALL_LINE")),
+            "kernel_b": ("large_part", _line_of_in(CTYPES_PROGRAM, "LARGE_LINE"))}
+    seen = {"kernel_a": 0, "kernel_b": 0}
+    wrong = []
+    for frames, n, _secs in paths(out, p, p.threads[0]):
+        for i, f in enumerate(frames):
+            if f.kind == NAT and f.name in want:
+                caller = innermost_python_above(frames, i)
+                if caller is None or (caller.name, caller.line) != want[f.name]:
+                    wrong.append(frames)
+                assert not any(g.name == "_PyEval_EvalFrameDefault" for g in frames), frames
+                seen[f.name] += n
+                break
+    assert not wrong, wrong[:3]
+    assert seen["kernel_a"] + seen["kernel_b"] >= 10, seen
+
+
+def _line_of_in(path: Path, tag: str) -> int:
+    lines = path.read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if text.rstrip().endswith(tag))
+
+
+def test_zlib_below_the_compressing_line(perf_ok: None, tmp_path: Path) -> None:  # noqa: F811
+    """The threaded program of test_attach: the compressing thread's zlib.compress call
+    (a C extension) shows zlib's compress and libz's deflate below the Python line that
+    calls it; the program is unharmed."""
+    spin = PySpinner(_python("python3.11"), tmp_path)
+    out = tmp_path / "m"
+    try:
+        proc = callpath("run", "--pid", str(spin.proc.pid), "--native", "--duration", "2",
+                        "-o", str(out))
+        assert proc.returncode == 0, proc.stderr
+        status, text = spin.finish()
+    finally:
+        spin.kill()
+    assert status == 0 and text.strip() == "done"
+    m = measdir.read(out)
+    (p,) = m.processes
+    assert len(p.threads) == 3
+    line = _line_of("COMPRESS_LINE")
+    below: dict[str, int] = {}
+    for t in p.threads:
+        for frames, n, _secs in paths(out, p, t):
+            py = [i for i, f in enumerate(frames) if f.kind == PY]
+            if not py or (frames[py[-1]].name, frames[py[-1]].line) != ("compressor", line):
+                continue
+            for f in frames[py[-1] + 1:]:
+                below[f.name] = below.get(f.name, 0) + n
+    assert below.get("zlib_compress", 0) > 0 and below.get("deflate", 0) > 0, below
