@@ -382,7 +382,8 @@ def attach_python(pid: int, out: Path, *, duration: float | None, frequency: flo
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
         if pidfd is not None:
             os.close(pidfd)
-    summary = {"samples": res.samples, "partial": pairing.partial if pairing else 0, "lost": 0, "throttled": 0,
+    summary = {"samples": res.samples, "partial": pairing.partial if pairing else 0,
+               "lost": 0, "throttled": 0,
                "undecodable": res.unreadable, "ticks": res.ticks,
                "contexts": [{"pid": pid, "tid": th.tid, "thread": i, "rank": facts.get("rank"),
                              "samples": th.samples, "partial": th.unreadable}
