@@ -3,8 +3,7 @@
 
 The workload (a CPU-bound pure-Python loop, one thread, a fixed amount of work calibrated to
 about ``--seconds``) prints ``ready``, then its own wall and CPU time when done. Each repeat
-starts it
-once per mode, in rotating order — plain (nothing attached), callpath (``run --pid``, 100 Hz:
+starts it once per mode, in rotating order — plain (nothing attached), callpath (``run --pid``, 100 Hz:
 the remote reader), callpath ``--native`` (the reader plus perf_event samples of the native
 stack, 100 Hz of CPU time, unwound after the program ends), py-spy (``record --pid -r 100``,
 which pauses the program for each sample by default), py-spy ``--nonblocking`` and py-spy
