@@ -3,15 +3,15 @@
 
 The workload (a CPU-bound pure-Python loop, one thread, a fixed amount of work calibrated to
 about ``--seconds``) prints ``ready``, then its own wall and CPU time when done. Each repeat
-starts it once per mode, in rotating order — plain (nothing attached), callpath (``run --pid``, 100 Hz:
-the remote reader), callpath ``--native`` (the reader plus perf_event samples of the native
-stack, 100 Hz of CPU time, unwound after the program ends), py-spy (``record --pid -r 100``,
-which pauses the program for each sample by default), py-spy ``--nonblocking`` and py-spy
-``--native`` (pauses, and unwinds the native stack at each sample) — attaches right after
-``ready``, and lets the tool run until the program exits. The figures are medians over the
-repeats: the program's own wall time and CPU time (ratios to plain's), and the tool's CPU
-time (start-up and post-processing included); on a loaded machine the CPU times are the
-steadier figures. py-spy is installed on first use
+starts it once per mode, in rotating order — plain (nothing attached), callpath
+(``run --pid``, 100 Hz: the remote reader), callpath ``--native`` (the reader plus perf_event
+samples of the native stack, 100 Hz of CPU time, unwound after the program ends), py-spy
+(``record --pid -r 100``, which pauses the program for each sample by default), py-spy
+``--nonblocking`` and py-spy ``--native`` (pauses, and unwinds the native stack at each
+sample) — attaches right after ``ready``, and lets the tool run until the program exits. The
+figures are medians over the repeats: the program's own wall time and CPU time (ratios to
+plain's), and the tool's CPU time (start-up and post-processing included); on a loaded machine
+the CPU times are the steadier figures. py-spy is installed on first use
 into ``bench/.env-pyprof`` (as ``measure_python.py`` does: a peer, never a dependency).
 
     .venv/bin/python bench/attach_python.py [--repeat 5] [--seconds 3]

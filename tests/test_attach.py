@@ -166,6 +166,8 @@ def test_attach_user_errors(tmp_path: Path) -> None:
         (["run", "--pid", str(os.getpid()), "--duration", "-1"], "positive number of seconds"),
         (["profile", "--pid", str(pid_max + 1)], "no such process"),
         (["run", "--pid", str(os.getpid()), "-e", "gpu=nvidia"], "GPU events"),
+        (["run", "--pid", str(os.getppid()), "-e", "cpu-clock", "--native"],
+         "expected one of them"),
     ]
     for argv, words in cases:
         proc = callpath(*argv, "-o" if argv[0] == "run" else "-m", str(tmp_path / "m"))

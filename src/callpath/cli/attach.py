@@ -31,6 +31,10 @@ def run_attached(args: argparse.Namespace, cmd: list[str]) -> int:
     if getattr(args, "module", None) is not None:
         raise CallpathError("--pid and -m: expected one of them (-m starts a Python module)")
     attach.check_pid(pid)
+    if args.event and getattr(args, "native", False):
+        raise CallpathError(f"--pid {pid}: -e and --native: expected one of them (-e samples "
+                            "native call paths alone; --native adds native frames to the "
+                            "Python paths of a Python process)")
     if not args.event and _is_python(pid):
         from callpath.measure.remote_python import RemotePython
 
