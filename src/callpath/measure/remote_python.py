@@ -18,6 +18,7 @@ never invented.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import struct
 from dataclasses import dataclass
@@ -87,6 +88,10 @@ class Frame:
     #: just above a shim owned by the C stack): where ``--native`` cuts the Python frames
     #: into the groups that replace the native stack's ``_PyEval_EvalFrameDefault`` frames
     entry: bool = False
+    #: the frame's instruction pointer (an address in its code object's bytecode): the
+    #: evaluation loop keeps it in a register or on the C stack while it calls into C, so a
+    #: native sample's stack that holds it was taken at this instruction (``remote_native``)
+    instr: int = 0
 
 
 @dataclass
@@ -345,7 +350,7 @@ class RemotePython:
                 owner = raw[o["frame_owner"]]
                 if self.version >= (3, 12) and owner == OWNED_BY_CSTACK:
                     if frames and not frames[-1].entry:
-                        frames[-1] = Frame(frames[-1].code, frames[-1].line, True)
+                        frames[-1] = dataclasses.replace(frames[-1], entry=True)
                     f = prev
                     continue
                 code_p = struct.unpack_from("<Q", raw, o["frame_code"])[0]
@@ -358,7 +363,7 @@ class RemotePython:
                         line = line_at(code.linetable, code.first_line, unit)
                         self._lines[(code_p, unit)] = line
                     entry = "frame_is_entry" in o and raw[o["frame_is_entry"]] != 0
-                    frames.append(Frame(code, line, entry))
+                    frames.append(Frame(code, line, entry, instr))
                 f = prev
         except ReadError as e:
             return PyThread(tid, ident, [], str(e))

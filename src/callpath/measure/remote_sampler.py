@@ -57,8 +57,9 @@ class _Thread:
     samples: int = 0
     unreadable: int = 0
     #: with --native, the ticks kept until the native samples are unwound: time, running,
-    #: wall, Python stack (an index into the sampler's interned stacks; unreadable: < 0)
-    log: list[tuple[int, bool, int, int]] = field(default_factory=list)
+    #: wall, Python stack (an index into the sampler's interned stacks; unreadable: < 0),
+    #: the innermost frame's instruction pointer
+    log: list[tuple[int, bool, int, int, int]] = field(default_factory=list)
 
     def insert(self, path: list[Key], idle: bool) -> int:
         """The leaf node of ``path`` (root first), made where missing; ``idle`` marks it."""
@@ -153,7 +154,7 @@ class RemoteSampler:
             th.unreadable += 1
             th.last = now
             if self.native:
-                th.log.append((now, False, 0, -1 - len(th.log)))
+                th.log.append((now, False, 0, -1 - len(th.log), 0))
             return
         running = _running(pid, t.native_id)
         stack: PyStack = tuple((self.codes.setdefault((f.code.file, f.code.name,
@@ -163,7 +164,8 @@ class RemoteSampler:
         th.last = now
         th.samples += 1
         if self.native:
-            th.log.append((now, running, wall, self.stacks.setdefault(stack, len(self.stacks))))
+            th.log.append((now, running, wall, self.stacks.setdefault(stack, len(self.stacks)),
+                           t.frames[0].instr if t.frames else 0))
             return
         th.charge(th.insert(_python_path(stack), not running), running, self.period_ns, wall)
 
@@ -186,11 +188,14 @@ class RemoteSampler:
             ids = np.array([e[3] for e in th.log], dtype=np.int64)
             st = native.times.get(th.tid, np.zeros(0, dtype=np.int64))
             rows = native.paths.get(th.tid, [])
-            best = nearest_samples(times, ids, st).tolist()
-            for (_t, running, wall, sid), k in zip(th.log, best, strict=True):
+            after, before = nearest_samples(times, ids, st)
+            for (t, running, wall, sid, instr), ka, kb in zip(th.log, after.tolist(),
+                                                              before.tolist(), strict=True):
                 if sid < 0:
                     continue  # unreadable: counted, no path
                 path: list[Key] = []
+                cands = sorted((abs(int(st[k]) - t), k) for k in (ka, kb) if k >= 0)
+                k = next((k for _d, k in cands if native.holds(th.tid, k, instr)), -1)
                 if k >= 0:
                     got = memo.get((th.tid, k, sid))
                     if got is None:
@@ -202,6 +207,8 @@ class RemoteSampler:
                     else:
                         pairing.merged += 1
                         pairing.partial += state == "partial"
+                elif cands:
+                    pairing.unconfirmed += 1
                 else:
                     pairing.python_only += 1
                 if not path:
@@ -228,6 +235,7 @@ class RemoteSampler:
         if self.pairing is not None:
             p = self.pairing
             info["native_merge"] = {"merged": p.merged, "python_only": p.python_only,
+                                    "unconfirmed": p.unconfirmed,
                                     "unmatched": p.unmatched, "partial": p.partial,
                                     "interpreter_frames": self.interpreter_frames}
         with measdir.ProcessWriter(out, pid, 0) as w:
