@@ -19,14 +19,15 @@ ctypes calls were under the wrong line). Each tick takes the nearest such sample
 a call into native code (a C extension, ctypes, a library, a wait) gets the native frames
 below its Python line; a thread whose line changes between ticks, or that is off the CPU,
 keeps its Python-only path. Two call sites of one function a few bytes of bytecode apart
-cannot be told apart this way (``INSTR_AFTER``). The pair is merged as ``run --native`` merges (``python.merge.merge_paths``:
-the k-th evaluation activation of the native stack from the leaf is replaced by the k-th
-group of Python frames, cut after each activation's entry frame) and made readable the same
-way (``python.merge.readable_path``: CPython's frames between two Python frames elided
-unless ``--keep-interpreter-frames``). A pair whose native stack was unwound completely but
-holds another number of evaluation activations than the Python stack has groups did not
-happen at the same Python state: that tick keeps its Python-only path (counted
-*unmatched*).
+cannot be told apart this way (``INSTR_AFTER``).
+
+The pair is merged as ``run --native`` merges (``python.merge.merge_paths``: the k-th
+evaluation activation of the native stack from the leaf is replaced by the k-th group of
+Python frames, cut after each activation's entry frame) and made readable the same way
+(``python.merge.readable_path``: CPython's frames between two Python frames elided unless
+``--keep-interpreter-frames``). A pair whose native stack was unwound completely but holds
+another number of evaluation activations than the Python stack has groups did not happen at
+the same Python state: that tick keeps its Python-only path (counted *unmatched*).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from callpath.formats import measdir as md
 from callpath.measure import attach, events, launch, perf
 from callpath.measure.python import merge
 
-#: perf samples per second of CPU time of each thread: one per tick of the remote sampler (a
-#: second would make a running thread's ticks more often merged, at twice the stack copies)
+#: perf samples per second of CPU time of each thread: one per tick of the remote sampler
+#: (twice as many would merge more of a running thread's ticks, at twice the stack copies)
 NATIVE_FREQUENCY = 100
 #: bytes of user stack copied with each sample: the merge needs the stack up to the outermost
 #: evaluation frame (``run --native`` copies at least as much)
@@ -118,6 +119,8 @@ class NativeStacks:
         """Whether sample ``k`` of ``tid`` was taken at Python instruction ``instr``: a
         register or stack word points at it (the evaluation loop's instruction pointer, kept
         while it calls into C, is at most a few code units past the frame's)."""
+        if instr <= INSTR_BEFORE:
+            return False  # no Python frame: nothing to confirm a native stack with
         i = self.index[tid][k]
         lo = np.uint64(instr - INSTR_BEFORE)
         span = np.uint64(INSTR_BEFORE + INSTR_AFTER)
