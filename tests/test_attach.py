@@ -283,6 +283,48 @@ def test_dump_python_threads(python: str, tmp_path: Path) -> None:
     assert "Python 3." in blocks[0]
 
 
+def _traced(pid: int) -> bool:
+    """Whether every thread of ``pid`` has a tracer."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        if "TracerPid:\t0\n" in status:
+            return False
+    return True
+
+
+def test_dump_of_a_program_under_a_debugger(tmp_path: Path) -> None:
+    """A program that strace traces cannot be held: each thread says why it has no native
+    frames, its Python frames are still read, and the program is unharmed."""
+    import shutil
+
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    spin = PySpinner(_python("python3.11"), tmp_path)
+    tracer = subprocess.Popen(["strace", "-f", "-qq", "-o", "/dev/null", "-p",
+                               str(spin.proc.pid)], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not _traced(spin.proc.pid):
+            assert time.monotonic() < deadline and tracer.poll() is None
+            time.sleep(0.05)
+        proc = callpath("dump", "--pid", str(spin.proc.pid))
+    finally:
+        tracer.terminate()
+        tracer.wait()
+    try:
+        status, text = spin.finish()
+    finally:
+        spin.kill()
+    assert proc.returncode == 0, proc.stderr
+    assert status == 0 and text.strip() == "done"
+    blocks = proc.stdout.split("\n\n")[1:]
+    assert len(blocks) == 3, proc.stdout
+    for b in blocks:
+        assert "(no native frames: it is being traced by another process (a debugger))" in b, b
+    main = next(b for b in blocks if "(main)" in b)
+    assert f"main ({PY_PROGRAM}:{_line_of('SLEEP_LINE')})" in main, proc.stdout
+
+
 def test_dump_python_only_without_holding(tmp_path: Path) -> None:
     """dump --pid --no-native: the Python frames alone (read without holding the threads)."""
     spin = PySpinner(_python("python3.11"), tmp_path)

@@ -88,8 +88,11 @@ def run(args: argparse.Namespace) -> int:
             from callpath.measure.thread_snapshot import hold, unwind_held
 
             with hold(pid, tids) as held:
-                threads = _python_threads(pid, remote)
                 states = list(held.threads.values())
+                if states and all(s.refused for s in states):
+                    # ptrace refused where reading /proc was not (Yama, a seccomp filter)
+                    raise attach.access_error(pid, 1, "hold the threads of")
+                threads = _python_threads(pid, remote)
             unwound = unwind_held(pid, states, Path(scratch))
         else:
             threads = _python_threads(pid, remote)

@@ -63,6 +63,7 @@ class ThreadState:
     saved: tuple[int, ...] = ()  # rbx rbp r12 r13 r14 r15
     stack: bytes = b""
     error: str = ""
+    refused: bool = False  # the kernel refused to let us hold it (permission)
     _signal: int = 0  # a signal that arrived while held: passed on at detach
 
 
@@ -118,6 +119,8 @@ def hold(pid: int, tids: list[int]) -> Iterator[Held]:
                 st.error = f"cannot hold it ({e.strerror})"
                 if e.errno == errno.EPERM and _tracer(pid, tid):
                     st.error = "it is being traced by another process (a debugger)"
+                else:
+                    st.refused = e.errno in (errno.EPERM, errno.EACCES)
                 continue
             held.seized.append(tid)
             try:
