@@ -73,15 +73,23 @@ class Held:
     seized: list[int] = field(default_factory=list)
 
 
-def _stack_end(pid: int, sp: int) -> int:
+def _ranges(pid: int) -> list[tuple[int, int]]:
+    """The process's mappings (start, end), read once for all its threads' stacks."""
+    out = []
     try:
         with open(f"/proc/{pid}/maps") as f:
             for line in f:
-                lo, hi = (int(x, 16) for x in line.split(None, 1)[0].split("-"))
-                if lo <= sp < hi:
-                    return hi
+                lo, hi = line.split(None, 1)[0].split("-")
+                out.append((int(lo, 16), int(hi, 16)))
     except OSError:
         pass
+    return out
+
+
+def _stack_end(ranges: list[tuple[int, int]], sp: int) -> int:
+    for lo, hi in ranges:
+        if lo <= sp < hi:
+            return hi
     return sp
 
 
@@ -128,6 +136,7 @@ def hold(pid: int, tids: list[int]) -> Iterator[Held]:
             except OSError as e:
                 st.error = f"cannot stop it ({e.strerror})"
         deadline = time.monotonic() + STOP_TIMEOUT_S
+        ranges = _ranges(pid)
         for tid in held.seized:
             st = held.threads[tid]
             if st.error:
@@ -145,7 +154,7 @@ def hold(pid: int, tids: list[int]) -> Iterator[Held]:
                 continue
             st.pc, st.sp = int(regs[_RIP]), int(regs[_RSP])
             st.saved = tuple(int(regs[i]) for i in (_RBX, _RBP, _R12, _R13, _R14, _R15))
-            size = min(_stack_end(pid, st.sp) - st.sp, MAX_STACK) & ~7
+            size = min(_stack_end(ranges, st.sp) - st.sp, MAX_STACK) & ~7
             try:
                 with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
                     st.stack = os.pread(mem.fileno(), size, st.sp) if size > 0 else b""
