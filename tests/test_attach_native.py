@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -133,3 +134,47 @@ def test_zlib_below_the_compressing_line(perf_ok: None, tmp_path: Path) -> None:
             for f in frames[py[-1] + 1:]:
                 below[f.name] = below.get(f.name, 0) + n
     assert below.get("zlib_compress", 0) > 0 and below.get("deflate", 0) > 0, below
+
+
+NUMPY_PROGRAM = Path(__file__).resolve().parent / "programs" / "attach_numpy.py"
+
+
+def test_blas_worker_threads_have_native_paths(perf_ok: None, tmp_path: Path) -> None:  # noqa: F811
+    """numpy's matrix products with two OpenBLAS threads: the worker thread, which runs no
+    Python code and so is never read by the ticks, gets its own native call paths from the
+    perf_event samples (OpenBLAS's thread server down to its kernels); the main thread keeps
+    its Python line; the program is unharmed."""
+    pytest.importorskip("numpy")
+    stop = tmp_path / "stop"
+    prog = subprocess.Popen([sys.executable, str(NUMPY_PROGRAM), str(stop)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "OPENBLAS_NUM_THREADS": "2"})
+    out = tmp_path / "m"
+    try:
+        assert prog.stdout is not None and prog.stdout.readline() == "ready\n"
+        proc = callpath("run", "--pid", str(prog.pid), "--native", "--duration", "3",
+                        "-o", str(out))
+        assert proc.returncode == 0, proc.stderr
+        assert "threads without Python code" in proc.stderr, proc.stderr
+        stop.touch()
+        text, _ = prog.communicate(timeout=60)
+    finally:
+        if prog.poll() is None:
+            prog.kill()
+            prog.wait()
+    assert prog.returncode == 0 and text.strip() == "done"
+    m = measdir.read(out)
+    (p,) = m.processes
+    assert p.info["native_merge"]["native_only_threads"] >= 1, p.info
+    workers = [t for t in p.threads if t.tid != p.pid]
+    blas = 0
+    for t in workers:
+        for frames, n, _secs in paths(out, p, t):
+            assert all(f.kind != PY for f in frames), frames
+            if any(f.kind == NAT and "openblas" in f.module for f in frames):
+                blas += n
+    assert blas > 0, [t.tid for t in workers]
+    main = next(t for t in p.threads if t.tid == p.pid)
+    line = _line_of_in(NUMPY_PROGRAM, "MATMUL_LINE")
+    assert any(any(f.kind == PY and f.name == "main" and f.line == line for f in frames)
+               for frames, _n, _s in paths(out, p, main))

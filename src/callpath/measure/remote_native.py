@@ -114,6 +114,16 @@ class NativeStacks:
     stack0: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     nstack: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     words: npt.NDArray[np.uint64] = field(default_factory=lambda: np.zeros(0, np.uint64))
+    period: npt.NDArray[np.uint64] = field(default_factory=lambda: np.zeros(0, np.uint64))
+
+    def native_path(self, tid: int, k: int) -> list[Key]:
+        """Sample ``k`` of a thread that runs no Python code (a BLAS or OpenMP worker, a
+        thread of a C library): its native frames, root first."""
+        keys, _evl, complete = self.paths[tid][k]
+        path = list(reversed(keys))
+        if not complete:
+            path.insert(0, (int(md.NodeKind.PARTIAL), -1, 0, 0))
+        return path
 
     def holds(self, tid: int, k: int, instr: int) -> bool:
         """Whether sample ``k`` of ``tid`` was taken at Python instruction ``instr``: a
@@ -186,7 +196,7 @@ def unwind_samples(out: Path, raw_info: dict[str, object], pid: int) -> NativeSt
         paths[tid] = rows
     _remove_raw(out)  # the map stays readable until it is dropped
     return NativeStacks(times, paths, mods, interpreter, len(s), by_tid, s.regs, s.stack0,
-                        s.stack_words, raw.words)
+                        s.stack_words, raw.words, s.period)
 
 
 def _remove_raw(out: Path) -> None:
@@ -218,6 +228,7 @@ class Pairing:
     merged: int = 0
     python_only: int = 0     # no native sample between two ticks with the same Python stack
     unconfirmed: int = 0     # ... none whose stack holds the Python frame's instruction
+    native_only_threads: int = 0  # threads without Python frames: native samples alone
     unmatched: int = 0       # a native sample of another Python state: not merged
     partial: int = 0         # merged, but the native stack was not unwound completely
     used_modules: set[int] = field(default_factory=set)
@@ -278,5 +289,7 @@ def describe(p: Pairing) -> str:
     return (f"{p.merged} of {total} thread samples merged with a native stack "
             f"({p.partial} partial), {p.python_only} without one (the thread was not running "
             f"or its Python line changed between ticks), {p.unconfirmed} whose native "
-            f"samples were not at the same Python instruction, {p.unmatched} unmatched")
+            f"samples were not at the same Python instruction, {p.unmatched} unmatched"
+            + (f"; {p.native_only_threads} threads without Python code, native paths alone"
+               if p.native_only_threads else ""))
 

@@ -215,6 +215,18 @@ class RemoteSampler:
                     path = _python_path(stacks[sid])
                 th.charge(th.insert(path, not running), running, self.period_ns, wall)
             th.log.clear()
+        # threads that run no Python code (BLAS or OpenMP workers, a C library's threads):
+        # each native sample is their CPU time there (no tick reads them: no wall time)
+        for tid in sorted(set(native.paths) - set(self.threads)):
+            th = _Thread(len(self.threads), tid, _name(self.remote.pid, tid))
+            self.threads[tid] = th
+            for k in range(len(native.paths[tid])):
+                node = th.insert(native.native_path(tid, k), False)
+                c = th.counts.setdefault((node, 0), [0, 0.0])
+                c[0] += 1
+                c[1] += float(native.period[native.index[tid][k]])
+                th.samples += 1
+            pairing.native_only_threads += 1
         used = {k[1] for th in self.threads.values() for k in th.keys
                 if k[0] == int(measdir.NodeKind.NATIVE)}
         self.modules, renum = keep_used_modules(native.modules, used)
@@ -236,6 +248,7 @@ class RemoteSampler:
             p = self.pairing
             info["native_merge"] = {"merged": p.merged, "python_only": p.python_only,
                                     "unconfirmed": p.unconfirmed,
+                                    "native_only_threads": p.native_only_threads,
                                     "unmatched": p.unmatched, "partial": p.partial,
                                     "interpreter_frames": self.interpreter_frames}
         with measdir.ProcessWriter(out, pid, 0) as w:
