@@ -41,7 +41,6 @@ import numpy.typing as npt
 
 from callpath.formats import measdir as md
 from callpath.measure import attach, events, launch, perf
-from callpath.measure.python import merge
 
 #: perf samples per second of CPU time of each thread: one per tick of the remote sampler
 #: (twice as many would merge more of a running thread's ticks, at twice the stack copies)
@@ -53,7 +52,9 @@ NATIVE_STACK = 32768
 #: (next_instr: the instruction's inline caches past it; 3.11's prev_instr one code unit
 #: before); the next call site of a function is further away
 INSTR_BEFORE, INSTR_AFTER = 2, 24
-Key = merge.Key
+#: a frame: (kind, module or code, address or line, flags), as ``python.merge.Key`` (the merge
+#: and the unwinder are imported when the sampling is over, not at start-up)
+Key = tuple[int, int, int, int]
 _NATIVE, _UNKNOWN = int(md.NodeKind.NATIVE), int(md.NodeKind.UNKNOWN)
 
 
@@ -143,6 +144,7 @@ def unwind_samples(out: Path, raw_info: dict[str, object], pid: int) -> NativeSt
     """Decode and unwind ``out/raw.perf`` (samples of the process image that was attached to:
     after an exec its Python frames would be another program's), then remove the raw files."""
     from callpath.measure import postmortem, records
+    from callpath.measure.python import merge
 
     raw = records.decode(out / launch.RAW_FILE, dict(raw_info))
     images, history = postmortem._images(raw.sideband)
@@ -260,6 +262,8 @@ def merged_path(stack: PyStack, native: tuple[list[Key], list[bool], bool],
                 interpreter: frozenset[int], keep_interpreter: bool) -> tuple[list[Key], str]:
     """The merged path (root first) of a tick's Python stack and a native sample, and '' or
     'partial'; or ([], 'unmatched') where they cannot be the same moment."""
+    from callpath.measure.python import merge
+
     keys, evl, complete = native
     groups = groups_of(stack)
     nevals = sum(evl)
