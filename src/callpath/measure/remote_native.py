@@ -116,6 +116,8 @@ class NativeStacks:
     nstack: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     words: npt.NDArray[np.uint64] = field(default_factory=lambda: np.zeros(0, np.uint64))
     period: npt.NDArray[np.uint64] = field(default_factory=lambda: np.zeros(0, np.uint64))
+    #: (module, address) of the frames in CPython's take_gil (``merge.mark_gil_wait``)
+    gil: frozenset[tuple[int, int]] = frozenset()
 
     def native_path(self, tid: int, k: int) -> list[Key]:
         """Sample ``k`` of a thread that runs no Python code (a BLAS or OpenMP worker, a
@@ -163,7 +165,9 @@ def unwind_samples(out: Path, raw_info: dict[str, object], pid: int) -> NativeSt
     fr, mm, mods, _names = postmortem._unwind_epochs(img, s, col, raw.words, out,
                                                      str(raw_info.get("vdso", "")),
                                                      merge._compiler())
-    is_eval = merge._eval_frames(fr, mm)
+    is_eval, is_gil = merge._eval_frames(fr, mm)
+    gil = frozenset(zip(fr.module[is_gil].tolist(), fr.address[is_gil].astype(np.int64).tolist(),
+                        strict=True))
     interpreter = frozenset(int(m) for m in np.unique(fr.module[is_eval]).tolist() if m >= 0)
     order = np.lexsort((fr.depth, fr.sample))
     bounds = np.searchsorted(fr.sample[order], np.arange(len(s) + 1))
@@ -198,7 +202,7 @@ def unwind_samples(out: Path, raw_info: dict[str, object], pid: int) -> NativeSt
         paths[tid] = rows
     _remove_raw(out)  # the map stays readable until it is dropped
     return NativeStacks(times, paths, mods, interpreter, len(s), by_tid, s.regs, s.stack0,
-                        s.stack_words, raw.words, s.period)
+                        s.stack_words, raw.words, s.period, gil)
 
 
 def _remove_raw(out: Path) -> None:
@@ -259,9 +263,11 @@ def nearest_samples(tick_times: npt.NDArray[np.int64], stack_ids: npt.NDArray[np
 
 
 def merged_path(stack: PyStack, native: tuple[list[Key], list[bool], bool],
-                interpreter: frozenset[int], keep_interpreter: bool) -> tuple[list[Key], str]:
+                interpreter: frozenset[int], keep_interpreter: bool,
+                gil: frozenset[tuple[int, int]] = frozenset()) -> tuple[list[Key], str]:
     """The merged path (root first) of a tick's Python stack and a native sample, and '' or
-    'partial'; or ([], 'unmatched') where they cannot be the same moment."""
+    'partial'; or ([], 'unmatched') where they cannot be the same moment. With ``gil`` (the
+    take_gil frames), a wait for the GIL ends in ``<GIL wait>`` as in ``run --native``."""
     from callpath.measure.python import merge
 
     keys, evl, complete = native
@@ -273,6 +279,8 @@ def merged_path(stack: PyStack, native: tuple[list[Key], list[bool], bool],
     if state == "unmatched":
         return [], "unmatched"
     path = merge.readable_path(path, interpreter, frozenset(), frozenset(), keep_interpreter)
+    if gil and path:
+        path = merge.mark_gil_wait(path, gil)
     return path, state
 
 

@@ -200,7 +200,8 @@ class RemoteSampler:
                     got = memo.get((th.tid, k, sid))
                     if got is None:
                         got = memo[(th.tid, k, sid)] = merged_path(
-                            stacks[sid], rows[k], native.interpreter, keep_interpreter)
+                            stacks[sid], rows[k], native.interpreter, keep_interpreter,
+                            native.gil)
                     path, state = got
                     if state == "unmatched":
                         pairing.unmatched += 1

@@ -214,7 +214,7 @@ def unwind_held(pid: int, states: list[ThreadState], scratch: Path) -> Unwound:
                        np.array([s.sp for s in ok], dtype=np.uint64),
                        np.array([s.saved for s in ok], dtype=np.uint64).reshape(-1, 6),
                        stack0, nwords, mm, merge._compiler())
-    is_eval = merge._eval_frames(fr, mm)
+    is_eval, _gil = merge._eval_frames(fr, mm)  # dump shows take_gil's frames as they are
     interpreter = frozenset(int(m) for m in np.unique(fr.module[is_eval]).tolist() if m >= 0)
     order = np.lexsort((fr.depth, fr.sample))
     out: dict[int, tuple[list[Key], list[bool], bool]] = {}
