@@ -119,7 +119,7 @@ def _progress(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from callpath.measure import events, launch, postmortem, summary
+    from callpath.measure import events, launch
 
     if args.list_events:
         probed = launch.probe_events(events.all_events())
@@ -146,20 +146,26 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "pid", None) is not None and any(e.startswith("gpu") for e in args.event):
         raise CallpathError(f"--pid {args.pid}: GPU events are measured only for programs "
                             "callpath starts (expected -e gpu=... without --pid)")
-    from callpath.measure.gpu import session as gpu_session
+    gpu_kind = None
+    if any(e.startswith("gpu") for e in args.event):  # its module costs every run 0.05 s
+        from callpath.measure.gpu import session as gpu_session
 
-    args.event, gpu_kind = gpu_session.split_events(list(args.event))
+        args.event, gpu_kind = gpu_session.split_events(list(args.event))
     if gpu_kind is not None and not args.finish:
         out_gpu = Path(args.output) if args.output else None
         status = _run_with_gpu(args, out_gpu)
         return status
     if args.finish:
+        from callpath.measure import postmortem, summary
+
         out = Path(args.finish)
         res = postmortem.finish(out, _progress)
         _mark_complete(out, res, None)
         summary.print_summary(out, res, None, args.top, sys.stderr)
         if any(out.glob("gpu-*.raw")):  # -e gpu=nvidia records the launcher left behind
             import json
+
+            from callpath.measure.gpu import session as gpu_session
 
             raw = json.loads((out / "measurement.json").read_text()).get("raw") or {}
             for line in gpu_session.finish(out, bool(raw.get("trace"))):
@@ -200,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
     for spec, reason in result.failed:
         sys.stderr.write(f"callpath: event {spec.name} not measured: {reason}\n")
     _progress("unwinding call stacks ...")
+    from callpath.measure import postmortem, summary
+
     res = postmortem.finish(out, _progress)
     if sys.stderr.isatty():
         sys.stderr.write("\r\x1b[K")
