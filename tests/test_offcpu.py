@@ -97,7 +97,13 @@ def test_gap_without_records_is_estimated_from_cpu_samples() -> None:
     assert t.unattributed == 50.0 and t.blocked == 50 + 20 + 100
     assert t.cpu == 1000 - t.off
     assert (t.switches, t.switch_samples) == (3 + 3, 2 + 2)
-    # a gap without any switch sample of the thread: its estimate goes to the root
-    oc = offcpu.compute(s.take(np.array([0, 1, 3, 5])), SWITCH, sw,
-                        offcpu.Life({(10, 11): 0}, {(10, 11): 1000}), gaps, CPU)
-    assert oc.threads[(10, 11)].unattributed == 50.0 + 150.0
+    # a gap without any switch sample of the thread: its estimate goes to its next switch
+    # sample (899), else its previous one (99), else its root
+    life = offcpu.Life({(10, 11): 0}, {(10, 11): 1000})
+    oc = offcpu.compute(s.take(np.array([0, 1, 3, 5])), SWITCH, sw, life, gaps, CPU)
+    assert oc.charged.tolist() == [50.0, 0.0, 0.0, 120.0 + 150.0]
+    assert oc.threads[(10, 11)].unattributed == 50.0
+    oc = offcpu.compute(s.take(np.array([0, 1, 3])), SWITCH, sw, life, gaps, CPU)
+    assert oc.charged.tolist() == [50.0 + 20.0 + 100.0 + 150.0, 0.0, 0.0]
+    oc = offcpu.compute(s.take(np.array([1, 3])), SWITCH, sw, life, gaps, CPU)
+    assert oc.threads[(10, 11)].unattributed == 50 + 20 + 50 + 100 + 150

@@ -250,8 +250,17 @@ class _GapEstimate:
         self.gi = np.searchsorted(gaps[:, 0], t, side="right") - 1 if len(gaps) else \
             np.zeros(len(s), dtype=np.int64) - 1
         self.is_cpu = s.metric == cpu_metric
+        #: every switch sample of each thread, by time: for a gap where it has none
+        self.any_sw: dict[tuple[int, int], I64] = {}
         if not len(gaps) or not len(s):
             return
+        every = np.flatnonzero(s.metric == switch_metric)
+        every = every[np.lexsort((t[every], s.tid[every], s.pid[every]))]
+        if len(every):
+            p0, q0 = s.pid[every], s.tid[every]
+            cut0 = np.flatnonzero((p0[1:] != p0[:-1]) | (q0[1:] != q0[:-1])) + 1
+            for part in np.split(every, cut0):
+                self.any_sw[(int(s.pid[part[0]]), int(s.tid[part[0]]))] = part
         inside = (self.gi >= 0) & (t < gaps[np.maximum(self.gi, 0), 1]) \
             & ((s.metric == switch_metric) | self.is_cpu)
         idx = np.flatnonzero(inside)
@@ -285,5 +294,18 @@ class _GapEstimate:
         off = np.maximum(span - cpu, 0.0)
         sw, gs = part[~c], g[~c]
         charged[sw] += off[gs] * w[~c] / nsw[gs]
-        return (float(off.sum()), float(off[nsw == 0].sum()), int(span.sum()), int(a[live[0]]),
-                int(nsw.sum()), len(sw))
+        # a gap where the thread has no switch sample (the kernel's frequency mode can leave a
+        # thread without one for a while): its next switch sample after the gap, else its
+        # previous one, as for a switch without a sample; else its root
+        un = 0.0
+        own = self.any_sw.get(key, np.zeros(0, dtype=np.int64))
+        times = self.s.time[own].astype(np.int64)
+        for k in np.flatnonzero((nsw == 0) & (off > 0)).tolist():
+            j = int(np.searchsorted(times, self.gaps[k, 1], side="left"))
+            j = j if j < len(own) else int(np.searchsorted(times, self.gaps[k, 0])) - 1
+            if j >= 0 and len(own):
+                charged[own[j]] += off[k]
+            else:
+                un += float(off[k])
+        return (float(off.sum()), un, int(span.sum()), int(a[live[0]]), int(nsw.sum()),
+                len(sw))
