@@ -105,6 +105,17 @@ def module_identity(path: str) -> tuple[str | None, str | None]:
     if path.endswith(".py"):
         return None, None
     from callpath.structure.elf import find_debug_file, open_elf
+    from callpath.structure.elfheaders import read_headers
+
+    h = read_headers(path)  # the usual file: its headers read directly, no pyelftools
+    if h is not None:
+        if not h.sections:
+            return None, None  # as open_elf refuses it
+        bid = h.build_id or None
+        if h.has_dwarf():
+            return bid, None
+        dbg = find_debug_file(h)
+        return bid, _file_ident(dbg) if dbg else "none"
     try:
         m = open_elf(path, require_code=False)
     except CallpathError:
