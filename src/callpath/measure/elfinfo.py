@@ -393,10 +393,12 @@ class SymbolArrays:
         for t, tab in enumerate(self.strtabs):
             offs = []
             for n in names:
-                pat = b"\0" + n.encode() + b"\0"
+                # a name may be the tail of a longer one (linkers merge string suffixes):
+                # every place the name ends a string is a candidate offset
+                pat = n.encode() + b"\0"
                 at = tab.find(pat)
                 while at >= 0:
-                    offs.append(at + 1)
+                    offs.append(at)
                     at = tab.find(pat, at + 1)
             if offs:
                 out |= (self.table == t) & np.isin(self.name_off, offs)
