@@ -385,9 +385,10 @@ class SymbolArrays:
     table: Any
     strtabs: list[bytes]
 
-    def named(self, names: frozenset[str]) -> Any:
+    def named(self, names: frozenset[str], dotted: bool = False) -> Any:
         """Which symbols have one of ``names`` (a boolean array), without decoding any
-        other name: the string tables are searched for the names themselves."""
+        other name: the string tables are searched for the names themselves. ``dotted``
+        also takes a name followed by a compiler's suffix (``take_gil.lto_priv.0``)."""
         import numpy as np
         out = np.zeros(len(self.starts), dtype=bool)
         for t, tab in enumerate(self.strtabs):
@@ -395,11 +396,12 @@ class SymbolArrays:
             for n in names:
                 # a name may be the tail of a longer one (linkers merge string suffixes):
                 # every place the name ends a string is a candidate offset
-                pat = n.encode() + b"\0"
-                at = tab.find(pat)
-                while at >= 0:
-                    offs.append(at)
-                    at = tab.find(pat, at + 1)
+                for end in (b"\0", b".") if dotted else (b"\0",):
+                    pat = n.encode() + end
+                    at = tab.find(pat)
+                    while at >= 0:
+                        offs.append(at)
+                        at = tab.find(pat, at + 1)
             if offs:
                 out |= (self.table == t) & np.isin(self.name_off, offs)
         return out
