@@ -87,10 +87,6 @@ def _reopen_closed_std_streams() -> None:
                                         closefd=False, encoding="utf-8"))
 
 
-#: Commands that build millions of objects once and exit (structure, attribution, unwinding)
-BATCH_COMMANDS = frozenset({"prof", "profile", "struct", "run"})
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     _reopen_closed_std_streams()
     parser = build_parser()
@@ -98,10 +94,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    # by the command's module (``args.command`` is the program's argv for run and profile)
-    if str(getattr(args.func, "__module__", "")).rsplit(".", 1)[-1] in BATCH_COMMANDS:
-        from callpath.gcpolicy import fewer_collections
-        fewer_collections()
     try:
         return int(args.func(args))
     except CallpathError as e:

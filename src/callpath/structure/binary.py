@@ -421,15 +421,17 @@ class _SectionReader:
         for lo, size, sec in self.secs:
             if lo <= addr < lo + size:
                 off = addr - lo
-                if isinstance(sec, int):  # a file offset
-                    try:
-                        return os.pread(self.mod.stream.fileno(), min(off + n, size) - off,
-                                        sec + off)
-                    except OSError:
-                        return None
                 data = self.cache.get(lo)
                 if data is None:
-                    data = self.cache[lo] = bytes(sec.data())  # type: ignore[attr-defined]
+                    if isinstance(sec, int):  # a file offset: the section read once, whole
+                        # (a jump table is read entry by entry: a system call each was slow)
+                        try:
+                            data = os.pread(self.mod.stream.fileno(), size, sec)
+                        except OSError:
+                            return None
+                    else:
+                        data = bytes(sec.data())  # type: ignore[attr-defined]
+                    self.cache[lo] = data
                 return data[off:min(off + n, size)]
         return None
 

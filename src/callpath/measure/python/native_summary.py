@@ -21,8 +21,6 @@ def finish_native(out: Path, top: int = 5, keep_interpreter: bool = False) -> li
     Python-only paths go to standard error at once, one line per distinct reason. The
     interpreter's frames between Python frames are elided unless ``keep_interpreter``
     (``merge.readable_path``)."""
-    from callpath.gcpolicy import fewer_collections
-    fewer_collections()  # the launcher exits after this: a batch step (see gcpolicy)
     results: list[merge.ProcessMerge] = []
     for notes in sorted(out.glob("native-*.json")):
         try:
