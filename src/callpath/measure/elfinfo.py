@@ -38,6 +38,7 @@ class ElfInfo:
     _fde_ends: list[int] = field(default_factory=list)
     _fdes: list[Any] = field(default_factory=list)
     _symbols: tuple[list[int], list[int], list[str]] | None = None
+    _progbits: list[tuple[int, int, int]] | None = None  # (address, size, file offset)
 
     _cache: ClassVar[dict[str, ElfInfo]] = {}
 
@@ -159,13 +160,17 @@ class ElfInfo:
                     except OSError:
                         return b""
             return b""
-        for sec in self._elf.iter_sections():
-            a, n = int(sec["sh_addr"]), int(sec["sh_size"])
-            if a <= lo < a + n and sec["sh_type"] == "SHT_PROGBITS":
+        if self._progbits is None:
+            # the section headers once: pyelftools builds each section object anew (a GNU
+            # hash section parses its whole table), seconds per call for libtorch_cpu.so
+            self._progbits = [(int(sec["sh_addr"]), int(sec["sh_size"]),
+                               int(sec["sh_offset"])) for sec in self._elf.iter_sections()
+                              if sec["sh_type"] == "SHT_PROGBITS"]
+        for a, n, off in self._progbits:
+            if a <= lo < a + n:
                 size = min(hi, a + n) - lo
                 try:
-                    return os.pread(self._elf.stream.fileno(), size,
-                                    int(sec["sh_offset"]) + lo - a)
+                    return os.pread(self._elf.stream.fileno(), size, off + lo - a)
                 except OSError:
                     return b""
         return b""

@@ -6,6 +6,11 @@ stops) with its delta and ratio metrics saved beside it, and opened as one more 
 new tab whose every view has the base, new, delta and ratio columns, and whose flame graph is
 coloured by the delta. Comparing the same pair again returns the tab already made.
 
+What has been made is remembered per server (per list of databases), never per process: a
+process that starts several servers (the tests, a notebook) would otherwise answer the
+second server's comparison of databases 0 and 1 with the first server's tab id, which on the
+second server is some other database.
+
 Body: ``{"base": ID, "new": ID}``. Answer: the new database's entry of ``/api/databases``.
 """
 
@@ -28,8 +33,6 @@ from callpath.errors import CallpathError
 from callpath.view import api
 from callpath.view.session import Database
 
-_lock = threading.Lock()
-_made: dict[tuple[int, int], int] = {}
 _tmp: list[Path] = []
 
 
@@ -59,15 +62,26 @@ def _parse(body: bytes, n: int) -> tuple[int, int]:
     return ids[0], ids[1]
 
 
-def compare_databases(dbs: list[Database], base: int, new: int) -> dict[str, Any]:
-    """Build (or find) the comparison of two open databases; returns its database entry."""
+class Comparisons:
+    """The comparisons one server has made: (base id, new id) -> the id of its tab in that
+    server's list of databases."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.made: dict[tuple[int, int], int] = {}
+
+
+def compare_databases(dbs: list[Database], base: int, new: int,
+                      made: Comparisons) -> dict[str, Any]:
+    """Build (or find, in ``made``) the comparison of two open databases; returns its
+    database entry."""
     from callpath.analysis.compare import compare
     from callpath.analysis.derived import save_derived
     from callpath.formats.v4.writer import write_v4
     from callpath.view.session import open_databases
 
-    with _lock:
-        done = _made.get((base, new))
+    with made.lock:
+        done = made.made.get((base, new))
         if done is None:
             a, b = dbs[base], dbs[new]
             with a.lock, b.lock:
@@ -81,7 +95,7 @@ def compare_databases(dbs: list[Database], base: int, new: int) -> dict[str, Any
             (db,) = open_databases([str(out)], warm=False)
             db.id = len(dbs)
             dbs.append(db)
-            done = _made[(base, new)] = db.id
+            done = made.made[(base, new)] = db.id
     entry = api.databases([dbs[done]])[0]
     entry["compare"] = {"base": base, "new": new}
     warning = metrics_warning([m.name for m in dbs[base].exp.metrics],
@@ -115,7 +129,9 @@ def metrics_warning(base: list[str], new: list[str]) -> str | None:
 
 
 def route(dbs: list[Database]) -> Route:
-    """The route, bound to the server's list of databases (which it extends)."""
+    """The route, bound to the server's list of databases (which it extends) and to the
+    comparisons made on them."""
+    made = Comparisons()
 
     async def endpoint(request: Request) -> Response:
         if request.scope.get("callpath_guest"):
@@ -124,7 +140,7 @@ def route(dbs: list[Database]) -> Route:
         body = await request.body()
         try:
             base, new = _parse(body, len(dbs))
-            entry = await anyio.to_thread.run_sync(compare_databases, dbs, base, new)
+            entry = await anyio.to_thread.run_sync(compare_databases, dbs, base, new, made)
         except CallpathError as e:
             return JSONResponse({"error": str(e).replace("\n", " ")}, status_code=400)
         return JSONResponse(entry)

@@ -22,8 +22,9 @@ stopped below them) go on top, above the native frames that were recovered, and 
 counts as *partial*; evaluation frames left without a group are left out with the entry and
 the sample counts as *unmatched*. A code object the sampler never interned (it died between
 the signal and the next walk) stays an unknown frame with its address. Each merged path is
-then made readable (``readable_path``): CPython's own frames between two Python frames are
-elided unless ``--keep-interpreter-frames``, and the profiler's own frames are cut off.
+then made readable (``readable_path``): CPython's own frames before a Python frame or an
+extension and a library's trampolines between two of its frames (``forwarding``) are elided
+unless ``--keep-interpreter-frames``, and the profiler's own frames are cut off.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import bisect
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ from callpath.errors import FormatError
 from callpath.formats import measdir as md
 from callpath.measure import cfi, loadmap, postmortem, unwind
 from callpath.measure.loadmap import Mapping
+from callpath.measure.python import forwarding
 
 MAGIC = 0x4E4D5043
 HEAD_WORDS = 14          # sizeof(Head) / 8 in _callpath_native.c
@@ -355,39 +358,100 @@ def own_code(file: str) -> bool:
 
 
 def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: frozenset[int],
-                  own_codes: frozenset[int], keep_interpreter: bool = False) -> list[Key]:
+                  own_codes: frozenset[int], keep_interpreter: bool = False,
+                  forwarding: Callable[[int, int], bool] | None = None,
+                  through_pointer: Callable[[int, int], bool] | None = None) -> list[Key]:
     """A merged path (root first) as a user reads it.
 
     The profiler never appears: the path ends before its first frame of the profiler's own
     code (its shared objects, ``own_modules``, or its Python files, ``own_codes``), and the
     interpreter's frames that led there (the signal's handling) go with it; a path that is
-    the profiler's alone comes back empty. Unless ``keep_interpreter``, the interpreter's own
-    native frames (those of the modules in ``interpreter``: the ones that hold
-    ``_PyEval_EvalFrameDefault``, libpython or a statically linked python executable) are
-    elided between two Python frames (the evaluation loop, vectorcall, slot wrappers: the
-    call machinery of Python calling Python through C), so that Python frames follow each
-    other; the frames of other modules between them (an extension that calls back into
-    Python: ``sorted`` is the interpreter's, a PyTorch operator is not) stay. Everything below
-    the innermost Python frame stays: the call into an extension and the extension, the
-    library, the kernel, and the interpreter's own C code where the time is spent there
-    (``list_sort_impl``, ``_PyObject_Malloc``, ``take_gil`` waiting for the GIL)."""
+    the profiler's alone comes back empty. Unless ``keep_interpreter``, two kinds of call
+    machinery are elided between two frames of interest:
+
+    - the interpreter's own native frames (those of the modules in ``interpreter``: the ones
+      that hold ``_PyEval_EvalFrameDefault``, libpython or a statically linked python
+      executable) that lead to a Python frame (the evaluation loop, vectorcall, slot
+      wrappers: Python calling Python through C) or to an extension's function, which the
+      interpreter calls through a pointer (``through_pointer(module, address)`` of the
+      run's last frame: ``_PyObject_MakeTpCall``, ``cfunction_call``), so that Python frames
+      follow each other and the extension hangs under the Python line that called it. The
+      interpreter's other frames stay: its own C code where the time is spent and what it
+      calls directly (``list_sort_impl`` and ``memmove``, ``_PyObject_Malloc``, ``take_gil``
+      with its ``<GIL wait>``);
+    - a library's trampolines: a native frame that ``forwarding(module, address)`` calls a
+      stub or a dispatcher (``forwarding.forwards``) and whose callee is in the same module
+      (PyTorch's ``at::_ops::addmm::call``, ``c10::impl::wrap_kernel_functor_unboxed_``)
+      and that has a caller in the path (a native thread's outermost frame, ``__clone3``,
+      stays).
+
+    The innermost frame always stays."""
     for i, k in enumerate(path):
         if (k[0] == _NATIVE and k[1] in own_modules) or (k[0] == _PYTHON and k[1] in own_codes):
             path = path[:i]
             while path and path[-1][0] == _NATIVE and path[-1][1] in interpreter:
                 path.pop()
             break
-    if keep_interpreter:
+    if keep_interpreter or len(path) < 2:
         return path
-    py = [i for i, k in enumerate(path) if k[0] == _PYTHON]
-    if not py:
-        return path
-    last = py[-1]
+    # the interpreter's frames to leave out: each run of them that leads to a Python frame,
+    # or to another module's native frame that the run's last frame called through a pointer
+    # (a method, a type slot: the extension's function), not directly (the C library)
+    drop = [False] * len(path)
+    i = 0
+    while i < len(path):
+        k = path[i]
+        if not (k[0] == _NATIVE and k[1] in interpreter):
+            i += 1
+            continue
+        j = i
+        while j < len(path) and path[j][0] == _NATIVE and path[j][1] in interpreter:
+            j += 1
+        if j < len(path) and path[j][0] != _PLACEHOLDER and (
+                path[j][0] != _NATIVE or (through_pointer is not None and not
+                                          path[j - 1][3] & md.NodeFlag.EXACT_PC and
+                                          through_pointer(path[j - 1][1], path[j - 1][2]))):
+            drop[i:j] = [True] * (j - i)
+        i = j
+    keep: list[Key] = []
+    last = len(path) - 1
+    for i, k in enumerate(path):
+        if k[0] == _NATIVE and i < last:
+            if k[1] in interpreter:
+                if drop[i]:
+                    continue
+            elif forwarding is not None and i > 0 and not k[3] & md.NodeFlag.EXACT_PC:
+                nxt = path[i + 1]
+                if nxt[0] == _NATIVE and nxt[1] == k[1] and forwarding(k[1], k[2]):
+                    continue
+        keep.append(k)
+    return keep
 
-    def interp(k: Key) -> bool:
-        return k[0] == _NATIVE and k[1] in interpreter
 
-    return [k for k in path[:last] if not interp(k)] + path[last:]
+class Forwarding:
+    """``forwarding.forwards`` per (module, return address), each asked once per merge."""
+
+    def __init__(self, mm: unwind.ModuleMap) -> None:
+        self.mm = mm
+        self.memo: dict[tuple[int, int], bool] = {}
+        self.pointer_memo: dict[tuple[int, int], bool] = {}
+
+    def __call__(self, module: int, address: int) -> bool:
+        got = self.memo.get((module, address))
+        if got is None:
+            elf = self.mm.elves[module] if 0 <= module < len(self.mm.elves) else None
+            got = elf is not None and forwarding.forwards(elf, address)
+            self.memo[(module, address)] = got
+        return got
+
+    def through_pointer(self, module: int, address: int) -> bool:
+        """``forwarding.calls_through_pointer`` per (module, return address)."""
+        got = self.pointer_memo.get((module, address))
+        if got is None:
+            elf = self.mm.elves[module] if 0 <= module < len(self.mm.elves) else None
+            got = elf is not None and forwarding.calls_through_pointer(elf, address)
+            self.pointer_memo[(module, address)] = got
+        return got
 
 
 def _compiler() -> cfi.Compiler:
@@ -447,6 +511,7 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     own_modules = frozenset(m.index for m in mods
                             if os.path.basename(m.path).startswith(OWN_MODULES))
     own_codes = frozenset(i for i, c in enumerate(proc.pycode) if own_code(c.file))
+    forwards = Forwarding(mm)
     # native frames per sample, leaf first
     order = np.lexsort((fr.depth, fr.sample))
     fs = fr.sample[order]
@@ -525,9 +590,10 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
             natk.pop()
             evl.pop()
         path, state = merge_paths(natk, evl, complete[s], groups)
-        path = readable_path(path, interpreter, own_modules, own_codes, keep_interpreter)
         if gil and path:
             path = mark_gil_wait(path, gil)
+        path = readable_path(path, interpreter, own_modules, own_codes, keep_interpreter,
+                             forwards, forwards.through_pointer)
         got = path_memo[memo_key] = (path, state, phi > plo)
         return got
 
