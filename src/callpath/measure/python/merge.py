@@ -108,7 +108,7 @@ def read_records(path: Path) -> Records:
         np.zeros(0, dtype="<u8")
     offs: list[int] = []
     o = 0
-    head = data.view("<u4")
+    head = np.asarray(data).view("<u4")  # plain ndarray: a memmap's item access is ~10 us
     while o + HEAD_WORDS * 8 <= n:
         magic, size = int(head[o // 4]), int(head[o // 4 + 1])
         if magic != MAGIC or size < HEAD_WORDS * 8 or size % 8 or o + size > n:
@@ -242,15 +242,24 @@ def _eval_frames(fr: unwind.Frames, mm: unwind.ModuleMap) -> tuple[npt.NDArray[n
     uk, inv = np.unique(key, return_inverse=True)
     is_eval = np.zeros(len(uk), dtype=bool)
     is_gil = np.zeros(len(uk), dtype=bool)
-    for u, k in enumerate(uk.tolist()):
-        if k < 0:
+    um, ua = uk >> 48, uk & ((1 << 48) - 1)
+    for mod in np.unique(um[uk >= 0]).tolist():
+        elf = mm.elves[mod]
+        if elf is None:
             continue
-        elf = mm.elves[k >> 48]
-        name = elf.symbolize(k & ((1 << 48) - 1)) if elf is not None else None
-        if name in EVAL_SYMBOLS:
-            is_eval[u] = True
-        elif name is not None and name.split(".")[0] in GIL_SYMBOLS:
-            is_gil[u] = True
+        # the symbols named like the loop or take_gil, then a range test of every address at
+        # once (as ``symbolize`` would name them, without naming the module's other symbols)
+        t = elf.symbol_table()
+        named = t.named(EVAL_SYMBOLS)
+        gil_named = t.named(GIL_SYMBOLS, dotted=True)
+        if not (named.any() or gil_named.any()):
+            continue
+        sel = np.nonzero(um == mod)[0]
+        i = t.starts.searchsorted(ua[sel], side="right") - 1
+        ic = np.maximum(i, 0)
+        inside = (i >= 0) & (ua[sel] < t.ends[ic])
+        is_eval[sel] = inside & named[ic]
+        is_gil[sel] = inside & gil_named[ic] & ~named[ic]
     if not len(key):
         return np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
     return is_eval[inv.reshape(-1)], is_gil[inv.reshape(-1)]
@@ -269,6 +278,21 @@ def mark_gil_wait(path: list[Key], gil: frozenset[tuple[int, int]]) -> list[Key]
         if k[0] == _NATIVE and (k[1], k[2]) in gil:
             return [*path[:j + 1], (_PLACEHOLDER, -1, int(md.Placeholder.GIL_WAIT), 0)]
     return path
+
+
+def _row_ids(rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The index of each row among the distinct rows of ``rows`` (n, k)."""
+    n = len(rows)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    # lexsort and a cumulative sum: np.unique(axis=0) sorts rows as opaque bytes, 20x slower
+    o = np.lexsort(rows.T[::-1])
+    srt = rows[o]
+    new = np.ones(n, dtype=bool)
+    new[1:] = (srt[1:] != srt[:-1]).any(axis=1)
+    ids = np.empty(n, dtype=np.int64)
+    ids[o] = np.cumsum(new) - 1
+    return ids
 
 
 def merge_paths(native: list[Key], is_eval: list[bool], complete: bool,
@@ -437,8 +461,9 @@ def _compiler() -> cfi.Compiler:
     try:
         from callpath.measure import recipes
         from callpath.measure.postmortem import unwind_mode
+        mode = unwind_mode()
         return cfi.Compiler(cfi.RowTable(), recipes=recipes.RecipeStore().get,
-                            mode=unwind_mode())
+                            mode=mode, cache=cfi.row_cache(mode))
     except (ImportError, AttributeError, TypeError):
         return cfi.Compiler(cfi.RowTable())
 
@@ -468,6 +493,8 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     fr = unwind.unwind(rec.words, rec.regs[:, 0].copy(), rec.regs[:, 1].copy(), saved,
                        rec.stack0, rec.nwords, mm, compiler,
                        high=(rec.high_at, rec.high_n, rec.high0))
+    if compiler.cache is not None:
+        compiler.cache.save()
     is_eval, is_gil = _eval_frames(fr, mm)
     gil = frozenset(zip(fr.module[is_gil].tolist(), fr.address[is_gil].astype(np.int64).tolist(),
                         strict=True))
@@ -501,6 +528,13 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     pkeys = [(_PYTHON, c, ln, 0) if c >= 0 else (_UNKNOWN, -1, ln, 0)
              for c, ln in zip(pci.tolist(), pline.tolist(), strict=True)]
     pentry_l, pinc_l = pentry.tolist(), pinc.tolist()
+    # one small integer per distinct native frame and per distinct Python frame record: a
+    # sample's frames as the bytes of a slice of these are the key of its merged path (a
+    # tuple of tuples built per sample cost more than the merge it saved)
+    nat_ids = _row_ids(np.stack([np.where(fr.module >= 0, _NATIVE, _UNKNOWN), fr.module,
+                                 fr.address.astype(np.int64), fr.exact.astype(np.int64)],
+                                axis=1)[order])
+    py_ids = _row_ids(np.stack([pci, pline, pentry, pinc], axis=1))
     # weights: per thread, the time and CPU time since its previous sample
     period = int(notes["start"].get("period_ns", 1_000_000))
     order_t = np.lexsort((rec.time, rec.tid))
@@ -534,12 +568,12 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
         """Sample ``s``'s merged path, its state and whether it has Python frames."""
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         plo, phi = int(pbounds[s]), int(pbounds[s + 1])
-        nat = tuple((fkind[i], fmod[i], faddr[i], fexact[i]) for i in range(lo, hi))
-        pyk = tuple((pkeys[i], pentry_l[i], pinc_l[i]) for i in range(plo, phi))
-        memo_key = (nat, pyk, complete[s])
+        memo_key = (nat_ids[lo:hi].tobytes(), py_ids[plo:phi].tobytes(), complete[s])
         got = path_memo.get(memo_key)
         if got is not None:
             return got
+        nat = tuple((fkind[i], fmod[i], faddr[i], fexact[i]) for i in range(lo, hi))
+        pyk = tuple((pkeys[i], pentry_l[i], pinc_l[i]) for i in range(plo, phi))
         groups: list[list[Key]] = [[]]
         for key, entry, inc in pyk:
             if not inc:
@@ -568,6 +602,7 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     traces: list[list[tuple[int, int]]] = [[] for _ in tids]
     repeat = ((rec.flags & REPEAT) != 0).tolist()
     previous: dict[int, tuple[list[Key], str, bool]] = {}  # per thread: its last sample's
+    leaf_memo: dict[tuple[int, int, bool], int] = {}
     partial_s = [False] * n
     for s in range(n):
         if repeat[s]:
@@ -585,18 +620,23 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
             res.hidden += 1
             continue
         th = slot_of[tid_l[s]]
-        tree, nl = trees[th], nodes[th]
-        node = 0
-        last = len(path) - 1
-        for d, key in enumerate(path):
-            if d == last and idle[s]:
-                key = (key[0], key[1], key[2], key[3] | md.NodeFlag.IDLE)
-            child = tree.get((node, key))
-            if child is None:
-                child = len(nl) + 1
-                tree[(node, key)] = child
-                nl.append((node, key))
-            node = child
+        # the same path (the memo's own list) inserted again ends at the same node
+        leaf_key = (th, id(path), idle[s])
+        node = leaf_memo.get(leaf_key, -1)
+        if node < 0:
+            tree, nl = trees[th], nodes[th]
+            node = 0
+            last = len(path) - 1
+            for d, key in enumerate(path):
+                if d == last and idle[s]:
+                    key = (key[0], key[1], key[2], key[3] | md.NodeFlag.IDLE)
+                child = tree.get((node, key))
+                if child is None:
+                    child = len(nl) + 1
+                    tree[(node, key)] = child
+                    nl.append((node, key))
+                node = child
+            leaf_memo[leaf_key] = node
         traces[th].append((time_l[s], node))
         c = counts[th].get(node)
         if c is None:
