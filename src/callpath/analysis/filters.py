@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from callpath.analysis.nodes import ViewKind
 from callpath.analysis.source import TreeSource
-from callpath.analysis.treeops import nearest_marked
+from callpath.model.treeops import nearest_marked
 from callpath.errors import CallpathError
 from callpath.model import CCT
 

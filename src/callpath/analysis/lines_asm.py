@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from callpath.analysis.treeops import nearest_marked
+from callpath.model.treeops import nearest_marked
 from callpath.errors import CallpathError
 from callpath.model import Experiment, Metric, NodeKind, Relation
 

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.analysis.columns import ColumnDef, ColumnSet
-from callpath.analysis.treeops import outermost
+from callpath.model.treeops import outermost
 from callpath.analysis.view import View
 from callpath.errors import CallpathError
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from callpath.analysis.treeops import group_rows, nearest_marked
+from callpath.model.treeops import group_rows, nearest_marked
 from callpath.errors import CallpathError
 from callpath.model import Experiment, Metric, NodeKind, Relation
 

@@ -29,7 +29,7 @@ from callpath.analysis.navigate import (
     hot_path,
     sorted_children,
 )
-from callpath.analysis.treeops import nearest_marked
+from callpath.model.treeops import nearest_marked
 from callpath.errors import CallpathError
 from callpath.present import viewreport
 from callpath.view import traces

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.analysis.nodes import NodeTable, ViewKind
-from callpath.analysis.treeops import nearest_marked
+from callpath.model.treeops import nearest_marked
 from callpath.errors import CallpathError
 from callpath.model import Experiment, NodeKind
 from callpath.view.errors import NotFound
