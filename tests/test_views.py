@@ -129,7 +129,7 @@ def _check_invariants(exp: Experiment) -> None:
 
 def flat_anchor_is_top(exp: Experiment) -> np.ndarray:
     """Nodes whose cost belongs to no procedure: not below any function node."""
-    from callpath.analysis.treeops import nearest_marked
+    from callpath.model.treeops import nearest_marked
 
     cct = exp.cct
     frame = nearest_marked(cct.parent, cct.kind == NodeKind.FUNCTION)
