@@ -31,10 +31,10 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.analysis.source import point_from_inclusive, select_contexts
-from callpath.model.treeops import nearest_marked
 from callpath.errors import CallpathError
 from callpath.model import Experiment, Metric, NodeKind, Relation
 from callpath.model.contexts import ExecutionContext
+from callpath.model.treeops import nearest_marked
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]

@@ -45,7 +45,9 @@ def _percent_base(columns: ColumnSet, view: View, col: ColumnDef
     return columns.values(view, col)
 
 
-def _cells(columns: ColumnSet, view: View, col: ColumnDef, nodes: list[int]) -> list[str]:
+def cells(columns: ColumnSet, view: View, col: ColumnDef, nodes: list[int]) -> list[str]:
+    """The text of ``col`` at ``nodes``, as the report prints it and the viewer shows it: the
+    column's value format, else the value and its percentage of the column's total."""
     vals = columns.values(view, col)
     sub = vals[np.asarray(nodes, dtype=np.int64)] if nodes else np.zeros(0)
     fmt = col.value_format
@@ -65,7 +67,7 @@ def render_text(columns: ColumnSet, view: View, cols: Sequence[ColumnDef], rows:
                 out: TextIO) -> None:
     """A column per metric, then the indented scope label."""
     nodes = [n for n, _ in rows]
-    cells = [_cells(columns, view, c, nodes) for c in cols]
+    cells = [cells(columns, view, c, nodes) for c in cols]
     widths = [max([16, len(c.title)] + [len(s) for s in cs]) for c, cs in zip(cols, cells,
                                                                                strict=True)]
     head = "  ".join(f"{c.title:>{w}}" for c, w in zip(cols, widths, strict=True))

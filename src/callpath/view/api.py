@@ -17,28 +17,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from callpath.analysis.bottomup import BottomUpView
 from callpath.analysis.columns import ColumnDef, ColumnSet
 from callpath.analysis.derived import load_derived, save_derived
 from callpath.analysis.flat import FlatView
 from callpath.analysis.formula import parse
-from callpath.analysis.navigate import (
-    FindOptions,
-    find,
-    flattened_top,
-    hot_path,
-    sorted_children,
-)
+from callpath.analysis.navigate import FindOptions, find, hot_path
+from callpath.engine.compose import child_order, open_for_find
+from callpath.engine.database import Built, Database
+from callpath.engine.sources import read_lines
+from callpath.errors import CallpathError, NotFound
 from callpath.model.treeops import nearest_marked
-from callpath.errors import CallpathError
 from callpath.present import viewreport
-from callpath.view import traces
-from callpath.view.errors import NotFound as NotFound  # re-exported: app.py uses api.NotFound
 from callpath.view.errors import json_body
-from callpath.view.rows import column_subset, columns_json, number, open_metric, rows_json
-from callpath.view.session import Built, Database
-from callpath.view.sources import Servable, read_lines
-from callpath.view.state import (
+from callpath.view.params import (
     derived_to_json,
     parse_bool,
     parse_derived,
@@ -47,6 +38,7 @@ from callpath.view.state import (
     parse_json_param,
     parse_state,
 )
+from callpath.view.rows import column_subset, columns_json, number, open_metric, rows_json
 
 I64 = npt.NDArray[np.int64]
 Params = Mapping[str, str]
@@ -79,18 +71,10 @@ def _sort_column(b: Built, params: Params, name: str = "sort") -> ColumnDef:
 
 
 def ordered_children(b: Built, node: int, col: ColumnDef, descending: bool) -> I64:
-    """Children of ``node`` sorted on the server; in Flat with ``flatten``, the start node's
-    children are the flattened scopes (hpcviewer's flatten).
-
-    The children are materialized before the column is computed: Bottom-up adds a node's
-    children to the view on first access, and a column computed before that has no value
-    for them (an IndexError, a 500, on every first expansion of a Bottom-up node)."""
-    view = b.view
-    view.children(node)
-    vals = b.columns.values(view, col)
-    if isinstance(view, FlatView) and b.state.flatten and node == b.start():
-        return flattened_top(view, node, b.state.flatten, vals, descending=descending)
-    return sorted_children(view, node, vals, descending=descending)
+    """Children of ``node`` sorted on the server (:func:`callpath.engine.compose.child_order`,
+    with the state's flatten level and start node)."""
+    return child_order(b.view, b.columns, node, col, descending=descending,
+                       flatten=b.state.flatten, start=b.start())
 
 
 def _keys_of(b: Built, parent_key: str, parent: int, nodes: I64) -> list[str]:
@@ -108,14 +92,6 @@ def _path_keys(b: Built, top_key: str, path: list[int]) -> list[str]:
         key = b.keys.child_keys(key, par, np.array([child], np.int64))[0]
         out.append(key)
     return out
-
-
-def _servable(db: Database) -> Servable:
-    hit = db.trace_cache.get("servable")
-    if not isinstance(hit, Servable):
-        hit = Servable(db.path, db.exp)
-        db.trace_cache["servable"] = hit
-    return hit
 
 
 # ---- handlers --------------------------------------------------------------------------
@@ -165,14 +141,13 @@ def children(db: Database, params: Params, body: bytes) -> Any:
     parent_key = node_key or _start_key(b)
     kids = ordered_children(b, node, col, desc)
     page = kids[offset:offset + limit]
-    servable = _servable(db)
+    servable = db.servable()
     out: dict[str, Any] = {"node": parent_key, "total": len(kids), "offset": offset}
     if node_key is None:
         out["root"] = rows_json(b, [node], [parent_key], servable)[0]
     out["rows"] = rows_json(b, page.tolist(), _keys_of(b, parent_key, node, page), servable)
     if node_key is None:
-        db.warm_up(b.state)  # the user may switch tabs next: build the other views now
-        traces.prefetch(db)  # ... or open the trace view
+        db.anticipate(b.state)  # other views, trace index: built in the background
     return out
 
 
@@ -196,8 +171,7 @@ def find_nodes(db: Database, params: Params, body: bytes) -> Any:
                        parse_bool(params, "regex"))
     limit = parse_int(params, "limit", 100, lo=1, hi=MAX_FIND)
     view = b.view
-    if isinstance(view, BottomUpView):
-        view.expand_all(3)  # Find looks at materialized nodes, as `callpath report --find`
+    open_for_find(view)
     start = b.start()
     top = _start_key(b)
     hits = find(view, opts)
@@ -246,7 +220,7 @@ def source(db: Database, params: Params, body: bytes) -> Any:
     if not path:
         what = "source file" if which == "self" else "call site"
         raise NotFound(f"{label}: no {what} is recorded for this scope in the database")
-    real = _servable(db).get(path)
+    real = db.servable().get(path)
     if real is None:
         raise NotFound(f"source file {path}: not copied into the database and not readable "
                        "at its recorded path")

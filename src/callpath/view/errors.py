@@ -9,10 +9,7 @@ import json
 from typing import Any
 
 from callpath.errors import CallpathError
-
-
-class NotFound(CallpathError):
-    """Something that does not exist (no source recorded, no traces): a 404."""
+from callpath.errors import NotFound as NotFound  # a 404; the engine raises it
 
 
 def json_body(body: bytes) -> Any:

@@ -21,10 +21,10 @@ import numpy as np
 from callpath.analysis.flame import flame_frame
 from callpath.analysis.flame_labels import delta_column, rect_names, rect_values
 from callpath.analysis.view import TopDownView
+from callpath.engine.database import Database
 from callpath.errors import CallpathError
 from callpath.view.api import Params, _start_key, built
-from callpath.view.session import Database
-from callpath.view.state import parse_int
+from callpath.view.params import parse_int
 
 
 def _num(v: float) -> float | None:

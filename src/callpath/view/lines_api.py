@@ -22,10 +22,10 @@ import numpy.typing as npt
 from callpath.analysis import lines as lm
 from callpath.analysis import lines_view as lv
 from callpath.analysis.lines_procs import describe
+from callpath.engine.database import Database
 from callpath.errors import CallpathError
+from callpath.view.params import parse_bool, parse_int, parse_json_param
 from callpath.view.rows import number
-from callpath.view.session import Database
-from callpath.view.state import parse_bool, parse_int, parse_json_param
 
 Params = Mapping[str, str]
 Handler = Callable[[Database, Params, bytes], Any]
