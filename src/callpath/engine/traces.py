@@ -300,3 +300,68 @@ def local_names(grid: I32, names: list[str]) -> tuple[I32, list[str]]:
     lut[present + 1] = np.arange(len(present), dtype=np.int32)
     out: I32 = lut[flat + 1].reshape(grid.shape)
     return out, [names[int(g)] for g in present.tolist()]
+
+
+def depth_grid(ti: TraceIndex, row: int, w: Window, width: int) -> I32:
+    """The depth view of one trace row: global name ids, one grid row per call-path depth
+    (0 = outermost frame), -1 where the sample's path is shorter or there is no sample."""
+    u = sample_at(ti, row, midpoints(w.t0, w.t1, width))
+    levels = ti.max_depth + 1
+    grid = np.full((levels, width), -1, dtype=np.int32)
+    has = u >= 0
+    us = np.maximum(u, 0)
+    for d in range(levels):
+        names, _ = ti.at_depth(d)
+        grid[d] = np.where(has & (ti.u_fdepth[us] > d), names[us], -1)
+    return grid
+
+
+def call_path_at(ti: TraceIndex, row: int, t: int) -> tuple[list[str], int, int] | None:
+    """The sample of trace row ``row`` in effect at time ``t``: its frames' names outermost
+    first, its time stamp and its calling-context id; None before the first sample."""
+    ts = ti.times[row]
+    i = int(last_at_or_before(ts, ti.coarse[row], np.array([t], dtype=np.int64))[0])
+    u = int(ti.samples[row][i]) if i >= 0 else -1
+    if u < 0:
+        return None
+    frames = []
+    for d in range(int(ti.u_fdepth[u])):
+        names, _ = ti.at_depth(d)
+        frames.append(ti.names[int(names[u])])
+    return frames, int(ts[i]), int(ti.exp.cct.ctx_id[int(ti.u_nodes[u])])
+
+
+def column_shares(grid: I32, names: list[str]) -> tuple[list[str], npt.NDArray[np.float64]]:
+    """The procedures present in a frame grid and, per procedure and pixel column, the
+    share of the grid's rows it fills (rounded to 5 digits)."""
+    local, procs = local_names(grid, names)
+    width = grid.shape[1]
+    m = local >= 0
+    cols = np.broadcast_to(np.arange(width), local.shape)[m]
+    counts = np.bincount(local[m].astype(np.int64) * width + cols, minlength=len(procs) * width)
+    return procs, (counts.reshape(len(procs), width) / grid.shape[0]).round(5)
+
+
+def time_by_procedure(ti: TraceIndex, w: Window, depth: int) -> list[tuple[str, float, float]]:
+    """``(procedure, share of the window, time in ns)`` of every procedure at call-path
+    ``depth`` in the window's rows and times, most time first: exact durations between
+    samples, not pixels."""
+    names, _ = ti.at_depth(depth)
+    total = np.zeros(len(ti.names) + 1, dtype=np.float64)
+    for r in range(w.c0, w.c1):
+        ts = ti.times[r]
+        # the sample in effect at t0, and one past the last sample before t1 (integer times)
+        at = last_at_or_before(ts, ti.coarse[r], np.array([w.t0, w.t1 - 1], dtype=np.int64))
+        lo, hi = max(int(at[0]), 0), int(at[1]) + 1
+        if hi <= lo:
+            continue
+        start = np.maximum(ts[lo:hi], w.t0)
+        end = np.minimum(np.append(ts[lo + 1:hi], w.t1), w.t1)
+        dur = np.maximum(end - start, 0).astype(np.float64)
+        u = ti.samples[r][lo:hi]
+        nm = np.where(u >= 0, names[np.maximum(u, 0)], len(ti.names))
+        total += np.bincount(nm, weights=dur, minlength=len(total))[:len(total)]
+    span = float(w.t1 - w.t0) * (w.c1 - w.c0)
+    order = np.argsort(-total[:-1], kind="stable")
+    return [(ti.names[int(k)], float(total[k]) / span, float(total[k]))
+            for k in order.tolist() if total[k] > 0]

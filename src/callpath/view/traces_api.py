@@ -15,11 +15,12 @@ from callpath.engine.database import Database
 from callpath.engine.traces import (
     TraceIndex,
     Window,
+    call_path_at,
+    column_shares,
+    depth_grid,
     frame_grid,
-    last_at_or_before,
     local_names,
-    midpoints,
-    sample_at,
+    time_by_procedure,
     trace_index,
 )
 from callpath.errors import CallpathError
@@ -113,14 +114,8 @@ def depth(db: Database, params: Params, body: bytes) -> Any:
     w = _window(ti, params)
     row = parse_int(params, "ctx", 0, lo=0, hi=len(ti.times) - 1)
     width = parse_int(params, "width", 1000, lo=1, hi=MAX_PIXELS)
-    u = sample_at(ti, row, midpoints(w.t0, w.t1, width))
-    levels = ti.max_depth + 1
-    grid = np.full((levels, width), -1, dtype=np.int32)
-    has = u >= 0
-    us = np.maximum(u, 0)
-    for d in range(levels):
-        names, _ = ti.at_depth(d)
-        grid[d] = np.where(has & (ti.u_fdepth[us] > d), names[us], -1)
+    grid = depth_grid(ti, row, w, width)
+    levels = grid.shape[0]
     local, procs = local_names(grid, ti.names)
     return {"procedures": procs, "rows": list(range(levels)), "ctx": row, "width": width,
             "height": levels, "t0": w.t0, "t1": w.t1, "grid": _b64(local)}
@@ -130,18 +125,12 @@ def callpath(db: Database, params: Params, body: bytes) -> Any:
     ti = trace_index(db)
     row = parse_int(params, "ctx", 0, lo=0, hi=len(ti.times) - 1)
     t = _time(params, "t", ti.t0)
-    ts = ti.times[row]
-    i = int(last_at_or_before(ts, ti.coarse[row], np.array([t], dtype=np.int64))[0])
-    u = int(ti.samples[row][i]) if i >= 0 else -1
-    if u < 0:
+    got = call_path_at(ti, row, t)
+    if got is None:
         return {"frames": [], "ctx": row, "t": t}
-    frames = []
-    for d in range(int(ti.u_fdepth[u])):
-        names, _ = ti.at_depth(d)
-        frames.append({"name": ti.names[int(names[u])], "depth": d})
-    ctx = int(ti.exp.cct.ctx_id[int(ti.u_nodes[u])])
-    return {"frames": frames, "ctx": row, "t": t, "sample_time": int(ts[i]),
-            "node": f"t{ctx}"}
+    names, sample_time, ctx = got
+    return {"frames": [{"name": n, "depth": d} for d, n in enumerate(names)], "ctx": row,
+            "t": t, "sample_time": sample_time, "node": f"t{ctx}"}
 
 
 def summary(db: Database, params: Params, body: bytes) -> Any:
@@ -152,12 +141,7 @@ def summary(db: Database, params: Params, body: bytes) -> Any:
     n = w.c1 - w.c0
     grid, _ = frame_grid(ti, w, width, n, d) if n * width <= MAX_GRID else \
         frame_grid(ti, w, width, max(MAX_GRID // width, 1), d)
-    local, procs = local_names(grid, ti.names)
-    p = len(procs)
-    m = local >= 0
-    cols = np.broadcast_to(np.arange(width), local.shape)[m]
-    counts = np.bincount(local[m].astype(np.int64) * width + cols, minlength=p * width)
-    shares = (counts.reshape(p, width) / grid.shape[0]).round(5)
+    procs, shares = column_shares(grid, ti.names)
     return {"procedures": procs, "width": width, "contexts": grid.shape[0],
             "shares": shares.tolist()}
 
@@ -166,23 +150,6 @@ def stats(db: Database, params: Params, body: bytes) -> Any:
     ti = trace_index(db)
     w = _window(ti, params)
     d = _depth(ti, params)
-    names, _ = ti.at_depth(d)
-    total = np.zeros(len(ti.names) + 1, dtype=np.float64)
-    for r in range(w.c0, w.c1):
-        ts = ti.times[r]
-        # the sample in effect at t0, and one past the last sample before t1 (integer times)
-        at = last_at_or_before(ts, ti.coarse[r], np.array([w.t0, w.t1 - 1], dtype=np.int64))
-        lo, hi = max(int(at[0]), 0), int(at[1]) + 1
-        if hi <= lo:
-            continue
-        start = np.maximum(ts[lo:hi], w.t0)
-        end = np.minimum(np.append(ts[lo + 1:hi], w.t1), w.t1)
-        dur = np.maximum(end - start, 0).astype(np.float64)
-        u = ti.samples[r][lo:hi]
-        nm = np.where(u >= 0, names[np.maximum(u, 0)], len(ti.names))
-        total += np.bincount(nm, weights=dur, minlength=len(total))[:len(total)]
-    span = float(w.t1 - w.t0) * (w.c1 - w.c0)
-    order = np.argsort(-total[:-1], kind="stable")
-    out = [{"name": ti.names[int(k)], "share": float(total[k]) / span, "time_ns": float(total[k])}
-           for k in order.tolist() if total[k] > 0]
+    out = [{"name": name, "share": share, "time_ns": ns}
+           for name, share, ns in time_by_procedure(ti, w, d)]
     return {"procedures": out, "t0": w.t0, "t1": w.t1, "c0": w.c0, "c1": w.c1, "depth": d}
