@@ -250,7 +250,7 @@ def cold_builds(db: Path) -> list[dict[str, Any]]:
     in process): building each view and its values for both metrics."""
     import callpath
     from callpath.analysis.source import tree_source
-    from callpath.analysis.views import make_view
+    from callpath.analysis.view_by_name import make_view
 
     exp = callpath.open(str(db))
     src = tree_source(exp)

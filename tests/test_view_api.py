@@ -309,7 +309,7 @@ def reference_frame(s: BackgroundServer, db: int, t0: int, t1: int, width: int, 
     cct = exp.cct
     node_of = {int(c): i for i, c in enumerate(cct.ctx_id.tolist())}
     from callpath.analysis.source import tree_source
-    from callpath.analysis.view import TopDownView
+    from callpath.analysis.topdown import TopDownView
     td = TopDownView(tree_source(exp))
     lines = sorted(exp.traces.lines, key=lambda ln: trace_order(exp, ln.prof_index))
     out = []

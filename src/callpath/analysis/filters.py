@@ -86,7 +86,7 @@ def match_nodes(source: TreeSource, filters: Iterable[Filter]
                 ) -> dict[FilterType, npt.NDArray[np.bool_]]:
     """For each filter type, a boolean mask of the source-tree nodes some enabled filter of
     that type matches. Names are matched once per distinct name key."""
-    from callpath.analysis.view import TopDownView  # views depend on sources, not filters
+    from callpath.analysis.topdown import TopDownView  # views depend on sources, not filters
 
     active = [f for f in filters if f.enabled]
     masks = {t: np.zeros(len(source.cct), dtype=bool) for t in FilterType}

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.analysis.columns import ColumnDef, ColumnSet
-from callpath.analysis.view import View
+from callpath.analysis.topdown import View
 from callpath.errors import CallpathError
 from callpath.model.treeops import outermost
 

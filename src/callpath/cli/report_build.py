@@ -14,7 +14,7 @@ from callpath.analysis.filters import Filter, load_filters
 from callpath.analysis.flat import FlatView
 from callpath.analysis.navigate import FindOptions, expand, find, flattened_top, hot_path
 from callpath.analysis.source import select_contexts
-from callpath.analysis.view import View
+from callpath.analysis.topdown import View
 from callpath.analysis.viewconfig import (
     ColumnSpec,
     expand_columns,

@@ -21,9 +21,9 @@ from callpath.analysis.filters import Filter, apply_filters
 from callpath.analysis.flat import FlatView
 from callpath.analysis.navigate import flattened_top, sorted_children
 from callpath.analysis.source import TreeSource, tree_source
-from callpath.analysis.view import View
+from callpath.analysis.topdown import View
+from callpath.analysis.view_by_name import make_view
 from callpath.analysis.viewconfig import ColumnSpec
-from callpath.analysis.views import make_view
 from callpath.model import Experiment
 
 I64 = npt.NDArray[np.int64]

@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 from callpath.analysis.columns import ColumnDef, ColumnSet
 from callpath.analysis.source import TreeSource
-from callpath.analysis.view import View
+from callpath.analysis.topdown import View
 from callpath.engine.compose import columns_of, source_of, view_of
 from callpath.engine.keys import NodeKeys
 from callpath.engine.sources import Servable
@@ -147,7 +147,7 @@ class Database:
         """Build the other two views of ``state`` in a background thread, so that switching
         tabs finds them ready: a Flat or Bottom-up view of a 10^6-node tree takes about a
         second to build, tab switches should take milliseconds. Call with the lock held."""
-        from callpath.analysis.view import VIEW_NAMES
+        from callpath.analysis.topdown import VIEW_NAMES
 
         skey = state.source_key
         source = self._sources.get(skey, lambda: self._make_source(state))

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.analysis.columns import ColumnDef, ColumnSet
-from callpath.analysis.view import View
+from callpath.analysis.topdown import View
 
 F64 = npt.NDArray[np.float64]
 
@@ -67,13 +67,13 @@ def render_text(columns: ColumnSet, view: View, cols: Sequence[ColumnDef], rows:
                 out: TextIO) -> None:
     """A column per metric, then the indented scope label."""
     nodes = [n for n, _ in rows]
-    cells = [cells(columns, view, c, nodes) for c in cols]
-    widths = [max([16, len(c.title)] + [len(s) for s in cs]) for c, cs in zip(cols, cells,
+    texts = [cells(columns, view, c, nodes) for c in cols]
+    widths = [max([16, len(c.title)] + [len(s) for s in cs]) for c, cs in zip(cols, texts,
                                                                                strict=True)]
     head = "  ".join(f"{c.title:>{w}}" for c, w in zip(cols, widths, strict=True))
     out.write(f"{head}  scope\n")
     for r, (node, indent) in enumerate(rows):
-        line = "  ".join(f"{cs[r]:>{w}}" for cs, w in zip(cells, widths, strict=True))
+        line = "  ".join(f"{cs[r]:>{w}}" for cs, w in zip(texts, widths, strict=True))
         out.write(f"{line}  {'  ' * indent}{view.label(node)}\n")
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from callpath.analysis.flame import flame_frame
 from callpath.analysis.flame_labels import delta_column, rect_names, rect_values
-from callpath.analysis.view import TopDownView
+from callpath.analysis.topdown import TopDownView
 from callpath.engine.database import Database
 from callpath.errors import CallpathError
 from callpath.view.api import Params, _start_key, built

@@ -16,7 +16,7 @@ from typing import Any
 
 from callpath.analysis.derived import DerivedMetric
 from callpath.analysis.filters import Filter, FilterType
-from callpath.analysis.view import VIEW_NAMES
+from callpath.analysis.topdown import VIEW_NAMES
 from callpath.engine.state import ViewState
 from callpath.errors import CallpathError
 
