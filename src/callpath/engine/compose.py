@@ -68,3 +68,21 @@ def open_for_find(view: View, depth: int | None = None) -> None:
     first, as ``callpath report --find`` and the viewer's Find dialog both do."""
     if isinstance(view, BottomUpView):
         view.expand_all(3 if depth is None else depth)
+
+
+def visible_rows(view: View, columns: ColumnSet, start: int, expanded: Iterable[int],
+                 col: ColumnDef, *, descending: bool = True, flatten: int = 0
+                 ) -> list[tuple[int, int]]:
+    """``(node, depth)`` of the rows a tree shows: ``start``, then the children of the
+    ``expanded`` nodes in tree order, each node's children ordered by :func:`child_order`."""
+    open_ = set(expanded)
+    rows: list[tuple[int, int]] = []
+    stack: list[tuple[int, int]] = [(start, 0)]
+    while stack:
+        node, depth = stack.pop()
+        rows.append((node, depth))
+        if node in open_:
+            kids = child_order(view, columns, node, col, descending=descending,
+                               flatten=flatten, start=start)
+            stack.extend((int(k), depth + 1) for k in kids[::-1].tolist())
+    return rows

@@ -22,7 +22,7 @@ from callpath.analysis.derived import load_derived, save_derived
 from callpath.analysis.flat import FlatView
 from callpath.analysis.formula import parse
 from callpath.analysis.navigate import FindOptions, find, hot_path
-from callpath.engine.compose import child_order, open_for_find
+from callpath.engine.compose import child_order, open_for_find, visible_rows
 from callpath.engine.database import Built, Database
 from callpath.engine.sources import read_lines
 from callpath.errors import CallpathError, NotFound
@@ -54,7 +54,7 @@ def built(db: Database, params: Params) -> Built:
     return db.build(parse_state(params, len(db.exp.contexts)))
 
 
-def _start_key(b: Built) -> str:
+def start_key(b: Built) -> str:
     return b.state.zoom or "r"
 
 
@@ -138,7 +138,7 @@ def children(db: Database, params: Params, body: bytes) -> Any:
     limit = parse_int(params, "limit", 200, lo=1, hi=MAX_PAGE)
     node_key = params.get("node") or None
     node = b.node(node_key) if node_key else b.start()
-    parent_key = node_key or _start_key(b)
+    parent_key = node_key or start_key(b)
     kids = ordered_children(b, node, col, desc)
     page = kids[offset:offset + limit]
     servable = db.servable()
@@ -156,7 +156,7 @@ def hotpath(db: Database, params: Params, body: bytes) -> Any:
     col = _sort_column(b, params, "column")
     threshold = parse_float(params, "threshold", 50.0, lo=0.0, hi=100.0)
     assert threshold is not None
-    node_key = params.get("node") or _start_key(b)
+    node_key = params.get("node") or start_key(b)
     node = b.node(node_key)
     path = hot_path(b.view, node, lambda: b.columns.values(b.view, col), threshold or 1e-9)
     return {"path": [node_key, *_path_keys(b, node_key, path)]}
@@ -173,7 +173,7 @@ def find_nodes(db: Database, params: Params, body: bytes) -> Any:
     view = b.view
     open_for_find(view)
     start = b.start()
-    top = _start_key(b)
+    top = start_key(b)
     hits = find(view, opts)
     if start != 0:  # keep the matches inside the zoomed subtree: one vectorised pass
         mark = np.zeros(len(view), dtype=bool)
@@ -202,7 +202,7 @@ def node_path(db: Database, params: Params, body: bytes) -> Any:
     path = b.view.path_to(node)
     if start not in path:
         raise CallpathError(f"node key {key[:40]!r}: not inside the zoomed subtree")
-    return {"path": _path_keys(b, _start_key(b), path[path.index(start):])}
+    return {"path": _path_keys(b, start_key(b), path[path.index(start):])}
 
 
 def source(db: Database, params: Params, body: bytes) -> Any:
@@ -261,18 +261,9 @@ def plot(db: Database, params: Params, body: bytes) -> Any:
 
 def csv_rows(b: Built, expanded: list[int], col: ColumnDef, descending: bool
              ) -> list[tuple[int, int]]:
-    """The visible rows: the start node, then the children of expanded nodes in tree order."""
-    open_ = set(expanded)
-    start = b.start()
-    rows: list[tuple[int, int]] = []
-    stack: list[tuple[int, int]] = [(start, 0)]
-    while stack:
-        node, depth = stack.pop()
-        rows.append((node, depth))
-        if node in open_:
-            kids = ordered_children(b, node, col, descending)
-            stack.extend((int(k), depth + 1) for k in kids[::-1].tolist())
-    return rows
+    """The visible rows (:func:`callpath.engine.compose.visible_rows`) of a built state."""
+    return visible_rows(b.view, b.columns, b.start(), expanded, col, descending=descending,
+                        flatten=b.state.flatten)
 
 
 def csv_text(db: Database, params: Params, body: bytes) -> str:

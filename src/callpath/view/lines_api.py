@@ -22,7 +22,7 @@ from callpath.analysis import lines as lm
 from callpath.analysis import lines_view as lv
 from callpath.analysis.lines_procs import describe
 from callpath.engine.database import Database
-from callpath.engine.lines import OverviewParams, overview_of, source_of_file
+from callpath.engine.lines_cache import OverviewParams, overview_of, source_of_file
 from callpath.errors import CallpathError
 from callpath.view.params import parse_bool, parse_int, parse_json_param
 from callpath.view.rows import number
@@ -218,7 +218,7 @@ def overview(db: Database, params: Params, body: bytes) -> Any:
             "max": number(mx), "levels": base64.b64encode(levels.tobytes()).decode("ascii"),
             "bin_row": ov.inv_first.tolist(), "top": ov.top_index is not None,
         }
-        db.trace_cache[key] = doc  # dropped with its overview (engine.lines.overview_of)
+        db.trace_cache[key] = doc  # dropped with its overview (engine.lines_cache.overview_of)
     if parse_bool(params, "values"):
         grid32 = np.ascontiguousarray(ov.values, dtype="<f4")
         return {**doc, "values": base64.b64encode(grid32.tobytes()).decode("ascii")}
