@@ -5,17 +5,21 @@ same: run it on the old tree and on the new one into two directories, then ``dif
     python scripts/compare_outputs.py OUTDIR [DB ...]
 
 With no DB, the HPCToolkit and Hatchet databases of ``../shared/data`` are used. Commands
-run with OUTDIR as the working directory and relative output paths, so that no path of the
-run shows up in what is compared; the user's saved filters and derived metrics are kept out
-with an empty ``XDG_CONFIG_HOME``. Each command's stdout, stderr and exit status go to
+run in one fixed scratch directory (``$TMPDIR/callpath-compare-outputs.work``, moved to OUTDIR
+at the end) with relative output paths, so that no path of the run shows up in what is
+compared (a comparison database records its own absolute path); two runs must therefore not
+overlap. The user's saved filters and derived metrics are kept out with an empty
+``XDG_CONFIG_HOME``. Each command's stdout, stderr and exit status go to
 ``OUTDIR/<db>/<n>.txt``; files written by ``export`` and ``diff`` are kept beside them.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -91,7 +95,14 @@ def main() -> int:
         sys.stderr.write(__doc__ or "")
         return 2
     dbs = [Path(a).resolve() for a in sys.argv[2:]] or DEFAULT_DBS
-    record(Path(sys.argv[1]).resolve(), dbs)
+    outdir = Path(sys.argv[1]).resolve()
+    if outdir.exists():
+        sys.stderr.write(f"{outdir}: exists; expected a new directory\n")
+        return 2
+    work = Path(tempfile.gettempdir()) / "callpath-compare-outputs.work"
+    shutil.rmtree(work, ignore_errors=True)
+    record(work, dbs)
+    shutil.move(work, outdir)
     return 0
 
 

@@ -1,7 +1,7 @@
-"""The viewer's own error type, and the JSON request body that every POST handler reads, in a
-module of its own so that every handler module (api, traces, lines_api, notes, ...) can use
-them without importing another handler module: view/api.py and view/traces.py used to import
-each other for the error."""
+"""The JSON request body that every POST handler reads, and the 404 error (raised by the
+engine, :class:`callpath.errors.NotFound`), in a module of their own so that every handler
+module (api, traces_api, lines_api, notes_api, ...) can use them without importing another
+handler module."""
 
 from __future__ import annotations
 
