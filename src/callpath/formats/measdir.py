@@ -414,7 +414,8 @@ def read(directory: str | os.PathLike[str]) -> Measurement:
 
 
 def file_order(p: Path) -> tuple[int, int, str]:
-    """Sort key of a process file: by the pid and the number in its name (public: the
+    """Sort key of a process file (``process-<pid>-<generation>.cpm``): pid, then generation
+    (public: the
     attribution reads process files in this order too)."""
     parts = p.stem.split("-")
     try:
