@@ -415,8 +415,7 @@ def read(directory: str | os.PathLike[str]) -> Measurement:
 
 def file_order(p: Path) -> tuple[int, int, str]:
     """Sort key of a process file (``process-<pid>-<generation>.cpm``): pid, then generation
-    (public: the
-    attribution reads process files in this order too)."""
+    (public: the attribution reads process files in this order too)."""
     parts = p.stem.split("-")
     try:
         return int(parts[1]), int(parts[2]), p.name
