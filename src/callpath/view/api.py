@@ -3,7 +3,9 @@
 Every handler is a plain function ``(db, params, body) -> payload`` run in a worker thread
 with the database's lock held; :mod:`callpath.view.app` turns a :class:`CallpathError` into a
 400 with its one-line message and a :class:`NotFound` into a 404. Handlers validate every
-parameter before doing any work and compute everything through :mod:`callpath.analysis`.
+parameter before doing any work, then ask the engine (:mod:`callpath.engine`: the built
+view state, child order, keys) and :mod:`callpath.analysis`, and return what is serialized;
+they hold no state and start no background work themselves (``Database.anticipate`` does).
 """
 
 from __future__ import annotations
