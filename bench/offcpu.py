@@ -1,8 +1,10 @@
 """Cost of ``callpath run -e REALTIME`` (wall-clock and off-CPU time, issue 31) as the rate of
 context switches grows: a two-thread token ping-pong through pipes (``tests/wait_programs/
 pingpong.c``) at about 10^3, 10^4 and 10^5 switches a second, run plain, under ``callpath run
--e REALTIME``, under ``perf record -e sched:sched_switch -g`` (a call chain at every switch,
-frame pointers) and under ``perf record --off-cpu`` where the installed perf supports it.
+-e REALTIME``, under ``callpath run -e cpu-clock`` (CPU samples only: what any inherited
+per-thread sampling event costs a switching program, the floor under REALTIME), under ``perf
+record -e sched:sched_switch -g`` (a call chain at every switch, frame pointers) and under
+``perf record --off-cpu`` where the installed perf supports it.
 
 Overhead is the program's own elapsed time (it prints it) and its own CPU time (both threads),
 medians of ``--runs`` runs with the configurations interleaved, as ratios to the plain median
@@ -90,7 +92,9 @@ def main() -> int:
         configs: dict[str, list[str]] = {
             "plain": prog,
             "callpath run -e REALTIME": [sys.executable, "-m", "callpath", "run", "--top",
-                                         "0", "-e", "REALTIME", "-o", "m-{i}", "--", *prog]}
+                                         "0", "-e", "REALTIME", "-o", "m-{i}", "--", *prog],
+            "callpath run -e cpu-clock": [sys.executable, "-m", "callpath", "run", "--top",
+                                          "0", "-e", "cpu-clock", "-o", "m-{i}", "--", *prog]}
         if perf:
             configs["perf record -e sched:sched_switch -g"] = [
                 perf, "record", "-q", "-e", "sched:sched_switch", "-g", "-o",
@@ -111,7 +115,7 @@ def main() -> int:
                 if said:
                     got = notes.get(name, "0 0").split()[:2]
                     notes[name] = (f"{int(got[0]) + int(said[1])} {int(got[1]) + int(said[2])}"
-                                   " switches had / got a call path")
+                                   " (of all runs: switches with a call path, switches)")
                 shutil.rmtree(out, ignore_errors=True)
                 for f in tmp.glob("*.data"):
                     f.unlink()
@@ -128,6 +132,7 @@ def main() -> int:
         elif not off_cpu:
             print(f"{rate:>8} perf record --off-cpu: not supported by this perf (no BPF)")
         time.sleep(0.1)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

@@ -3,6 +3,7 @@ traces, on CUPTI activity recorded on an H200 (``../shared/data/gpu``; see gpu_f
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import callpath
 from callpath.formats import measdir as md
 from callpath.formats import measdir_gpu as mdg
+from callpath.formats.hpcstruct import read_hpcstruct
 from callpath.measure.gpu import convert as cv
 from callpath.model.contexts import IdKind
 from callpath.structure.demangle import demangle
@@ -228,46 +230,101 @@ def test_native_launch_context_is_mapped_through_the_load_map(tmp_path: Path) ->
     assert any(p.startswith("ffi_call") for p in path), path
 
 
-def test_kernels_named_by_their_gpu_binary(tmp_path: Path) -> None:
-    """A GPU binary the process loaded (CALLPATH_GPU_BINS=1: saved as gpubins/HASH.gpubin, an
-    ELF file) that defines the kernel's symbol becomes the kernel's load module, at the
-    symbol's address, as hpcprof attributes kernels to the measurement's gpubins."""
-    import shutil
+def _measurement_with_cubin(tmp_path: Path, data: bytes, kernel: str) -> tuple[Path, int]:
+    """A measurement directory whose process loaded the GPU binary ``data`` (saved by the
+    library as gpubins/HASH.gpubin) and ran ``kernel`` once; returns it and the hash."""
     import struct
-    import subprocess
 
-    from elftools.elf.elffile import ELFFile
-
-    if shutil.which("gcc") is None:
-        pytest.skip("no gcc to make an ELF file standing in for a cubin")
     meas = tmp_path / "m"
     md.write_header(meas, [], command=["app"], status="complete")
-    so = tmp_path / "k.so"
-    subprocess.run(["gcc", "-shared", "-o", str(so), "-x", "c", "-"], check=True,
-                   input=b"void _Z4axpyPfPKffi(void) {}\n")
-    data = so.read_bytes()
     h = 1469598103934665603
     for b in data:  # the library's FNV-1a 64 of the binary's bytes
         h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
     (meas / "gpubins").mkdir()
     (meas / "gpubins" / f"{h:016x}.gpubin").write_bytes(data)
-    with open(so, "rb") as f:
-        sym = ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name("_Z4axpyPfPKffi")
-        addr = int(sym[0]["st_value"])
 
     def rec(tag: int, payload: bytes) -> bytes:
         return struct.pack("<II", tag, len(payload)) + payload
 
     raw = rec(cv.R_CUBIN, struct.pack("<3Q", 1, h, len(data)))
     raw += rec(cv.R_KERNEL, struct.pack("<10Q", 7, 1000, 3000, 1 << 32, 7, 4, 128, 32, 0, 0)
-               + b"_Z4axpyPfPKffi")
+               + kernel.encode())
     (meas / "gpu-77.raw").write_bytes(raw)
     cv.convert_all(meas, trace=False)
+    return meas, h
+
+
+def test_kernels_named_by_their_gpu_binary(tmp_path: Path) -> None:
+    """A GPU binary the process loaded (saved as gpubins/HASH.gpubin; here the cubin hpcrun
+    saved of HPCToolkit's loops.cu) that defines the kernel becomes the kernel's load module
+    at the kernel's offset in the file, as hpcprof attributes kernels to gpubins/; with its
+    structure (prof recovers it on demand) the kernel is its procedure with the source file
+    and line, and the line of its first instruction below it, as in hpcprof's database of
+    the same binary."""
+    cubin = shared_path("hpctoolkit", "meas", "loops-cuda-nvidia-t.m", "gpubins",
+                        "1165a3eeddeea5ea3616d1cdbc6faa59.gpubin")
+    ref = callpath.open(shared_path("hpctoolkit", "dbase", "loops-cuda-nvidia-t.d"))
+    (want,) = [f for f in ref.functions if f.name == "kernmain()"]
+    meas, h = _measurement_with_cubin(tmp_path, cubin.read_bytes(), "_Z8kernmainv")
+    gpubin = meas / "gpubins" / f"{h:016x}.gpubin"
+    # without structure: the kernel's name, module and address
+    db0 = tmp_path / "db0"
+    run_cli("prof", str(meas), "-o", str(db0), "--ignore-structs", check=True)
+    exp = callpath.open(db0)
+    (leaf,) = np.flatnonzero(exp.exclusive(exp.metric("GKER (sec)")))
+    fn = exp.functions[int(exp.cct.function[leaf])]
+    assert fn.name == "kernmain()"
+    assert exp.modules[fn.module].path == str(gpubin)
+    assert fn.offset == want.offset == 0x2E00  # hpcprof's address of the kernel
+    # with the structure prof recovers: the procedure at its source line, its first line
     db = tmp_path / "db"
     run_cli("prof", str(meas), "-o", str(db), check=True)
     exp = callpath.open(db)
-    (leaf,) = np.flatnonzero(exp.exclusive(exp.metric("GKER (sec)")))
-    fn = exp.functions[int(exp.cct.function[leaf])]
-    assert fn.name == "axpy(float*, float const*, float, int)"
-    assert exp.modules[fn.module].path == str(meas / "gpubins" / f"{h:016x}.gpubin")
-    assert fn.offset == addr
+    hot = np.flatnonzero(exp.exclusive(exp.metric("GKER (sec)")))
+    leaf = int(hot[np.argmax(exp.cct.depth[hot])])  # (a procedure's exclusive has its lines)
+    assert exp.cct.kind[leaf] == 2  # a line
+    line_file = exp.files[int(exp.cct.file[leaf])].path
+    assert (line_file.rsplit("/", 1)[-1], int(exp.cct.line[leaf])) == ("loops.cu", 19)
+    kern = int(exp.cct.parent[leaf])
+    fn = exp.functions[int(exp.cct.function[kern])]
+    assert _name(exp, int(exp.cct.parent[kern])) == "<gpu kernel>"
+    assert fn.name == "kernmain()" and fn.offset == 0x2E00
+    assert exp.modules[fn.module].path == str(gpubin)
+    # the file and the kernel's line as hpcprof has them (from hpcstruct's structure of the
+    # same binary): the smallest line of its code, 16, a device function inlined into it;
+    # below it the line of its first instruction, 19
+    assert (exp.files[fn.file].path, fn.line) == (ref.files[want.file].path, want.line) \
+        == ("/builds/hpctoolkit/hpctoolkit/tests/data/meas/loops.cu", 16)
+    (ref_line,) = [int(ref.cct.line[i]) for i in range(len(ref.cct.parent))
+                   if ref.cct.kind[i] == 2 and ref.cct.function[ref.cct.parent[i]] >= 0
+                   and ref.functions[int(ref.cct.function[ref.cct.parent[i]])].name
+                   == "kernmain()"][:1]
+    assert ref_line == 19
+
+
+def test_struct_of_a_measurements_gpu_binaries(tmp_path: Path) -> None:
+    """``callpath struct MEASDIR`` analyses the GPU binaries the run saved (gpubins/) beside
+    its host modules, into MEASDIR/structs/ where prof reads them, and says in one line that
+    loops need nvdisasm when it is not there; prof then maps the kernel through it."""
+    cubin = shared_path("hpctoolkit", "meas", "loops-cuda-nvidia-t.m", "gpubins",
+                        "1165a3eeddeea5ea3616d1cdbc6faa59.gpubin")
+    meas, h = _measurement_with_cubin(tmp_path, cubin.read_bytes(), "_Z8kernmainv")
+    gpubin = meas / "gpubins" / f"{h:016x}.gpubin"
+    run = run_cli("struct", str(meas), "--no-cache", check=True,
+                  env={"CALLPATH_NVDISASM": ""})
+    notes = [ln for ln in run.stderr.splitlines() if "nvdisasm" in ln]
+    assert notes == [f"callpath struct: {gpubin}: no loops: nvdisasm not found (a CUDA "
+                     "toolkit, or 'pip install nvidia-cuda-nvdisasm'; CALLPATH_NVDISASM "
+                     "names one)"]
+    index = json.loads((meas / "structs" / "index.json").read_text())["modules"]
+    (s,) = read_hpcstruct(meas / "structs" / index[str(gpubin)])
+    assert [s.text(int(s.name[i])) for i in range(len(s)) if s.kind[i] == 2] == ["kernmain()"]
+    # the directory moved: the structure is still found (by the binary's content hash)
+    moved = tmp_path / "moved"
+    meas.rename(moved)
+    db = tmp_path / "db"
+    run_cli("prof", str(moved), "-o", str(db), check=True)
+    exp = callpath.open(db)
+    hot = np.flatnonzero(exp.exclusive(exp.metric("GKER (sec)")))
+    leaf = int(hot[np.argmax(exp.cct.depth[hot])])
+    assert (int(exp.cct.kind[leaf]), int(exp.cct.line[leaf])) == (2, 19)

@@ -27,7 +27,11 @@ from callpath.model import Experiment
 from conftest import run_cli, shared_path
 from prof_compare import by_path, hpctk_data, matched_nodes, profile_by_ids, scoped_values
 
-SHARED = [("loops-cuda-nvidia-t.m", "loops-cuda-nvidia-t.d", ())]
+#: not a prof option: the GPU binaries' structure files of the measurement are replaced by
+#: ``callpath struct``'s of the same binaries (hpcstruct's are the oracle's input)
+OURS = "callpath-struct"
+SHARED = [("loops-cuda-nvidia-t.m", "loops-cuda-nvidia-t.d", ()),
+          ("loops-cuda-nvidia-t.m", "loops-cuda-nvidia-t.d", (OURS,))]
 NOSTRUCT = ("--ignore-structs",)
 EXTERNAL = [("loops-cuda-nvidia-t.m", "loops-cuda-nvidia-t.nostruct.d", NOSTRUCT),
             ("loops-hip-amd-t.m", "loops-hip-amd-t.d", ()),
@@ -38,7 +42,11 @@ EXTERNAL = [("loops-cuda-nvidia-t.m", "loops-cuda-nvidia-t.nostruct.d", NOSTRUCT
             ("recursion-cuda-nvidiapc-t.m", "recursion-cuda-nvidiapc-t.nostruct.d", NOSTRUCT),
             # device functions called from several places, recursion: hpcprof's
             # reconstruction of calling contexts inside the kernel
-            ("recursion-cuda-nvidiapc-t.m", "recursion-cuda-nvidiapc-t.d", ())]
+            ("recursion-cuda-nvidiapc-t.m", "recursion-cuda-nvidiapc-t.d", ()),
+            # the same with callpath's structure of the GPU binaries: functions, lines,
+            # inlined code, loops and call sites as hpcstruct --gpucfg yes finds them
+            ("loops-cuda-nvidiapc-t.m", "loops-cuda-nvidiapc-t.d", (OURS,)),
+            ("recursion-cuda-nvidiapc-t.m", "recursion-cuda-nvidiapc-t.d", (OURS,))]
 CASES = [*SHARED, *EXTERNAL]
 
 
@@ -50,15 +58,45 @@ def outdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("prof-gpu")
 
 
+def _key(db: str, opts: tuple[str, ...]) -> str:
+    return db + "+ours" if OURS in opts else db
+
+
+def _with_our_structs(outdir: Path, meas: Path) -> Path:
+    """A copy of a measurement whose GPU binaries' structure files are callpath struct's.
+    PC samples fall inside kernels, where loops and call sites matter: those need nvdisasm
+    (skipped without it); kernel entries alone do not."""
+    import shutil
+
+    from callpath.structure.cubin import find_nvdisasm
+
+    if "nvidiapc" in meas.name and find_nvdisasm() is None:
+        pytest.skip("nvdisasm is not installed: the GPU binaries' loops and call sites, "
+                    "which PC samples need, cannot be recovered")
+    copy = outdir / f"{meas.name}-ours"
+    if not copy.exists():
+        shutil.copytree(meas, copy)
+        for gpubin in sorted((copy / "gpubins").glob("*.gpubin")):
+            for old in (copy / "structs").glob(f"{gpubin.name}-*.hpcstruct"):
+                old.unlink()
+            run_cli("struct", str(gpubin), "--no-cache", "-o",
+                    str(copy / "structs" / f"{gpubin.name}-gpucfg-yes.hpcstruct"), check=True)
+    return copy
+
+
 def pair(outdir: Path, meas: str, db: str, opts: tuple[str, ...]
          ) -> tuple[Experiment, Experiment]:
     """Our database (written by ``callpath prof``, once per case) and hpcprof's."""
     ref = hpctk_data("dbase", db)
-    if db not in _built:
-        out = outdir / db
-        run_cli("prof", str(hpctk_data("meas", meas)), "-o", str(out), *opts, check=True)
-        _built[db] = out
-    return callpath.open(_built[db]), callpath.open(ref)
+    key = _key(db, opts)
+    if key not in _built:
+        out = outdir / key
+        m = hpctk_data("meas", meas)
+        if OURS in opts:
+            m = _with_our_structs(outdir, m)
+        run_cli("prof", str(m), "-o", str(out), *[o for o in opts if o != OURS], check=True)
+        _built[key] = out
+    return callpath.open(_built[key]), callpath.open(ref)
 
 
 def yaml_roots(db: Path) -> list[dict[str, object]]:
@@ -149,7 +187,7 @@ def test_metrics_yaml_as_hpcprof(outdir: Path, meas: str, db: str, opts: tuple[s
     metrics, the kernel properties as formulas such as ``GKER:OCC_THR``, GSAMP:UTIL's
     min/max) equal to hpcprof's once the YAML aliases are resolved."""
     pair(outdir, meas, db, opts)
-    ours = yaml_roots(_built[db])
+    ours = yaml_roots(_built[_key(db, opts)])
     ref = yaml_roots(hpctk_data("dbase", db))
     assert [r["name"] for r in ours] == [r["name"] for r in ref]
     for a, b in zip(ours, ref, strict=True):

@@ -369,6 +369,22 @@ def test_readable_path_elides_the_interpreter_and_hides_the_profiler() -> None:
     assert merge.readable_path([flush, interp], mods, owns, codes) == []
 
 
+def test_mark_gil_wait_cuts_below_take_gil() -> None:
+    """A ``take_gil`` frame (module 0, address 7) below the innermost Python frame ends the
+    path with the ``<GIL wait>`` placeholder, the condition variable and futex frames under it
+    cut; one between two Python frames (kept interpreter frames: the evaluation loop handing
+    the GIL over is not where this sample waits) or no ``take_gil`` at all leaves it as is."""
+    take, sleep, cond, futex = (NAT, 0, 7, 0), (NAT, 0, 3, 0), (NAT, 1, 4, 0), (NAT, 1, 5, 0)
+    f, g = (PY, 0, 1, 0), (PY, 1, 2, 0)
+    gil = frozenset({(0, 7)})
+    wait = (int(measdir.NodeKind.PLACEHOLDER), -1, int(measdir.Placeholder.GIL_WAIT), 0)
+    assert merge.mark_gil_wait([f, g, sleep, take, cond, futex], gil) == \
+        [f, g, sleep, take, wait]
+    assert merge.mark_gil_wait([f, take, g, sleep, cond], gil) == [f, take, g, sleep, cond]
+    assert merge.mark_gil_wait([f, g, sleep, cond, futex], gil) == [f, g, sleep, cond, futex]
+    assert merge.mark_gil_wait([sleep, take, futex], gil) == [sleep, take, wait]
+
+
 def test_forked_worker_has_its_own_merged_paths(capture_ok: None, libs: dict[str, Path],
                                                 tmp_path: Path) -> None:
     """A ``fork`` pool worker starts its own capture: its file has the kernel below the
@@ -603,3 +619,44 @@ def test_interpreter_frames_elided_between_python_frames(capture_ok: None,
         else:
             assert "slot_tp_call" in between, between
     assert depth["elided"] + 4 * 3 <= depth["kept"], depth
+
+
+def test_gil_wait_under_the_python_line(capture_ok: None, tmp_path: Path) -> None:
+    """A thread that waits for the GIL (``gil_wait.py``: its sleeps give the GIL to a spinning
+    thread, which hands it back only every 20 ms) has that wait under its Python line, as a
+    ``<GIL wait>`` placeholder below CPython's ``take_gil``, with ``-e REALTIME``: at least
+    60% of the time the program itself measured inside its sleep calls (the sleeps proper are
+    2 ms of each ~20 ms call, and each sample charges the wall-clock time since the thread's
+    previous one, so the samples that fall in the sleep or between two calls are elsewhere;
+    on a loaded machine the thread's first and last intervals, up to 40 ms, are not sampled
+    at all), and no more than it plus 50 ms (one sample's interval at each end). Nothing of
+    any other thread or line is charged as the sleeper's GIL wait."""
+    src = PROGRAMS / "gil_wait.py"
+    line = next(i for i, text in enumerate(src.read_text().splitlines(), 1)
+                if "the GIL wait: this line" in text)
+    out = tmp_path / "m"
+    r = callpath("run", "--native", "-e", "REALTIME", "-o", str(out), "--",
+                 sys.executable, str(src), "80")
+    assert r.returncode == 0, r.stderr
+    waited = float(r.stdout.split()[-1])
+    assert waited > 0.3, r.stdout  # 80 hand-overs of up to 20 ms: the program did wait
+    (p,) = measdir.read(out).processes
+    (t,) = [t for t in p.threads if t.info.get("name") == "gil-sleeper"]
+    gil = int(measdir.Placeholder.GIL_WAIT)
+    wall_metric = next(i for i, m in enumerate(p.metrics or []) if m.name == "REALTIME")
+    at_line = elsewhere = 0.0
+    for leaf in np.flatnonzero(t.samples[:, 0] > 0).tolist():
+        nd = t.nodes[leaf]
+        if int(nd["kind"]) != int(measdir.NodeKind.PLACEHOLDER) or int(nd["address"]) != gil:
+            continue
+        chain = [t.nodes[n] for n in t.path_of(int(leaf))]
+        py = [n for n in chain if int(n["kind"]) == PY]
+        above = [int(n["kind"]) for n in chain[chain.index(py[-1]) + 1:-1]] if py else []
+        wall = float(t.values[leaf, wall_metric]) * 1e-9
+        if py and p.pycode[int(py[-1]["module"])].function == "sleeper" \
+                and int(py[-1]["address"]) == line and set(above) == {NAT}:
+            at_line += wall
+        else:
+            elsewhere += wall
+    assert 0.6 * waited <= at_line <= waited + 0.05, (at_line, waited, r.stderr[-3000:])
+    assert elsewhere <= 0.05 * at_line, (elsewhere, at_line)

@@ -17,9 +17,11 @@ machine, thread start and exit), 3 to 10 times the largest difference seen in de
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -265,3 +267,37 @@ def test_user_errors(events: list[str], expect: str, tmp_path: Path) -> None:
     r = callpath("run", *args, "-o", str(tmp_path / "m"), "--", "true")
     assert r.returncode == 2 and expect in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_new_processes_found_among_switch_records(perf_ok: None, bindir: Path,  # noqa: F811
+                                                  tmp_path: Path) -> None:
+    """The launcher finds the FORK and exec COMM records of new processes in its batches
+    without walking them (``launch.new_processes``): on the raw data of a real run (a shell
+    that forks and execs five processes, one of them passing a token 4,000 times, between
+    switch records and stack samples of 8 KiB), the same (pid, time) pairs as a walk of every
+    record, and what the launcher noted of those processes while they lived is among them (it
+    notes none from its last drain, after the program's end). (A longer ping-pong on the loaded
+    shared machine overflowed the rings: records lost, the processes' among them.)"""
+    from callpath.measure import events, launch
+
+    exe = build(bindir, "gcc", "pingpong.c", "-pthread")
+    out = tmp_path / "m"
+    script = f"{exe} 2000 0 > /dev/null; /bin/true; ls / > /dev/null; (sleep 0.01 &); wait"
+    launch.run(["/bin/sh", "-c", script],
+               launch.RunOptions([events.parse_event("cpu-clock")], out, realtime=True))
+    data = (out / launch.RAW_FILE).read_bytes()
+    walked, pos, kinds = [], 0, set()
+    while pos + 8 <= len(data):
+        typ, misc, size = struct.unpack_from("<IHH", data, pos)
+        kinds.add(typ)
+        if typ == launch.REC_FORK or (typ == launch.REC_COMM and misc & launch.MISC_COMM_EXEC):
+            pid, ppid = struct.unpack_from("<II", data, pos + 8)
+            if typ == launch.REC_COMM or pid != ppid:
+                walked.append((pid, struct.unpack_from("<Q", data, pos + size - 24)[0]))
+        pos += size
+    assert pos == len(data)
+    assert {9, 14} <= kinds  # samples and switch records were in the batches
+    assert len({p for p, _t in walked}) >= 3, walked
+    assert launch.new_processes(data) == walked
+    noted = [json.loads(line) for line in (out / launch.PROCS_FILE).read_text().splitlines()]
+    assert {(d["pid"], d["time"]) for d in noted} <= set(walked)

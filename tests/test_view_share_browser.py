@@ -27,6 +27,7 @@ from view_support import (
     chromium,
     copy_database,
     database_sources,
+    post_json,
     serve,
     trace_painted,
 )
@@ -452,6 +453,43 @@ def test_notes_shared_text_only_and_kept(people: People, dbs: list[Path], tmp_pa
         c.wait_for_selector("#notes-list .note-text")
         assert c.inner_text("#notes-list .note-text") == evil
         assert "Ana" in c.inner_text("#notes-list .note-meta")
+
+
+def test_notes_follow_the_database_on_screen(people: People, dbs: list[Path], tmp_path: Path
+                                             ) -> None:
+    """The notes drawn are those of the database on screen, loaded once each time another
+    database comes on screen (the store's "view:shown"; nothing polls): a tab click shows the
+    other database's note on its row, the way back removes it, a link that opens on that
+    database shows it from the start."""
+    copies = [copy_database(p, tmp_path) for p in dbs]
+    anchor = {"kind": "node", "view": "top-down", "key": "r", "label": "<program root>"}
+    with serve(copies) as s:
+        code, note = post_json(s.url, f"/api/db/{LOOPS}/notes/save",
+                               {"author": "Ana", "text": "slow here", "anchor": anchor})
+        assert code == 200, note
+        pg = people.page()
+        loads: list[str] = []
+        pg.on("request", lambda r: loads.append(urllib.parse.urlsplit(r.url).path)
+              if r.url.split("?")[0].endswith("/notes") else None)
+        count = "(n) => document.getElementById('notes-toggle').textContent === `✎ Notes (${n})`"
+        pg.goto(f"{s.url}/#s=%7B%22db%22%3A0%7D")
+        pg.wait_for_selector(".tv-row")
+        idle(pg)
+        pg.wait_for_function(count, arg=0)
+        assert pg.locator(".note-pin").count() == 0
+        pg.click(f"#db-tabs [data-db='{LOOPS}']")
+        pg.wait_for_function(count, arg=1)
+        pg.wait_for_selector(".tv-row[data-key='r'] .note-pin")
+        assert pg.get_attribute(".tv-row[data-key='r'] .note-pin", "title") == "Ana: slow here"
+        pg.click("#db-tabs [data-db='0']")
+        pg.wait_for_function(count, arg=0)
+        idle(pg)
+        assert pg.locator(".note-pin").count() == 0
+        assert loads == ["/api/db/0/notes", f"/api/db/{LOOPS}/notes", "/api/db/0/notes"]
+        other = people.page()
+        other.goto(f"{s.url}/#s=%7B%22db%22%3A{LOOPS}%7D")
+        other.wait_for_function(count, arg=1)
+        other.wait_for_selector(".tv-row[data-key='r'] .note-pin")
 
 
 def test_trace_ruler_labels_sharp_on_hidpi(people: People, browser: Any, server: Any) -> None:

@@ -26,6 +26,9 @@ nvcc -O2 -g -lineinfo -o "$W/streams" "$SRC/tests/gpu_programs/streams.cu"
 t "cuda run"
 timeout "$(left 45 240)" python3 -m callpath run -e gpu=nvidia -t -o "$W/m-cu" -- "$W/streams"
 ls -la "$W/m-cu"
+t "gpu binaries saved (count, KiB) and their structure (nvcc -lineinfo: kernels' lines)"
+ls "$W/m-cu/gpubins" | wc -l; du -sk "$W/m-cu/gpubins"
+timeout "$(left 30 230)" python3 -m callpath struct "$W/m-cu" -v 2>&1 | tail -4
 timeout "$(left 45 220)" python3 -m callpath prof "$W/m-cu" -o "$W/db-cu"
 python3 -m callpath report "$W/db-cu" -m 'GKER (sec)' -d 40 > "$OUT/cu-report.txt" 2>&1
 python3 -m callpath report "$W/db-cu" --contexts >> "$OUT/cu-report.txt" 2>&1
@@ -36,6 +39,7 @@ timeout "$(left 60 180)" python3 "$SRC/tests/gpu_programs/train.py" --torch-prof
 t "torch run"
 timeout "$(left 90 120)" python3 -m callpath run -e gpu=nvidia -t -o "$W/m-py" -- python3 "$SRC/tests/gpu_programs/train.py"
 ls -la "$W/m-py"
+ls "$W/m-py/gpubins" | wc -l; du -sk "$W/m-py/gpubins"
 t "torch prof (no symbols: fast)"
 timeout "$(left 60 90)" python3 -m callpath prof --ignore-structs "$W/m-py" -o "$W/db-py-fast"
 python3 "$SRC/tests/gpu_programs/check_gpu_db.py" torch "$W/db-py-fast" "$W/m-py" "$W/ref.json" > "$W/py-check-fast.json"

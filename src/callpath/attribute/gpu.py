@@ -17,6 +17,7 @@ hundred of those.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,10 @@ from callpath.structure.demangle import demangle
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
+#: ``(GPU binary's path, kernel address) ->`` the structure steps of the kernel's entry
+#: (its procedure, with file and line, and the line of its first instruction), or None
+#: where the binary has no structure
+KernelSteps = Callable[[str, int], "tuple[tuple[int, ...], ...] | None"]
 
 # placeholder codes (an index into _PLACEHOLDERS) per operation
 _PLACEHOLDERS = [gpu.PLACEHOLDER_KERNEL, gpu.PLACEHOLDER_COPYIN, gpu.PLACEHOLDER_COPYOUT,
@@ -64,12 +69,16 @@ def placeholder_codes(ops: npt.NDArray[Any]) -> I64:
 
 def attribute_ops(ops: npt.NDArray[Any], names: list[str], anchor_of_node: I64,
                   tb: TreeBuilder, tables: Tables, demangled: dict[str, str],
-                  binaries: dict[int, tuple[str, int]] | None = None) -> Attributed:
+                  binaries: dict[int, tuple[str, int]] | None = None,
+                  kernel_steps: KernelSteps | None = None) -> Attributed:
     """Intern the placeholder and kernel contexts of ``ops`` under their launch's anchor and
     compute the GPU metrics of each (see the module docstring). ``demangled`` caches
     kernel-name demangling across threads; ``binaries`` gives a kernel (by name index) its
     GPU binary and address, which become its function's load module and offset, as hpcprof
-    has them (else the kernel has no module)."""
+    has them (else the kernel has no module); where ``kernel_steps`` knows the binary's
+    structure, the kernel's entry is mapped through it as hpcprof maps the kernel entry
+    that hpcrun records: the kernel's procedure with its source file and line, and the line
+    of its first instruction below it."""
     n = len(ops)
     anchors = anchor_of_node[ops["node"].astype(np.int64)]
     code = placeholder_codes(ops)
@@ -89,9 +98,14 @@ def attribute_ops(ops: npt.NDArray[Any], names: list[str], anchor_of_node: I64,
             if nice is None:
                 nice = demangled[raw] = demangle(raw)
             binary = (binaries or {}).get(k)
-            fn = tables.function(nice, tables.module(binary[0]), binary[1], -1, 0) \
-                if binary else tables.function(nice, -1, 0, -1, 0)
-            node = tb.node(node, F, CALL, fn)
+            steps = kernel_steps(*binary) if binary and kernel_steps is not None else None
+            if steps:
+                for st in steps:
+                    node = tb.node(node, *st)
+            else:
+                fn = tables.function(nice, tables.module(binary[0]), binary[1], -1, 0) \
+                    if binary else tables.function(nice, -1, 0, -1, 0)
+                node = tb.node(node, F, CALL, fn)
         leaf[u] = node
     where = leaf[inverse]
     # subtract as integers: a float64 of a ~1.8e18 ns timestamp is only good to 256 ns
@@ -236,7 +250,8 @@ class Pending:
 def attribute_companion(ops_of_slot: dict[int, npt.NDArray[Any]], names: list[str],
                         pending: list[Pending], offset: int, tb: TreeBuilder, tables: Tables,
                         demangled: dict[str, str], trace: bool,
-                        binaries: dict[int, tuple[str, int]] | None = None
+                        binaries: dict[int, tuple[str, int]] | None = None,
+                        kernel_steps: KernelSteps | None = None
                         ) -> list[tuple[tuple[Identifier, ...], npt.NDArray[np.uint64], I64]]:
     """Attribute a companion's operations (:func:`attribute_ops`) to the pending threads of
     its process: to the CPU thread of the same tid where there is one, else to the launching
@@ -253,7 +268,8 @@ def attribute_companion(ops_of_slot: dict[int, npt.NDArray[Any]], names: list[st
         if ops is None or not len(ops):
             p.merged = True
             continue
-        got = attribute_ops(ops, names, p.anchor_of_node, tb, tables, demangled, binaries)
+        got = attribute_ops(ops, names, p.anchor_of_node, tb, tables, demangled, binaries,
+                            kernel_steps)
         target = by_tid.get(p.tid)
         if target is not None:
             p.merged = True

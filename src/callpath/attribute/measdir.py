@@ -179,6 +179,8 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
                            loaded, workers, notify, user_cache)
         partial = {k for k in found if not k.endswith(".py")}
         loaded.update(found)
+        loaded.update(_gpu_structures(measdirs, companions, loaded, workers, notify,
+                                      user_cache))
     else:
         partial = set()
     t1 = time.perf_counter()
@@ -228,6 +230,40 @@ def _on_demand(units: Sequence[Path], loaded: dict[str, Structure], workers: int
         elif r.structure is not None:
             out[r.request.name] = r.structure
     out.update(python_structures(pyfiles, workers, user_cache=user_cache))
+    return out
+
+
+def _gpu_structures(measdirs: Sequence[Path], companions: Sequence[Path],
+                    loaded: dict[str, Structure], workers: int,
+                    notify: Callable[[str], None] | None, user_cache: bool
+                    ) -> dict[str, Structure]:
+    """Structures of the GPU binaries whose kernels ran (``gpu_kernel_binaries`` of the
+    companions) that ``loaded`` does not hold: their functions and lines, without loops
+    (nvdisasm of a library's largest cubins takes minutes, and only the kernels' entries are
+    mapped), cached in ``MEASDIR/structs/`` and the user's cache as ``callpath struct
+    MEASDIR`` caches its structures."""
+    from callpath.structure.driver import gpu_binary_jobs, run_jobs
+
+    wanted: dict[Path, set[str]] = {}
+    for c in companions:
+        try:
+            info = md.read_process_info(c)
+        except (CallpathError, OSError):
+            continue
+        for row in info.get("gpu_kernel_binaries") or []:
+            name = os.path.basename(str(row[1])) if len(row) > 1 else ""
+            if name and "base:" + name not in loaded:
+                wanted.setdefault(c.parent, set()).add(name)
+    jobs = [j for d in measdirs if d in wanted
+            for j in gpu_binary_jobs(d, user_cache=user_cache, only=wanted[d],
+                                     loops=False).values()]
+    out: dict[str, Structure] = {}
+    for r in run_jobs(jobs, workers) if jobs else []:
+        if r.error and notify is not None:  # (notes on lines and loops are struct's to say)
+            notify(r.error)
+        if r.structure is not None:
+            out[r.job.name] = r.structure
+            out["base:" + os.path.basename(r.job.name)] = r.structure
     return out
 
 
@@ -310,6 +346,19 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
 
     gpu_offset: int | None = STATE.get("gpu_offset")
     demangled: dict[str, str] = {}
+    gpu_mappers: dict[str, ModuleMapper | None] = {}
+
+    def kernel_steps(path: str, addr: int) -> tuple[Step, ...] | None:
+        """A kernel's entry in its GPU binary mapped through the binary's structure (found
+        by path, or by its content-hash file name), None without one."""
+        if path not in gpu_mappers:
+            s = by_module.get(path) or by_module.get("base:" + os.path.basename(path))
+            gpu_mappers[path] = ModuleMapper(path, s, tables) if s is not None else None
+        mp = gpu_mappers[path]
+        if mp is None:
+            return None
+        got = mp.steps(addr)
+        return got if got and got[0][0] == F else None
 
     def anchors_of(proc: md.ProcessProfile, th: md.ThreadProfile) -> npt.NDArray[np.int64]:
         """The builder node of every node of a thread's tree (its frames walked)."""
@@ -399,7 +448,8 @@ def reduce_process_files(files: Sequence[Path]) -> Partial:
         if gfile is not None and gpu_offset is not None:
             streams = gpu_attr.attribute_companion(
                 gfile.ops, gfile.names, pending, gpu_offset, tb, tables, demangled,
-                bool(gfile.process.info.get("gpu_trace", False)), gfile.binaries())
+                bool(gfile.process.info.get("gpu_trace", False)), gfile.binaries(),
+                kernel_steps)
         for pt in pending:
             if pt.merged:
                 continue

@@ -110,6 +110,8 @@ def _write(results: Sequence[object], output: str | None, per_input_dir: Path | 
             sys.stderr.write(f"callpath struct: {r.error}\n")
             status = 2
         else:
+            for note in r.notes or ():
+                sys.stderr.write(f"callpath struct: {note}\n")
             if r.structure is not None:
                 good.append(r)
             if verbose:

@@ -73,13 +73,17 @@ class Placeholder(IntEnum):
     """What a PLACEHOLDER node stands for (``callpath run -e REALTIME``): the thread was
     switched out at its parent's pc, in a system call (BLOCKED) or elsewhere, runnable and
     waiting for a CPU (PREEMPTED). ``callpath prof`` shows it as ``<blocked>``/``<preempted>``
-    under the frame where it happened, and the trace uses it for the time off CPU."""
+    under the frame where it happened, and the trace uses it for the time off CPU.
+    GIL_WAIT (``callpath run --native``): a Python thread waiting for the GIL in CPython's
+    ``take_gil``, below that frame (the condition-variable and futex frames under it cut)."""
 
     BLOCKED = 1
     PREEMPTED = 2
+    GIL_WAIT = 3
 
 
-PLACEHOLDER_NAMES = {Placeholder.BLOCKED: "<blocked>", Placeholder.PREEMPTED: "<preempted>"}
+PLACEHOLDER_NAMES = {Placeholder.BLOCKED: "<blocked>", Placeholder.PREEMPTED: "<preempted>",
+                     Placeholder.GIL_WAIT: "<GIL wait>"}
 
 
 class NodeFlag(IntEnum):

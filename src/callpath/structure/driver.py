@@ -9,6 +9,7 @@ so a module used by many runs is analysed once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -36,6 +37,9 @@ class Job:
     need_structure: bool = True
     #: Processes for this one module (>1 only when it dominates the work, see run_jobs).
     threads: int = 1
+    #: GPU binaries: look for nvdisasm to recover loops (minutes on the largest cubins;
+    #: ``prof``'s on-demand structure, which maps kernel entries only, goes without)
+    gpu_loops: bool = True
 
 
 @dataclass
@@ -44,6 +48,9 @@ class Result:
     structure: Structure | None
     error: str | None
     cached: bool = False
+    #: what the analysis could not recover, one line each (a GPU binary without line
+    #: information, or without nvdisasm for its loops)
+    notes: list[str] | None = None
 
 
 def analyze_path(path: str, threads: int = 1,
@@ -53,6 +60,9 @@ def analyze_path(path: str, threads: int = 1,
     if path.endswith(".py"):
         from callpath.structure.python_ast import structure_of_python
         return structure_of_python(path)
+    from callpath.structure.cubin import analyze_gpu_binary, gpu_binary_kind
+    if gpu_binary_kind(path):
+        return analyze_gpu_binary(path).structure
     from callpath.structure.binary import analyze_binary
     return analyze_binary(path, jobs=threads, progress=progress)
 
@@ -104,6 +114,9 @@ def module_identity(path: str) -> tuple[str | None, str | None]:
     """
     if path.endswith(".py"):
         return None, None
+    from callpath.structure.cubin import find_nvdisasm, gpu_binary_kind
+    if gpu_binary_kind(path):  # the structure has loops only where nvdisasm was found
+        return None, "nvdisasm" if find_nvdisasm() else "no-nvdisasm"
     from callpath.structure.elf import find_debug_file, open_elf
     try:
         m = open_elf(path, require_code=False)
@@ -149,8 +162,14 @@ def run_job(job: Job, progress: Callable[[int, int], None] | None = None) -> Res
             return Result(job, None, None, cached=True)
         got[0].path = job.name
         return Result(job, got[0], None, cached=True)
+    notes: list[str] | None = None
     try:
-        s = analyze_path(job.path, job.threads, progress)
+        from callpath.structure.cubin import analyze_gpu_binary, gpu_binary_kind
+        if gpu_binary_kind(job.path):
+            g = analyze_gpu_binary(job.path, nvdisasm=job.gpu_loops)
+            s, notes = g.structure, [f"{job.name}: {n}" for n in g.notes]
+        else:
+            s = analyze_path(job.path, job.threads, progress)
     except CallpathError as e:
         return Result(job, None, str(e))
     except (MemoryError, RecursionError) as e:
@@ -162,7 +181,7 @@ def run_job(job: Job, progress: Callable[[int, int], None] | None = None) -> Res
             write_hpcstruct_file([s], c, comment=_STAMP)
         except OSError:
             continue
-    return Result(job, s, None)
+    return Result(job, s, None, notes=notes)
 
 
 def _current(path: Path) -> bool:
@@ -335,7 +354,36 @@ def measurement_jobs(directory: str | os.PathLike[str], *, user_cache: bool = Tr
             key = cache_key(f, None)
             if key not in jobs:
                 jobs[key] = Job(f, f, [d / "structs" / f"{key}.hpcstruct"])
+    jobs.update(gpu_binary_jobs(d, user_cache=user_cache))
     return list(jobs.values())
+
+
+def gpu_binary_jobs(directory: Path, *, user_cache: bool = True,
+                    only: set[str] | None = None, loops: bool = True) -> dict[str, Job]:
+    """One job per GPU binary the measurement saved (``gpubins/*.gpubin``; ``only``: those
+    file names), named by its path in the directory. The file names are content hashes: they
+    identify the binary wherever the directory is moved (``prof`` finds the structure by base
+    name), and the cache key adds whether nvdisasm (loops) was there. A structure file of the
+    same binary made with the other setting is removed from ``MEASDIR/structs/`` (prof would
+    otherwise read either)."""
+    jobs: dict[str, Job] = {}
+    structs = directory / "structs"
+    for p in sorted((directory / "gpubins").glob("*.gpubin")):
+        if only is not None and p.name not in only:
+            continue
+        _, tag = module_identity(str(p))
+        if not loops:
+            tag = "no-nvdisasm"
+        key = cache_key(str(p), p.stem, tag)
+        for old in structs.glob(f"{p.name}-{p.stem}-*.hpcstruct"):
+            if old.name != f"{key}.hpcstruct":
+                with contextlib.suppress(OSError):
+                    old.unlink()
+        cache = [structs / f"{key}.hpcstruct"]
+        if user_cache:
+            cache.append(user_cache_dir() / f"{key}.hpcstruct")
+        jobs[key] = Job(str(p), str(p), cache, gpu_loops=loops)
+    return jobs
 
 
 def analyze_measurement(directory: str | os.PathLike[str], *, workers: int | None = None,

@@ -158,8 +158,17 @@ def decode_line_tables(debug_line: bytes, offsets: list[tuple[int, str]], *, pat
 def _decode_one(data: bytes, off: int, comp_dir: str, path: str, debug_str: bytes | None,
                 debug_line_str: bytes | None, address_size: int, files: list[str],
                 file_ids: dict[str, int], out_a: list[int], out_f: list[int],
-                out_l: list[int]) -> list[int]:
+                out_l: list[int], nv: list[tuple[int, int, int]] | None = None) -> list[int]:
+    """Append the rows of the line program at ``off`` to ``out_a/out_f/out_l``; return the
+    global file id of each of its file numbers. ``nv``, when given, receives NVIDIA's inline
+    records (cubins built with ``-lineinfo``/``-G``) as ``(row, context, name)``: from row
+    ``row`` (an index into the output lists) on, rows are code inlined at the call site that
+    row ``context`` describes (0: not inlined; else a 1-based row of this sequence; here
+    made an index into the output lists), in the
+    function whose name is at ``name`` in ``.debug_str``. The state machine keeps them until
+    the next record, so only the changes are recorded (nothing per row)."""
     r = _Reader(data, off, path)
+    first_row = len(out_a)
     unit_length = r.u(4)
     offsz = 4
     if unit_length == 0xFFFFFFFF:
@@ -269,8 +278,14 @@ def _decode_one(data: bytes, off: int, comp_dir: str, path: str, debug_str: byte
                     addr = 0
                     file = default_file
                     line = 1
+                    first_row = len(out_a)
                 elif sub == 2:  # set_address
                     addr = int.from_bytes(d[pos + 1:nxt], "little")
+                elif sub == 0x90 and nv is not None:  # DW_LNE_NVIDIA_inlined_call
+                    q = _Reader(d, pos + 1, path)
+                    ctx = q.uleb()
+                    fname = q.uleb()
+                    nv.append((len(out_a), first_row + ctx - 1 if ctx else -1, fname))
                 pos = nxt
             elif op == 1:  # copy
                 ap(addr)

@@ -265,24 +265,21 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
 
 def kernel_binaries(out_dir: Path, cubins: list[tuple[int, int, int]], names: list[str]
                     ) -> list[list[Any]]:
-    """``[name index, gpubins/FILE, symbol address]`` of each kernel found in the symbol table
-    of a GPU binary the process loaded (cubins are ELF files)."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
+    """``[name index, gpubins/FILE, address]`` of each kernel found among the functions of a
+    GPU binary the process loaded (a cubin, or a fatbin holding cubins), at the address that
+    ``callpath struct`` and hpcrun give it: its offset in the file."""
+    from callpath.errors import CallpathError
+    from callpath.structure.cubin import cubins_of, functions_of
 
     where: dict[str, tuple[str, int]] = {}
     for h in dict.fromkeys(h for _, h, _ in cubins):
         rel = f"gpubins/{h:016x}.gpubin"
         try:
-            with open(out_dir / rel, "rb") as f:
-                elf = ELFFile(f)
-                for sec in elf.iter_sections():
-                    if isinstance(sec, SymbolTableSection):
-                        for sym in sec.iter_symbols():
-                            if sym["st_info"]["type"] == "STT_FUNC" and sym.name:
-                                where.setdefault(sym.name, (rel, int(sym["st_value"])))
-        except (OSError, ELFError, ValueError):
+            data = (out_dir / rel).read_bytes()
+            for cb in cubins_of(data, path=rel)[0]:
+                for fn in functions_of(cb):
+                    where.setdefault(fn.name, (rel, fn.address))
+        except (OSError, CallpathError):
             continue
     return [[i, *where[n]] for i, n in enumerate(names) if n in where]
 

@@ -253,9 +253,11 @@ static int wanted(int runtime, const char *fn) {
     return 0;
 }
 
-/* GPU binaries (CALLPATH_GPU_BINS=1): the cubin of every module a process loads, saved once
- * per content as CALLPATH_GPU_DIR/gpubins/<fnv1a-64>.gpubin (as hpcrun's gpubins/), for
- * naming kernels by their binary and, later, structure recovery. */
+/* GPU binaries (by default; CALLPATH_GPU_BINS=0 turns it off): the cubin of every module a
+ * process loads, saved once per content as CALLPATH_GPU_DIR/gpubins/<fnv1a-64>.gpubin (as
+ * hpcrun's gpubins/), for naming kernels by their binary and `callpath struct`'s functions,
+ * source lines and loops. The cost is one pass over each module's bytes when it is loaded,
+ * and one write per distinct module. */
 static int save_binaries;
 
 static void save_cubin(const CUpti_ModuleResourceData *m) {
@@ -501,7 +503,7 @@ int InitializeInjection(void) {
         cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API);
     }
     const char *bins = getenv("CALLPATH_GPU_BINS");
-    save_binaries = bins && bins[0] == '1';
+    save_binaries = !(bins && bins[0] == '0');
     if (save_binaries)
         cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE,
                             CUPTI_CBID_RESOURCE_MODULE_LOADED);

@@ -49,10 +49,12 @@ HEAD_WORDS = 14          # sizeof(Head) / 8 in _callpath_native.c
 REPEAT = 8               # Head.flags: the thread has not run since its previous sample
 CODE_NOTE_SLACK_NS = 3_000_000_000  # a code object is noted within ~1 s of being seen
 EVAL_SYMBOLS = frozenset({"_PyEval_EvalFrameDefault"})
+GIL_SYMBOLS = frozenset({"take_gil"})  # where a thread waits for the GIL (3.11 to 3.13)
 IDLE_CPU_SHARE = 20      # as the Python sampler: IDLE when the thread used under 5% of a CPU
 STAGING = ".merging"
-_NATIVE, _PYTHON, _PARTIAL, _UNKNOWN = (int(md.NodeKind.NATIVE), int(md.NodeKind.PYTHON),
-                                        int(md.NodeKind.PARTIAL), int(md.NodeKind.UNKNOWN))
+_NATIVE, _PYTHON, _PARTIAL, _UNKNOWN, _PLACEHOLDER = (
+    int(md.NodeKind.NATIVE), int(md.NodeKind.PYTHON), int(md.NodeKind.PARTIAL),
+    int(md.NodeKind.UNKNOWN), int(md.NodeKind.PLACEHOLDER))
 Key = tuple[int, int, int, int]  # (kind, module or code, address or line, flags)
 
 
@@ -226,20 +228,44 @@ def _python_frames(rec: Records, notes: dict[str, Any], pycode: list[md.PyCode])
     return sample, ci, line, fl & 1, incomplete
 
 
-def _eval_frames(fr: unwind.Frames, mm: unwind.ModuleMap) -> npt.NDArray[np.bool_]:
-    """Which unwound frames are activations of CPython's evaluation loop."""
+def _eval_frames(fr: unwind.Frames, mm: unwind.ModuleMap) -> tuple[npt.NDArray[np.bool_],
+                                                                  npt.NDArray[np.bool_]]:
+    """Which unwound frames are activations of CPython's evaluation loop, and which are its
+    ``take_gil`` (a thread waiting for the GIL; the symbol may carry a compiler suffix such
+    as ``take_gil.lto_priv.0``)."""
     ok = fr.module >= 0
     addr = fr.address.astype(np.int64) - (~fr.exact).astype(np.int64)
     key = np.where(ok, (fr.module << 48) | (addr & ((1 << 48) - 1)), -1)
     uk, inv = np.unique(key, return_inverse=True)
     is_eval = np.zeros(len(uk), dtype=bool)
+    is_gil = np.zeros(len(uk), dtype=bool)
     for u, k in enumerate(uk.tolist()):
         if k < 0:
             continue
         elf = mm.elves[k >> 48]
-        if elf is not None and elf.symbolize(k & ((1 << 48) - 1)) in EVAL_SYMBOLS:
+        name = elf.symbolize(k & ((1 << 48) - 1)) if elf is not None else None
+        if name in EVAL_SYMBOLS:
             is_eval[u] = True
-    return is_eval[inv.reshape(-1)] if len(key) else np.zeros(0, dtype=bool)
+        elif name is not None and name.split(".")[0] in GIL_SYMBOLS:
+            is_gil[u] = True
+    if not len(key):
+        return np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+    return is_eval[inv.reshape(-1)], is_gil[inv.reshape(-1)]
+
+
+def mark_gil_wait(path: list[Key], gil: frozenset[tuple[int, int]]) -> list[Key]:
+    """A path whose frames below its innermost Python frame include CPython's ``take_gil``
+    (``gil``: (module, address) of those frames) ends there with a ``<GIL wait>``
+    placeholder: the thread was waiting for the GIL at that Python line, which is what a
+    user needs to see, not the condition variable and futex frames ``take_gil`` waits in
+    (cut). The frames between the line and ``take_gil`` stay: they say what gave the GIL up
+    (``time.sleep``, a read, the evaluation loop's periodic hand-over)."""
+    py = [i for i, k in enumerate(path) if k[0] == _PYTHON]
+    for j in range(py[-1] + 1 if py else 0, len(path)):
+        k = path[j]
+        if k[0] == _NATIVE and (k[1], k[2]) in gil:
+            return [*path[:j + 1], (_PLACEHOLDER, -1, int(md.Placeholder.GIL_WAIT), 0)]
+    return path
 
 
 def merge_paths(native: list[Key], is_eval: list[bool], complete: bool,
@@ -378,7 +404,9 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     fr = unwind.unwind(rec.words, rec.regs[:, 0].copy(), rec.regs[:, 1].copy(), saved,
                        rec.stack0, rec.nwords, mm, compiler,
                        high=(rec.high_at, rec.high_n, rec.high0))
-    is_eval = _eval_frames(fr, mm)
+    is_eval, is_gil = _eval_frames(fr, mm)
+    gil = frozenset(zip(fr.module[is_gil].tolist(), fr.address[is_gil].astype(np.int64).tolist(),
+                        strict=True))
     if int(rec.npy.sum()) and not is_eval.any():
         # no activation of the evaluation loop named in any native stack (a stripped or
         # unknown interpreter build): nothing says where the Python frames belong
@@ -464,6 +492,8 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
             evl.pop()
         path, state = merge_paths(natk, evl, complete[s], groups)
         path = readable_path(path, interpreter, own_modules, own_codes, keep_interpreter)
+        if gil and path:
+            path = mark_gil_wait(path, gil)
         got = path_memo[memo_key] = (path, state, phi > plo)
         return got
 

@@ -1,6 +1,7 @@
-// api.js — every request to the server goes through here, so that the access token (when the
-// server binds a non-loopback address) is sent on each fetch and every error reaches the
-// dismissable error bar in one place.
+// api.js — the request layer: every request to the server goes through here (no other module
+// calls fetch; tests/test_view_frontend_rules.py checks it), so that the access token (when the
+// server binds a non-loopback address) is sent on each request, JSON is read in one way, and
+// every error reaches the dismissable error bar in one place (or is handed back quietly).
 
 const token = new URLSearchParams(location.search).get("token");
 
@@ -132,11 +133,17 @@ export const api = {
   source: (db, vs, node, which) =>
     getJSON(`/api/db/${db}/source?${stateQuery(vs, { node, which })}`, { quiet: true }),
   contexts: (db) => getJSON(`/api/db/${db}/contexts`),
+  path: (db, vs, node) => getJSON(`/api/db/${db}/path?${stateQuery(vs, { node })}`, { quiet: true }),
   plot: (db, vs, node, column) => getJSON(`/api/db/${db}/plot?${stateQuery(vs, { node, column })}`),
   csvUrl: (db, vs, expanded, sort, order, columns) =>
     `/api/db/${db}/csv?${stateQuery(vs, { expanded, sort, order, columns })}`,
   checkDerived: (db, formula, vs) => postJSON(`/api/db/${db}/derived/check${vs ? "?" + stateQuery(vs) : ""}`, { formula }, { quiet: true }),
   saveDerived: (db, derived) => postJSON(`/api/db/${db}/derived/save`, derived),
+  compare: (base, news) => postJSON("/api/compare", { base, new: news }, { quiet: true }),
+  notes: (db) => getJSON(`/api/db/${db}/notes`, { quiet: true }),
+  saveNote: (db, note) => postJSON(`/api/db/${db}/notes/save`, note),
+  deleteNote: (db, id) => postJSON(`/api/db/${db}/notes/delete`, { id }),
+  shareStart: () => postJSON("/api/share/start", {}),
   traceMeta: (db) => getJSON(`/api/db/${db}/trace/meta`),
   traceFrame: (db, p, signal) => getJSON(`/api/db/${db}/trace/frame?${new URLSearchParams(p)}`, { signal }),
   traceDepth: (db, p, signal) => getJSON(`/api/db/${db}/trace/depth?${new URLSearchParams(p)}`, { signal }),
@@ -144,3 +151,12 @@ export const api = {
   traceSummary: (db, p, signal) => getJSON(`/api/db/${db}/trace/summary?${new URLSearchParams(p)}`, { signal }),
   traceStats: (db, p, signal) => getJSON(`/api/db/${db}/trace/stats?${new URLSearchParams(p)}`, { signal }),
 };
+
+/** The WebSocket address of a shared session (the token and the guest flag of this page's
+ *  address travel along: a socket cannot carry the token header). */
+export function shareSocketUrl(session) {
+  const page = new URLSearchParams(location.search);
+  const q = new URLSearchParams({ session });
+  for (const k of ["token", "guest"]) if (page.get(k)) q.set(k, page.get(k));
+  return `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/api/share/ws?${q}`;
+}

@@ -5,7 +5,7 @@
 // view in the URL state; columns the server adds later (a new derived metric) are appended.
 
 import { api } from "./api.js";
-import { VIEWS } from "./state.js";
+import { VIEWS } from "./store.js";
 
 /**
  * The measured columns that are zero at every node, hidden while the view has no column

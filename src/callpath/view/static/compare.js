@@ -2,7 +2,7 @@
 // comparison as `callpath diff` does and opens it as one more database tab, whose every view
 // shows base, new, delta and ratio columns and whose flame graph is coloured by the delta.
 
-import { headers, showError } from "./api.js";
+import { api, showError } from "./api.js";
 
 /**
  * hooks: current() -> the shown database id, databases() -> the list of /api/databases,
@@ -46,13 +46,15 @@ export function installCompare(button, hooks) {
   };
   dlg.querySelector("#cmp-ok").onclick = async () => {
     status.textContent = "comparing…";
+    let doc;
     try {
-      const resp = await fetch("/api/compare", {
-        method: "POST", headers: headers({ "Content-Type": "application/json" }),
-        body: JSON.stringify({ base: Number(base.value), new: Number(news.value) }),
-      });
-      const doc = await resp.json();
-      if (!resp.ok) { status.textContent = doc.error || `${resp.status}`; return; }
+      // quiet: the server's refusal (one line) goes into the dialog, not the error bar
+      doc = await api.compare(Number(base.value), Number(news.value));
+    } catch (e) {
+      status.textContent = e.message;
+      return;
+    }
+    try {
       dlg.close();
       await hooks.opened(doc);
       if (doc.warning) showError(doc.warning);  // metrics that differ by name: say so

@@ -107,7 +107,10 @@ export class FlamePane {
     return side ? side.key : (measured[0] || {}).key || "m0i";
   }
 
-  async refresh() {
+  /** Draws the graph again (fetching it when the view changed); selected: the tree's
+   *  selected key when it is known anew (a reload of the view). */
+  async refresh(selected) {
+    if (selected !== undefined) this.selected = selected;
     this.state();
     const btn = document.getElementById("tb-flame");
     if (btn) btn.setAttribute("aria-pressed", this.shown() ? "true" : "false");

@@ -1,8 +1,11 @@
 // main.js — wires the panes together: database tabs, view tabs, the tree table, the source
-// pane, the control panel, dialogs, the trace view, and the URL that holds all of the state.
+// pane, the control panel, dialogs, the trace view. The state they show is the store's
+// (store.js): the controls change it with actions, this module is the renderer that shows it
+// ("view:show") and subscribes the panes that follow the selection.
 
-import { api, clearError, download, getJSON, showError, stateQuery } from "./api.js";
-import { state, dbState, loadFromUrl, saveToUrl, flushUrl, viewQueryState, VIEWS } from "./state.js";
+import { api, clearError, download, showError } from "./api.js";
+import { state, dbState, curView, loadFromUrl, saveToUrl, flushUrl, viewQueryState, VIEWS,
+         update, show, select, subscribe, publish } from "./store.js";
 import { TreeTable } from "./tree.js";
 import { SourcePane, copyText } from "./source.js";
 import { arrange, emptyColumns, reorder, openColumnsDialog } from "./columns.js";
@@ -35,15 +38,7 @@ const tree = new TreeTable(treeHost, {
       return await api.children(state.db, viewQueryState(state.db), node, tree.sortKey, tree.order, offset, limit);
     } finally { setPending(-1); }
   },
-  onSelect: (entry) => {
-    const v = curView();
-    v.sel = entry.row ? entry.row.key : null;
-    flame.highlight(v.sel);
-    saveToUrl();
-    clearTimeout(onSelectTimer);
-    onSelectTimer = setTimeout(() => { if (entry.row) source.show(state.db, viewQueryState(state.db), entry.row); }, 80);
-    if (entry.row) lines.follow(state.db, viewQueryState(state.db), entry.row);  // the Lines tab's cursor follows
-  },
+  onSelect: (entry, restored) => select(entry, restored),
   onActivate: (entry) => { if (entry.row) source.show(state.db, viewQueryState(state.db), entry.row); },
   onContext: (entry, x, y) => openMenu(entry, x, y),
   onSort: (key) => {
@@ -58,35 +53,28 @@ const tree = new TreeTable(treeHost, {
     const v = curView();
     v.cols = reorder(columns, v.cols, from, to);
     saveToUrl();
-    tree.columns = arrange(columns, v.cols);
-    tree.renderHead();
-    tree.render();
+    tree.setColumns(arrange(columns, v.cols));
   },
   onExpandChange: () => { curView().exp = [...tree.expandedKeys]; saveToUrl(); },
 });
-let onSelectTimer = 0;
 
-const plot = new PlotDialog((ctx) => {
-  const d = dbState(state.db);
+const plot = new PlotDialog((ctx) => update((s, d) => {
   d.threads = [ctx];
   d.view = "top-down";
   d.mode = "profile";
-  saveToUrl();
-  showDb();
-});
+}, { show: true }));
 
-const trace = new TraceView((win) => { dbState(state.db).trace = win; saveToUrl(); });
-// from a trace sample to its calling context in the Top-down tree: open the path when the
-// server can give it, else zoom the Top-down view on that node
-trace.onShowNode = async (key) => {
+// from a trace sample (or a line of the Lines tab, a note) to its calling context in the
+// Top-down tree: open the path when the server can give it, else zoom the Top-down view on
+// that node
+async function showNode(key) {
   const d = dbState(state.db);
   d.mode = "profile";
   d.view = "top-down";
   const v = d.views["top-down"];
   let path = null;
   try {
-    const q = stateQuery({ ...viewQueryState(state.db), zoom: null }, { node: key });
-    path = (await getJSON(`/api/db/${state.db}/path?${q}`, { quiet: true })).path;
+    path = (await api.path(state.db, { ...viewQueryState(state.db), zoom: null }, key)).path;
   } catch (_) { path = null; }
   if (path && path.length) {
     v.zoom = [];
@@ -100,12 +88,13 @@ trace.onShowNode = async (key) => {
     saveToUrl();
     await showDb();
   }
-};
+}
+const trace = new TraceView((win) => { dbState(state.db).trace = win; saveToUrl(); }, showNode);
 
 // the Lines tab (lines.js): its state is dbState(db).lines; from a line to its calling
 // context in Top-down goes through the trace's path-revealing code above
 const lines = new LinesView({ dbState, save: saveToUrl, info: (id) => databases.find((x) => x.id === id) || databases[0],
-                              showTopDown: (key) => trace.onShowNode(key) });
+                              showTopDown: (key) => showNode(key) });
 async function showInLines(entry) {
   const d = dbState(state.db);
   await lines.showNode(state.db, viewQueryState(state.db), entry.row.key);
@@ -128,16 +117,26 @@ installCompare($("tb-compare"), {
   current: () => state.db, databases: () => databases,
   opened: async (entry) => {
     databases = await api.databases();
-    state.db = entry.id;
-    const d = dbState(entry.id);
-    for (const vn of VIEWS) d.views[vn].cols = comparisonColumns();
-    d.flame = { on: true, path: [] };
-    saveToUrl();
-    await showDb();
+    await update((s) => {
+      s.db = entry.id;
+      const d = dbState(entry.id);
+      for (const vn of VIEWS) d.views[vn].cols = comparisonColumns();
+      d.flame = { on: true, path: [] };
+    }, { show: true });
   },
 });
 
-function curView() { const d = dbState(state.db); return d.views[d.view]; }
+// the panes that follow the tree's selection: the flame graph outlines it, the source pane
+// shows its file (after a short pause: arrow keys run through rows), the Lines tab's cursor
+// goes to its line when the tab is next shown
+let sourceTimer = 0;
+subscribe("selection", ({ row, key }) => {
+  flame.highlight(key);
+  clearTimeout(sourceTimer);
+  sourceTimer = setTimeout(() => { if (row) source.show(state.db, viewQueryState(state.db), row); }, 80);
+  if (row) lines.follow(state.db, viewQueryState(state.db), row);
+});
+
 function dbInfo() { return databases.find((x) => x.id === state.db) || databases[0]; }
 
 // ---- database and view tabs ------------------------------------------------------------
@@ -153,7 +152,7 @@ function drawDbTabs() {
     b.textContent = db.name;
     b.title = `${db.title || db.name}\n${db.path}\n${db.contexts} execution contexts`;
     b.setAttribute("aria-selected", db.id === state.db ? "true" : "false");
-    b.onclick = () => { state.db = db.id; saveToUrl(); showDb(); };
+    b.onclick = () => update((s) => { s.db = db.id; }, { show: true });
     nav.appendChild(b);
   }
 }
@@ -189,13 +188,13 @@ function drawBadges() {
     }
     host.appendChild(s);
   };
-  if (d.threads.length) badge(`Thread view: ${d.threads.length} context${d.threads.length > 1 ? "s" : ""}`, () => { d.threads = []; saveToUrl(); showDb(); }, `contexts ${d.threads.join(", ")}`);
+  if (d.threads.length) badge(`Thread view: ${d.threads.length} context${d.threads.length > 1 ? "s" : ""}`, () => update(() => { d.threads = []; }, { show: true }), `contexts ${d.threads.join(", ")}`);
   const on = state.filters.filter((f) => f.enabled !== false);
   const kind = { self: "self", descendants: "descendants", all: "self and descendants" };
   if (on.length) badge(`Filters: ${on.map((f) => `${f.pattern} (${kind[f.type] || f.type})`).join(", ")}`, null);
   const v = curView();
-  if (v.zoom.length) badge(`Zoomed in (${v.zoom.length})`, () => { v.zoom = []; saveToUrl(); showDb(); });
-  if (d.view === "flat" && d.flatten) badge(`Flattened ×${d.flatten}`, () => { d.flatten = 0; saveToUrl(); showDb(); });
+  if (v.zoom.length) badge(`Zoomed in (${v.zoom.length})`, () => update(() => { v.zoom = []; }, { show: true }));
+  if (d.view === "flat" && d.flatten) badge(`Flattened ×${d.flatten}`, () => update(() => { d.flatten = 0; }, { show: true }));
   drawEmptyBadge();
 }
 
@@ -215,9 +214,7 @@ function drawEmptyBadge() {
   b.onclick = () => {
     v.cols = { order: [], hidden: [], names: {} };
     saveToUrl();
-    tree.columns = arrange(columns, v.cols);
-    tree.renderHead();
-    tree.render();
+    tree.setColumns(arrange(columns, v.cols));
     drawEmptyBadge();
   };
   $("badges").appendChild(b);
@@ -226,14 +223,14 @@ function drawEmptyBadge() {
 document.getElementById("view-tabs").addEventListener("click", (e) => {
   const b = e.target.closest("[role=tab]");
   if (!b) return;
-  const d = dbState(state.db);
-  if (b.dataset.view === "trace" || b.dataset.view === "lines") d.mode = b.dataset.view;
-  else { d.mode = "profile"; d.view = b.dataset.view; }
-  saveToUrl();
-  showDb();
+  update((s, d) => {
+    if (b.dataset.view === "trace" || b.dataset.view === "lines") d.mode = b.dataset.view;
+    else { d.mode = "profile"; d.view = b.dataset.view; }
+  }, { show: true });
 });
 
-/** Shows the current database in its current view (profile or trace). */
+/** Shows the current database in its current view (profile, trace or lines): the renderer,
+ *  run on every "view:show" (store.js show()). */
 async function showDb() {
   drawDbTabs();
   const d = dbState(state.db);
@@ -241,6 +238,7 @@ async function showDb() {
   if (d.mode === "trace" && !dbInfo().has_traces) d.mode = "profile";
   drawViewTabs();
   drawBadges();
+  publish("view:shown", { db: state.db, mode: d.mode, view: d.view });
   const traceMode = d.mode === "trace";
   if (shownDb !== state.db || shownView !== d.view) {
     // another database or view: no pane may keep the previous one's file or message (the
@@ -281,8 +279,7 @@ async function reloadTree() {
     if (!columns.some((c) => c.key === sort)) sort = (opening || visible[0] || columns[0] || {}).key || null;
     drawEmptyBadge();
     await tree.load(visible, sort, v.order || "desc", v.exp, v.sel);
-    flame.selected = v.sel;
-    flame.refresh();
+    flame.refresh(v.sel);
   } catch (e) {
     if (e && e.status === 400 && (v.zoom.length || v.sel)) {
       // a stale key (another filter set, a changed database): start this view afresh
@@ -326,30 +323,26 @@ $("tb-zoom-in").onclick = () => zoomIn();
 function zoomIn(entry) {
   entry = entry || selected();
   if (!entry || !entry.parent) return;
-  const v = curView();
-  v.zoom.push(entry.row.key);
-  v.sel = entry.row.key;
-  saveToUrl();
-  showDb();
+  update(() => {
+    const v = curView();
+    v.zoom.push(entry.row.key);
+    v.sel = entry.row.key;
+  }, { show: true });
 }
 $("tb-zoom-out").onclick = () => {
   const v = curView();
   if (!v.zoom.length) return;
-  v.sel = v.zoom.pop();
-  saveToUrl();
-  showDb();
+  update(() => { v.sel = v.zoom.pop(); }, { show: true });
 };
 $("tb-flatten").onclick = () => {
   const d = dbState(state.db);
   if (d.view !== "flat") return;
-  d.flatten += 1; d.views.flat.exp = []; d.views.flat.sel = null;
-  saveToUrl(); showDb();
+  update(() => { d.flatten += 1; d.views.flat.exp = []; d.views.flat.sel = null; }, { show: true });
 };
 $("tb-unflatten").onclick = () => {
   const d = dbState(state.db);
   if (d.view !== "flat" || !d.flatten) return;
-  d.flatten -= 1; d.views.flat.exp = []; d.views.flat.sel = null;
-  saveToUrl(); showDb();
+  update(() => { d.flatten -= 1; d.views.flat.exp = []; d.views.flat.sel = null; }, { show: true });
 };
 $("tb-derived").onclick = () => {
   const d = dbState(state.db);
@@ -370,9 +363,7 @@ $("tb-columns").onclick = () => {
     onApply: (derivedChanged) => {
       saveToUrl();
       if (derivedChanged) { showDb(); return; }
-      tree.columns = arrange(columns, curView().cols);
-      tree.renderHead();
-      tree.render();
+      tree.setColumns(arrange(columns, curView().cols));
     },
   });
 };
@@ -383,10 +374,9 @@ $("tb-csv").onclick = async () => {
   await download(url, name);
 };
 function setFont(px) {
-  state.font = Math.max(8, Math.min(32, px));
+  update((s) => { s.font = Math.max(8, Math.min(32, px)); });
   tree.setFont(state.font);
   document.documentElement.style.setProperty("--font", `${state.font}px`);
-  saveToUrl();
 }
 $("tb-font-up").onclick = () => setFont(state.font + 1);
 $("tb-font-down").onclick = () => setFont(state.font - 1);
@@ -402,14 +392,13 @@ function openPlot(entry) {
 }
 $("tb-threads").onclick = () => {
   const d = dbState(state.db);
-  openThreadsDialog({ db: state.db, threads: d.threads, onApply: (t) => { d.threads = t; saveToUrl(); showDb(); } });
+  openThreadsDialog({ db: state.db, threads: d.threads, onApply: (t) => update(() => { d.threads = t; }, { show: true }) });
 };
 $("tb-filters").onclick = () => {
-  openFiltersDialog({ filters: state.filters, onApply: (f) => {
-    state.filters = f;
-    for (const id of Object.keys(state.dbs)) for (const vn of VIEWS) { state.dbs[id].views[vn].zoom = []; }
-    saveToUrl(); showDb();
-  } });
+  openFiltersDialog({ filters: state.filters, onApply: (f) => update((s) => {
+    s.filters = f;
+    for (const id of Object.keys(s.dbs)) for (const vn of VIEWS) { s.dbs[id].views[vn].zoom = []; }
+  }, { show: true }) });
 };
 function openFind(initial) {
   openFindDialog({ db: state.db, vs: () => viewQueryState(state.db), initial, reveal: (keys) => tree.revealPath(keys) });
@@ -483,7 +472,9 @@ async function start() {
   if (!fromUrl) {
     // no state in the link: start from the saved filter set (global and persistent, as in
     // hpcviewer; `callpath filters` manages it)
-    try { state.filters = await api.filters(); } catch (_) { state.filters = []; }
+    let filters = [];
+    try { filters = await api.filters(); } catch (_) { filters = []; }
+    update((s) => { s.filters = filters; });
   }
   try {
     databases = await api.databases();
@@ -491,7 +482,7 @@ async function start() {
     return;
   }
   if (!databases.length) { showError("the server has no database open"); return; }
-  if (!databases.some((d) => d.id === state.db)) state.db = databases[0].id;
+  if (!databases.some((d) => d.id === state.db)) update((s) => { s.db = databases[0].id; });
   setFont(state.font);
   await showDb();
   // the keyboard works at once (arrows, Enter, Ctrl+F) without a click into the tree first
@@ -503,5 +494,6 @@ async function start() {
 window.__callpath = { state, tree, flushUrl, get columns() { return columns; }, trace, plot, source };
 window.__callpath.lines = lines;
 window.__callpath.flame = flame;
+subscribe("view:show", showDb);
 // shared sessions, linked pop-out windows and notes (share.js, popout.js, notes.js)
-startLinks({ tree, trace, source, plot, showDb }, start());
+startLinks({ tree, trace, source, plot, showNode }, start());

@@ -4,9 +4,13 @@
 // interval, and the list in the Notes panel. Texts and names are set with textContent only (never markup).
 // The Lines tab may draw them too: the page dispatches document "callpath:notes"
 // {detail: {db, notes}} whenever the notes of the shown database change.
+//
+// The marks follow the panes through the store's topics (store.js): "tree:drawn",
+// "trace:painted", "source:rendered" redraw them, "view:shown" loads another database's
+// notes, "selection" refreshes the anchors the panel offers. Nothing polls.
 
-import { getJSON, postJSON } from "./api.js";
-import { state, dbState, saveToUrl } from "./state.js";
+import { api } from "./api.js";
+import { state, dbState, update, subscribe } from "./store.js";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -25,10 +29,10 @@ const guest = () => params.has("guest") || document.body.classList.contains("sha
 
 async function load() {
   const db = state.db;
-  try {
-    const res = await getJSON(`/api/db/${db}/notes`, { quiet: true });
-    notes = res.notes || [];
-  } catch (_) { notes = []; }
+  let got;
+  try { got = (await api.notes(db)).notes || []; } catch (_) { got = []; }
+  if (db !== state.db) { load(); return; }  // another database came on screen meanwhile
+  notes = got;
   loadedDb = db;
   drawAll();
   document.dispatchEvent(new CustomEvent("callpath:notes", { detail: { db, notes } }));
@@ -117,7 +121,7 @@ function drawPanel() {
     if (!guest()) {
       const del = el("button", "", "Delete");
       del.type = "button";
-      del.onclick = async () => { await postJSON(`/api/db/${state.db}/notes/delete`, { id: n.id }).catch(() => {}); load(); };
+      del.onclick = async () => { await api.deleteNote(state.db, n.id).catch(() => {}); load(); };
       li.appendChild(del);
     }
     ol.appendChild(li);
@@ -144,7 +148,7 @@ function drawPanel() {
     const author = who.value.trim() || "anonymous";
     localStorage.setItem("callpath-name", author);
     try {
-      await postJSON(`/api/db/${state.db}/notes/save`, { author, text: text.value, anchor: a });
+      await api.saveNote(state.db, { author, text: text.value, anchor: a });
     } catch (_) { return; }
     text.value = "";
     load();
@@ -154,18 +158,15 @@ function drawPanel() {
 }
 
 async function goTo(a) {
-  const d = dbState(state.db);
   if (a.kind === "interval") {
-    d.mode = "trace";
-    d.trace = { ...(d.trace || {}), t0: a.t0, t1: a.t1, c0: a.c0, c1: a.c1 };
-    if (hooks.trace.meta && hooks.trace.db === state.db) hooks.trace.win = hooks.trace.clamp(d.trace);
-    saveToUrl();
-    await hooks.showDb();
+    await update((s, d) => {
+      d.mode = "trace";
+      d.trace = { ...(d.trace || {}), t0: a.t0, t1: a.t1, c0: a.c0, c1: a.c1 };
+      hooks.trace.adopt(d.trace, s.db, { depth: false });  // an open trace takes the window now
+    }, { show: true });
   } else if (a.kind === "node") {
-    if (a.view === "top-down") { await hooks.trace.onShowNode(a.key); return; }
-    d.mode = "profile"; d.view = a.view; d.views[a.view].sel = a.key;
-    saveToUrl();
-    await hooks.showDb();
+    if (a.view === "top-down") { await hooks.showNode(a.key); return; }
+    await update((s, d) => { d.mode = "profile"; d.view = a.view; d.views[a.view].sel = a.key; }, { show: true });
   }
 }
 
@@ -230,14 +231,13 @@ function drawAll() {
   if (b) b.textContent = `✎ Notes (${notes.length})`;
 }
 
+/** share.js: draws the notes in the panes it is handed ({tree, trace, source, showNode}),
+ *  read only; they are redrawn on the store's topics. */
 export function startNotes(h) {
   hooks = h;
-  const { tree, trace, source } = h;
-  tree.onDraw(markTree);  // the marks are drawn over the rows after each draw
-  const refresh = trace.refresh.bind(trace);
-  trace.refresh = async (...a) => { const r = await refresh(...a); markTrace(); return r; };
-  const render = source.render.bind(source);
-  source.render = (doc) => { render(doc); markSource(); };
+  subscribe("tree:drawn", markTree);  // the marks are drawn over the pooled rows after each draw
+  subscribe("trace:painted", markTrace);
+  subscribe("source:rendered", markSource);
   const b = el("button", "", "✎ Notes");
   b.type = "button"; b.id = "notes-toggle"; b.title = "notes pinned to calling contexts, source lines and trace intervals";
   b.onclick = () => { const p = panel(); p.hidden = !p.hidden; drawPanel(); };
@@ -250,10 +250,9 @@ export function startNotes(h) {
       .observe(linesHost, { childList: true, subtree: true });
   }
   document.addEventListener("callpath:notes-changed", (e) => { if (!e.detail || e.detail.db === state.db) load(); });
-  // another database on screen: its notes
-  document.addEventListener("callpath:state-applied", () => { if (loadedDb !== state.db) load(); });
-  setInterval(() => { if (loadedDb !== null && loadedDb !== state.db) load(); }, 500);
+  // another database on screen (a tab, a link, a shared session, a comparison): its notes
+  subscribe("view:shown", ({ db }) => { if (loadedDb !== null && loadedDb !== db) load(); });
   // the panel's anchors follow the selection
-  h.tree.onSelectChange(() => { if (!panel().hidden) drawPanel(); });
+  subscribe("selection", () => { if (!panel().hidden) drawPanel(); });
   load();
 }

@@ -8,7 +8,7 @@
 // window's own, so the trace window stays a trace while the main page shows the tree; the
 // selection, trace window, sort, filters, derived metrics and the rest are shared.
 
-import { state, dbState, onStateSaved } from "./state.js";
+import { state, dbState, subscribe } from "./store.js";
 import { snapshot, diff, applyChanges, whenReady } from "./sync.js";
 
 const params = new URLSearchParams(location.search);
@@ -99,7 +99,7 @@ export function startPopout(h) {
   addButton(document.querySelector("#trace .toolbar"), "trace", "↗ Pop out");
   addButton(document.querySelector("#dlg-plot .dlg-buttons"), "graph", "↗ Pop out", "prepend");
   addButton($("mode-tabs"), "current", "↗ Pop out view");
-  onStateSaved(pushState);
+  subscribe("state:saved", pushState);
   if (PANE) {
     document.body.classList.add("popout", `popout-${PANE}`);
     document.title = `callpath view — ${PANE}`;
@@ -108,7 +108,7 @@ export function startPopout(h) {
       last = shared();
       if (PANE === "graph") showGraph();
     });
-    if (PANE === "graph") document.addEventListener("callpath:state-applied", showGraph);
+    if (PANE === "graph") subscribe("state:applied", showGraph);
   }
 }
 

@@ -15,8 +15,8 @@
 //   document.dispatchEvent(new CustomEvent("callpath:cursor", {detail: {part: "lines", value}}))
 // (value: any small JSON object; it arrives as cursor[part] at the others).
 
-import { postJSON, showError } from "./api.js";
-import { state, dbState, onStateSaved, saveToUrl } from "./state.js";
+import { api, shareSocketUrl } from "./api.js";
+import { state, dbState, update, subscribe } from "./store.js";
 import { snapshot, diff, asChanges, applyChanges, whenReady, setHooks } from "./sync.js";
 import { startPopout } from "./popout.js";
 import { startNotes } from "./notes.js";
@@ -133,9 +133,7 @@ function onMessage(ev) {
 }
 
 function connect(sid) {
-  const q = new URLSearchParams({ session: sid });
-  for (const k of ["token", "guest"]) if (params.get(k)) q.set(k, params.get(k));
-  const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/api/share/ws?${q}`);
+  const ws = new WebSocket(shareSocketUrl(sid));
   S.ws = ws;
   ws.onmessage = onMessage;
   // after a drop, the welcome's resume key makes this page its old participant again (same
@@ -255,7 +253,7 @@ function jumpTo(id) {
 
 async function startSession() {
   let res;
-  try { res = await postJSON("/api/share/start", {}); } catch (_) { return; }
+  try { res = await api.shareStart(); } catch (_) { return; }
   S.links = res;
   const q = new URLSearchParams(location.search);
   q.set("session", res.session);
@@ -306,10 +304,10 @@ function showOffer(m) {
   const what = m.kind === "derived" ? `${list.length} derived metric${list.length > 1 ? "s" : ""}` : `${list.length} filter${list.length > 1 ? "s" : ""}`;
   box.appendChild(el("span", "", `${who ? who.name : "someone"} offers ${what}: ${list.map((x) => x.name || x.pattern).join(", ")} `));
   box.appendChild(button(`share-accept-${m.kind}`, "Accept", "use them in this view", () => {
-    if (m.kind === "derived") dbState(state.db).derived = list;
-    else state.filters = list;
-    saveToUrl();
-    hooks.showDb();
+    update((s, d) => {
+      if (m.kind === "derived") d.derived = list;
+      else s.filters = list;
+    }, { show: true });
     box.remove();
   }));
   box.appendChild(button(`share-dismiss-${m.kind}`, "Dismiss", "", () => box.remove()));
@@ -414,8 +412,9 @@ function injectCss() {
   document.head.appendChild(l);
 }
 
-/** main.js: links this page to sessions, pop-out windows and notes. ``h``: {tree, trace,
- *  source, plot, showDb}; ``started``: the promise of the page's first view. */
+/** main.js: links this page to sessions, pop-out windows and notes. ``h``: the panes they
+ *  read and drive through their methods, {tree, trace, source, plot, showNode};
+ *  ``started``: the promise of the page's first view. */
 export function startLinks(h, started) {
   setHooks(h, started);
   startPopout(h);
@@ -426,20 +425,16 @@ export function startLinks(h, started) {
 function startShare(h) {
   hooks = h;
   injectCss();
-  const { tree, trace } = h;
-  // redraw the marks after every tree draw and trace repaint
-  tree.onDraw(markTree);  // the marks are drawn over the rows after each draw
-  const refresh = trace.refresh.bind(trace);
-  trace.refresh = async (...a) => { const r = await refresh(...a); markTrace(); return r; };
+  const { tree } = h;
+  // redraw the marks after every tree draw and trace repaint (the store's topics)
+  subscribe("tree:drawn", markTree);  // the marks are drawn over the pooled rows after each draw
+  subscribe("trace:painted", markTrace);
   // this participant's trace point: the pinned one, else the hovered one
-  const hover = trace.hover.bind(trace);
-  trace.hover = (x, y) => { hover(x, y); const a = trace.at(x, y); if (a && S.ws) updateCursor({ trace: { ctx: a.ctx, t: a.t } }); };
-  const pick = trace.pick.bind(trace);
-  trace.pick = (x, y) => { pick(x, y); const a = trace.at(x, y); if (a && S.ws) updateCursor({ trace: { ctx: a.ctx, t: a.t } }); };
+  subscribe("trace:point", ({ ctx, t }) => { if (S.ws) updateCursor({ trace: { ctx, t } }); });
   document.addEventListener("callpath:cursor", (e) => {
     if (e.detail && typeof e.detail.part === "string") updateCursor({ [e.detail.part]: e.detail.value ?? null });
   });
-  onStateSaved(pushState);
+  subscribe("state:saved", pushState);
   const linesHost = $("lines");
   if (linesHost) {
     let t = 0;

@@ -3,6 +3,7 @@
 // caller) and the callee; find within the file and copy of the highlighted line.
 
 import { api, ApiError } from "./api.js";
+import { publish } from "./store.js";
 
 const ACTIVATION = new Set(["activation", "procedure", "call", "function", "inlined", "caller"]);
 
@@ -122,6 +123,7 @@ export class SourcePane {
     this.body.appendChild(frag);
     this.scrollToLine(this.line);
     if (this.findInput.value) this.find(false);
+    publish("source:rendered", { source: this });  // marks over the lines (notes) follow
   }
 
   scrollToLine(n) {

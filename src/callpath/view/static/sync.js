@@ -1,19 +1,19 @@
 // sync.js — what shared sessions (share.js) and linked pop-out windows (popout.js) have in
 // common: the view state as a snapshot, the difference between two snapshots as small
-// (path, value) changes, and applying changes that came from elsewhere followed by ONE
+// (path, value) changes, and applying changes that came from elsewhere (store.js applyPaths) followed by ONE
 // redraw of what they touch (a selection moves the selection, a trace window repaints the
 // trace, anything else reloads the current view).
 //
-// Paths are dotted keys into {s: <state.js state without the font>, ui: {scroll}}, e.g.
+// Paths are dotted keys into {s: <store.js state without the font>, ui: {scroll}}, e.g.
 // "s.dbs.0.views.top-down.exp". Objects are compared key by key down to a few levels; lists
 // and scalars travel whole.
 
-import { state, dbState, freshDb, freshView, VIEWS } from "./state.js";
+import { state, dbState, applyPaths, show, publish } from "./store.js";
 
-let hooks = null;        // {showDb, tree, trace} from main.js
+let hooks = null;        // {tree, trace} from main.js (read, and driven through their methods)
 let ready = null;        // resolves when the page has shown its first view
 
-/** main.js hands over what a redraw needs. */
+/** main.js hands over the panes a redraw drives. */
 export function setHooks(h, started) { hooks = h; ready = started; }
 export function whenReady() { return ready || Promise.resolve(); }
 
@@ -65,42 +65,10 @@ export function applyChanges(changes, { keepMode = false } = {}) {
 
 let queued = [];   // changes applied but not drawn yet: written again just before the redraw
 
-/** Writes changes into the state (and keeps each database state complete). */
+/** Writes changes into the state (the store keeps each database state complete). */
 function write(changes, keepMode) {
-  const modes = {};
-  for (const [id, d] of Object.entries(state.dbs)) modes[id] = d.mode;
-  for (const [path, value] of changes) {
-    const parts = path.split(".");
-    if (parts[0] === "ui") {
-      const sc = parts.length === 1 ? (isObj(value) ? value.scroll : null) : parts[1] === "scroll" ? value : null;
-      if (Number.isFinite(sc)) uiScroll = sc;
-      continue;
-    }
-    if (parts[0] !== "s") continue;
-    if (parts.length === 1) {  // the whole state
-      if (!isObj(value)) continue;
-      for (const k of ["db", "dbs", "filters"]) if (k in value) state[k] = JSON.parse(JSON.stringify(value[k]));
-      continue;
-    }
-    if (keepMode && parts[parts.length - 1] === "mode") continue;
-    let obj = state;
-    for (let i = 1; i < parts.length - 1; i++) {
-      if (!isObj(obj[parts[i]])) obj[parts[i]] = {};
-      obj = obj[parts[i]];
-    }
-    obj[parts[parts.length - 1]] = JSON.parse(JSON.stringify(value));
-  }
-  // whatever arrived, each database state stays complete
-  if (!isObj(state.dbs)) state.dbs = {};
-  for (const [id, d] of Object.entries(state.dbs)) {
-    const full = Object.assign(freshDb(), isObj(d) ? d : {});
-    if (!isObj(full.views)) full.views = {};
-    for (const vn of VIEWS) full.views[vn] = Object.assign(freshView(), full.views[vn] || {});
-    if (keepMode && modes[id]) full.mode = modes[id];
-    state.dbs[id] = full;
-  }
-  if (!Array.isArray(state.filters)) state.filters = [];
-  if (!Number.isInteger(state.db)) state.db = 0;
+  const sc = applyPaths(changes, keepMode);
+  if (sc !== null) uiScroll = sc;
 }
 
 let drawing = Promise.resolve();
@@ -146,7 +114,7 @@ async function redrawNow(paths) {
   // a reload is coming: the tree's loads still under way are stale from now on, not only
   // once the new load starts (the page first fetches the columns; an old expansion that
   // completed meanwhile would report its expanded list, older than the one being applied)
-  const showDb = () => { tree.generation++; return hooks.showDb(); };
+  const showDb = () => { tree.invalidate(); return show(); };
   const d = dbState(state.db);
   const v = d.views[d.view];
   const onlySel = paths.length && paths.every((p) => p === `s.dbs.${state.db}.views.${d.view}.sel`);
@@ -156,17 +124,10 @@ async function redrawNow(paths) {
   } else if (onlySel && d.mode === "profile" && tree.rows && tree.rows.length) {
     const entry = tree.rows.find((e) => e.row && e.row.key === v.sel);
     if (entry) { tree.select(entry); tree.reveal(entry); } else await showDb();
-  } else if (onlyTrace && d.mode === "trace" && trace.meta && trace.db === state.db && d.trace) {
-    trace.win = trace.clamp({ ...trace.home(), ...d.trace });
-    if (Number.isInteger(d.trace.depth)) {
-      trace.depth = Math.min(d.trace.depth, trace.meta.max_depth);
-      trace.depthInput.value = String(trace.depth);
-    }
+  } else if (onlyTrace && d.mode === "trace" && trace.adopt(d.trace, state.db)) {
     await trace.refresh();
   } else {
-    if (d.mode === "trace" && trace.meta && trace.db === state.db && d.trace) {
-      trace.win = trace.clamp({ ...trace.home(), ...d.trace });
-    }
+    if (d.mode === "trace") trace.adopt(d.trace, state.db, { depth: false });
     await showDb();
   }
   if (uiScroll !== null && d.mode === "profile") {
@@ -174,10 +135,7 @@ async function redrawNow(paths) {
     uiScroll = null;
     // after the tree's own reveal of the selection (one animation frame after a load)
     // ... and the follower's pane may be shorter than the leader's: the selection stays in view
-    setTimeout(() => requestAnimationFrame(() => {
-      tree.scroller.scrollTop = rows * tree.rowHeight;
-      tree.revealSelection();
-    }), 60);
+    setTimeout(() => requestAnimationFrame(() => tree.scrollToRow(rows)), 60);
   }
-  document.dispatchEvent(new CustomEvent("callpath:state-applied", { detail: { paths } }));
+  publish("state:applied", { paths });
 }

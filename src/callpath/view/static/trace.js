@@ -4,6 +4,7 @@
 // for canvas-width × visible-rows samples and paints them.
 
 import { api } from "./api.js";
+import { publish } from "./store.js";
 import { shortLabels } from "./plot.js";
 
 const assigned = new Map();  // name -> colour, for the page's lifetime
@@ -106,9 +107,13 @@ function paintGrid(canvas, grid, W, H, procs) {
 }
 
 export class TraceView {
-  /** onState(traceState) is called when the visible window changes (kept in the URL). */
-  constructor(onState) {
+  /** onState(traceState) is called when the visible window changes (kept in the URL);
+   *  onShowNode(key) opens the Top-down tree at a sample's calling context. The view
+   *  publishes "trace:painted" after each frame and "trace:point" where the pointer rests
+   *  (store.js): marks drawn over the trace (notes, shared sessions) subscribe to them. */
+  constructor(onState, onShowNode) {
     this.onState = onState;
+    this.onShowNode = onShowNode;
     this.canvas = document.getElementById("tr-canvas");
     this.depthCanvas = document.getElementById("tr-depthview");
     this.summaryCanvas = document.getElementById("tr-summary");
@@ -214,6 +219,18 @@ export class TraceView {
     return { t0, t1: Math.max(t1, t0 + 1), c0, c1: c0 + n };
   }
 
+  /** Takes a window (and, with depth, its depth) that came from elsewhere: a shared
+   *  session, a linked window, a note. False when this database's trace is not open. */
+  adopt(saved, db, { depth = true } = {}) {
+    if (!this.meta || this.db !== db || !saved) return false;
+    this.win = this.clamp({ ...this.home(), ...saved });
+    if (depth && Number.isInteger(saved.depth)) {
+      this.depth = Math.min(saved.depth, this.meta.max_depth);
+      this.depthInput.value = String(this.depth);
+    }
+    return true;
+  }
+
   setWin(w, push = true) {
     if (push && this.win) this.undo.push({ ...this.win });
     if (this.undo.length > 100) this.undo.shift();
@@ -279,8 +296,15 @@ export class TraceView {
     return this.aborts[name].signal;
   }
 
-  /** Fetches and paints the main canvas, the summary, the statistics and the mini-map. */
+  /** Fetches and paints the main canvas, the summary, the statistics and the mini-map, then
+   *  tells the subscribers of "trace:painted" (also when there was nothing to paint). */
   async refresh() {
+    const r = await this.paint();
+    publish("trace:painted", { trace: this });
+    return r;
+  }
+
+  async paint() {
     if (!this.meta) return;
     const w = this.win;
     const wrap = this.canvas.parentElement;
@@ -459,6 +483,7 @@ export class TraceView {
     const a = this.at(x, y);
     if (!a) return;
     this.canvas.title = this.tipAt(a);
+    publish("trace:point", { ctx: a.ctx, t: a.t });
     if (this.cursor) return; // a click pinned the call path and the depth view
     clearTimeout(this.hoverT);
     this.hoverT = setTimeout(() => {
@@ -489,6 +514,7 @@ export class TraceView {
     document.getElementById("tr-callpath").innerHTML = ""; // the new point's path replaces it
     this.depthView(a.ctx);
     this.callpath(a.ctx, a.t);
+    publish("trace:point", { ctx: a.ctx, t: a.t });
   }
 
   async depthView(ctx) {

@@ -8,6 +8,8 @@
 // elements. Very tall trees (beyond what a browser can lay out as one element) are scrolled
 // proportionally: the scroll fraction chooses the first row.
 
+import { publish } from "./store.js";
+
 const PAGE = 200;
 const MAX_SPACER = 8_000_000; // px; browsers clamp element heights near 2^25
 
@@ -47,8 +49,6 @@ export class TreeTable {
     this.pool = [];
     this.scrollToSel = false;
     this.treeW = null;       // the Scope column's width set by its grip (px), else it fills
-    this.drawListeners = []; // called after each draw (marks of notes and shared sessions)
-    this.selectListeners = []; // called after each change of selection
 
     host.classList.add("tv");
     host.innerHTML = "";
@@ -288,16 +288,28 @@ export class TreeTable {
     this.render();
   }
 
+  /** The owner hears of the selection (hooks.onSelect: main.js makes it the store's); what
+   *  follows the selection subscribes to the store's "selection". */
   notifySelect(entry, restored = false) {
     this.hooks.onSelect(entry, restored);
-    for (const fn of this.selectListeners) fn(entry);
   }
 
-  /** Registers fn() to run after every draw of the rows (marks drawn over them). */
-  onDraw(fn) { this.drawListeners.push(fn); }
+  /** New columns (order, names, hidden ones) over the rows already loaded: no refetch. */
+  setColumns(columns) {
+    this.columns = columns;
+    this.renderHead();
+    this.render();
+  }
 
-  /** Registers fn(entry) to run after every change of selection. */
-  onSelectChange(fn) { this.selectListeners.push(fn); }
+  /** Loads still under way are stale from now on (a reload of the view is coming). */
+  invalidate() { this.generation++; }
+
+  /** Scrolls to a row index (a scroll position in rows that came from another screen), the
+   *  selection kept in view. */
+  scrollToRow(rows) {
+    this.scroller.scrollTop = rows * this.rowHeight;
+    this.revealSelection();
+  }
 
   /**
    * Scrolls so that the entry is drawn inside the rows in view (a third of the way down
@@ -401,7 +413,7 @@ export class TreeTable {
       }
     }
     for (const [parent, offs] of need) for (const off of offs) this.loadPage(parent, off, this.generation);
-    for (const fn of this.drawListeners) fn();
+    publish("tree:drawn", { tree: this });
   }
 
   makeRow() {
