@@ -194,6 +194,30 @@ def test_diff_of_hpctoolkit_databases(tmp_path: Path) -> None:
     assert delta == pytest.approx(lp.inclusive(name)[0] - s.inclusive(name)[0], rel=1e-2)
 
 
+def test_a_zero_delta_prints_as_zero(tmp_path: Path) -> None:
+    """A database compared with itself: every delta is zero and prints as the measured
+    columns print zero, ``0`` (it printed ``0.00e+00``), in the report and in the viewer's
+    cells (the same text)."""
+    small = shared_path("hpctoolkit", "dbase", "small.d")
+    out = tmp_path / "self.d"
+    run_cli("diff", str(small), str(small), "-o", str(out), check=True)
+    r = run_cli("report", str(out), "-d", "4", check=True)
+    rows = r.stdout.splitlines()[1:]
+    assert len(rows) >= 4 and "e+00 " not in r.stdout.replace("1.21e+00 ", "")
+    for row in rows:
+        base, _pct, new, _pct2, delta = row.split()[:5]
+        assert base == new != "0" and delta == "0", row
+    from view_support import get_json, serve
+
+    with serve([out]) as s:
+        derived = get_json(s.url, "/api/databases")[0]["derived"]  # as the page sends them
+        cols = get_json(s.url, "/api/db/0/columns", derived=derived)
+        (delta,) = [c for c in cols if c["name"].endswith("[delta] (I)")]
+        assert delta["aggregate_text"] == "0"
+        kids = get_json(s.url, "/api/db/0/children", derived=derived)["rows"]
+        assert kids and all(k["text"][delta["key"]] == "0" for k in kids)
+
+
 def _frames(svg: Path) -> list[dict[str, float]]:
     root = ET.parse(svg).getroot()  # parses as XML
     ns = "{http://www.w3.org/2000/svg}"

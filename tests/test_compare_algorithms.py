@@ -136,6 +136,24 @@ def test_flame_and_compare_api_errors_are_one_line(tmp_path: Path) -> None:
         assert post_json(s.url, "/api/compare", {"base": 0, "new": 1})[1]["id"] == 2
 
 
+def test_each_server_has_its_own_comparisons() -> None:
+    """Two servers of one process (a test run, a notebook) each compare their own databases
+    0 and 1: the second gets a tab of its own, not the first server's tab id (which on the
+    second server names another database: the page then switched to that database and the
+    comparison tab never appeared)."""
+    names = ("small.d", "loops-cputime-t.d", "small.nostruct.d")
+    dbs = [shared_path("hpctoolkit", "dbase", n) for n in names]
+    with serve(dbs[:2]) as s:
+        status, body = post_json(s.url, "/api/compare", {"base": 0, "new": 1})
+        assert status == 200 and body["id"] == 2, body
+    with serve(dbs[::-1]) as s:
+        status, body = post_json(s.url, "/api/compare", {"base": 0, "new": 1})
+        assert status == 200 and body["id"] == 3, body
+        assert body["name"] == "small.nostruct.d → loops-cputime-t.d"
+        listed = json.loads(get_text(s.url, "/api/databases")[1])
+        assert [d["name"] for d in listed] == [*names[::-1], body["name"]]
+
+
 def test_merge_of_disjoint_blocks_equals_the_sort() -> None:
     """The summary's merge without a sort (per-input blocks of other metrics) gives exactly
     the block a sort of all triples gives, and declines when two blocks share a key."""

@@ -17,8 +17,12 @@ from callpath.errors import CallpathError
 
 def test_default_is_scientific_with_three_significant_digits() -> None:
     v = np.array([12345.678, 0.000123456, -98765.4, 1.0, 0.0, 9.999e99])
-    assert format_column(v) == ["1.23e+04", "1.23e-04", "-9.88e+04", "1.00e+00", "0.00e+00",
+    assert format_column(v) == ["1.23e+04", "1.23e-04", "-9.88e+04", "1.00e+00", "0",
                                 "1.00e+100"]
+    # zero reads as in measured columns (a delta column printed 0.00e+00), -0.0 too; a
+    # printf format prints exactly what it says
+    assert format_column([-0.0]) == ["0"]
+    assert format_column([0.0], "%.2e") == ["0.00e+00"]
     assert format_column(v, "scientific") == format_column(v, None) == format_column(v, "")
 
 
@@ -83,7 +87,7 @@ def test_nan_and_infinities_are_empty_cells(fmt: str) -> None:
 def test_percent_annotation() -> None:
     v = np.array([12345.678, 27000.0, 0.0, np.nan])
     assert format_column(v, percent_of=27000.0) == ["1.23e+04 45.72%", "2.70e+04 100.00%",
-                                                     "0.00e+00 0.00%", ""]
+                                                     "0", ""]
     assert format_column([5.0], "%.1f", percent_of=-10.0) == ["5.0 -50.00%"]
 
 

@@ -96,7 +96,7 @@ def test_python_thread_names_label_and_select(pydb: Path) -> None:
     assert got == pytest.approx(want, rel=1e-9) and want > 0, (root, want)
     r = run_cli("lines", str(pydb), "--contexts", "arith", "--format", "json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["contexts"] == [names["arith"].label(exp.id_names)]
+    assert json.loads(r.stdout)["contexts"] == [exp.context_label(names["arith"])]
     r = run_cli("report", str(pydb), "--threads", "nosuch")
     assert r.returncode == 2 and "(worker_0)" in r.stderr, r.stderr
 

@@ -331,7 +331,7 @@ def reference_frame(s: BackgroundServer, db: int, t0: int, t1: int, width: int, 
             frames.reverse()
             row.append(td.node_name(frames[min(depth, len(frames) - 1)]) if frames else None)
         out.append(row)
-    return [exp.profiles[ln.prof_index].label(exp.id_names) for ln in lines], out
+    return [exp.context_label(exp.profiles[ln.prof_index]) for ln in lines], out
 
 
 def decode(frame: dict[str, Any]) -> list[list[str | None]]:

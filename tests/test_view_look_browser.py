@@ -68,7 +68,7 @@ def page(browser: Any) -> Iterator[Any]:
 
 # ---- the databases ---------------------------------------------------------------------
 
-SMALL, LOOPS, GPU, MPI, PY = 0, 1, 2, 3, 4
+SMALL, LOOPS, GPU, MPI, PY, TORCH = 0, 1, 2, 3, 4, 5
 PROGRAM = """
 def inner(n):
     s = 0
@@ -94,6 +94,21 @@ def python_database(dst: Path) -> Path:
     run_cli("profile", "--python", "-t", "-m", str(dst / "busy-m"), "-o", str(out), "--",
             str(script), check=True)
     return out
+
+
+def torch_database(dst: Path) -> Path:
+    """PyTorch training on an H100 measured by ``callpath run -e gpu=nvidia -t``
+    (tests/gpu_data/torch-h100.tgz), attributed here."""
+    import tarfile
+
+    with tarfile.open(ROOT / "tests" / "gpu_data" / "torch-h100.tgz") as t:
+        t.extractall(dst / "torch-m", filter="data")
+    meas = next((dst / "torch-m").iterdir())
+    out = dst / "torch-h100.d"
+    run_cli("prof", str(meas), "-o", str(out), check=True)
+    return out
+
+
 RANKS, THREADS = 34, 4
 
 
@@ -126,6 +141,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
              for name in ("small.d", "loops-cputime-t.d", "loops-cuda-nvidia-t.d")]
     paths.append(mpi_database(base))
     paths.append(python_database(base))
+    paths.append(torch_database(base))
     with serve(paths) as s:
         yield s
 
@@ -390,6 +406,14 @@ def test_gpu_database_opens_on_the_time(page: Any, server: Any) -> None:
                          "document.querySelector('#ln-heat .ln-row')")
     metric = pg.eval_on_selector("#ln-metric", "s => s.options[s.selectedIndex].textContent")
     assert metric.startswith("GPUOP")
+    # GPU time has no line of its own: it is on the line that launched it, which says so,
+    # and the tab opens there (the hottest line)
+    launch = pg.evaluate("""() => [...document.querySelectorAll('#ln-src .ln-srow')]
+        .map((r, i) => [i, !!r.querySelector('.ln-launch'), r.classList.contains('sel'),
+                        [...document.querySelectorAll('#ln-heat .ln-row')][i].textContent])
+        .filter(x => x[1])""")
+    assert len(launch) == 1 and launch[0][2], launch
+    assert float(launch[0][3].split()[0]) > 0, launch
     # its rows come from several files: each file is named where the listing enters it
     files = pg.evaluate("""() => [...document.querySelectorAll('#ln-src .ln-srow')].map(r =>
         [r.title.split(':')[0], (r.querySelector('.ln-fname') || {}).textContent || null])""")
@@ -419,6 +443,26 @@ def test_gpu_database_opens_on_the_time(page: Any, server: Any) -> None:
         pg.wait_for_function("() => document.getElementById('tr-canvas').title.length > 0")
         assert pg.get_attribute("#tr-canvas", "title").startswith("no trace samples for")
     shot(pg, "gpu-trace")
+
+
+def test_gpu_time_is_on_the_lines_that_launched_it(page: Any, server: Any) -> None:
+    """PyTorch's run: the Lines tab opens on GPUOP at its hottest line, a line that launched
+    GPU work (its GEMM kernels) and says so; every line holding GPU time is a launch line."""
+    pg, base = page, server.url
+    pg.goto(f"{base}/#s=" + urllib.parse.quote(json.dumps(
+        {"db": TORCH, "dbs": {str(TORCH): {"mode": "lines"}}, "filters": []})))
+    pg.wait_for_function("() => document.getElementById('lines').dataset.pending === '0' && "
+                         "document.querySelector('#ln-src .ln-srow.sel')")
+    metric = pg.eval_on_selector("#ln-metric", "s => s.options[s.selectedIndex].textContent")
+    assert metric.startswith("GPUOP")
+    assert pg.locator("#ln-src .ln-srow.sel .ln-launch").count() == 1
+    ranked = pg.evaluate("() => [...document.querySelectorAll('#ln-ranked tbody tr')]"
+                         ".map(r => r.textContent)")
+    assert len(ranked) >= 3, ranked
+    looks_right(pg, "torch lines")
+    shot(pg, "torch-gpu-lines")
+    meta = pg.evaluate(f"() => fetch('/api/db/{TORCH}/trace/meta').then(r => r.json())")
+    assert not [x for x in meta["contexts"] if re.search(r"NODE \d", x)], meta["contexts"]
 
 
 # ---- stale panes -----------------------------------------------------------------------
@@ -484,6 +528,8 @@ def look_at_tabs(pg: Any, name: str, info: dict[str, Any]) -> None:
         trace_painted(pg)
         labels = pg.evaluate("() => window.__callpath.trace.meta.contexts")
         assert labels == sorted(labels, key=row_key), f"{name}: trace rows not in order"
+        # no raw host id (gethostid(), NODE 8323328): one node is left out, several in hex
+        assert not [x for x in labels if re.search(r"NODE \d{5,}", x)], labels
         shot(pg, f"{name}-trace")
     pg.click("#view-tabs [data-view=lines]")
     pg.wait_for_function("() => document.getElementById('lines').dataset.pending === '0' && "
@@ -519,10 +565,6 @@ def test_every_tab_looks_right(page: Any, server: Any, db: int, name: str) -> No
     look_at_tabs(pg, name, info)
 
 
-@pytest.mark.skip(reason="known defect under investigation: in the whole suite (3 of 3 "
-                  "CI runs) the Compare dialog's comparison tab never appears and the page "
-                  "ends on database 2; passes alone and with the other browser modules "
-                  "(test_flame_browser covers the Compare dialog meanwhile)")
 def test_comparison_looks_right(page: Any, server: Any) -> None:
     """A comparison opened from the viewer: its tab reads base → new, its tabs look right;
     comparing databases whose metrics differ by name says so."""

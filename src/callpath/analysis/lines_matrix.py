@@ -10,9 +10,16 @@ them (``group="rank"`` sums the threads of each rank, ``"node"`` the ranks of ea
 
 A cell is the exclusive ("function" scope) value of the line scopes at that (file, line), over
 all calling contexts, in that context: exactly what the Flat view's line scopes sum, split by
-context. The matrix is built in one vectorised pass over the per-context sparse values: each
-profile's values for the metric are mapped context id → axis row by one lookup array, the
-(row, column, value) triples are ordered by row with a two-pass 16-bit radix sort (numpy's
+context. GPU operations are the one addition: a kernel, copy or synchronisation is measured on
+a procedure scope below its placeholder (``<gpu kernel>`` > ``kernmain()``, ``<gpu copyin>``)
+and has no line of its own, so its cost is charged to the nearest line scope above it, the
+line that launched it (the call site the tree shows above the placeholder); a kernel's own
+source lines (instruction-level GPU metrics) keep their rows. Without that charge the Lines
+tab of a GPU database was empty for GPU time (:func:`launch_charges`).
+
+The matrix is built in one vectorised pass over the per-context sparse values: each profile's
+values for the metric are mapped context id → axis row by one lookup array, the (row, column,
+value) triples are ordered by row with a two-pass 16-bit radix sort (numpy's
 stable sort of uint16 keys) and duplicates summed with ``reduceat``. Only rows with cost are
 stored (CSR); dense arrays exist only for the windows asked for (:func:`window`).
 """
@@ -25,7 +32,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +40,8 @@ import numpy.typing as npt
 from callpath.analysis.source import point_from_inclusive, select_contexts
 from callpath.errors import CallpathError
 from callpath.model import Experiment, Metric, NodeKind, Relation
-from callpath.model.contexts import ExecutionContext
+from callpath.model.contexts import ExecutionContext, node_texts
+from callpath.model.gpu import GPU_PLACEHOLDERS
 from callpath.model.treeops import nearest_marked
 
 F64 = npt.NDArray[np.float64]
@@ -64,6 +72,8 @@ class LineMatrix:
     - ``row_sum``: total of each row (dense, all rows); ``total``: the sum of all cells.
     - ``row_proc``: procedure index (into ``procedures``) owning each row, -1 if none;
       ``procedures``: names; ``proc_file``: axis file of each procedure.
+    - ``launch``: the rows that hold the cost of GPU operations they launched
+      (:func:`launch_charges`); all False in a database without GPU operations.
     """
 
     metric: str
@@ -91,6 +101,9 @@ class LineMatrix:
     proc_function: I64
     database: str = ""
     file_labels: list[str] = field(default_factory=list)
+    launch: Bool = field(default_factory=lambda: np.zeros(0, bool))
+    _charge_from: I64 = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    _charge_to: I64 = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     _row_of_key: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
     _node_rows: I64 = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -124,6 +137,16 @@ class LineMatrix:
         """Axis row of every node of the experiment's tree that is a line scope (-1 else)."""
         return self._node_rows
 
+    def charged(self, exclusive: F64) -> F64:
+        """Per-node exclusive values (indexed by tree node) with the GPU operations' values
+        added to their launch lines (:func:`launch_charges`): what each line scope holds in
+        this matrix."""
+        if not len(self._charge_from):
+            return exclusive
+        out = np.array(exclusive, dtype=np.float64)
+        np.add.at(out, self._charge_to, out[self._charge_from])
+        return out
+
 
 # ---- building ---------------------------------------------------------------------------
 
@@ -146,7 +169,7 @@ def build_line_matrix(exp: Experiment, metric: str | int | Metric = 0, group: st
     if isinstance(contexts, str):
         profiles = select_contexts(exp, contexts, regex=contexts_regex)
         if not profiles:
-            labels = ", ".join(c.label(exp.id_names) for c in exp.contexts[:8])
+            labels = ", ".join(exp.context_label(c) for c in exp.contexts[:8])
             raise CallpathError(f"context selection {contexts!r} selects no execution context "
                                 f"(they are: {labels}{', ...' if len(exp.contexts) > 8 else ''})")
     elif contexts is None:
@@ -185,7 +208,7 @@ def _columns(exp: Experiment, profiles: list[int], group: str
 
     ctxs.sort(key=ident_key)
     if group == "none":
-        return ([c.label(names) for c in ctxs], [c.short_label(names) for c in ctxs],
+        return ([exp.context_label(c) for c in ctxs], [c.short_label(names) for c in ctxs],
                 [[c.index] for c in ctxs])
     keep = {k for k, n in enumerate(names) if n in _KEEP_KINDS[group]}
     groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
@@ -193,8 +216,11 @@ def _columns(exp: Experiment, profiles: list[int], group: str
         gk = tuple((i.kind, i.logical_id) for i in c.ids if i.kind in keep)
         groups.setdefault(gk, []).append(c.index)
     labels, shorts = [], []
+    nodes = node_texts(exp.profiles, names)  # a host id in hex, left out when one node
     for gk in groups:
-        lab = " ".join(f"{names[k] if k < len(names) else f'KIND{k}'} {v}" for k, v in gk)
+        lab = " ".join(f"{names[k] if k < len(names) else f'KIND{k}'} {nodes.get(v, v)}"
+                       for k, v in gk if not (k < len(names) and names[k] == "NODE"
+                                           and nodes.get(v) == ""))
         labels.append(lab or "all")
         short = ".".join(str(v) for k, v in gk if names[k] != "NODE") if gk else "all"
         shorts.append(short or lab)
@@ -247,6 +273,48 @@ def _line_nodes(exp: Experiment) -> tuple[I64, I64]:
     return idx, owner[idx]
 
 
+class LaunchCharges(NamedTuple):
+    """GPU operations' tree nodes charged to line scopes (:func:`launch_charges`)."""
+
+    nodes: I64  # the operations' nodes that are not line scopes
+    lines: I64  # the line scope of each, whose row gets its cost
+    launching: Bool  # whether that line lies outside every operation (it launched it)
+
+
+def launch_charges(exp: Experiment, is_line: Bool) -> LaunchCharges:
+    """The tree nodes of GPU operations that are not line scopes (the placeholders
+    ``<gpu kernel>``, ``<gpu copyin>`` ... and the procedure scopes below them) and, for
+    each, the line scope (``is_line``) whose row gets its cost: the nearest one above it,
+    which is the line that launched the operation unless the operation has source lines of
+    its own between (a kernel's lines, for instruction-level metrics); a line scope of line
+    0 is passed over. Nodes with no line scope above them (an application thread's
+    unstructured frames) are left out. Two linear passes, and none at all in a database
+    without GPU placeholders."""
+    empty = np.zeros(0, np.int64)
+    none = LaunchCharges(empty, empty, np.zeros(0, bool))
+    names = set(GPU_PLACEHOLDERS.values())
+    placeholder_fns = [i for i, f in enumerate(exp.functions) if f.name in names]
+    if not placeholder_fns:
+        return none
+    cct = exp.cct
+    is_ph = (cct.kind == NodeKind.FUNCTION) & np.isin(cct.function, placeholder_fns)
+    starts = np.flatnonzero(is_ph)
+    if not len(starts):
+        return none
+    # inside a placeholder's subtree (itself included): [node, subtree_end) intervals in
+    # preorder, counted by one cumulative sum
+    depth = np.zeros(len(cct) + 1, np.int64)
+    np.add.at(depth, starts, 1)
+    np.add.at(depth, cct.subtree_end[starts], -1)
+    under = np.cumsum(depth[:-1]) > 0
+    # a line 0 (hpcprof's "[libcudart.so]:0" inside the runtime's launch call) says no line:
+    # the launch goes on up to the line that called the runtime
+    near = nearest_marked(cct.parent, is_line & (cct.line > 0))
+    nodes = np.flatnonzero(under & ~is_line & (near >= 0)).astype(np.int64)
+    lines = near[nodes]
+    return LaunchCharges(nodes, lines, ~under[lines])
+
+
 def _stable_row_order(rows: npt.NDArray[Any], n_rows: int) -> I64:
     """A stable argsort of row numbers: LSD radix on 16-bit digits (numpy sorts uint16 keys
     with a radix sort), much faster than a comparison sort of 10^7 int64 keys."""
@@ -287,6 +355,9 @@ def _build(exp: Experiment, m: Metric, group: str, profiles: list[int]) -> LineM
     nodes, owner = _line_nodes(exp)
     nfile = cct.file[nodes].astype(np.int64)
     nline = cct.line[nodes].astype(np.int64)
+    is_line = np.zeros(len(cct), bool)
+    is_line[nodes] = True
+    gpu_nodes, gpu_lines, launching = launch_charges(exp, is_line)
 
     # ---- procedures: the innermost function (frame or inlined) around each line scope ----
     fn_of = np.where(owner >= 0, cct.function[np.maximum(owner, 0)], -1)
@@ -314,7 +385,7 @@ def _build(exp: Experiment, m: Metric, group: str, profiles: list[int]) -> LineM
     # came after every library file of the interpreter's prefix.
     fmod = np.array([f.module for f in exp.functions] + [-1], dtype=np.int64)
     nmod = np.where(fn_of >= 0, fmod[np.where(fn_of >= 0, fn_of, len(exp.functions))], -1)
-    s_ex = _summary_exclusive(exp, m, nodes)
+    s_ex = _summary_exclusive(exp, m, nodes, gpu_nodes, gpu_lines)
     file_list: list[int] = []
     if len(nodes):
         big = np.int64(len(exp.files) + 1)
@@ -398,6 +469,9 @@ def _build(exp: Experiment, m: Metric, group: str, profiles: list[int]) -> LineM
     ctx_rank = np.full(max(exp.n_ctx_slots, int(cct.ctx_id.max()) + 1), n_scope,
                        dtype=np.int64)
     ctx_rank[cct.ctx_id[nodes].astype(np.int64)] = np.searchsorted(scope_rows, node_row)
+    # a GPU operation's contexts count into its launch line's bin
+    ctx_rank[cct.ctx_id[gpu_nodes].astype(np.int64)] = ctx_rank[
+        cct.ctx_id[gpu_lines].astype(np.int64)]
     r_parts: list[npt.NDArray[Any]] = []
     v_parts: list[F64] = []
     counts = np.zeros(len(col_profiles), dtype=np.int64)
@@ -464,6 +538,8 @@ def _build(exp: Experiment, m: Metric, group: str, profiles: list[int]) -> LineM
                             if n_rows else -1, -1)
         proc_file = np.where(proc_file >= 0, proc_file, fallback)
 
+    launch = np.zeros(n_rows, bool)
+    launch[all_node_rows[gpu_lines[launching]]] = True
     return LineMatrix(
         metric=m.name, group=group, files=files, file_ids=np.asarray(file_list, np.int64),
         file_start=file_start, readable=readable, source_paths=paths,
@@ -475,16 +551,23 @@ def _build(exp: Experiment, m: Metric, group: str, profiles: list[int]) -> LineM
         row_sum=row_sum, row_proc=row_proc, procedures=proc_names,
         proc_file=proc_file.astype(np.int64), proc_function=np.asarray(proc_fn, np.int64),
         database=str(exp.path or ""), _node_rows=all_node_rows,
-        file_labels=[exp.files[f].original for f in file_list])
+        file_labels=[exp.files[f].original for f in file_list], launch=launch,
+        _charge_from=gpu_nodes, _charge_to=gpu_lines)
 
 
-def _summary_exclusive(exp: Experiment, m: Metric, nodes: I64) -> F64:
-    """Exclusive summary values of the line nodes (to pick a row's owner procedure); zeros
-    when the summary has none."""
+def _summary_exclusive(exp: Experiment, m: Metric, nodes: I64, gpu_nodes: I64,
+                       gpu_lines: I64) -> F64:
+    """Exclusive summary values of the line nodes, GPU operations charged to their launch
+    lines (to order files and pick a row's owner procedure); zeros when the summary has
+    none."""
     try:
-        return exp.exclusive(m)[nodes]
+        excl = exp.exclusive(m)
     except CallpathError:
         return np.zeros(len(nodes))
+    if len(gpu_nodes):
+        excl = np.array(excl, dtype=np.float64)
+        np.add.at(excl, gpu_lines, excl[gpu_nodes])
+    return np.asarray(excl[nodes], dtype=np.float64)
 
 
 # ---- reading the matrix ---------------------------------------------------------------

@@ -73,9 +73,9 @@ def calling_contexts(exp: Experiment, m: LineMatrix, row: int, metric: int,
         if profiles:
             vals = np.zeros(len(nodes))
             for p in profiles:  # the Thread view's few contexts: one dense read each
-                vals += exp.values_in(p, metric, "function")[nodes]
+                vals += m.charged(exp.values_in(p, metric, "function"))[nodes]
         else:
-            vals = exp.exclusive(metric)[nodes]
+            vals = m.charged(exp.exclusive(metric))[nodes]
     except CallpathError:
         vals = np.zeros(len(nodes))
     order = np.lexsort((nodes, -vals))[:limit]

@@ -3,7 +3,7 @@
 Three formats, named by a short spec string so that they persist as plain text:
 
 - ``"default"`` (also ``""`` or ``"scientific"``): scientific notation with three significant
-  digits, ``1.23e+04`` (printf ``%.2e``);
+  digits, ``1.23e+04`` (printf ``%.2e``), and zero as ``0`` (as measured columns print it);
 - ``"percent"``: the value with two decimals and a percent sign, ``12.34%`` -- the value is
   taken to be a percentage already, as in hpcviewer (12.3415678 shows as ``12.34%``);
 - a printf format such as ``"%6.2f"``, ``"%.3e"`` or ``"%d"``, with any literal text around it:
@@ -62,11 +62,17 @@ class ValueFormat:
             items = [int(v) for v in items]
         pat = self.pattern
         out = [pat % v if ok else "" for v, ok in zip(items, finite.tolist(), strict=True)]
+        # the default format prints zero as every measured column does, "0" and no
+        # percentage (a comparison's delta column printed "0.00e+00" beside the base
+        # column's "0"); a printf format the user chose prints exactly what it says
+        plain = (arr == 0.0).tolist() if self.spec == DEFAULT else [False] * len(out)
+        if self.spec == DEFAULT:
+            out = ["0" if z else s for s, z in zip(out, plain, strict=True)]
         if percent_of is not None and np.isfinite(percent_of) and percent_of != 0.0:
             with np.errstate(all="ignore"):
                 pct = (arr / percent_of * 100.0).tolist()
-            out = [f"{s} {p:.2f}%" if ok else s
-                   for s, p, ok in zip(out, pct, finite.tolist(), strict=True)]
+            out = [f"{s} {p:.2f}%" if ok and not z else s
+                   for s, p, ok, z in zip(out, pct, finite.tolist(), plain, strict=True)]
         return out
 
 

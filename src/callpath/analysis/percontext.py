@@ -66,7 +66,7 @@ def context_values(columns: ColumnSet, view: View, node: int, col: ColumnDef
     if not ctxs:
         raise CallpathError("the database has no execution contexts to plot")
     profiles = [c.index for c in ctxs]
-    labels = [c.label(exp.id_names) for c in ctxs]
+    labels = [exp.context_label(c) for c in ctxs]
     if col.metric is not None and source.parent_source is None and source.profiles is None:
         vals = _from_context_store(view, node, col)
     else:

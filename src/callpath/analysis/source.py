@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from callpath.errors import CallpathError
 from callpath.model import CCT, Experiment, Metric, NodeKind
+from callpath.model.contexts import node_texts
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -176,10 +177,14 @@ def select_contexts(exp: Experiment, pattern: str, *, regex: bool = False,
         # a plain pattern must not match "THREAD 1" inside "THREAD 10": require a word end
         rx = re.compile(re.escape(pattern) + r"(?![0-9A-Za-z_])", flags)
     out = []
+    # the labels as stored (NODE 8323328), as read (node left out) and as listed by
+    # `report --contexts` (NODE 0x7f0100): a pattern copied from any of them selects
+    hexed = node_texts(exp.profiles, names, omit_single=False)
     for p in exp.profiles:
         if p.is_summary:
             continue
         if rx.search(p.label(names)) or rx.search(p.short_label(names)) \
+                or rx.search(exp.context_label(p)) or rx.search(p.label(names, hexed)) \
                 or (p.name and rx.search(p.name)):
             out.append(p.index)
     return out

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
         contexts = select_contexts(exp, args.contexts, regex=args.contexts_regex)
         if not contexts:
-            names = ", ".join(p.label(exp.id_names) for p in exp.contexts[:5])
+            names = ", ".join(exp.context_label(p) for p in exp.contexts[:5])
             raise CallpathError(f"--contexts {args.contexts!r} matches no execution context "
                                 f"of {args.database} (expected part of a label such as "
                                 f"{names or 'THREAD 0'})")

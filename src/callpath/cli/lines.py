@@ -33,7 +33,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "as PNG.")
     p.add_argument("database", help="database directory")
     p.add_argument("--metric", "-m", default=None,
-                   help="metric by name, prefix or index (default: the first)")
+                   help="metric by name, prefix or index (default: the metric that holds the "
+                   "time, GPUOP, CPUTIME ..., as the viewer's Lines tab opens)")
     p.add_argument("--file", default=None, metavar="PATH",
                    help="only this source file (recorded path, unique suffix or base name)")
     p.add_argument("--from", dest="line_from", type=int_range("a line number", 0), default=None,
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
     import callpath
     from callpath.analysis import lines as L
+    from callpath.analysis.time_metric import time_metric
     from callpath.errors import CallpathError
     from callpath.present import lines as P
 
@@ -96,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
     exp = callpath.open(args.database)
     if not exp.metrics:
         raise CallpathError(f"{args.database}: the database has no metrics")
-    metric: str | int = 0 if args.metric is None else args.metric  # name, prefix or index
+    # name, prefix or index; by default the metric the viewer's Lines tab opens on
+    metric: str | int = time_metric([m.name for m in exp.metrics]) if args.metric is None \
+        else args.metric
     m = L.build_line_matrix(exp, metric, args.group, args.contexts,
                             contexts_regex=args.contexts_regex)
     out: TextIO = sys.stdout

@@ -49,7 +49,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     g = p.add_argument_group("columns")
     g.add_argument("--metric", "-m", action="append", default=None,
                    help="show this metric's inclusive and exclusive columns (name, prefix, "
-                   "index or derived-metric name; repeatable; default: the first metric)")
+                   "index or derived-metric name; repeatable; default: the metric that holds "
+                   "the time, GPUOP, CPUTIME ..., as the viewer opens)")
+    g.add_argument("--empty-columns", action="store_true",
+                   help="keep the default columns that are zero at every node (hidden, as "
+                   "in the viewer)")
     g.add_argument("--columns", "-c", default=None, metavar="LIST",
                    help="comma-separated columns by $n or title (see --list-metrics)")
     g.add_argument("--list-metrics", action="store_true",

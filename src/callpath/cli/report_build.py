@@ -8,12 +8,15 @@ import argparse
 from pathlib import Path
 from typing import TextIO
 
+import numpy as np
+
 from callpath.analysis.columns import ColumnDef, ColumnSet
 from callpath.analysis.derived import DerivedMetric, load_derived, save_derived
 from callpath.analysis.filters import Filter, load_filters
 from callpath.analysis.flat import FlatView
 from callpath.analysis.navigate import FindOptions, expand, find, flattened_top, hot_path
 from callpath.analysis.source import select_contexts
+from callpath.analysis.time_metric import time_metric
 from callpath.analysis.topdown import View
 from callpath.analysis.viewconfig import (
     ColumnSpec,
@@ -94,8 +97,30 @@ def _comparison_columns(columns: ColumnSet) -> list[ColumnDef]:
     return found if len(found) == 3 else []
 
 
-def _selected_columns(columns: ColumnSet, args: argparse.Namespace, new: list[DerivedMetric]
-                      ) -> list[ColumnDef]:
+def _opening_columns(columns: ColumnSet, view: View, show_empty: bool) -> list[ColumnDef]:
+    """The text report's columns when none is asked for: the inclusive and exclusive
+    columns of the metric the viewer opens on (:mod:`callpath.analysis.time_metric`: GPUOP,
+    CPUTIME ..., non-zero in this view), less a column that is zero at every node unless
+    ``show_empty``. A GPU database opened on its first metric, zero everywhere."""
+    measured = [c for c in columns.columns if c.metric is not None and c.derived is None]
+    incl = [c for c in measured if c.scope == "inclusive"]
+    if not incl:
+        return list(columns.columns[:2])
+
+    def nonzero(i: int) -> bool:
+        return bool(np.any(columns.values(view, incl[i]) != 0))
+
+    chosen = incl[time_metric([columns.source.metrics[c.metric].name for c in incl if
+                               c.metric is not None], nonzero)]
+    cols = [c for c in measured if c.metric == chosen.metric]
+    if show_empty:
+        return cols
+    shown = [c for c in cols if np.any(columns.values(view, c) != 0)]
+    return shown or cols[:1]
+
+
+def _selected_columns(columns: ColumnSet, view: View, args: argparse.Namespace,
+                      new: list[DerivedMetric]) -> list[ColumnDef]:
     if args.columns is not None:
         keys = [k.strip() for k in args.columns.split(",") if k.strip()]
         if not keys:  # '' or ',,': a report of no column would have nothing to sort or show
@@ -108,11 +133,13 @@ def _selected_columns(columns: ColumnSet, args: argparse.Namespace, new: list[De
             else key
         cols.extend(columns.for_metric(key))
     if not cols:
-        # JSON and CSV carry every measured metric; the text report the first one, or a
-        # comparison's base, new and delta (what a user who just ran `diff` wants to see)
+        # JSON and CSV carry every measured metric; the text report the one that holds the
+        # time (as the viewer opens), or a comparison's base, new and delta (what a user who
+        # just ran `diff` wants to see)
         every = args.format in ("json", "csv")
         cols = [c for c in columns.columns if c.metric is not None] if every \
-            else _comparison_columns(columns) or list(columns.columns[:2])
+            else _comparison_columns(columns) or _opening_columns(
+                columns, view, getattr(args, "empty_columns", False))
     for c in columns.columns:
         if c.spec is not None and c.spec.visible and c not in cols:
             cols.append(c)
@@ -126,7 +153,7 @@ def build_report(exp: Experiment, args: argparse.Namespace, out: TextIO) -> int:
     if args.threads is not None:
         profiles = select_contexts(exp, args.threads, regex=args.threads_regex)
         if not profiles:
-            labels = ", ".join(c.label(exp.id_names) for c in exp.contexts[:8])
+            labels = ", ".join(exp.context_label(c) for c in exp.contexts[:8])
             raise CallpathError(f"--threads {args.threads!r} selects no execution context "
                                 f"(they are: {labels}{', ...' if len(exp.contexts) > 8 else ''})")
     filters = [] if args.no_saved_filters else load_filters()
@@ -158,7 +185,7 @@ def build_report(exp: Experiment, args: argparse.Namespace, out: TextIO) -> int:
         return 0
 
     view = view_of(args.view, source)
-    cols = _selected_columns(columns, args, new)
+    cols = _selected_columns(columns, view, args, new)
     sort_col = columns.resolve(args.sort) if args.sort else cols[0]
     start = view.find_stable(args.zoom) if args.zoom is not None else 0
 

@@ -19,6 +19,7 @@ is then two gathers: sample → u → name id.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -153,16 +154,24 @@ def row_order_key(ids: dict[str, int], prof_index: int) -> tuple[int, ...]:
 
 
 def row_label(exp: Experiment, prof_index: int) -> str:
-    """A trace row's label, with GPU streams named as a person reads them:
-    ``NODE 0 GPU stream 7 (context 1)`` for ``NODE 0 GPUCONTEXT 1 GPUSTREAM 7``."""
+    """A trace row's label as a person reads it (:meth:`Experiment.context_label`: the
+    node left out when there is one, a host id in hex), GPU streams named in words:
+    ``GPU stream 7 (context 1)`` for ``NODE 0 GPUCONTEXT 1 GPUSTREAM 7``."""
     if prof_index >= len(exp.profiles):
         return f"profile {prof_index}"
-    label = exp.profiles[prof_index].label(exp.id_names)
+    label = exp.context_label(exp.profiles[prof_index])
     ids = _ids(exp, prof_index)
     if "GPUSTREAM" not in ids:
         return label
-    parts = [f"{k} {v}" for k, v in ids.items()
-             if k not in ("GPUDEVICE", "GPUCONTEXT", "GPUSTREAM")]
+    # the CPU part of the label as it reads (the node left out or in hex), then the stream
+    gpu_kinds = {k for k, n in enumerate(exp.id_names)
+                 if n in ("GPUDEVICE", "GPUCONTEXT", "GPUSTREAM")}
+    node = {k for k, n in enumerate(exp.id_names) if n == "NODE"}
+    shown = exp.node_texts()
+    cpu = dataclasses.replace(exp.profiles[prof_index], name="", ids=tuple(
+        i for i in exp.profiles[prof_index].ids if i.kind not in gpu_kinds
+        and not (i.kind in node and shown.get(i.logical_id) == "")))
+    parts = [exp.context_label(cpu)] if cpu.ids else []
     where = [f"{k.removeprefix('GPU').lower()} {ids[k]}" for k in ("GPUDEVICE", "GPUCONTEXT")
              if k in ids]
     parts.append(f"GPU stream {ids['GPUSTREAM']}" + (f" ({', '.join(where)})" if where else ""))

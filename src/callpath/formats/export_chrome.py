@@ -59,7 +59,7 @@ def write_chrome(ft: FrameTree, out: TextIO, *, title: str) -> int:
     events: list[str] = []
     samples: list[str] = []
     used = np.zeros(len(ft), dtype=bool)
-    labels = {p.index: p.label(exp.id_names) for p in exp.profiles}
+    labels = {p.index: exp.context_label(p) for p in exp.profiles}
     events.append(json.dumps({"ph": "M", "pid": 1, "name": "process_name",
                               "args": {"name": title}}))
     for line in exp.traces.lines:

@@ -277,8 +277,7 @@ def weight_sources(exp: Experiment, contexts: list[int] | None, *, summary: bool
     chosen execution contexts (all of them when ``contexts`` is None)."""
     out: list[tuple[str, int | None]] = [("summary", None)] if summary else []
     chosen = [p.index for p in exp.contexts] if contexts is None else contexts
-    names = exp.id_names
-    out += [(exp.profiles[p].label(names), p) for p in chosen]
+    out += [(exp.context_label(exp.profiles[p]), p) for p in chosen]
     return out
 
 

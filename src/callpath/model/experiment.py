@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from callpath.errors import CallpathError
 from callpath.model.cct import CCT
-from callpath.model.contexts import DEFAULT_ID_NAMES, ExecutionContext
+from callpath.model.contexts import DEFAULT_ID_NAMES, ExecutionContext, node_texts
 from callpath.model.metrics import (
     EXECUTION,
     FUNCTION,
@@ -67,6 +67,7 @@ class Experiment:
     source_copies: dict[str, Path] = field(default_factory=dict, repr=False)
     _summary_cache: dict[int, F64] = field(default_factory=dict, repr=False)
     _node_of_ctx: npt.NDArray[np.int64] | None = field(default=None, repr=False)
+    _node_texts: tuple[tuple[int, int], dict[int, str]] | None = field(default=None, repr=False)
 
     # ---- lookup ------------------------------------------------------------------------
 
@@ -74,6 +75,20 @@ class Experiment:
     def contexts(self) -> list[ExecutionContext]:
         """The measured execution contexts (summary profiles excluded)."""
         return [p for p in self.profiles if not p.is_summary]
+
+    def context_label(self, ctx: ExecutionContext) -> str:
+        """The label a person reads for an execution context of this experiment: the node
+        left out when every context ran on one node, a host id in hex otherwise
+        (:func:`~callpath.model.contexts.node_texts`); ``NODE 8323328 THREAD 0`` read
+        ``THREAD 0``."""
+        return ctx.label(self.id_names, self.node_texts())
+
+    def node_texts(self) -> dict[int, str]:
+        """How each NODE identifier reads in :meth:`context_label` ("" for left out)."""
+        key = (id(self.profiles), len(self.profiles))
+        if self._node_texts is None or self._node_texts[0] != key:
+            self._node_texts = (key, node_texts(self.profiles, self.id_names))
+        return self._node_texts[1]
 
     def metric(self, key: str | int) -> Metric:
         """A metric by index or by name: exact, then an index written as digits, then

@@ -26,6 +26,8 @@ from callpath.analysis.lines import (
 )
 
 SHADES = " .:-=+*#%@"
+LAUNCH_NOTE = ("(launch line): a line that launched GPU kernels or copies; their GPU time, which "
+               "has no source line of its own, is counted on it")
 
 
 def fmt_value(v: float) -> str:
@@ -43,17 +45,21 @@ def csv_value(v: float) -> str:
 
 
 def line_records(m: LineMatrix, rows: npt.NDArray[np.int64]) -> list[dict[str, Any]]:
-    """The JSON ``lines`` entries of ``rows`` (the issue's shape)."""
+    """The JSON ``lines`` entries of ``rows`` (the issue's shape), with ``"launch": true``
+    on a line that launched GPU operations (their time is counted on it)."""
     st = line_stats(m, rows)
     dense = rows_dense(m, rows)
     out = []
     for i, r in enumerate(rows.tolist()):
-        out.append({
+        rec: dict[str, Any] = {
             "file": m.file_labels[int(m.file_of_row[r])], "line": int(m.line_of_row[r]),
             "values": [float(x) for x in dense[i]], "sum": float(st["sum"][i]),
             "min": float(st["min"][i]), "min_context": m.labels[int(st["min_context"][i])],
             "max": float(st["max"][i]), "max_context": m.labels[int(st["max_context"][i])],
-            "mean": float(st["mean"][i]), "stdev": float(st["stdev"][i])})
+            "mean": float(st["mean"][i]), "stdev": float(st["stdev"][i])}
+        if len(m.launch) and m.launch[r]:  # only there: the shape of other lines is unchanged
+            rec["launch"] = True
+        out.append(rec)
     return out
 
 
@@ -99,6 +105,7 @@ def write_text_lines(m: LineMatrix, rows: npt.NDArray[np.int64], out: TextIO, *,
         srcs.append(src[:source_width])
     width = max((len(s) for s in srcs), default=0)
     cur_file = -1
+    launches = False
     header = "  ".join(lab.rjust(w) for lab, w in zip(m.short_labels, widths, strict=True))
     for i, r in enumerate(rows.tolist()):
         f = int(m.file_of_row[r])
@@ -116,7 +123,12 @@ def write_text_lines(m: LineMatrix, rows: npt.NDArray[np.int64], out: TextIO, *,
             tail = (f"min {fmt_value(st['min'][i])}({m.short_labels[int(st['min_context'][i])]})"
                     f" max {fmt_value(st['max'][i])}"
                     f"({m.short_labels[int(st['max_context'][i])]})")
+        if len(m.launch) and m.launch[r]:
+            tail += "  (launch line)"
+            launches = True
         out.write(f"{vals}  {line:>5}  {src}  {tail}".rstrip() + "\n")
+    if launches:
+        out.write(LAUNCH_NOTE + "\n")
 
 
 def write_ranked(ranked: list[dict[str, Any]], fmt: str, out: TextIO) -> None:

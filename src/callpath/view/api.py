@@ -239,7 +239,7 @@ def contexts(db: Database, params: Params, body: bytes) -> Any:
             name = exp.id_names[ident.kind] if ident.kind < len(exp.id_names) \
                 else f"KIND{ident.kind}"
             ids[name] = ident.logical_id
-        out.append({"index": i, "label": c.label(exp.id_names), "attrs": {
+        out.append({"index": i, "label": exp.context_label(c), "attrs": {
             "short": c.short_label(exp.id_names), "profile": c.index, "ids": ids,
             "name": c.name}})
     return out

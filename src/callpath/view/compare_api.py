@@ -6,6 +6,11 @@ stops) with its delta and ratio metrics saved beside it, and opened as one more 
 new tab whose every view has the base, new, delta and ratio columns, and whose flame graph is
 coloured by the delta. Comparing the same pair again returns the tab already made.
 
+What has been made is remembered per server (per list of databases), never per process: a
+process that starts several servers (the tests, a notebook) would otherwise answer the
+second server's comparison of databases 0 and 1 with the first server's tab id, which on the
+second server is some other database.
+
 Body: ``{"base": ID, "new": ID}``. Answer: the new database's entry of ``/api/databases``.
 """
 
@@ -27,8 +32,6 @@ from callpath.view import api
 
 Params = Mapping[str, str]
 
-_lock = threading.Lock()
-_made: dict[tuple[int, int], int] = {}
 _tmp: list[Path] = []
 
 
@@ -65,13 +68,24 @@ def _both(a: Database, b: Database) -> Iterator[None]:
         yield
 
 
-def compare_databases(dbs: list[Database], base: int, new: int) -> dict[str, Any]:
-    """Build (or find) the comparison of two open databases; returns its database entry."""
+class Comparisons:
+    """The comparisons one server has made: (base id, new id) -> the id of its tab in that
+    server's list of databases."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.made: dict[tuple[int, int], int] = {}
+
+
+def compare_databases(dbs: list[Database], base: int, new: int,
+                      made: Comparisons) -> dict[str, Any]:
+    """Build (or find, in ``made``) the comparison of two open databases; returns its
+    database entry."""
     from callpath.engine.comparison import write_compared
     from callpath.engine.database import open_databases
 
-    with _lock:
-        done = _made.get((base, new))
+    with made.lock:
+        done = made.made.get((base, new))
         if done is None:
             a, b = dbs[base], dbs[new]
             folder = Path(tempfile.mkdtemp(prefix="callpath-compare-"))
@@ -83,7 +97,7 @@ def compare_databases(dbs: list[Database], base: int, new: int) -> dict[str, Any
             (db,) = open_databases([str(out)], warm=False)
             db.id = len(dbs)
             dbs.append(db)
-            done = _made[(base, new)] = db.id
+            done = made.made[(base, new)] = db.id
     entry = api.databases([dbs[done]])[0]
     entry["compare"] = {"base": base, "new": new}
     warning = metrics_warning([m.name for m in dbs[base].exp.metrics],
@@ -118,10 +132,12 @@ def metrics_warning(base: list[str], new: list[str]) -> str | None:
 
 def handler(dbs: list[Database]) -> Callable[[Params, bytes], Any]:
     """The ``POST /api/compare`` handler, bound to the server's list of databases (which it
-    extends); registered in :mod:`callpath.view.app` like every other API route."""
+    extends) and to the comparisons made on them; registered in :mod:`callpath.view.app`
+    like every other API route."""
+    made = Comparisons()
 
     def compare(params: Params, body: bytes) -> Any:
         base, new = _parse(body, len(dbs))
-        return compare_databases(dbs, base, new)
+        return compare_databases(dbs, base, new, made)
 
     return compare

@@ -181,6 +181,8 @@ def window(db: Database, params: Params, body: bytes) -> Any:
             "max_short": m.short_labels[mx],
             "mean": stats["mean"][i][0], "stdev": stats["stdev"][i][0],
             "procedure": m.procedures[p] if p >= 0 else None,
+            # GPU operations launched here: their time is counted on this line
+            "launch": bool(m.launch[r]) if len(m.launch) else False,
         })
     return {"start": start, "count": len(out), "contexts": m.labels, "columns": cols,
             "binned": len(groups) < m.n_cols,

@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from callpath.analysis.columns import ColumnDef
 from callpath.analysis.nodes import ViewKind
+from callpath.analysis.time_metric import TIME_FIRST, is_time, time_metric
 from callpath.engine.database import Built
 from callpath.engine.sources import Servable
 from callpath.present import viewreport
@@ -35,14 +36,10 @@ def number(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
 
-# the metrics that hold the time of a run, best first: HPCToolkit's GPU operation time
-# (GPUOP: kernels, copies, synchronisation together), then CPU time; see open_column()
-_TIME_FIRST = ("GPUOP", "CPUTIME", "REALTIME", "cpu-clock", "task-clock", "time")
-
-
-def _is_time(name: str) -> bool:
-    n = name.lower()
-    return "(sec)" in n or "time" in n or "clock" in n or n.startswith("(s)")
+# the metrics that hold the time of a run, best first, shared with `callpath report` and
+# `callpath lines` (analysis.time_metric); see open_column()
+_TIME_FIRST = TIME_FIRST
+_is_time = is_time
 
 
 def open_column(cols: list[dict[str, Any]]) -> str | None:
@@ -69,11 +66,7 @@ def open_metric(names: list[str]) -> int:
     """The metric a database's Lines tab opens on, from the metric names alone (the list of
     databases must stay cheap): the first of :data:`_TIME_FIRST`, else the first time
     metric, else metric 0."""
-    base = [n.split(" ")[0].split(":")[0] for n in names]
-    for want in _TIME_FIRST:
-        if want in base:
-            return base.index(want)
-    return next((i for i, n in enumerate(names) if _is_time(n)), 0)
+    return time_metric(names)
 
 
 def columns_json(b: Built) -> list[dict[str, Any]]:

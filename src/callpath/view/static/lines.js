@@ -597,6 +597,12 @@ export class LinesView {
         f.title = r.file;
         sr.insertBefore(f, sr.lastChild);
       }
+      if (r.launch) {  // GPU time has no line of its own: it is counted where it was launched
+        const g = el("span", "ln-launch", "launch line");
+        g.title = "GPU kernels and copies launched here: their GPU time, which has no source line of its own, is counted on this line";
+        sr.insertBefore(g, sr.lastChild);
+        sr.title += "\n(launch line: the GPU time of what this line launched is counted on it)";
+      }
       firstRow = false;
       fs.appendChild(sr);
     }
