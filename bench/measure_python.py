@@ -57,6 +57,12 @@ into libtorch and its BLAS) under PYTHON, an interpreter that has torch installe
 (``python3.11 -m venv E && E/bin/pip install torch``); callpath runs under this one.
 
     .venv/bin/python bench/measure_python.py --native --torch E/bin/python [--repeat 5]
+
+``--torch-threads 1`` runs that loop on one thread (``torch.set_num_threads``): torch's OpenMP
+workers spin-wait between operators, so with its default (one thread per core) the process's
+CPU time moves with how the sampled main thread is scheduled. For ``--native`` the table adds
+*proc* and *proc CPU*: the measured process's own wall-clock and CPU time from its start
+(``import torch`` included) to the end of the workload, without a tool's post-processing.
 """
 
 from __future__ import annotations
@@ -172,6 +178,14 @@ if __name__ == "__main__":
     t0, c0 = time.perf_counter(), time.process_time()
     work(float(sys.argv[1]))
     print(f"WORK {time.perf_counter() - t0:.6f} CPU {time.process_time() - c0:.6f}")
+    # the whole process so far: wall-clock time since it started (/proc, clock ticks) and
+    # the CPU time of all its threads: import torch, the capture's start and the program
+    import os
+    with open("/proc/self/stat") as f:
+        start = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    with open("/proc/uptime") as f:
+        up = float(f.read().split()[0])
+    print(f"PROC {up - start:.3f} {time.process_time():.6f}")
 '''
 
 
@@ -181,6 +195,8 @@ import torch
 from torch import nn
 
 torch.manual_seed(0)
+if int(__import__("os").environ.get("BENCH_TORCH_THREADS", "0")):
+    torch.set_num_threads(int(__import__("os").environ["BENCH_TORCH_THREADS"]))
 model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                       nn.Linear(512, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -203,6 +219,14 @@ if __name__ == "__main__":
     t0, c0 = time.perf_counter(), time.process_time()
     work(float(sys.argv[1]))
     print(f"WORK {time.perf_counter() - t0:.6f} CPU {time.process_time() - c0:.6f}")
+    # the whole process so far: wall-clock time since it started (/proc, clock ticks) and
+    # the CPU time of all its threads: import torch, the capture's start and the program
+    import os
+    with open("/proc/self/stat") as f:
+        start = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    with open("/proc/uptime") as f:
+        up = float(f.read().split()[0])
+    print(f"PROC {up - start:.3f} {time.process_time():.6f}")
 '''
 
 
@@ -400,6 +424,8 @@ class Sample(NamedTuple):
     work_cpu: float  # ... and its process's CPU time meanwhile (in-process profiling costs)
     total: float  # wall-clock time of the whole command
     tree_cpu: float  # CPU time of the whole command tree (the tool's own processes included)
+    proc: float = 0.0  # --native: the measured process's wall-clock time from its start
+    proc_cpu: float = 0.0  # ... and its CPU time, all threads (0 where not printed)
 
 
 def run_once(cmd: list[str], hash_seed: int) -> Sample | str:
@@ -413,7 +439,8 @@ def run_once(cmd: list[str], hash_seed: int) -> Sample | str:
         return (p.stderr.strip().splitlines() or ["failed"])[-1][:100]
     words = p.stdout.split("WORK")[1].split()
     tree = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    return Sample(float(words[0]), float(words[2]), total, tree)
+    proc = p.stdout.split("PROC")[1].split() if "PROC" in p.stdout else ["0", "0"]
+    return Sample(float(words[0]), float(words[2]), total, tree, float(proc[0]), float(proc[1]))
 
 
 DECOMPOSE_MODES = {"c": "C function (signal only)", "empty": "empty Python handler",
@@ -476,6 +503,9 @@ def main() -> int:
                     help="with --native: a small PyTorch CPU training loop run by PYTHON (an "
                     "interpreter that has torch, of the version callpath's capture is built "
                     "for) instead of the mixed workload")
+    ap.add_argument("--torch-threads", type=int, default=0, metavar="N",
+                    help="with --torch: torch.set_num_threads(N) (default: torch's own, one "
+                    "per core; its OpenMP workers spin-wait, which moves CPU figures)")
     ap.add_argument("--only", action="append", default=[],
                     help="run only configurations whose name starts with this (and plain)")
     args = ap.parse_args()
@@ -501,6 +531,8 @@ def main() -> int:
             if not args.native:
                 ap.error("--torch: expected with --native")
             wpy = args.torch
+            if args.torch_threads:
+                os.environ["BENCH_TORCH_THREADS"] = str(args.torch_threads)
             script = tmp / "train.py"
             script.write_text(TORCH_WORKLOAD)
         elif args.native:
@@ -556,9 +588,11 @@ def main() -> int:
         print("ratios to plain of the medians of: work = the workload's own wall-clock time; "
               "work CPU = its process's CPU time; total = the command's wall-clock time; tree "
               "CPU = CPU time of every process of the command (the tool's included); paired = "
-              "median over rounds of work CPU / plain's work CPU in the same round")
+              "median over rounds of work CPU / plain's work CPU in the same round; proc, proc CPU "
+              "(--native) = the measured process's own wall-clock and CPU time from its start "
+              "to the end of the workload: the whole process, without a tool's post-processing")
         print(f"{'configuration':28s} {'work s':>8s} {'work':>7s} {'work CPU':>9s} "
-              f"{'total':>7s} {'tree CPU':>9s} {'paired':>7s}")
+              f"{'total':>7s} {'tree CPU':>9s} {'paired':>7s} {'proc':>7s} {'proc CPU':>9s}")
         for name, rs in results.items():
             if name in failed:
                 print(f"{name:28s} not run: {failed[name]}")
@@ -567,7 +601,9 @@ def main() -> int:
             print(f"{name:28s} {med['work']:8.3f} {med['work'] / base['work']:7.3f} "
                   f"{med['work_cpu'] / base['work_cpu']:9.3f} {med['total'] / base['total']:7.3f}"
                   f" {med['tree_cpu'] / base['tree_cpu']:9.3f} "
-                  f"{statistics.median(paired[name]) if paired[name] else 1.0:7.3f}")
+                  f"{statistics.median(paired[name]) if paired[name] else 1.0:7.3f}"
+                  f" {med['proc'] / base['proc'] if base['proc'] else 0:7.3f}"
+                  f" {med['proc_cpu'] / base['proc_cpu'] if base['proc_cpu'] else 0:9.3f}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

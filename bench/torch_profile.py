@@ -1,7 +1,7 @@
 """``callpath profile --native`` of a PyTorch CPU training loop: time from program exit to
 report, cold and warm, peak memory of ``prof``, disk used (issue 27's goals).
 
-    python bench/torch_profile.py [--seconds 5] [--repeat 1] [--whole]
+    python bench/torch_profile.py [--seconds 5] [--whole] [--before OTHER/src]
 
 Installs torch (``--torch torch==2.13.0+cpu``: a CPU build, the ``+cpu`` local version never
 matches PyPI's CUDA wheels; add ``--index-url https://download.pytorch.org/whl/cpu`` where the
@@ -13,7 +13,13 @@ never runs this). Then, with a fresh structure cache (cold) and again with it fi
   stacks' unwinding, structure, attribution, writing, the report); the phases ``profile``
   prints (measure, structure, attribute, write);
 - ``callpath prof MEASDIR`` alone, its wall time and peak RSS (``wait4``'s ``ru_maxrss``);
-- the measurement directory's and the structure cache's size.
+- the measurement directory's and callpath's cache's size (structure, unwind rows,
+  recipes: everything under ``$XDG_CACHE_HOME/callpath``).
+
+``--before OTHER/src`` first measures another callpath source tree (main's, before a change)
+the same way, with its own fresh cache, in the same run and on the same loop: the figures
+before and after a change under the same load. Both trees are byte-compiled first, as an
+installed package is.
 
 ``--whole`` also times ``callpath struct MEASDIR`` (whole-binary structure of every mapped
 module: the way ``profile`` worked before issue 27) and ``prof`` with those files. It takes
@@ -112,53 +118,84 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def compiled(src: Path, py: Path) -> None:
+    """Byte-compile a callpath source tree, as an installed package is: the session's
+    PYTHONDONTWRITEBYTECODE would otherwise make every callpath process of the bench compile
+    its ~200 modules at start (0.3-0.5 s each, no user pays that)."""
+    subprocess.run([str(py), "-m", "compileall", "-q", str(src / "callpath")], check=True,
+                   env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
+
+
+def measure(label: str, py: Path, src: Path | None, work: Path, args: argparse.Namespace,
+            alone: float, alone_cpu: float) -> None:
+    """Cold and warm ``profile --native``, ``prof`` alone, disk: with the callpath of ``src``
+    (None: this checkout, as installed in the bench's venv) and a fresh cache."""
+    cp = [str(py), "-m", "callpath"]
+    train = work / "train.py"
+    cache = work / f"cache-{label}"
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    if src is not None:
+        env["PYTHONPATH"] = str(src) + os.pathsep + env.get("PYTHONPATH", "")
+    for kind in ("cold", "warm"):
+        meas, db = work / f"{label}-{kind}.m", work / f"{label}-{kind}.d"
+        wall, _, out = timed([*cp, "profile", "--native", "-m", str(meas), "-o", str(db),
+                              "--", str(py), str(train), str(args.seconds)], env)
+        phases = re.search(r"^Time:\s+(.*)$", out, re.M)
+        print(f"[{label}] profile --native ({kind} cache): {wall:.2f} s, {wall - alone:.2f} s "
+              f"more than the loop alone (CPU {CPU['last']:.2f} s, "
+              f"{CPU['last'] - alone_cpu:.2f} s more); phases: "
+              f"{phases.group(1) if phases else '?'}; load average {os.getloadavg()[0]:.1f}")
+        print(f"[{label}]   measurement directory {du(meas) / 2**20:.1f} MiB, callpath's cache "
+              f"{du(cache / 'callpath') / 2**20:.1f} MiB (structure "
+              f"{du(cache / 'callpath' / 'structs') / 2**20:.1f} MiB), together "
+              f"{(du(meas) + du(cache / 'callpath')) / 1e6:.1f} MB; database "
+              f"{du(db) / 2**20:.1f} MiB")
+    meas = work / f"{label}-warm.m"
+    wall, rss, _ = timed([*cp, "prof", str(meas), "-o", str(work / f"{label}-p.d")], env)
+    print(f"[{label}] prof alone (warm): {wall:.2f} s, CPU {CPU['last']:.2f} s, peak RSS "
+          f"{rss / 1024:.0f} MiB; load average {os.getloadavg()[0]:.1f}")
+    shutil.rmtree(meas / "structs", ignore_errors=True)
+    shutil.rmtree(cache / "callpath", ignore_errors=True)
+    wall, rss, _ = timed([*cp, "prof", str(meas), "-o", str(work / f"{label}-p2.d")], env)
+    print(f"[{label}] prof alone (cold): {wall:.2f} s, CPU {CPU['last']:.2f} s, peak RSS "
+          f"{rss / 1024:.0f} MiB; load average {os.getloadavg()[0]:.1f}")
+    if args.whole:
+        wall, rss, _ = timed([*cp, "struct", str(meas), "--no-cache"], env)
+        print(f"[{label}] struct MEASDIR (whole binaries, before issue 27): {wall:.2f} s, peak "
+              f"RSS {rss / 1024:.0f} MiB, {du(meas / 'structs') / 2**20:.0f} MiB of XML")
+        wall, rss, _ = timed([*cp, "prof", str(meas), "-o", str(work / f"{label}-w.d")], env)
+        print(f"[{label}] prof with whole structures: {wall:.2f} s, peak RSS "
+              f"{rss / 1024:.0f} MiB")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--torch", default="torch==2.13.0+cpu")
     ap.add_argument("--index-url", default=None)
     ap.add_argument("--whole", action="store_true")
+    ap.add_argument("--before", metavar="SRC", default=None,
+                    help="also measure the callpath of this source tree (the 'src' folder of "
+                    "another checkout, e.g. main's) first, in the same run: before and after")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     py = ensure_env(args.torch, args.index_url)
-    cp = [str(py), "-m", "callpath"]
+    compiled(ROOT / "src", py)
+    before = Path(args.before).resolve() if args.before else None
+    if before is not None:
+        compiled(before, py)
     work = Path(tempfile.mkdtemp(prefix="torch-bench-"))
-    train = work / "train.py"
-    train.write_text(TRAIN)
-    cache = work / "cache"
-    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    (work / "train.py").write_text(TRAIN)
+    env = dict(os.environ, XDG_CACHE_HOME=str(work / "cache-alone"))
     try:
-        alone, _, out = timed([str(py), str(train), str(args.seconds)], env)
+        alone, _, out = timed([str(py), str(work / "train.py"), str(args.seconds)], env)
         alone_cpu = CPU["last"]
         print(f"loop alone: {alone:.2f} s, CPU {alone_cpu:.2f} s "
               f"({out.strip().splitlines()[-1]}); load average {os.getloadavg()[0]:.1f}")
-        for label in ("cold", "warm"):
-            meas, db = work / f"{label}.m", work / f"{label}.d"
-            wall, _, out = timed([*cp, "profile", "--native", "-m", str(meas), "-o", str(db),
-                                  "--", str(py), str(train), str(args.seconds)], env)
-            phases = re.search(r"^Time:\s+(.*)$", out, re.M)
-            print(f"profile --native ({label} cache): {wall:.2f} s, {wall - alone:.2f} s more "
-                  f"than the loop alone (CPU {CPU['last']:.2f} s, {CPU['last'] - alone_cpu:.2f}"
-                  f" s more); phases: {phases.group(1) if phases else '?'}; load average "
-                  f"{os.getloadavg()[0]:.1f}")
-            print(f"  measurement directory {du(meas) / 2**20:.1f} MiB, structure cache "
-                  f"{du(cache / 'callpath' / 'structs') / 2**20:.1f} MiB, database "
-                  f"{du(db) / 2**20:.1f} MiB")
-        meas = work / "warm.m"
-        wall, rss, _ = timed([*cp, "prof", str(meas), "-o", str(work / "p.d")], env)
-        print(f"prof alone (warm): {wall:.2f} s, CPU {CPU['last']:.2f} s, peak RSS "
-              f"{rss / 1024:.0f} MiB")
-        shutil.rmtree(meas / "structs", ignore_errors=True)
-        shutil.rmtree(cache / "callpath" / "structs", ignore_errors=True)
-        wall, rss, _ = timed([*cp, "prof", str(meas), "-o", str(work / "p2.d")], env)
-        print(f"prof alone (cold): {wall:.2f} s, CPU {CPU['last']:.2f} s, peak RSS "
-              f"{rss / 1024:.0f} MiB")
-        if args.whole:
-            wall, rss, _ = timed([*cp, "struct", str(meas), "--no-cache"], env)
-            print(f"struct MEASDIR (whole binaries, before issue 27): {wall:.2f} s, peak RSS "
-                  f"{rss / 1024:.0f} MiB, {du(meas / 'structs') / 2**20:.0f} MiB of XML")
-            wall, rss, _ = timed([*cp, "prof", str(meas), "-o", str(work / "w.d")], env)
-            print(f"prof with whole structures: {wall:.2f} s, peak RSS {rss / 1024:.0f} MiB")
+        if before is not None:
+            measure("before", py, before, work, args, alone, alone_cpu)
+        measure("after" if before is not None else "this", py, None, work, args, alone,
+                alone_cpu)
     finally:
         if args.keep:
             print(f"kept {work}")

@@ -166,6 +166,8 @@ def test_attach_user_errors(tmp_path: Path) -> None:
         (["run", "--pid", str(os.getpid()), "--duration", "-1"], "positive number of seconds"),
         (["profile", "--pid", str(pid_max + 1)], "no such process"),
         (["run", "--pid", str(os.getpid()), "-e", "gpu=nvidia"], "GPU events"),
+        (["run", "--pid", str(os.getppid()), "-e", "cpu-clock", "--native"],
+         "expected one of them"),
     ]
     for argv, words in cases:
         proc = callpath(*argv, "-o" if argv[0] == "run" else "-m", str(tmp_path / "m"))
@@ -239,10 +241,18 @@ def _python(name: str) -> str:
     pytest.skip(f"{name} is not installed")
 
 
+def _frames_of(block: str) -> list[str]:
+    """A thread's frame lines, innermost first."""
+    return [ln.strip() for ln in block.splitlines()[1:] if ln.startswith("    ")]
+
+
 @pytest.mark.parametrize("python", PYTHONS)
 def test_dump_python_threads(python: str, tmp_path: Path) -> None:
     """dump --pid: the main thread in time.sleep and a thread waiting on a lock, each with
-    its Python call path and line; the program is not stopped and exits normally."""
+    its Python call path and line and, above it, the native frames it waits in: libc's
+    clock_nanosleep for the sleep, a futex or semaphore wait of libc for the lock (both
+    stacks of the same instant, merged); the compressing thread has zlib below its line.
+    The threads are held only for the copy: the program exits normally."""
     exe = _python(python)
     spin = PySpinner(exe, tmp_path)
     try:
@@ -256,11 +266,78 @@ def test_dump_python_threads(python: str, tmp_path: Path) -> None:
     out = proc.stdout
     blocks = out.split("\n\n")
     main = next(b for b in blocks if "(main)" in b)
-    assert f"main ({PY_PROGRAM}:{_line_of('SLEEP_LINE')})" in main, out
-    assert "<module>" in main
-    assert any(f"waiter ({PY_PROGRAM}:{_line_of('LOCK_LINE')})" in b and "Thread.run" in b
-               for b in blocks), out
+    frames = _frames_of(main)
+    sleep_at = frames.index(f"main ({PY_PROGRAM}:{_line_of('SLEEP_LINE')})")
+    assert frames[sleep_at + 1].startswith("<module>"), out
+    # the native part: the libc wait innermost, then the interpreter's time.sleep
+    assert frames[0] == "clock_nanosleep (libc.so.6)", out
+    assert any(f.startswith("time_sleep ") for f in frames[:sleep_at]), out
+    lock = next(b for b in blocks if f"waiter ({PY_PROGRAM}:{_line_of('LOCK_LINE')})" in b)
+    frames = _frames_of(lock)
+    wait_at = frames.index(f"waiter ({PY_PROGRAM}:{_line_of('LOCK_LINE')})")
+    assert frames[wait_at + 1].startswith("Thread.run"), out
+    assert frames[0].endswith("(libc.so.6)") and ("futex" in frames[0] or "sem" in frames[0]), \
+        out
+    assert any("acquire" in f for f in frames[:wait_at]), out
+    assert "_PyEval_EvalFrameDefault" not in out
     assert "Python 3." in blocks[0]
+
+
+def _traced(pid: int) -> bool:
+    """Whether every thread of ``pid`` has a tracer."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        if "TracerPid:\t0\n" in status:
+            return False
+    return True
+
+
+def test_dump_of_a_program_under_a_debugger(tmp_path: Path) -> None:
+    """A program that strace traces cannot be held: each thread says why it has no native
+    frames, its Python frames are still read, and the program is unharmed."""
+    import shutil
+
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    spin = PySpinner(_python("python3.11"), tmp_path)
+    tracer = subprocess.Popen(["strace", "-f", "-qq", "-o", "/dev/null", "-p",
+                               str(spin.proc.pid)], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not _traced(spin.proc.pid):
+            assert time.monotonic() < deadline and tracer.poll() is None
+            time.sleep(0.05)
+        proc = callpath("dump", "--pid", str(spin.proc.pid))
+    finally:
+        tracer.terminate()
+        tracer.wait()
+    try:
+        status, text = spin.finish()
+    finally:
+        spin.kill()
+    assert proc.returncode == 0, proc.stderr
+    assert status == 0 and text.strip() == "done"
+    blocks = proc.stdout.split("\n\n")[1:]
+    assert len(blocks) == 3, proc.stdout
+    for b in blocks:
+        assert "(no native frames: it is being traced by another process (a debugger))" in b, b
+    main = next(b for b in blocks if "(main)" in b)
+    assert f"main ({PY_PROGRAM}:{_line_of('SLEEP_LINE')})" in main, proc.stdout
+
+
+def test_dump_python_only_without_holding(tmp_path: Path) -> None:
+    """dump --pid --no-native: the Python frames alone (read without holding the threads)."""
+    spin = PySpinner(_python("python3.11"), tmp_path)
+    try:
+        time.sleep(0.3)
+        proc = callpath("dump", "--pid", str(spin.proc.pid), "--no-native")
+        status, _ = spin.finish()
+    finally:
+        spin.kill()
+    assert proc.returncode == 0 and status == 0, proc.stderr
+    main = next(b for b in proc.stdout.split("\n\n") if "(main)" in b)
+    assert _frames_of(main)[0] == f"main ({PY_PROGRAM}:{_line_of('SLEEP_LINE')})", main
+    assert "libc.so.6" not in proc.stdout
 
 
 @pytest.mark.parametrize("python", PYTHONS)
@@ -348,6 +425,11 @@ def test_dump_native_program(build, tmp_path: Path) -> None:  # type: ignore[no-
     assert proc.returncode == 0 and status == 0, proc.stderr
     assert f"Thread {spin.proc.pid} (main)" in proc.stdout
     assert "not a CPython process" in proc.stdout.splitlines()[0]
+    # its native frames: the loop it was in (or the access() between loops), below main
+    frames = _frames_of(proc.stdout.split("\n\n")[1])
+    assert "main (attach_spin)" in frames, proc.stdout
+    assert frames[0].split()[0] in ("hot_loop", "cold_loop", "access", "__GI___access"), \
+        proc.stdout
 
 
 def test_attach_older_python_falls_back_to_native(perf_ok: None, tmp_path: Path) -> None:  # noqa: F811

@@ -47,3 +47,43 @@ def test_cell_magic_in_a_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert (db / "meta.db").exists() or any(db.iterdir())
     view = "".join(o.get("data", {}).get("text/html", "") for o in nb.cells[2].outputs)
     assert "hot_procedure" in view
+
+
+NATIVE_CELL = '''%%callpath --native -d 60
+import time
+import zlib
+
+data = bytes(range(256)) * 4000
+t0 = time.process_time()
+while time.process_time() - t0 < 1.5:
+    zlib.compress(data, 9)
+'''
+
+
+def test_native_cell_shows_the_c_code_below_the_line(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``%%callpath --native``: the cell's zlib.compress line with zlib's C function and
+    libz's deflate below it, in the cell's output (the kernel is attached to with
+    ``run --pid --native``)."""
+    nbformat = pytest.importorskip("nbformat", reason="jupyter packages (callpath[notebook]) "
+                                   "are not installed")
+    nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed")
+    pytest.importorskip("ipykernel", reason="ipykernel is not installed")
+    from conftest import perf_reason
+
+    if perf_reason() is not None:
+        pytest.skip(f"perf_event sampling is not available here: {perf_reason()}")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "src") + os.pathsep
+                       + os.environ.get("PYTHONPATH", ""))
+    db = tmp_path / "db"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext callpath"),
+                nbformat.v4.new_code_cell(NATIVE_CELL.replace("-d 60", f"-d 60 -o {db}"))]
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    outputs = nb.cells[1].outputs
+    html = "".join(o.get("data", {}).get("text/html", "") for o in outputs)
+    errors = "".join(o.get("text", "") for o in outputs if o.get("name") == "stderr")
+    assert "zlib_compress" in html and "deflate" in html, (errors, outputs)
+    assert html.index("zlib_compress") < html.index("deflate")

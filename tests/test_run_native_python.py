@@ -51,7 +51,9 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("native_libs")
     built = {}
     for name, src, extra in (("kernels", "kernels.c", []),
-                             ("omp", "omp_kernel.c", ["-fopenmp"])):
+                             ("omp", "omp_kernel.c", ["-fopenmp"]),
+                             ("dispatch", "dispatch.c", []),
+                             ("dispatch_other", "dispatch_other.c", [])):
         so = out / f"lib{name}.so"
         r = subprocess.run(["gcc", "-O2", "-g", "-fomit-frame-pointer", "-shared", "-fPIC",
                             *extra, "-o", str(so), str(PROGRAMS / src)],
@@ -351,22 +353,63 @@ def test_merge_paths_pairs_from_the_leaf() -> None:
 
 def test_readable_path_elides_the_interpreter_and_hides_the_profiler() -> None:
     """One merged path as a user reads it (module 0 the interpreter, 1 an extension, 2 the
-    profiler's shared object; code 5 the sampler's flush): the interpreter's frames between
-    two Python frames go, the extension's between them and everything below the innermost
-    Python frame stay; the path ends before the profiler's first frame together with the
-    interpreter's frames that led to it, and a path of the profiler alone is empty."""
+    profiler's shared object; code 5 the sampler's flush): the interpreter's frames go where
+    they lead to a Python frame, or to an extension they called through a pointer; the
+    extension's frames stay, and so do the interpreter's frames that end the path (a
+    ``<GIL wait>`` too); the path ends before the
+    profiler's first frame together with the interpreter's frames that led to it, and a path
+    of the profiler alone is empty."""
     interp, ext, own = (NAT, 0, 1, 0), (NAT, 1, 2, 0), (NAT, 2, 3, 0)
     f, g, h = (PY, 0, 1, 0), (PY, 1, 2, 0), (PY, 2, 3, 0)
     flush = (PY, 5, 9, 0)
     mods, owns, codes = frozenset({0}), frozenset({2}), frozenset({5})
     path = [f, interp, interp, g, interp, ext, interp, h, interp, ext, interp]
+    # the interpreter reached the extension through a pointer (a method, a slot): elided
+    assert merge.readable_path(list(path), mods, owns, codes,
+                               through_pointer=lambda m, a: True) == [f, g, ext, h, ext, interp]
+    # directly (as it calls the C library): its frames before the extension stay
     assert merge.readable_path(list(path), mods, owns, codes) == \
-        [f, g, ext, h, interp, ext, interp]
+        [f, g, interp, ext, h, interp, ext, interp]
+    wait = (int(measdir.NodeKind.PLACEHOLDER), -1, int(measdir.Placeholder.GIL_WAIT), 0)
+    assert merge.readable_path([f, interp, interp, wait], mods, owns, codes,
+                               through_pointer=lambda m, a: True) == [f, interp, interp, wait]
     assert merge.readable_path(list(path), mods, owns, codes, keep_interpreter=True) == path
     assert merge.readable_path([f, interp, g, interp, interp, own, interp], mods, owns,
                                codes) == [f, g]
     assert merge.readable_path([f, interp, flush, interp, h], mods, owns, codes) == [f]
     assert merge.readable_path([flush, interp], mods, owns, codes) == []
+
+
+def test_readable_path_elides_trampolines_within_a_library() -> None:
+    """Frames that ``forwarding`` calls trampolines (addresses 20 and 21 here) are elided
+    where their callee is in their own module, never where it is in another module, never
+    the innermost or the outermost frame, and not with ``keep_interpreter``; exact (leaf)
+    pcs are not asked."""
+    asked: list[tuple[int, int]] = []
+
+    def fwd(module: int, address: int) -> bool:
+        asked.append((module, address))
+        return address in (20, 21)
+
+    f = (PY, 0, 1, 0)
+    entry, disp, wrap, impl = (NAT, 1, 10, 0), (NAT, 1, 20, 0), (NAT, 1, 21, 0), \
+        (NAT, 1, 30, 0)
+    cross, lib2 = (NAT, 1, 20, 0), (NAT, 3, 40, 0)
+    leaf = (NAT, 1, 21, int(measdir.NodeFlag.EXACT_PC))
+    none: frozenset[int] = frozenset()
+    assert merge.readable_path([f, entry, disp, wrap, impl], none, none, none,
+                               forwarding=fwd) == [f, entry, impl]
+    assert merge.readable_path([f, entry, disp, wrap, impl], none, none, none, True,
+                               fwd) == [f, entry, disp, wrap, impl]
+    assert merge.readable_path([f, entry, cross, lib2], none, none, none,
+                               forwarding=fwd) == [f, entry, cross, lib2]
+    asked.clear()
+    assert merge.readable_path([f, entry, disp, leaf], none, none, none,
+                               forwarding=fwd) == [f, entry, leaf]
+    assert asked == [(1, 10), (1, 20)]
+    # a native thread's path: its outermost frame is not between two frames
+    assert merge.readable_path([disp, wrap, impl], none, none, none,
+                               forwarding=fwd) == [disp, impl]
 
 
 def test_mark_gil_wait_cuts_below_take_gil() -> None:
@@ -619,6 +662,57 @@ def test_interpreter_frames_elided_between_python_frames(capture_ok: None,
         else:
             assert "slot_tp_call" in between, between
     assert depth["elided"] + 4 * 3 <= depth["kept"], depth
+
+
+def test_library_trampolines_elided_between_its_frames(capture_ok: None, libs: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    """An operator library built as PyTorch's ATen is (tests/native_python/dispatch.c, real
+    machine code compiled here): by default the dispatcher (``op_dispatch``: no loop, calls
+    the kernel through a pointer) and the wrapper (``op_wrapper``: a few instructions) are
+    left out between the library's entry and the operator's implementation, and CPython's
+    call machinery between the Python line and the entry; a driver that calls through
+    pointers in a loop (``run_callbacks``) and a dispatcher whose callee is in another
+    library (``dispatch_other``) keep their frames. ``--keep-interpreter-frames`` keeps
+    every frame, as measured before the rule."""
+    if "dispatch" not in libs or "dispatch_other" not in libs:
+        pytest.skip("gcc cannot build a shared library here")
+    prog = [sys.executable, str(PROGRAMS / "dispatch.py"), str(libs["dispatch"]),
+            str(libs["dispatch_other"]), "300"]
+    routes = {"operator": ["op_call", "op_impl", "kernel_loop"],
+              "driver": ["run_callbacks", "op_impl", "kernel_loop"],
+              "cross": ["dispatch_other", "other_kernel"]}
+    for how, extra in (("elided", []), ("kept", ["--keep-interpreter-frames"])):
+        out = tmp_path / how
+        r = callpath("run", "--native", *extra, "-o", str(out), "--", *prog)
+        assert r.returncode == 0, r.stderr
+        (p,) = measdir.read(out).processes
+        seen = dict.fromkeys(routes, 0)
+        for t in p.threads:
+            for frames, n, _s in paths(out, p, t):
+                py = [i for i, f in enumerate(frames) if f.kind == PY]
+                if not py or frames[py[-1]].name not in routes or \
+                        frames[-1].name not in ("kernel_loop", "other_kernel"):
+                    continue
+                route = frames[py[-1]].name
+                below = [f.name for f in frames[py[-1] + 1:]]
+                native = [f for f in frames[py[-1] + 1:] if f.kind == NAT]
+                assert len(native) == len(below), frames
+                lib_frames = [f.name for f in native
+                              if f.module.startswith("libdispatch")]
+                if how == "elided":
+                    assert lib_frames == routes[route], frames
+                    assert "_PyObject_MakeTpCall" not in below, frames
+                    assert "PyCFuncPtr_call" in below, frames
+                else:
+                    want = list(routes[route])
+                    if route == "operator":
+                        want[1:1] = ["op_dispatch", "op_wrapper"]
+                    elif route == "driver":
+                        want[1:1] = ["op_wrapper"]
+                    assert lib_frames == want, frames
+                    assert "_PyObject_MakeTpCall" in below, frames
+                seen[route] += n
+        assert all(v >= 20 for v in seen.values()), (how, seen)
 
 
 def test_gil_wait_under_the_python_line(capture_ok: None, tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 
 Why a sampler outside the kernel: the cell runs in the kernel process, which callpath did not
 start. ``%%callpath`` starts ``callpath run --pid KERNEL`` (the attaching sampler of
-``run --pid``: Python call paths with lines read from the kernel's memory, or with
-``--native`` the native perf_event sampling of its threads) in a child process, runs the cell
+``run --pid``: Python call paths with lines read from the kernel's memory, and with
+``--native`` the native frames below them, from perf_event samples of its threads) in a child
+process, runs the cell
 once it is sampling, stops it, builds the database (``callpath prof``), and shows the top of
 the Top-down view as an HTML table with the hot path open, a flame graph, and the command that
 opens the full viewer. Nothing is imported into or changed in the kernel but this module, and a
@@ -46,7 +47,8 @@ def _env() -> dict[str, str]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="%%callpath", add_help=False)
     p.add_argument("--native", action="store_true",
-                   help="native call paths (perf_event sampling of the kernel's threads)")
+                   help="native frames too, below the Python lines that called them "
+                   "(perf_event sampling of the kernel's threads)")
     p.add_argument("-o", "--output", default=None, help="database directory")
     p.add_argument("-d", "--depth", type=int, default=12, help="rows' depth in the table")
     return p
@@ -65,12 +67,12 @@ class CellProfile:
         argv = _callpath_cmd("run", "--pid", str(os.getpid()), "-o", str(self.meas),
                              "--top", "0")
         if self.native:
-            argv += ["-e", "cpu-clock"]
+            argv += ["--native"]
         proc = subprocess.Popen(argv, env=_env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
-        # sampling starts right after the header is written (remote sampler) or the raw file
-        # appears (native): wait for it, so that the cell's start is measured
-        ready = self.meas / ("raw.perf" if self.native else "measurement.json")
+        # sampling starts right after the header is written (the native events are open
+        # by then): wait for it, so that the cell's start is measured
+        ready = self.meas / "measurement.json"
         deadline = time.monotonic() + timeout
         while not ready.exists():
             if proc.poll() is not None:

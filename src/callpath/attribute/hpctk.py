@@ -67,8 +67,12 @@ class SymbolTable:
     sorted entries, ends and display names."""
 
     def __init__(self, entries: npt.NDArray[np.uint64], ends: npt.NDArray[np.uint64],
-                 names: list[str]) -> None:
+                 names: list[str], *, mangled: bool = False) -> None:
         self.entries, self.ends, self.names = entries, ends, names
+        #: ``names`` are linkage names, demangled when :meth:`find` returns one (a stray
+        #: address of libtorch_cpu.so needs one name of 385k; demangling all cost seconds)
+        self.mangled = mangled
+        self._shown: dict[int, str] = {}
 
     @classmethod
     def of_file(cls, path: str) -> SymbolTable | None:
@@ -81,19 +85,26 @@ class SymbolTable:
         except (CallpathError, OSError):
             return None
         try:
-            procs = procedures(mod)
+            procs = procedures(mod, demangle_names=False)
         except (CallpathError, OSError):
             return None
         finally:
             mod.close()
         return cls(np.array([p.entry for p in procs], dtype=np.uint64),
-                   np.array([p.end for p in procs], dtype=np.uint64), [p.name for p in procs])
+                   np.array([p.end for p in procs], dtype=np.uint64),
+                   [p.link_name for p in procs], mangled=True)
 
     def find(self, ip: int) -> tuple[int, str] | None:
         i = int(np.searchsorted(self.entries, np.uint64(ip), side="right")) - 1
         if i < 0 or ip >= int(self.ends[i]):
             return None
-        return int(self.entries[i]), self.names[i]
+        if not self.mangled:
+            return int(self.entries[i]), self.names[i]
+        name = self._shown.get(i)
+        if name is None:
+            from callpath.structure.demangle import demangle
+            name = self._shown[i] = demangle(self.names[i])
+        return int(self.entries[i]), name
 
 
 class ModuleMapper:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def run_attached(args: argparse.Namespace, cmd: list[str]) -> int:
     """Attach to ``args.pid``, sample it, unwind post-mortem, print the summary."""
     from callpath.cli.run import _mark_complete, _progress, fresh_path
-    from callpath.measure import attach, events, postmortem, summary
+    from callpath.measure import attach
 
     pid = int(args.pid)
     if cmd:
@@ -31,6 +31,10 @@ def run_attached(args: argparse.Namespace, cmd: list[str]) -> int:
     if getattr(args, "module", None) is not None:
         raise CallpathError("--pid and -m: expected one of them (-m starts a Python module)")
     attach.check_pid(pid)
+    if args.event and getattr(args, "native", False):
+        raise CallpathError(f"--pid {pid}: -e and --native: expected one of them (-e samples "
+                            "native call paths alone; --native adds native frames to the "
+                            "Python paths of a Python process)")
     if not args.event and _is_python(pid):
         from callpath.measure.remote_python import RemotePython
 
@@ -42,6 +46,8 @@ def run_attached(args: argparse.Namespace, cmd: list[str]) -> int:
             raise attach.access_error(pid, e.errno or 1, "read the memory of") from None
         else:
             return _attach_python(args, pid, remote)
+    from callpath.measure import events, postmortem, summary
+
     if getattr(args, "native", False):
         raise CallpathError(f"--pid {pid}: --native is for Python processes (this one runs no "
                             "CPython 3.11-3.13)")
@@ -86,23 +92,27 @@ def _attach_python(args: argparse.Namespace, pid: int, remote: RemotePython) -> 
     from callpath.cli.run import fresh_path
     from callpath.measure.remote_sampler import attach_python
 
-    if getattr(args, "native", False):
-        raise CallpathError(f"--pid {pid} --native: merging native stacks into Python call "
-                            "paths of an attached process is not available yet; without "
-                            "--native: Python paths; with -e cpu-clock: native paths")
+    native = bool(getattr(args, "native", False))
     frequency = REMOTE_FREQUENCY
     name = Path(f"/proc/{pid}/comm").read_text().strip() if os.path.exists(
         f"/proc/{pid}/comm") else "python"
     out = Path(args.output) if args.output else fresh_path(
         f"callpath-{name.replace('/', '_')}-{pid}-measurements")
-    res = attach_python(pid, out, duration=args.duration, frequency=frequency, remote=remote)
+    res, pairing = attach_python(
+        pid, out, duration=args.duration, frequency=frequency, remote=remote, native=native,
+        keep_interpreter=bool(getattr(args, "keep_interpreter_frames", False)),
+        stack_size=int(getattr(args, "stack_size", 0) or 0))
     end = "exited" if res.exited else "kept running (detached)"
     ver = ".".join(map(str, remote.version))
     sys.stderr.write(
         f"callpath: read the Python stacks of process {pid} (Python {ver}, {res.threads} "
         f"threads) {res.ticks} times in {res.wall_s:.2f} s: {res.samples} thread samples, "
-        f"{res.unreadable} unreadable (changed while read); the process {end}.\n"
-        f"callpath: measurement directory: {out}\n")
+        f"{res.unreadable} unreadable (changed while read); the process {end}.\n")
+    if pairing is not None:
+        from callpath.measure.remote_native import describe
+
+        sys.stderr.write(f"callpath: native stacks: {describe(pairing)}.\n")
+    sys.stderr.write(f"callpath: measurement directory: {out}\n")
     return 0
 
 

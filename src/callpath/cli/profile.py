@@ -42,8 +42,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--native", action="store_true",
                    help="Python programs: merge native call stacks below the Python frames")
     p.add_argument("--keep-interpreter-frames", action="store_true",
-                   help="with --native: keep CPython's own frames between two Python frames "
-                   "(elided by default)")
+                   help="with --native: keep CPython's own call machinery and a library's "
+                   "trampolines (elided by default)")
     p.add_argument("-F", "--frequency", type=int, default=None,
                    help="Python sampler: samples per second (default 1000)")
     p.add_argument("-d", "--depth", type=int, default=16,

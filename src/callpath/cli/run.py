@@ -51,9 +51,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    "native stack of every sample is unwound and merged below the Python "
                    "frames; docs/python-measurement.md)")
     p.add_argument("--keep-interpreter-frames", action="store_true",
-                   help="with --native: keep CPython's own frames between two Python frames "
-                   "(the evaluation loop, vectorcall, slot wrappers), which are elided by "
-                   "default")
+                   help="with --native: keep every frame: CPython's own frames between two "
+                   "Python frames or before an extension (the evaluation loop, vectorcall, "
+                   "slot wrappers) and a library's trampolines (dispatchers, wrappers), "
+                   "which are elided by default")
     p.add_argument("--finish", metavar="MEASDIR", default=None,
                    help="only post-process MEASDIR (a run whose launcher was killed)")
     p.add_argument("-p", "--pid", type=int, default=None, metavar="PID",
@@ -118,7 +119,7 @@ def _progress(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from callpath.measure import events, launch, postmortem, summary
+    from callpath.measure import events, launch
 
     if args.list_events:
         probed = launch.probe_events(events.all_events())
@@ -145,20 +146,26 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "pid", None) is not None and any(e.startswith("gpu") for e in args.event):
         raise CallpathError(f"--pid {args.pid}: GPU events are measured only for programs "
                             "callpath starts (expected -e gpu=... without --pid)")
-    from callpath.measure.gpu import session as gpu_session
+    gpu_kind = None
+    if any(e.startswith("gpu") for e in args.event):  # its module costs every run 0.05 s
+        from callpath.measure.gpu import session as gpu_session
 
-    args.event, gpu_kind = gpu_session.split_events(list(args.event))
+        args.event, gpu_kind = gpu_session.split_events(list(args.event))
     if gpu_kind is not None and not args.finish:
         out_gpu = Path(args.output) if args.output else None
         status = _run_with_gpu(args, out_gpu)
         return status
     if args.finish:
+        from callpath.measure import postmortem, summary
+
         out = Path(args.finish)
         res = postmortem.finish(out, _progress)
         _mark_complete(out, res, None)
         summary.print_summary(out, res, None, args.top, sys.stderr)
         if any(out.glob("gpu-*.raw")):  # -e gpu=nvidia records the launcher left behind
             import json
+
+            from callpath.measure.gpu import session as gpu_session
 
             raw = json.loads((out / "measurement.json").read_text()).get("raw") or {}
             for line in gpu_session.finish(out, bool(raw.get("trace"))):
@@ -199,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
     for spec, reason in result.failed:
         sys.stderr.write(f"callpath: event {spec.name} not measured: {reason}\n")
     _progress("unwinding call stacks ...")
+    from callpath.measure import postmortem, summary
+
     res = postmortem.finish(out, _progress)
     if sys.stderr.isatty():
         sys.stderr.write("\r\x1b[K")
@@ -234,7 +243,7 @@ def _run_python(cmd: list[str], module: bool, args: argparse.Namespace) -> int:
     line; docs/python-measurement.md). Its rate comes from a CPU-time event's frequency or
     period (``cpu-clock@f500``, ``cpu-clock@2000000``); other events need the native sampler."""
     from callpath.measure import events
-    from callpath.measure.python.launch import run_python
+    from callpath.measure.python.launch import DEFAULT_NATIVE_STACK, run_python
 
     frequency = 1000.0
     for text in args.event:
@@ -251,7 +260,7 @@ def _run_python(cmd: list[str], module: bool, args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else _default_output([name])
     return run_python(cmd, module=module, out_dir=out, frequency=frequency, trace=args.trace,
                       native=bool(getattr(args, "native", False)),
-                      native_stack=max(args.stack_size, 32768),
+                      native_stack=max(args.stack_size, DEFAULT_NATIVE_STACK),
                       keep_interpreter=bool(getattr(args, "keep_interpreter_frames", False)))
 
 

@@ -35,9 +35,9 @@ import select
 import signal
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from callpath.errors import CallpathError
 from callpath.formats import measdir
@@ -246,6 +246,98 @@ def synthetic_records(pid: int, t: int) -> bytes:
     return bytes(out)
 
 
+@dataclass
+class OpenedEvents:
+    """Sampling events opened, disabled, on every thread of a process and every CPU, with the
+    rings they write to. ``run --pid`` of a native program samples with them alone; of a
+    Python process with ``--native`` they capture the native stacks that the Python frames
+    read from its memory are merged with (``remote_native``)."""
+
+    fds: list[int] = field(default_factory=list)
+    rings: list[perf.RingBuffer] = field(default_factory=list)
+    events: list[launch.OpenedEvent] = field(default_factory=list)
+    failed: list[tuple[EventSpec, str]] = field(default_factory=list)
+    threads: int = 0  # threads found when attaching
+
+    def raw_info(self, opts: AttachOptions, vdso: str) -> dict[str, Any]:
+        """What decoding ``raw.perf`` needs (the header's ``raw``)."""
+        return {"sample_type": perf.make_attr(self.events[0].spec).sample_type,
+                "regs": perf.REGS_ORDER, "stack_size": opts.stack_size,
+                "ids": {str(i): e.metric for e in self.events for i in e.ids},
+                "trace": opts.trace, "vdso": vdso}
+
+    def switch(self, request: int) -> None:
+        """Enable or disable every event (a thread that exited meanwhile is skipped)."""
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                perf.ioctl(fd, request)
+
+    def close(self) -> None:
+        for r in self.rings:
+            r.close()
+        for fd in self.fds:
+            os.close(fd)
+        self.rings.clear()
+        self.fds.clear()
+
+
+def open_events(pid: int, opts: AttachOptions) -> OpenedEvents:
+    """Open ``opts.events`` on every thread of ``pid``, disabled; the first event also reports
+    the process's mappings, names, forks and exits. Fails with one line when the process
+    cannot be measured; an event that the machine lacks is listed in ``failed``."""
+    got = OpenedEvents()
+    try:
+        cpus = perf.online_cpus()
+        pages = opts.ring_pages or launch.ring_pages_for(len(cpus))
+        leaders: dict[int, int] = {}
+        for spec in opts.events:
+            ev = launch.OpenedEvent(spec, len(got.events))
+            done: set[int] = set()
+            try:
+                for _ in range(_MAX_RESCANS):
+                    new = [t for t in tids_of(pid) if t not in done]
+                    if not new:
+                        break
+                    for tid in new:
+                        done.add(tid)
+                        _open_thread(spec, tid, cpus, opts, pages, sideband=not got.events,
+                                     ev=ev, fds=got.fds, rings=got.rings, leaders=leaders)
+            except OSError as e:
+                if e.errno in (errno.EACCES, errno.EPERM, errno.ESRCH) and not got.events:
+                    if e.errno == errno.ESRCH or not os.path.exists(f"/proc/{pid}"):
+                        raise access_error(pid, errno.ESRCH) from None
+                    if perf.explain(e.errno, spec).startswith("permission") and _paranoid() > 2:
+                        raise CallpathError(f"--pid {pid}: {perf.explain(e.errno, spec)}"
+                                            ) from None
+                    raise access_error(pid, e.errno) from None
+                got.failed.append((spec, perf.explain(e.errno or 0, spec)))
+                continue
+            if not ev.ids:
+                raise CallpathError(f"--pid {pid}: the process has exited")
+            if not got.threads:
+                got.threads = len(done)
+            got.events.append(ev)
+        if not got.events:
+            reasons = "; ".join(f"{s.name}: {r}" for s, r in got.failed)
+            raise CallpathError(f"no event could be opened ({reasons})")
+    except BaseException:
+        got.close()
+        raise
+    return got
+
+
+def write_load_map(out: Path, pid: int) -> None:
+    """The process as it is before the events are enabled: its synthetic records in
+    ``raw.perf`` and its facts (executable, rank) in the processes file."""
+    t0 = time.monotonic_ns()
+    with open(out / launch.RAW_FILE, "ab") as raw:
+        raw.write(synthetic_records(pid, t0))
+    with open(out / launch.PROCS_FILE, "a") as procs:
+        facts = launch._proc_facts(pid)
+        facts["time"] = t0
+        procs.write(json.dumps(facts) + "\n")
+
+
 def attach(pid: int, opts: AttachOptions) -> AttachResult:
     """Sample process ``pid`` until the duration passes, it exits, or SIGINT/SIGTERM/SIGHUP;
     the raw data end up in ``opts.out/raw.perf`` for ``postmortem.finish``."""
@@ -261,52 +353,12 @@ def attach(pid: int, opts: AttachOptions) -> AttachResult:
         pidfd = None  # an old kernel: poll /proc instead
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     stop = StopRequests().__enter__()
-    fds: list[int] = []
-    rings: list[perf.RingBuffer] = []
-    opened: list[launch.OpenedEvent] = []
-    failed: list[tuple[EventSpec, str]] = []
+    got = OpenedEvents()
     try:
-        cpus = perf.online_cpus()
-        pages = opts.ring_pages or launch.ring_pages_for(len(cpus))
-        leaders: dict[int, int] = {}
-        first_tids: list[int] = []
-        for spec in opts.events:
-            ev = launch.OpenedEvent(spec, len(opened))
-            done: set[int] = set()
-            try:
-                for _ in range(_MAX_RESCANS):
-                    new = [t for t in tids_of(pid) if t not in done]
-                    if not new:
-                        break
-                    for tid in new:
-                        done.add(tid)
-                        _open_thread(spec, tid, cpus, opts, pages, sideband=not opened,
-                                     ev=ev, fds=fds, rings=rings, leaders=leaders)
-            except OSError as e:
-                if e.errno in (errno.EACCES, errno.EPERM, errno.ESRCH) and not opened:
-                    if e.errno == errno.ESRCH or not os.path.exists(f"/proc/{pid}"):
-                        raise access_error(pid, errno.ESRCH) from None
-                    if perf.explain(e.errno, spec).startswith("permission") and _paranoid() > 2:
-                        raise CallpathError(f"--pid {pid}: {perf.explain(e.errno, spec)}"
-                                            ) from None
-                    raise access_error(pid, e.errno) from None
-                failed.append((spec, perf.explain(e.errno or 0, spec)))
-                continue
-            if not ev.ids:
-                raise CallpathError(f"--pid {pid}: the process has exited")
-            if not first_tids:
-                first_tids = sorted(done)
-            opened.append(ev)
-        if not opened:
-            reasons = "; ".join(f"{s.name}: {r}" for s, r in failed)
-            raise CallpathError(f"no event could be opened ({reasons})")
+        got = open_events(pid, opts)
         vdso = launch._save_vdso(out)
         metrics = [measdir.MetricInfo(e.spec.name, unit_of(e.spec), e.spec.period,
-                                      e.spec.frequency, event=e.spec.name) for e in opened]
-        raw_info = {"sample_type": perf.make_attr(opened[0].spec).sample_type,
-                    "regs": perf.REGS_ORDER, "stack_size": opts.stack_size,
-                    "ids": {str(i): e.metric for e in opened for i in e.ids},
-                    "trace": opts.trace, "vdso": vdso}
+                                      e.spec.frequency, event=e.spec.name) for e in got.events]
         try:
             cmdline = [a.decode("utf-8", "replace") for a in
                        Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
@@ -315,23 +367,14 @@ def attach(pid: int, opts: AttachOptions) -> AttachResult:
             cmdline, exe = [], ""
         start = time.time()
         measdir.write_header(out, metrics, command=cmdline, program=exe, status="running",
-                             start_time=start, raw=raw_info, attached_pid=pid,
-                             failed_events=[{"event": s.name, "reason": r} for s, r in failed])
-        t0 = time.monotonic_ns()
-        with open(out / launch.RAW_FILE, "ab") as raw:
-            raw.write(synthetic_records(pid, t0))
-        with open(out / launch.PROCS_FILE, "a") as procs:
-            facts = launch._proc_facts(pid)
-            facts["time"] = t0
-            procs.write(json.dumps(facts) + "\n")
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                perf.ioctl(fd, perf.PERF_EVENT_IOC_ENABLE)
-        exited, nbytes = _drain(pid, pidfd, rings, out, opts.duration, stop)
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                perf.ioctl(fd, perf.PERF_EVENT_IOC_DISABLE)
-        return AttachResult(exited, len(first_tids), opened, failed, nbytes,
+                             start_time=start, raw=got.raw_info(opts, vdso), attached_pid=pid,
+                             failed_events=[{"event": s.name, "reason": r}
+                                            for s, r in got.failed])
+        write_load_map(out, pid)
+        got.switch(perf.PERF_EVENT_IOC_ENABLE)
+        exited, nbytes = _drain(pid, pidfd, got.rings, out, opts.duration, stop)
+        got.switch(perf.PERF_EVENT_IOC_DISABLE)
+        return AttachResult(exited, got.threads, got.events, got.failed, nbytes,
                             time.time() - start)
     except BaseException:
         launch._discard(out, created)
@@ -339,10 +382,7 @@ def attach(pid: int, opts: AttachOptions) -> AttachResult:
     finally:
         stop.__exit__()
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        for r in rings:
-            r.close()
-        for fd in fds:
-            os.close(fd)
+        got.close()
         if pidfd is not None:
             os.close(pidfd)
 

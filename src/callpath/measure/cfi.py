@@ -14,7 +14,9 @@ and PLT stubs (their CFI is a DWARF expression of the pc; the two shapes ld emit
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -74,6 +76,15 @@ class RowTable:
             self._arrays = None
         return i
 
+    def add_key(self, key: tuple[int, ...]) -> int:
+        """The id of a row given as :meth:`key` returns it (from a :class:`RowCache`)."""
+        k = len(TRACKED)
+        return self.add(key[0], key[1], key[2], key[3:3 + k], key[3 + k:3 + 2 * k])
+
+    def key(self, row: int) -> tuple[int, ...]:
+        """A row's contents: (kind, cfa_reg, cfa_off, rules..., offsets...)."""
+        return self._rows[row]
+
     def arrays(self) -> tuple[npt.NDArray[Any], ...]:
         """(kind, cfa_reg, cfa_off, rule[n,7], off[n,7]) as numpy arrays."""
         if self._arrays is None:
@@ -83,17 +94,138 @@ class RowTable:
         return self._arrays
 
 
+#: Bumped whenever the row this module finds for a pc may change (the CFI compiler, the
+#: recipes, the PLT rules): rows cached by another version are not used.
+ROWS_VERSION = 1
+_ROWS_FORMAT = "callpath unwind rows"
+_NCOL = 3 + 2 * len(TRACKED)
+
+
+class RowCache:
+    """What earlier post-mortems found per (module, pc), kept on disk per module identity.
+
+    Compiling a pc's row reads the module's CFI with pyelftools (its section table, the FDE,
+    the DWARF row program) or analyses its procedure's instructions (recipes): about a
+    millisecond per function, seconds for the thousands of functions a PyTorch run's stacks
+    pass through, and the same again at every run of the same program. The final answer for a
+    pc (its row and where it came from) depends only on the module's bytes and this module's
+    code (``ROWS_VERSION``, the unwinding ``mode``), so it is cached per module file
+    identity (build-id, else path, size and modification time) in ``DIR/<name>-<id>.rows``
+    (the recipe cache's directory, :func:`callpath.measure.recipes.cache_dir`), and a later
+    run opens no ELF section for the pcs it finds there. Entries are rewritten atomically
+    with the union of what they held and what this run added."""
+
+    def __init__(self, directory: Path | None, mode: str) -> None:
+        self.directory = directory
+        self.mode = mode
+        # per module path: (file, source rows {pc: (key, src)}, recipe rows {pc: key}, new?)
+        self._mods: dict[str, tuple[Path, dict[int, tuple[tuple[int, ...], int]],
+                                    dict[int, tuple[int, ...]], list[bool]]] = {}
+
+    def _expect(self) -> dict[str, object]:
+        return {"format": _ROWS_FORMAT, "version": ROWS_VERSION, "mode": self.mode}
+
+    def _file(self, elf: ElfInfo) -> Path:
+        from callpath.measure.recipes import cache_name
+        assert self.directory is not None
+        return self.directory / cache_name(elf.path, elf.build_id).replace(".npz", ".rows")
+
+    def _read(self, file: Path) -> tuple[dict[int, tuple[tuple[int, ...], int]],
+                                         dict[int, tuple[int, ...]]]:
+        from callpath.structure import store
+        data = store.load_arrays(file, self._expect())
+        if data is None:
+            return {}, {}
+        a = data[1]
+        try:
+            if a["rows"].size != len(a["pc"]) * _NCOL or \
+                    a["rrows"].size != len(a["rpc"]) * _NCOL or len(a["src"]) != len(a["pc"]):
+                return {}, {}
+            src = {pc: (tuple(r), s) for pc, r, s in
+                   zip(a["pc"].tolist(), a["rows"].reshape(-1, _NCOL).tolist(),
+                       a["src"].tolist(), strict=True)}
+            rec = {pc: tuple(r) for pc, r in
+                   zip(a["rpc"].tolist(), a["rrows"].reshape(-1, _NCOL).tolist(), strict=True)}
+        except (KeyError, ValueError):
+            return {}, {}
+        return src, rec
+
+    def _module(self, elf: ElfInfo) -> tuple[Path, dict[int, tuple[tuple[int, ...], int]],
+                                             dict[int, tuple[int, ...]], list[bool]] | None:
+        got = self._mods.get(elf.path)
+        if got is not None or self.directory is None:
+            return got
+        file = self._file(elf)
+        src, rec = self._read(file)
+        got = self._mods[elf.path] = (file, src, rec, [False])
+        return got
+
+    def source(self, elf: ElfInfo, vaddr: int) -> tuple[tuple[int, ...], int] | None:
+        m = self._module(elf)
+        return m[1].get(vaddr) if m is not None else None
+
+    def recipe(self, elf: ElfInfo, vaddr: int) -> tuple[int, ...] | None:
+        m = self._module(elf)
+        return m[2].get(vaddr) if m is not None else None
+
+    def add_source(self, elf: ElfInfo, vaddr: int, key: tuple[int, ...], src: int) -> None:
+        m = self._module(elf)
+        if m is not None:
+            m[1][vaddr] = (key, src)
+            m[3][0] = True
+
+    def add_recipe(self, elf: ElfInfo, vaddr: int, key: tuple[int, ...]) -> None:
+        m = self._module(elf)
+        if m is not None:
+            m[2][vaddr] = key
+            m[3][0] = True
+
+    def save(self) -> None:
+        """Write the entries of the modules this run added to, with what the file holds now
+        (another process, a forked unwinding worker, may have added to it since it was read;
+        a cache that cannot be written only costs the compilation next time)."""
+        from callpath.structure import store
+        for file, src, rec, new in self._mods.values():
+            if not new[0]:
+                continue
+            disk_src, disk_rec = self._read(file)
+            for k, v in disk_src.items():
+                src.setdefault(k, v)
+            for k, r in disk_rec.items():
+                rec.setdefault(k, r)
+            pcs = sorted(src)
+            rpcs = sorted(rec)
+            store.save_arrays(file, self._expect(), {
+                "pc": np.array(pcs, dtype=np.uint64),
+                "rows": np.array([src[p][0] for p in pcs], dtype=np.int64).reshape(-1),
+                "src": np.array([src[p][1] for p in pcs], dtype=np.int8),
+                "rpc": np.array(rpcs, dtype=np.uint64),
+                "rrows": np.array([rec[p] for p in rpcs], dtype=np.int64).reshape(-1)})
+            new[0] = False
+
+
+def row_cache(mode: str) -> RowCache | None:
+    """The per-user row cache (None where the recipe cache is turned off)."""
+    from callpath.measure.recipes import cache_dir
+    d = cache_dir()
+    return RowCache(d, mode) if d is not None and os.environ.get(
+        "CALLPATH_ROW_CACHE", "on") != "off" else None
+
+
 class Compiler:
     """pc → row id, memoised per (module file, link-time address).
 
     With ``recipes`` (a module's unwind recipes, computed from its instructions) a pc without
     usable CFI gets the recipe's row; ``mode`` (one of ``MODES``) may put recipes first.
+    With ``cache``, rows found by earlier runs are taken from it and new ones added to it
+    (:class:`RowCache`; the caller saves it).
     """
 
     def __init__(self, table: RowTable,
                  recipes: Callable[[ElfInfo], Recipes | None] | None = None,
-                 mode: str = "cfi") -> None:
+                 mode: str = "cfi", cache: RowCache | None = None) -> None:
         self.table = table
+        self.cache = cache
         self._memo: dict[tuple[str, int], int] = {}
         self._src: dict[tuple[str, int], tuple[int, int]] = {}
         self._rmemo: dict[tuple[str, int], int] = {}
@@ -161,16 +293,27 @@ class Compiler:
         r = self._rmemo.get(key)
         if r is not None:
             return r
+        if self.cache is not None:
+            hit = self.cache.recipe(elf, vaddr)
+            if hit is not None:
+                r = self._rmemo[key] = self.table.add_key(hit)
+                return r
+            r = self._procedure_recipe_row(elf, vaddr, key)
+            self.cache.add_recipe(elf, vaddr, self.table.key(r))
+            return r
+        return self._procedure_recipe_row(elf, vaddr, key)
+
+    def _procedure_recipe_row(self, elf: ElfInfo, vaddr: int, key: tuple[str, int]) -> int:
         fde = elf.fde_for(vaddr)
         if fde is not None:
             lo = int(fde.header["initial_location"])
             hi = lo + int(fde.header["address_range"])
         else:
-            starts, ends, _names = elf.symbols()
-            i = bisect.bisect_right(starts, vaddr) - 1
+            t = elf.symbol_table()
+            i = int(t.starts.searchsorted(vaddr, side="right")) - 1
             entry, after = elf.entry_point(), elf.next_fde_start(elf.entry_point())
-            if i >= 0 and vaddr < ends[i] and ends[i] - starts[i] > 1:
-                lo, hi = starts[i], ends[i]
+            if i >= 0 and vaddr < int(t.ends[i]) and int(t.ends[i]) - int(t.starts[i]) > 1:
+                lo, hi = int(t.starts[i]), int(t.ends[i])
             elif entry <= vaddr < after:  # entry code without symbol nor CFI (ld.so's _start)
                 lo, hi = entry, after
             else:
@@ -209,7 +352,19 @@ class Compiler:
         round in mode ``recipes``)."""
         key = (elf.path, vaddr)
         got = self._src.get(key)
-        if got is None and self.mode == "recipes" and elf.plt_section(vaddr) is None:
+        if got is None and self.cache is not None:
+            hit = self.cache.source(elf, vaddr)
+            if hit is not None:
+                got = self._src[key] = (self.table.add_key(hit[0]), hit[1])
+                return got
+            got = self._row_source(elf, vaddr, key)
+            self.cache.add_source(elf, vaddr, self.table.key(got[0]), got[1])
+            return got
+        return got if got is not None else self._row_source(elf, vaddr, key)
+
+    def _row_source(self, elf: ElfInfo, vaddr: int, key: tuple[str, int]) -> tuple[int, int]:
+        got = None
+        if self.mode == "recipes" and elf.plt_section(vaddr) is None:
             rr = self.recipe_row(elf, vaddr)
             if rr:
                 got = (rr, SRC_SIGNAL if rr == self.signal_row else SRC_RECIPE)

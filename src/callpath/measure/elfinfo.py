@@ -38,6 +38,7 @@ class ElfInfo:
     _fde_ends: list[int] = field(default_factory=list)
     _fdes: list[Any] = field(default_factory=list)
     _symbols: tuple[list[int], list[int], list[str]] | None = None
+    _progbits: list[tuple[int, int, int]] | None = None  # (address, size, file offset)
 
     _cache: ClassVar[dict[str, ElfInfo]] = {}
 
@@ -50,14 +51,34 @@ class ElfInfo:
             cls._cache[path] = info
         return info
 
-    def _open(self) -> Any:
-        from elftools.elf.elffile import ELFFile
-        return ELFFile(open(self.path, "rb"))
+    @property
+    def _elf(self) -> Any:
+        """pyelftools' view of the file, opened only where the direct headers do not serve
+        (another ELF class or byte order, CFI without an ``.eh_frame_hdr`` index)."""
+        elf = self.__dict__.get("_elf_obj")
+        if elf is None:
+            from elftools.elf.elffile import ELFFile
+            elf = self.__dict__["_elf_obj"] = ELFFile(open(self.path, "rb"))  # noqa: SIM115
+        return elf
 
     def _load(self) -> None:
+        from callpath.structure.elfheaders import PT_LOAD, read_headers
+        h = read_headers(self.path)
+        if h is None:
+            self._load_pyelftools()
+            return
+        self._h = h
+        self._fd = os.open(self.path, os.O_RDONLY)
+        self.segments = [Segment(g.vaddr, g.offset, g.filesz, g.memsz, g.flags)
+                         for g in h.segments if g.type == PT_LOAD]
+        self.plt = [(c.addr, c.addr + c.size, c.name) for c in h.sections
+                    if c.name.startswith(".plt")]
+        self.build_id = h.build_id
+
+    def _load_pyelftools(self) -> None:
         from elftools.common.exceptions import ELFError
         try:
-            elf = self._open()
+            elf = self._elf
             for seg in elf.iter_segments():
                 if seg["p_type"] == "PT_LOAD":
                     self.segments.append(Segment(seg["p_vaddr"], seg["p_offset"],
@@ -72,10 +93,22 @@ class ElfInfo:
                         # type 3 too, which pyelftools also calls NT_GNU_BUILD_ID
                         if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
                             self.build_id = str(note["n_desc"])
-            self._elf = elf
         except (OSError, ELFError, ValueError, KeyError) as e:
             self.ok = False
             self.error = str(e)
+
+    def _section_data(self, name: str) -> tuple[int, bytes] | None:
+        """(address, bytes) of a section with file bytes, or None."""
+        h = self.__dict__.get("_h")
+        if h is not None:
+            sec = h.section(name)
+            if sec is None or sec.type == 8:  # SHT_NOBITS
+                return None
+            return sec.addr, os.pread(self._fd, sec.size, sec.offset)
+        s = self._elf.get_section_by_name(name)
+        if s is None or s["sh_type"] == "SHT_NOBITS":
+            return None
+        return int(s["sh_addr"]), bytes(s.data())
 
     def link_address(self, file_offset: int, executable: bool = False) -> int | None:
         """The link-time address of a file offset (from the loadable segment holding it).
@@ -97,7 +130,10 @@ class ElfInfo:
         return first
 
     def entry_point(self) -> int:
-        return int(self._elf.header["e_entry"]) if self.ok else -1
+        if not self.ok:
+            return -1
+        h = self.__dict__.get("_h")
+        return int(h.entry) if h is not None else int(self._elf.header["e_entry"])
 
     def next_fde_start(self, vaddr: int) -> int:
         """The first FDE start above ``vaddr`` (-1 if none): where code without CFI ends."""
@@ -114,13 +150,27 @@ class ElfInfo:
         position that forked unwinding workers could move under each other."""
         if not self.ok:
             return b""
-        for sec in self._elf.iter_sections():
-            a, n = int(sec["sh_addr"]), int(sec["sh_size"])
-            if a <= lo < a + n and sec["sh_type"] == "SHT_PROGBITS":
+        h = self.__dict__.get("_h")
+        if h is not None:
+            for c in h.sections:
+                if c.addr <= lo < c.addr + c.size and c.type == 1:  # SHT_PROGBITS
+                    try:
+                        return os.pread(self._fd, min(hi, c.addr + c.size) - lo,
+                                        c.offset + lo - c.addr)
+                    except OSError:
+                        return b""
+            return b""
+        if self._progbits is None:
+            # the section headers once: pyelftools builds each section object anew (a GNU
+            # hash section parses its whole table), seconds per call for libtorch_cpu.so
+            self._progbits = [(int(sec["sh_addr"]), int(sec["sh_size"]),
+                               int(sec["sh_offset"])) for sec in self._elf.iter_sections()
+                              if sec["sh_type"] == "SHT_PROGBITS"]
+        for a, n, off in self._progbits:
+            if a <= lo < a + n:
                 size = min(hi, a + n) - lo
                 try:
-                    return os.pread(self._elf.stream.fileno(), size,
-                                    int(sec["sh_offset"]) + lo - a)
+                    return os.pread(self._elf.stream.fileno(), size, off + lo - a)
                 except OSError:
                     return b""
         return b""
@@ -154,32 +204,35 @@ class ElfInfo:
         self._load_all_cfi([self])
 
     def _load_eh_frame_hdr(self) -> bool:
+        import io
+
         import numpy as np
         from elftools.dwarf.callframe import CallFrameInfo
-        elf = self._elf
-        hdr = elf.get_section_by_name(".eh_frame_hdr")
-        eh = elf.get_section_by_name(".eh_frame")
-        if hdr is None or eh is None:
+        from elftools.dwarf.structs import DWARFStructs
+        got_hdr = self._section_data(".eh_frame_hdr")
+        got_eh = self._section_data(".eh_frame")
+        if got_hdr is None or got_eh is None:
             return False
-        data = hdr.data()
+        (base, data), (eh_addr, eh) = got_hdr, got_eh
         if len(data) < 12 or data[0] != 1 or data[3] != 0x3B or data[2] != 0x03:
             return False  # only the usual encodings: udata4 count, datarel sdata4 table
         count = int.from_bytes(data[8:12], "little")
         if len(data) < 12 + 8 * count:
             return False
+        if "_h" not in self.__dict__ and (self._elf.elfclass != 64
+                                          or not self._elf.little_endian):
+            return False
         table = np.frombuffer(data, dtype="<i4", count=2 * count, offset=12).reshape(-1, 2)
-        base = int(hdr["sh_addr"])
         starts = (table[:, 0].astype(np.int64) + base)
-        offsets = (table[:, 1].astype(np.int64) + base - int(eh["sh_addr"]))
+        offsets = (table[:, 1].astype(np.int64) + base - eh_addr)
         order = np.argsort(starts, kind="stable")
         self._fde_starts = starts[order].tolist()
         self._hdr_offsets = offsets[order].tolist()
-        dw = elf.get_dwarf_info(relocate_dwarf_sections=False)
-        assert dw.eh_frame_sec is not None
-        self._cfi_parser = CallFrameInfo(stream=dw.eh_frame_sec.stream,
-                                         size=dw.eh_frame_sec.size,
-                                         address=dw.eh_frame_sec.address,
-                                         base_structs=dw.structs, for_eh_frame=True)
+        # what pyelftools' get_dwarf_info() builds for .eh_frame, without reading every
+        # section of the file to find the DWARF ones
+        structs = DWARFStructs(little_endian=True, dwarf_format=32, address_size=8)
+        self._cfi_parser = CallFrameInfo(stream=io.BytesIO(eh), size=len(eh), address=eh_addr,
+                                         base_structs=structs, for_eh_frame=True)
         self._fde_cache: dict[int, Any] = {}
         return True
 
@@ -248,48 +301,118 @@ class ElfInfo:
 
     def symbols(self) -> tuple[list[int], list[int], list[str]]:
         """Sorted function symbols: (starts, ends, names), from .symtab and .dynsym of the
-        file and of its debug file. Read with numpy (pyelftools' per-symbol objects cost
-        seconds on a libc debug file)."""
-        if self._symbols is not None:
-            return self._symbols
+        file and of its debug file (the first of each address, one with a size preferred)."""
+        if self._symbols is None:
+            t = self.symbol_table()
+            self._symbols = (t.starts.tolist(), t.ends.tolist(),
+                             [t.name(i) for i in range(len(t.starts))])
+        return self._symbols
+
+    def symbol_table(self) -> SymbolArrays:
+        """The function symbols as arrays, names decoded only when asked for. Read with
+        numpy: libtorch_cpu.so has 380k of them, and a Python step per symbol is seconds."""
+        got: SymbolArrays | None = self.__dict__.get("_symbol_arrays")
+        if got is not None:
+            return got
         import numpy as np
         sym_dtype = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"),
                               ("shndx", "<u2"), ("value", "<u8"), ("size", "<u8")])
-        rows: dict[int, tuple[int, int, bytes]] = {}
-        elves = [self._elf] if self.ok else []
+        files = [self] if self.ok else []
         dbg = self.debug_file()
         if dbg and dbg != self.path and ElfInfo.get(dbg).ok:
-            elves.append(ElfInfo.get(dbg)._elf)
-        for elf in elves:
-            if elf.elfclass != 64 or not elf.little_endian:
-                continue
+            files.append(ElfInfo.get(dbg))
+        values, sizes, names, tabs = [], [], [], []
+        order: list[bytes] = []
+        for f in files:
             for secname in (".symtab", ".dynsym"):
-                sec = elf.get_section_by_name(secname)
-                if sec is None or sec["sh_type"] == "SHT_NOBITS":
+                got_tab = f._symtab(secname)
+                if got_tab is None:
                     continue
-                strtab = elf.get_section(sec["sh_link"]).data()
-                data = sec.data()
+                data, strtab = got_tab
                 syms = np.frombuffer(data, dtype=sym_dtype, count=len(data) // 24)
                 sel = ((syms["info"] & 0xF) == 2) & (syms["value"] != 0)
-                for name_off, value, size in zip(syms["name"][sel].tolist(),
-                                                 syms["value"][sel].tolist(),
-                                                 syms["size"][sel].tolist(), strict=True):
-                    if value not in rows or (rows[value][1] == 0 and size):
-                        rows[value] = (name_off, size, strtab)
-        starts = sorted(rows)
-        ends = [s + max(rows[s][1], 1) for s in starts]
-        names = []
-        for s in starts:
-            off, _size, tab = rows[s]
-            end = tab.find(b"\0", off)
-            names.append(tab[off:end if end >= 0 else len(tab)].decode("utf-8", "replace"))
-        self._symbols = (starts, ends, names)
-        return self._symbols
+                values.append(syms["value"][sel].astype(np.int64))
+                sizes.append(syms["size"][sel].astype(np.int64))
+                names.append(syms["name"][sel].astype(np.int64))
+                tabs.append(np.full(int(sel.sum()), len(order), dtype=np.int64))
+                order.append(strtab)
+        if values:
+            v, sz, nm, tb = (np.concatenate(x) for x in (values, sizes, names, tabs))
+            # per address: the first symbol (file, .symtab, .dynsym order) with a size, else
+            # the first
+            seq = np.arange(len(v))
+            o = np.lexsort((seq, sz == 0, v))
+            v, sz, nm, tb = v[o], sz[o], nm[o], tb[o]
+            first = np.ones(len(v), dtype=bool)
+            first[1:] = v[1:] != v[:-1]
+            v, sz, nm, tb = v[first], sz[first], nm[first], tb[first]
+        else:
+            v = sz = nm = tb = np.zeros(0, dtype=np.int64)
+        got = SymbolArrays(v, v + np.maximum(sz, 1), nm, tb, order)
+        self.__dict__["_symbol_arrays"] = got
+        return got
+
+    def _symtab(self, secname: str) -> tuple[bytes, bytes] | None:
+        """A symbol table section's bytes and its string table's (64-bit little-endian)."""
+        h = self.__dict__.get("_h")
+        if h is not None:
+            sec = h.section(secname)
+            if sec is None or sec.type == 8 or not 0 <= sec.link < len(h.sections):
+                return None
+            st = h.sections[sec.link]
+            return (os.pread(self._fd, sec.size, sec.offset),
+                    os.pread(self._fd, st.size, st.offset))
+        elf = self._elf
+        if elf.elfclass != 64 or not elf.little_endian:
+            return None
+        s = elf.get_section_by_name(secname)
+        if s is None or s["sh_type"] == "SHT_NOBITS":
+            return None
+        return bytes(s.data()), bytes(elf.get_section(s["sh_link"]).data())
 
     def symbolize(self, vaddr: int) -> str | None:
-        starts, ends, names = self.symbols()
-        i = bisect.bisect_right(starts, vaddr) - 1
-        if i >= 0 and vaddr < ends[i]:
-            return names[i]
+        t = self.symbol_table()
+        i = int(t.starts.searchsorted(vaddr, side="right")) - 1
+        if i >= 0 and vaddr < int(t.ends[i]):
+            return t.name(i)
         name = self.plt_section(vaddr)
         return f"<{name}>" if name else None
+
+
+@dataclass
+class SymbolArrays:
+    """Function symbols sorted by address; a name is decoded from its string table when
+    asked for."""
+
+    starts: Any  # int64 arrays
+    ends: Any
+    name_off: Any
+    table: Any
+    strtabs: list[bytes]
+
+    def named(self, names: frozenset[str], dotted: bool = False) -> Any:
+        """Which symbols have one of ``names`` (a boolean array), without decoding any
+        other name: the string tables are searched for the names themselves. ``dotted``
+        also takes a name followed by a compiler's suffix (``take_gil.lto_priv.0``)."""
+        import numpy as np
+        out = np.zeros(len(self.starts), dtype=bool)
+        for t, tab in enumerate(self.strtabs):
+            offs = []
+            for n in names:
+                # a name may be the tail of a longer one (linkers merge string suffixes):
+                # every place the name ends a string is a candidate offset
+                for end in (b"\0", b".") if dotted else (b"\0",):
+                    pat = n.encode() + end
+                    at = tab.find(pat)
+                    while at >= 0:
+                        offs.append(at)
+                        at = tab.find(pat, at + 1)
+            if offs:
+                out |= (self.table == t) & np.isin(self.name_off, offs)
+        return out
+
+    def name(self, i: int) -> str:
+        tab = self.strtabs[int(self.table[i])]
+        off = int(self.name_off[i])
+        end = tab.find(b"\0", off)
+        return tab[off:end if end >= 0 else len(tab)].decode("utf-8", "replace")

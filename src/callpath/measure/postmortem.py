@@ -370,7 +370,8 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
         img_of = img_of[keep]
     table = cfi.RowTable()
     store = recipes.RecipeStore()
-    compiler = cfi.Compiler(table, recipes=store.get, mode=unwind_mode())
+    mode = unwind_mode()
+    compiler = cfi.Compiler(table, recipes=store.get, mode=mode, cache=cfi.row_cache(mode))
     node_id = int(header.get("node_id", 0))
     trace = bool(raw_info.get("trace"))
     vdso = str(raw_info.get("vdso", ""))
@@ -495,6 +496,8 @@ def finish(out: Path, progress: Callable[[str], None] | None = None) -> Result:
     staging.rmdir()
     (out / RAW_FILE).unlink()
     (out / PROCS_FILE).unlink(missing_ok=True)
+    if compiler.cache is not None:
+        compiler.cache.save()
     ranked = sorted(((k[0], k[1], v) for k, v in flat.items()), key=lambda x: -x[2])
     return Result(summaries, len(sm), total_partial, raw.lost, throttled, raw.bad_samples,
                   ranked, reasons,

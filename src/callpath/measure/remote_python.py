@@ -18,6 +18,7 @@ never invented.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import struct
 from dataclasses import dataclass
@@ -29,7 +30,8 @@ OFFSETS: dict[tuple[int, int], dict[str, int]] = {
     (3, 11): {"runtime_interpreters_head": 40, "interp_next": 0, "interp_threads_head": 16,
               "tstate_next": 8, "tstate_thread_id": 152, "tstate_native_thread_id": 160,
               "tstate_cframe": 56, "cframe_current_frame": 8, "frame_code": 32,
-              "frame_instr": 56, "frame_previous": 48, "frame_owner": 69, "code_filename": 112,
+              "frame_instr": 56, "frame_previous": 48, "frame_is_entry": 68, "frame_owner": 69,
+              "code_filename": 112,
               "code_qualname": 128, "code_firstlineno": 72, "code_linetable": 136,
               "code_adaptive": 184, "unicode_length": 16, "unicode_state": 32,
               "unicode_ascii_size": 48, "unicode_compact_size": 72, "bytes_size": 16,
@@ -82,6 +84,14 @@ class Code:
 class Frame:
     code: Code
     line: int  # 0 where unknown
+    #: the first frame of its evaluation activation (3.11: ``is_entry``; 3.12+: the frame
+    #: just above a shim owned by the C stack): where ``--native`` cuts the Python frames
+    #: into the groups that replace the native stack's ``_PyEval_EvalFrameDefault`` frames
+    entry: bool = False
+    #: the frame's instruction pointer (an address in its code object's bytecode): the
+    #: evaluation loop keeps it in a register or on the C stack while it calls into C, so a
+    #: native sample's stack that holds it was taken at this instruction (``remote_native``)
+    instr: int = 0
 
 
 @dataclass
@@ -133,26 +143,54 @@ def line_at(table: bytes, first_line: int, unit: int) -> int:
     return 0
 
 
+_SYM = struct.Struct("<IBBHQQ")  # Elf64_Sym
+
+
 def _symbols(path: str, names: tuple[str, ...]) -> tuple[dict[str, int], int]:
-    """Link-time addresses of ``names`` (dynamic and static symbol tables), and the first
-    loadable segment's page-aligned address."""
-    from elftools.elf.elffile import ELFFile
+    """Link-time addresses of ``names`` (dynamic, then static symbol table), and the first
+    loadable segment's page-aligned address.
+
+    Read with ``struct`` from a memory map of the file, looking up only the names wanted
+    (their offsets in the string table, then the symbols that point there): pyelftools took
+    a tenth of a second of start-up, to import and to index libpython's ten thousand
+    symbols, at every ``run --pid`` and ``dump``."""
+    import mmap
 
     found: dict[str, int] = {}
-    with open(path, "rb") as f:
-        elf = ELFFile(f)
-        loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
-        first = min(s["p_vaddr"] for s in loads) & ~0xFFF if loads else 0
-        for sec_name in (".dynsym", ".symtab"):
-            sec = elf.get_section_by_name(sec_name)
-            if sec is None:
-                continue
-            for name in names:
-                if name in found:
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != b"\x7fELF" or m[4] != 2 or m[5] != 1:
+            raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
+        phoff, shoff = struct.unpack_from("<QQ", m, 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", m, 0x36)
+        loads = [struct.unpack_from("<Q", m, phoff + i * phentsize + 16)[0]
+                 for i in range(phnum)
+                 if struct.unpack_from("<I", m, phoff + i * phentsize)[0] == 1]  # PT_LOAD
+        first = min(loads) & ~0xFFF if loads else 0
+        sections = [struct.unpack_from("<IIQQQQII", m, shoff + i * shentsize)
+                    for i in range(shnum)]
+        for want_type in (11, 2):  # SHT_DYNSYM, SHT_SYMTAB
+            for _n, typ, _fl, _addr, off, size, link, _info in sections:
+                if typ != want_type or link >= len(sections):
                     continue
-                syms = sec.get_symbol_by_name(name)  # type: ignore[attr-defined]
-                if syms:
-                    found[name] = int(syms[0]["st_value"])
+                str_off, str_size = sections[link][4], sections[link][5]
+                table = m[str_off:str_off + str_size]
+                wanted: dict[int, str] = {}
+                for name in names:
+                    if name in found:
+                        continue
+                    key = name.encode() + b"\0"
+                    i = table.find(key)
+                    while i >= 0:
+                        wanted[i] = name  # a string ending with the name (tails are shared)
+                        i = table.find(key, i + 1)
+                if not wanted:
+                    continue
+                for j in range(size // _SYM.size):
+                    name_off, _i, _o, _shndx, value, _size = _SYM.unpack_from(
+                        m, off + j * _SYM.size)
+                    hit = wanted.get(name_off)
+                    if hit is not None and value and hit not in found:
+                        found[hit] = value
     return found, first
 
 
@@ -187,7 +225,7 @@ class RemotePython:
         for path, start in sorted(candidates.items(), key=lambda kv: "libpython" not in kv[0]):
             try:
                 syms, first = _symbols(path, want)
-            except (OSError, Exception):
+            except (OSError, ValueError, struct.error):
                 continue
             if "_PyRuntime" in syms and "PyCode_Type" in syms:
                 bias = start - first
@@ -311,6 +349,8 @@ class RemotePython:
                 prev = struct.unpack_from("<Q", raw, o["frame_previous"])[0]
                 owner = raw[o["frame_owner"]]
                 if self.version >= (3, 12) and owner == OWNED_BY_CSTACK:
+                    if frames and not frames[-1].entry:
+                        frames[-1] = dataclasses.replace(frames[-1], entry=True)
                     f = prev
                     continue
                 code_p = struct.unpack_from("<Q", raw, o["frame_code"])[0]
@@ -322,7 +362,8 @@ class RemotePython:
                     if line is None:
                         line = line_at(code.linetable, code.first_line, unit)
                         self._lines[(code_p, unit)] = line
-                    frames.append(Frame(code, line))
+                    entry = "frame_is_entry" in o and raw[o["frame_is_entry"]] != 0
+                    frames.append(Frame(code, line, entry, instr))
                 f = prev
         except ReadError as e:
             return PyThread(tid, ident, [], str(e))

@@ -349,8 +349,11 @@ PARALLEL_MIN = 65536  # below this, forking a worker cost more than it saved (me
 
 def _unwind_part(lo: int, hi: int) -> Frames:
     a = _SHARED
-    return unwind(a["words"], a["pc0"][lo:hi], a["sp0"][lo:hi], a["saved0"][lo:hi],
-                  a["stack0"][lo:hi], a["nwords"][lo:hi], a["mm"], a["compiler"])
+    fr = unwind(a["words"], a["pc0"][lo:hi], a["sp0"][lo:hi], a["saved0"][lo:hi],
+                a["stack0"][lo:hi], a["nwords"][lo:hi], a["mm"], a["compiler"])
+    if a["compiler"].cache is not None:  # a worker's rows would die with it
+        a["compiler"].cache.save()
+    return fr
 
 
 def unwind_parallel(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64,

@@ -396,14 +396,23 @@ class _SectionReader:
     def __init__(self, mod: ElfModule) -> None:
         self.secs: list[tuple[int, int, object]] = []
         self.mod = mod
-        for sec in mod.elf.iter_sections():
-            if sec["sh_type"] == "SHT_PROGBITS" and int(sec["sh_flags"]) & 0x2 and sec["sh_addr"]:
-                self.secs.append((int(sec["sh_addr"]), int(sec["sh_size"]), sec))
+        h = mod.headers
+        if h is not None:  # read with pread at the section's offset: no shared file position
+            for c in h.sections:
+                if c.type == 1 and c.flags & 0x2 and c.addr:  # SHT_PROGBITS, SHF_ALLOC
+                    self.secs.append((c.addr, c.size, c.offset))
+        else:
+            for sec in mod.elf.iter_sections():
+                if sec["sh_type"] == "SHT_PROGBITS" and int(sec["sh_flags"]) & 0x2 and \
+                        sec["sh_addr"]:
+                    self.secs.append((int(sec["sh_addr"]), int(sec["sh_size"]), sec))
         self.cache: dict[int, bytes] = {}
         self.text = {s.addr: s for s in mod.text_sections}
 
     def preload(self) -> None:
         """Read every section now (before forking: the file offset would be shared)."""
+        if self.mod.headers is not None:
+            return
         for lo, _size, sec in self.secs:
             if lo not in self.cache:
                 self.cache[lo] = bytes(sec.data())  # type: ignore[attr-defined]
@@ -411,10 +420,18 @@ class _SectionReader:
     def read(self, addr: int, n: int) -> bytes | None:
         for lo, size, sec in self.secs:
             if lo <= addr < lo + size:
+                off = addr - lo
                 data = self.cache.get(lo)
                 if data is None:
-                    data = self.cache[lo] = bytes(sec.data())  # type: ignore[attr-defined]
-                off = addr - lo
+                    if isinstance(sec, int):  # a file offset: the section read once, whole
+                        # (a jump table is read entry by entry: a system call each was slow)
+                        try:
+                            data = os.pread(self.mod.stream.fileno(), size, sec)
+                        except OSError:
+                            return None
+                    else:
+                        data = bytes(sec.data())  # type: ignore[attr-defined]
+                    self.cache[lo] = data
                 return data[off:min(off + n, size)]
         return None
 

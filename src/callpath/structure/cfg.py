@@ -12,6 +12,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from callpath.structure.elf import SectionBytes
 
 # Flow kinds (a compact recoding of iced-x86's FlowControl).
 NEXT, JUMP, COND, INDIRECT, RETURN, CALL, ICALL, STOP = range(8)
@@ -31,7 +35,7 @@ class Code:
     tables: dict[int, list[int]] = field(default_factory=dict)
 
 
-def decode(data: bytes, base: int, lo: int, hi: int) -> Code:
+def decode(data: SectionBytes, base: int, lo: int, hi: int) -> Code:
     """Decode ``[lo, hi)`` of a section whose bytes ``data`` start at address ``base``."""
     import iced_x86
 

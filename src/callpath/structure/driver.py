@@ -118,6 +118,17 @@ def module_identity(path: str) -> tuple[str | None, str | None]:
     if gpu_binary_kind(path):  # the structure has loops only where nvdisasm was found
         return None, "nvdisasm" if find_nvdisasm() else "no-nvdisasm"
     from callpath.structure.elf import find_debug_file, open_elf
+    from callpath.structure.elfheaders import read_headers
+
+    h = read_headers(path)  # the usual file: its headers read directly, no pyelftools
+    if h is not None:
+        if not h.sections:
+            return None, None  # as open_elf refuses it
+        bid = h.build_id or None
+        if h.has_dwarf():
+            return bid, None
+        dbg = find_debug_file(h)
+        return bid, _file_ident(dbg) if dbg else "none"
     try:
         m = open_elf(path, require_code=False)
     except CallpathError:

@@ -7,18 +7,44 @@ Every way a file can fail to be an analysable ELF ends in a :class:`FormatError`
 
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from callpath.errors import FormatError
+from callpath.structure.elfheaders import SHT_PROGBITS, ElfHeaders, read_headers
 
 #: Machines whose instructions we can decode (``e_machine`` names as pyelftools spells them).
 SUPPORTED_MACHINES = {"EM_X86_64"}
 
 #: Where distributions install separate debug files, by build-id and by debuglink name.
 DEBUG_ROOTS = ("/usr/lib/debug",)
+
+
+class MappedBytes:
+    """A section's bytes in the memory-mapped file, sliced like ``bytes``: a slice reads only
+    the pages it covers. On-demand structure decodes a few hundred procedures of
+    libtorch_cpu.so; reading its 285 MB of ``.text`` for them cost seconds."""
+
+    __slots__ = ("_lo", "_map", "_n")
+
+    def __init__(self, data: mmap.mmap, lo: int, n: int) -> None:
+        self._map, self._lo, self._n = data, lo, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, s: slice) -> bytes:
+        start, stop, step = s.indices(self._n)
+        if step != 1:
+            raise ValueError("MappedBytes: only contiguous slices")
+        return self._map[self._lo + start:self._lo + max(start, stop)]
+
+
+#: A section's bytes: read whole, or mapped.
+SectionBytes = bytes | MappedBytes
 
 
 @dataclass
@@ -29,7 +55,7 @@ class Section:
     addr: int
     size: int
     executable: bool
-    data: bytes = b""
+    data: SectionBytes = b""
 
 
 @dataclass
@@ -44,6 +70,9 @@ class ElfModule:
     build_id: str | None
     debuglink: str | None
     text_sections: list[Section] = field(default_factory=list)
+    #: the headers as read directly (64-bit little-endian files): section lookups without
+    #: pyelftools' section objects (it parses every GNU hash table to make them)
+    headers: ElfHeaders | None = None
 
     def close(self) -> None:
         self.stream.close()
@@ -55,6 +84,19 @@ class ElfModule:
         GNU form (``-gz=zlib-gnu``: ``.zdebug_*`` sections starting with ``ZLIB`` and the
         big-endian size) is handled here, so callers always ask for ``.debug_*``.
         """
+        h = self.headers
+        if h is not None:
+            c = h.section(name)
+            if c is not None and not c.flags & 0x800:  # not SHF_COMPRESSED: the file's bytes
+                if c.type == 8:  # SHT_NOBITS
+                    return None
+                data = os.pread(self.stream.fileno(), c.size, c.offset)
+                if len(data) != c.size:
+                    raise FormatError(self.path, f"section {name} cannot be read: "
+                                      f"{len(data)} of {c.size} bytes")
+                return data
+            if c is None and h.section(".z" + name[1:]) is None:
+                return None
         sec = self.elf.get_section_by_name(name)
         if sec is None and name.startswith(".debug_"):
             zsec = self.elf.get_section_by_name(".z" + name[1:])
@@ -86,6 +128,8 @@ class ElfModule:
         return out
 
     def has_dwarf(self) -> bool:
+        if self.headers is not None:
+            return self.headers.has_dwarf()
         for name in (".debug_info", ".zdebug_info"):
             sec = self.elf.get_section_by_name(name)
             if sec is not None and sec["sh_type"] != "SHT_NOBITS" and sec["sh_size"] > 0:
@@ -127,6 +171,14 @@ def open_elf(path: str | os.PathLike[str], *, require_code: bool = True) -> ElfM
             raise FormatError(p, "the ELF file has no section table")
         mod = ElfModule(path=p, elf=elf, stream=stream, machine=machine,
                         is_shared=etype == "ET_DYN", build_id=None, debuglink=None)
+        h = read_headers(p)
+        if h is not None and len(h.sections) == nsec:
+            mod.headers = h
+            mod.build_id = h.build_id or None
+            mod.debuglink = h.debuglink
+            if require_code:
+                _map_text_sections(mod, h)
+            return mod
         _read_notes(mod)
         if require_code:
             _read_text_sections(mod)
@@ -153,6 +205,23 @@ def _read_notes(mod: ElfModule) -> None:
         raise FormatError(mod.path, f"corrupt section table or notes: {e}") from None
 
 
+def _map_text_sections(mod: ElfModule, h: ElfHeaders) -> None:
+    """The executable sections as slices of the mapped file (checked against its size)."""
+    size = os.fstat(mod.stream.fileno()).st_size
+    data: mmap.mmap | None = None
+    for c in h.sections:
+        if c.type != SHT_PROGBITS or not c.flags & 0x4:  # SHF_EXECINSTR
+            continue
+        if c.offset + c.size > size:
+            raise FormatError(mod.path, f"section {c.name} is truncated "
+                              f"({max(0, size - c.offset)} of {c.size} bytes)")
+        if data is None:
+            data = mmap.mmap(mod.stream.fileno(), 0, access=mmap.ACCESS_READ)
+        mod.text_sections.append(Section(c.name, c.addr, c.size, True,
+                                         MappedBytes(data, c.offset, c.size)))
+    mod.text_sections.sort(key=lambda s: s.addr)
+
+
 def _read_text_sections(mod: ElfModule) -> None:
     try:
         for sec in mod.elf.iter_sections():
@@ -172,7 +241,7 @@ def _read_text_sections(mod: ElfModule) -> None:
     mod.text_sections.sort(key=lambda s: s.addr)
 
 
-def find_debug_file(mod: ElfModule) -> str | None:
+def find_debug_file(mod: ElfModule | ElfHeaders) -> str | None:
     """The separate debug file of ``mod``: by build-id first, then by ``.gnu_debuglink``.
 
     Looks where gdb looks: ``/usr/lib/debug/.build-id/xx/rest.debug``, then the debuglink name

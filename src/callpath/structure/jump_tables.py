@@ -12,14 +12,17 @@ never invents one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from callpath.structure.elf import SectionBytes
 
 MAX_ENTRIES = 4096
 
 
-def resolve_tables(data: bytes, base: int, lo: int, hi: int, ips: list[int], kinds: list[int],
-                   read: Callable[[int, int], bytes | None], indirect_kind: int) -> dict[
-                       int, list[int]]:
+def resolve_tables(data: SectionBytes, base: int, lo: int, hi: int, ips: list[int],
+                   kinds: list[int], read: Callable[[int, int], bytes | None],
+                   indirect_kind: int) -> dict[int, list[int]]:
     """Targets of each indirect jump of ``[lo, hi)`` whose table is recognised."""
     import iced_x86
 

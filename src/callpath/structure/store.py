@@ -5,7 +5,8 @@ Parsing hpcstruct XML costs a Python step per scope (libtorch_cpu.so's whole str
 617 MB file, about a minute to parse); a :class:`Structure` is already a handful of flat
 arrays and a string table, so it is stored as those arrays' bytes, back to back, after a JSON
 header that names each array's dtype, offset and length. Loading maps the file and makes each
-array a view of the map (``np.frombuffer``): nothing is parsed or copied but the header.
+array a view of the map (``np.frombuffer``): nothing is parsed but the header, nothing copied
+but the integer columns stored narrower than their type (below).
 ``np.savez`` was tried first: its zip members and their ``.npy`` headers (parsed with
 ``ast.literal_eval``) cost ~4 ms per entry, 3.7 s for the ~900 Python sources of an
 ``import torch`` run; this format takes a fraction of a millisecond per entry. XML stays the
@@ -13,7 +14,9 @@ interchange format with HPCToolkit (``formats/hpcstruct.py``); this is the proje
 
 Layout: ``CPSTRUCT`` (8 bytes), the header's length (u64 little-endian), the header (UTF-8
 JSON: ``meta``, ``arrays`` as ``{name: [dtype, offset, count]}``, ``crc`` of the payload),
-then the payload (each array 8-byte aligned). Entries are written atomically (a temporary
+then the payload (each array 8-byte aligned; an integer array stored in a narrower type
+than its own has that type as a fourth element of its layout entry, and is widened back on
+load). Entries are written atomically (a temporary
 file renamed into place) and checked on load (magic, sizes, CRC-32 of the payload, array
 lengths consistent with each other, the caller's header fields): an entry that does not read
 back whole is treated as absent, never as an error.
@@ -72,9 +75,9 @@ def save_arrays(path: str | os.PathLike[str], meta: dict[str, Any],
     parts: list[bytes] = []
     off = 0
     for k, v in arrays.items():
-        a = np.ascontiguousarray(v)
+        a, wide = _narrow(np.ascontiguousarray(v))
         b = a.tobytes()
-        layout[k] = [a.dtype.str, off, int(a.size)]
+        layout[k] = [a.dtype.str, off, int(a.size)] + ([wide] if wide else [])
         pad = -len(b) % 8
         parts.append(b + b"\0" * pad)
         off += len(b) + pad
@@ -94,6 +97,28 @@ def save_arrays(path: str | os.PathLike[str], meta: dict[str, Any],
             tmp.unlink()
         return False
     return True
+
+
+_NARROW = (np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.uint16), np.dtype(np.int16),
+           np.dtype(np.uint32), np.dtype(np.int32))
+
+
+def _narrow(a: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], str | None]:
+    """An integer array in the smallest integer type that holds its values, and its own type
+    (None when it is kept as it is). Addresses of libraries under 4 GiB, line numbers,
+    scope indices: most 8-byte columns of an entry fit in 4 or 2 bytes, and an entry's size
+    is the measurement's and the cache's disk use (loading widens them back: a copy, a
+    millisecond for libtorch_cpu.so's largest)."""
+    if a.dtype.kind not in "iu" or a.itemsize < 2 or not a.size:
+        return a, None
+    lo, hi = int(a.min()), int(a.max())
+    for dt in _NARROW:
+        if dt.itemsize >= a.itemsize:
+            break
+        info = np.iinfo(dt)
+        if info.min <= lo and hi <= info.max:
+            return a.astype(dt), a.dtype.str
+    return a, None
 
 
 def load(path: str | os.PathLike[str], expect: dict[str, Any] | None = None
@@ -154,9 +179,9 @@ def load_arrays(path: str | os.PathLike[str], expect: dict[str, Any] | None = No
         if zlib.crc32(buf) != int(doc["crc"]):
             return None
         arrays: dict[str, npt.NDArray[Any]] = {}
-        for k, (dt, off, count) in doc["arrays"].items():
-            arrays[k] = np.frombuffer(buf, dtype=np.dtype(dt), count=int(count),
-                                      offset=int(off))
+        for k, (dt, off, count, *wide) in doc["arrays"].items():
+            a = np.frombuffer(buf, dtype=np.dtype(dt), count=int(count), offset=int(off))
+            arrays[k] = a.astype(np.dtype(wide[0])) if wide else a
     except Exception:  # any entry that does not read back whole is a miss
         return None
     return meta, arrays

@@ -322,18 +322,37 @@ def _source_file(exp: Experiment, sf: SourceFile) -> Path | None:
 
 
 def _copy_sources(exp: Experiment, out: Path, files: list[SourceFile]) -> None:
+    """Copy the sources (a PyTorch run names ~900 files): destinations checked against the
+    database directory by their normalised path (``..`` cannot leave it), each directory
+    made once, and the copies done by a few threads (the kernel copies; the GIL is free)."""
+    root = out.resolve()
+    made: set[Path] = set()
+    todo: list[tuple[Path, Path]] = []
     for orig, sf in zip(exp.files, files, strict=True):
         if not sf.copied:
             continue
-        dest = _inside(out, sf.path)
+        dest = Path(os.path.normpath(root / sf.path))
+        if dest != root and root not in dest.parents:
+            raise CallpathError(f"source file path {sf.path!r} leads outside the database "
+                                "directory")
         if orig.copied:
             src = exp.path / orig.path if exp.path is not None else dest
         else:
             src = _source_file(exp, orig) or dest
         if not src.is_file() or (dest.exists() and os.path.samefile(src, dest)):
             continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dest)
+        if dest.parent not in made:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            made.add(dest.parent)
+        todo.append((src, dest))
+    if len(todo) < 16:
+        for src, dest in todo:
+            shutil.copyfile(src, dest)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(4) as pool:
+        for _ in pool.map(lambda sd: shutil.copyfile(*sd), todo):
+            pass
 
 
 # ==== meta.db ===========================================================================

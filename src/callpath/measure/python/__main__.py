@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--native", action="store_true",
                    help="merge the native stack of every sample below its Python frames")
     p.add_argument("--keep-interpreter-frames", action="store_true",
-                   help="with --native: keep the interpreter's own frames between Python "
-                   "frames (elided by default)")
+                   help="with --native: keep the interpreter's call machinery and a "
+                   "library's trampolines (elided by default)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     p.add_argument("program", nargs=argparse.REMAINDER,
                    help="SCRIPT ARGS, or a python command line")

@@ -31,7 +31,7 @@ SHIM_DIR = Path(__file__).resolve().parent / "shim"
 MAX_FREQUENCY = 10_000.0
 PR_SET_CHILD_SUBREAPER = 36
 ENV_NATIVE = "CALLPATH_PY_NATIVE"  # native_capture.ENV_NATIVE (that module is loaded by path)
-DEFAULT_NATIVE_STACK = 32768
+DEFAULT_NATIVE_STACK = 60000  # native_capture.DEFAULT_STACK
 _INTERPRETER = re.compile(r"^python(\d+(\.\d+)*)?([dmu]*)?(\.exe)?$")
 # Interpreter options that keep site from running our bootstrap: -S skips site, -I and -E
 # ignore PYTHONPATH.

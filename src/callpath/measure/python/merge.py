@@ -22,8 +22,9 @@ stopped below them) go on top, above the native frames that were recovered, and 
 counts as *partial*; evaluation frames left without a group are left out with the entry and
 the sample counts as *unmatched*. A code object the sampler never interned (it died between
 the signal and the next walk) stays an unknown frame with its address. Each merged path is
-then made readable (``readable_path``): CPython's own frames between two Python frames are
-elided unless ``--keep-interpreter-frames``, and the profiler's own frames are cut off.
+then made readable (``readable_path``): CPython's own frames before a Python frame or an
+extension and a library's trampolines between two of its frames (``forwarding``) are elided
+unless ``--keep-interpreter-frames``, and the profiler's own frames are cut off.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import bisect
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ from callpath.errors import FormatError
 from callpath.formats import measdir as md
 from callpath.measure import cfi, loadmap, postmortem, unwind
 from callpath.measure.loadmap import Mapping
+from callpath.measure.python import forwarding
 
 MAGIC = 0x4E4D5043
 HEAD_WORDS = 14          # sizeof(Head) / 8 in _callpath_native.c
@@ -105,7 +108,7 @@ def read_records(path: Path) -> Records:
         np.zeros(0, dtype="<u8")
     offs: list[int] = []
     o = 0
-    head = data.view("<u4")
+    head = np.asarray(data).view("<u4")  # plain ndarray: a memmap's item access is ~10 us
     while o + HEAD_WORDS * 8 <= n:
         magic, size = int(head[o // 4]), int(head[o // 4 + 1])
         if magic != MAGIC or size < HEAD_WORDS * 8 or size % 8 or o + size > n:
@@ -239,15 +242,24 @@ def _eval_frames(fr: unwind.Frames, mm: unwind.ModuleMap) -> tuple[npt.NDArray[n
     uk, inv = np.unique(key, return_inverse=True)
     is_eval = np.zeros(len(uk), dtype=bool)
     is_gil = np.zeros(len(uk), dtype=bool)
-    for u, k in enumerate(uk.tolist()):
-        if k < 0:
+    um, ua = uk >> 48, uk & ((1 << 48) - 1)
+    for mod in np.unique(um[uk >= 0]).tolist():
+        elf = mm.elves[mod]
+        if elf is None:
             continue
-        elf = mm.elves[k >> 48]
-        name = elf.symbolize(k & ((1 << 48) - 1)) if elf is not None else None
-        if name in EVAL_SYMBOLS:
-            is_eval[u] = True
-        elif name is not None and name.split(".")[0] in GIL_SYMBOLS:
-            is_gil[u] = True
+        # the symbols named like the loop or take_gil, then a range test of every address at
+        # once (as ``symbolize`` would name them, without naming the module's other symbols)
+        t = elf.symbol_table()
+        named = t.named(EVAL_SYMBOLS)
+        gil_named = t.named(GIL_SYMBOLS, dotted=True)
+        if not (named.any() or gil_named.any()):
+            continue
+        sel = np.nonzero(um == mod)[0]
+        i = t.starts.searchsorted(ua[sel], side="right") - 1
+        ic = np.maximum(i, 0)
+        inside = (i >= 0) & (ua[sel] < t.ends[ic])
+        is_eval[sel] = inside & named[ic]
+        is_gil[sel] = inside & gil_named[ic] & ~named[ic]
     if not len(key):
         return np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
     return is_eval[inv.reshape(-1)], is_gil[inv.reshape(-1)]
@@ -266,6 +278,21 @@ def mark_gil_wait(path: list[Key], gil: frozenset[tuple[int, int]]) -> list[Key]
         if k[0] == _NATIVE and (k[1], k[2]) in gil:
             return [*path[:j + 1], (_PLACEHOLDER, -1, int(md.Placeholder.GIL_WAIT), 0)]
     return path
+
+
+def _row_ids(rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The index of each row among the distinct rows of ``rows`` (n, k)."""
+    n = len(rows)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    # lexsort and a cumulative sum: np.unique(axis=0) sorts rows as opaque bytes, 20x slower
+    o = np.lexsort(rows.T[::-1])
+    srt = rows[o]
+    new = np.ones(n, dtype=bool)
+    new[1:] = (srt[1:] != srt[:-1]).any(axis=1)
+    ids = np.empty(n, dtype=np.int64)
+    ids[o] = np.cumsum(new) - 1
+    return ids
 
 
 def merge_paths(native: list[Key], is_eval: list[bool], complete: bool,
@@ -331,39 +358,100 @@ def own_code(file: str) -> bool:
 
 
 def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: frozenset[int],
-                  own_codes: frozenset[int], keep_interpreter: bool = False) -> list[Key]:
+                  own_codes: frozenset[int], keep_interpreter: bool = False,
+                  forwarding: Callable[[int, int], bool] | None = None,
+                  through_pointer: Callable[[int, int], bool] | None = None) -> list[Key]:
     """A merged path (root first) as a user reads it.
 
     The profiler never appears: the path ends before its first frame of the profiler's own
     code (its shared objects, ``own_modules``, or its Python files, ``own_codes``), and the
     interpreter's frames that led there (the signal's handling) go with it; a path that is
-    the profiler's alone comes back empty. Unless ``keep_interpreter``, the interpreter's own
-    native frames (those of the modules in ``interpreter``: the ones that hold
-    ``_PyEval_EvalFrameDefault``, libpython or a statically linked python executable) are
-    elided between two Python frames (the evaluation loop, vectorcall, slot wrappers: the
-    call machinery of Python calling Python through C), so that Python frames follow each
-    other; the frames of other modules between them (an extension that calls back into
-    Python: ``sorted`` is the interpreter's, a PyTorch operator is not) stay. Everything below
-    the innermost Python frame stays: the call into an extension and the extension, the
-    library, the kernel, and the interpreter's own C code where the time is spent there
-    (``list_sort_impl``, ``_PyObject_Malloc``, ``take_gil`` waiting for the GIL)."""
+    the profiler's alone comes back empty. Unless ``keep_interpreter``, two kinds of call
+    machinery are elided between two frames of interest:
+
+    - the interpreter's own native frames (those of the modules in ``interpreter``: the ones
+      that hold ``_PyEval_EvalFrameDefault``, libpython or a statically linked python
+      executable) that lead to a Python frame (the evaluation loop, vectorcall, slot
+      wrappers: Python calling Python through C) or to an extension's function, which the
+      interpreter calls through a pointer (``through_pointer(module, address)`` of the
+      run's last frame: ``_PyObject_MakeTpCall``, ``cfunction_call``), so that Python frames
+      follow each other and the extension hangs under the Python line that called it. The
+      interpreter's other frames stay: its own C code where the time is spent and what it
+      calls directly (``list_sort_impl`` and ``memmove``, ``_PyObject_Malloc``, ``take_gil``
+      with its ``<GIL wait>``);
+    - a library's trampolines: a native frame that ``forwarding(module, address)`` calls a
+      stub or a dispatcher (``forwarding.forwards``) and whose callee is in the same module
+      (PyTorch's ``at::_ops::addmm::call``, ``c10::impl::wrap_kernel_functor_unboxed_``)
+      and that has a caller in the path (a native thread's outermost frame, ``__clone3``,
+      stays).
+
+    The innermost frame always stays."""
     for i, k in enumerate(path):
         if (k[0] == _NATIVE and k[1] in own_modules) or (k[0] == _PYTHON and k[1] in own_codes):
             path = path[:i]
             while path and path[-1][0] == _NATIVE and path[-1][1] in interpreter:
                 path.pop()
             break
-    if keep_interpreter:
+    if keep_interpreter or len(path) < 2:
         return path
-    py = [i for i, k in enumerate(path) if k[0] == _PYTHON]
-    if not py:
-        return path
-    last = py[-1]
+    # the interpreter's frames to leave out: each run of them that leads to a Python frame,
+    # or to another module's native frame that the run's last frame called through a pointer
+    # (a method, a type slot: the extension's function), not directly (the C library)
+    drop = [False] * len(path)
+    i = 0
+    while i < len(path):
+        k = path[i]
+        if not (k[0] == _NATIVE and k[1] in interpreter):
+            i += 1
+            continue
+        j = i
+        while j < len(path) and path[j][0] == _NATIVE and path[j][1] in interpreter:
+            j += 1
+        if j < len(path) and path[j][0] != _PLACEHOLDER and (
+                path[j][0] != _NATIVE or (through_pointer is not None and not
+                                          path[j - 1][3] & md.NodeFlag.EXACT_PC and
+                                          through_pointer(path[j - 1][1], path[j - 1][2]))):
+            drop[i:j] = [True] * (j - i)
+        i = j
+    keep: list[Key] = []
+    last = len(path) - 1
+    for i, k in enumerate(path):
+        if k[0] == _NATIVE and i < last:
+            if k[1] in interpreter:
+                if drop[i]:
+                    continue
+            elif forwarding is not None and i > 0 and not k[3] & md.NodeFlag.EXACT_PC:
+                nxt = path[i + 1]
+                if nxt[0] == _NATIVE and nxt[1] == k[1] and forwarding(k[1], k[2]):
+                    continue
+        keep.append(k)
+    return keep
 
-    def interp(k: Key) -> bool:
-        return k[0] == _NATIVE and k[1] in interpreter
 
-    return [k for k in path[:last] if not interp(k)] + path[last:]
+class Forwarding:
+    """``forwarding.forwards`` per (module, return address), each asked once per merge."""
+
+    def __init__(self, mm: unwind.ModuleMap) -> None:
+        self.mm = mm
+        self.memo: dict[tuple[int, int], bool] = {}
+        self.pointer_memo: dict[tuple[int, int], bool] = {}
+
+    def __call__(self, module: int, address: int) -> bool:
+        got = self.memo.get((module, address))
+        if got is None:
+            elf = self.mm.elves[module] if 0 <= module < len(self.mm.elves) else None
+            got = elf is not None and forwarding.forwards(elf, address)
+            self.memo[(module, address)] = got
+        return got
+
+    def through_pointer(self, module: int, address: int) -> bool:
+        """``forwarding.calls_through_pointer`` per (module, return address)."""
+        got = self.pointer_memo.get((module, address))
+        if got is None:
+            elf = self.mm.elves[module] if 0 <= module < len(self.mm.elves) else None
+            got = elf is not None and forwarding.calls_through_pointer(elf, address)
+            self.pointer_memo[(module, address)] = got
+        return got
 
 
 def _compiler() -> cfi.Compiler:
@@ -373,8 +461,9 @@ def _compiler() -> cfi.Compiler:
     try:
         from callpath.measure import recipes
         from callpath.measure.postmortem import unwind_mode
+        mode = unwind_mode()
         return cfi.Compiler(cfi.RowTable(), recipes=recipes.RecipeStore().get,
-                            mode=unwind_mode())
+                            mode=mode, cache=cfi.row_cache(mode))
     except (ImportError, AttributeError, TypeError):
         return cfi.Compiler(cfi.RowTable())
 
@@ -404,6 +493,8 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     fr = unwind.unwind(rec.words, rec.regs[:, 0].copy(), rec.regs[:, 1].copy(), saved,
                        rec.stack0, rec.nwords, mm, compiler,
                        high=(rec.high_at, rec.high_n, rec.high0))
+    if compiler.cache is not None:
+        compiler.cache.save()
     is_eval, is_gil = _eval_frames(fr, mm)
     gil = frozenset(zip(fr.module[is_gil].tolist(), fr.address[is_gil].astype(np.int64).tolist(),
                         strict=True))
@@ -420,6 +511,7 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     own_modules = frozenset(m.index for m in mods
                             if os.path.basename(m.path).startswith(OWN_MODULES))
     own_codes = frozenset(i for i, c in enumerate(proc.pycode) if own_code(c.file))
+    forwards = Forwarding(mm)
     # native frames per sample, leaf first
     order = np.lexsort((fr.depth, fr.sample))
     fs = fr.sample[order]
@@ -436,6 +528,13 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     pkeys = [(_PYTHON, c, ln, 0) if c >= 0 else (_UNKNOWN, -1, ln, 0)
              for c, ln in zip(pci.tolist(), pline.tolist(), strict=True)]
     pentry_l, pinc_l = pentry.tolist(), pinc.tolist()
+    # one small integer per distinct native frame and per distinct Python frame record: a
+    # sample's frames as the bytes of a slice of these are the key of its merged path (a
+    # tuple of tuples built per sample cost more than the merge it saved)
+    nat_ids = _row_ids(np.stack([np.where(fr.module >= 0, _NATIVE, _UNKNOWN), fr.module,
+                                 fr.address.astype(np.int64), fr.exact.astype(np.int64)],
+                                axis=1)[order])
+    py_ids = _row_ids(np.stack([pci, pline, pentry, pinc], axis=1))
     # weights: per thread, the time and CPU time since its previous sample
     period = int(notes["start"].get("period_ns", 1_000_000))
     order_t = np.lexsort((rec.time, rec.tid))
@@ -469,12 +568,12 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
         """Sample ``s``'s merged path, its state and whether it has Python frames."""
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         plo, phi = int(pbounds[s]), int(pbounds[s + 1])
-        nat = tuple((fkind[i], fmod[i], faddr[i], fexact[i]) for i in range(lo, hi))
-        pyk = tuple((pkeys[i], pentry_l[i], pinc_l[i]) for i in range(plo, phi))
-        memo_key = (nat, pyk, complete[s])
+        memo_key = (nat_ids[lo:hi].tobytes(), py_ids[plo:phi].tobytes(), complete[s])
         got = path_memo.get(memo_key)
         if got is not None:
             return got
+        nat = tuple((fkind[i], fmod[i], faddr[i], fexact[i]) for i in range(lo, hi))
+        pyk = tuple((pkeys[i], pentry_l[i], pinc_l[i]) for i in range(plo, phi))
         groups: list[list[Key]] = [[]]
         for key, entry, inc in pyk:
             if not inc:
@@ -491,9 +590,10 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
             natk.pop()
             evl.pop()
         path, state = merge_paths(natk, evl, complete[s], groups)
-        path = readable_path(path, interpreter, own_modules, own_codes, keep_interpreter)
         if gil and path:
             path = mark_gil_wait(path, gil)
+        path = readable_path(path, interpreter, own_modules, own_codes, keep_interpreter,
+                             forwards, forwards.through_pointer)
         got = path_memo[memo_key] = (path, state, phi > plo)
         return got
 
@@ -502,6 +602,7 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     traces: list[list[tuple[int, int]]] = [[] for _ in tids]
     repeat = ((rec.flags & REPEAT) != 0).tolist()
     previous: dict[int, tuple[list[Key], str, bool]] = {}  # per thread: its last sample's
+    leaf_memo: dict[tuple[int, int, bool], int] = {}
     partial_s = [False] * n
     for s in range(n):
         if repeat[s]:
@@ -519,18 +620,23 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
             res.hidden += 1
             continue
         th = slot_of[tid_l[s]]
-        tree, nl = trees[th], nodes[th]
-        node = 0
-        last = len(path) - 1
-        for d, key in enumerate(path):
-            if d == last and idle[s]:
-                key = (key[0], key[1], key[2], key[3] | md.NodeFlag.IDLE)
-            child = tree.get((node, key))
-            if child is None:
-                child = len(nl) + 1
-                tree[(node, key)] = child
-                nl.append((node, key))
-            node = child
+        # the same path (the memo's own list) inserted again ends at the same node
+        leaf_key = (th, id(path), idle[s])
+        node = leaf_memo.get(leaf_key, -1)
+        if node < 0:
+            tree, nl = trees[th], nodes[th]
+            node = 0
+            last = len(path) - 1
+            for d, key in enumerate(path):
+                if d == last and idle[s]:
+                    key = (key[0], key[1], key[2], key[3] | md.NodeFlag.IDLE)
+                child = tree.get((node, key))
+                if child is None:
+                    child = len(nl) + 1
+                    tree[(node, key)] = child
+                    nl.append((node, key))
+                node = child
+            leaf_memo[leaf_key] = node
         traces[th].append((time_l[s], node))
         c = counts[th].get(node)
         if c is None:

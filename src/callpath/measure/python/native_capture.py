@@ -24,9 +24,12 @@ import sys
 import time
 from typing import Any
 
-ENV_NATIVE = "CALLPATH_PY_NATIVE"  # bytes of native stack copied per sample (e.g. 32768)
-DEFAULT_STACK = 32768
-SLOTS = 256  # ring slots of ~37 KiB: the writer drains at 64 (or every 20 ms)
+ENV_NATIVE = "CALLPATH_PY_NATIVE"  # bytes of native stack copied per sample (e.g. 60000)
+# at most this much is copied, and only as much as the stack holds from sp to the outermost
+# evaluation frame: a deeper copy costs only the samples that need it (import torch's nested
+# imports: 6.3% of the paths partial with 32 KiB, 0.0% with 60000 bytes)
+DEFAULT_STACK = 60000
+SLOTS = 256  # ring slots of ~60 KiB (15 MiB): the writer drains at 64 (or every 20 ms)
 
 
 def _load_extension() -> tuple[Any, str | None]:
