@@ -54,7 +54,7 @@ def worker_callpath(db: str, repeat: int) -> dict[str, Any]:
     from callpath.analysis.filters import Filter, FilterType, apply_filters
     from callpath.analysis.flat import FlatView
     from callpath.analysis.source import TreeSource, tree_source
-    from callpath.analysis.view import TopDownView
+    from callpath.analysis.topdown import TopDownView
 
     exp = callpath.open(db)
     for k in range(len(exp.metrics)):  # read the summary once, as a viewer would on open

@@ -203,7 +203,7 @@ def worker_hatchet(base: str, new: str) -> dict[str, Any]:
 
 def worker_flame(db: str, repeat: int) -> dict[str, Any]:
     import callpath.view.flame_api as fa
-    from callpath.view.session import open_databases
+    from callpath.engine.database import open_databases
 
     (database,) = open_databases([db], warm=False)
     params = {"view": "top-down", "width": "1500"}

@@ -250,7 +250,7 @@ def cold_builds(db: Path) -> list[dict[str, Any]]:
     in process): building each view and its values for both metrics."""
     import callpath
     from callpath.analysis.source import tree_source
-    from callpath.analysis.views import make_view
+    from callpath.analysis.view_by_name import make_view
 
     exp = callpath.open(str(db))
     src = tree_source(exp)
@@ -276,9 +276,9 @@ def cold_builds(db: Path) -> list[dict[str, Any]]:
 def in_process_frame(db: Path) -> dict[str, Any]:
     """A frame of 1,000 distinct trace lines (the 64 traces reused), timed in process."""
     import callpath
+    from callpath.engine.database import Database
+    from callpath.engine.traces import Window, frame_grid, trace_index
     from callpath.model import TraceLine, Traces
-    from callpath.view.session import Database
-    from callpath.view.traces import Window, frame_grid, trace_index
 
     exp = callpath.open(str(db))
     assert exp.traces is not None

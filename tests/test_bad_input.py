@@ -24,7 +24,7 @@ import callpath
 from callpath.analysis.columns import ColumnSet
 from callpath.analysis.navigate import expand
 from callpath.analysis.source import tree_source
-from callpath.analysis.views import make_view
+from callpath.analysis.view_by_name import make_view
 from callpath.errors import CallpathError
 from callpath.present.viewreport import records
 from conftest import ROOT, V4_DATABASES, run_cli, shared_path

@@ -22,7 +22,7 @@ import callpath
 from callpath.analysis.columns import ColumnSet
 from callpath.analysis.derived import load_derived
 from callpath.analysis.source import tree_source
-from callpath.analysis.views import make_view
+from callpath.analysis.view_by_name import make_view
 from callpath.model import Experiment, NodeKind
 from conftest import ROOT, perf_reason, run_cli, shared_path
 from prof_tree import find

@@ -16,7 +16,7 @@ import callpath
 from callpath.analysis.compare import union_tree
 from callpath.analysis.flame import topdown_frame
 from callpath.analysis.source import tree_source
-from callpath.analysis.view import TopDownView
+from callpath.analysis.topdown import TopDownView
 from callpath.model import Experiment, NodeKind
 from conftest import shared_path
 from view_support import get_text, post_json, serve

@@ -16,8 +16,8 @@ from callpath.analysis.filters import (
     save_filters,
 )
 from callpath.analysis.source import tree_source
-from callpath.analysis.view import TopDownView
-from callpath.analysis.views import make_view
+from callpath.analysis.topdown import TopDownView
+from callpath.analysis.view_by_name import make_view
 from callpath.errors import CallpathError
 from conftest import run_cli, shared_path
 from seedtrees import filter_experiment

@@ -223,8 +223,8 @@ def test_trace_view_shows_the_gpu_stream(outdir: Path) -> None:
     """The viewer's trace view of the database: a row for the GPU stream beside the CPU
     thread's, the kernel's frames down to ``<gpu kernel>`` → ``kernmain()``, and the idle
     gaps between the 100 launches (hpcrun's ``NoActvty`` samples) as no frame."""
-    from callpath.view import traces
-    from callpath.view.session import open_databases
+    from callpath.engine.database import open_databases
+    from callpath.view import traces_api as traces
 
     pair(outdir, *SHARED[0])
     db, = open_databases([str(_built[SHARED[0][1]])], warm=False)

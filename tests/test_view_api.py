@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from callpath.engine.state import ViewState
 from callpath.model import NodeKind
 from callpath.view.server import BackgroundServer
-from callpath.view.state import ViewState
 from conftest import run_cli
 from view_support import get_json, get_text, post_json, view_server_fixture  # noqa: F401
 
@@ -309,7 +309,7 @@ def reference_frame(s: BackgroundServer, db: int, t0: int, t1: int, width: int, 
     cct = exp.cct
     node_of = {int(c): i for i, c in enumerate(cct.ctx_id.tolist())}
     from callpath.analysis.source import tree_source
-    from callpath.analysis.view import TopDownView
+    from callpath.analysis.topdown import TopDownView
     td = TopDownView(tree_source(exp))
     lines = sorted(exp.traces.lines, key=lambda ln: trace_order(exp, ln.prof_index))
     out = []
@@ -502,9 +502,9 @@ def test_traces_with_an_empty_line_and_unknown_contexts(view_server: BackgroundS
     pixels and empty call paths, never an error."""
     import dataclasses
 
+    from callpath.engine.database import Database
     from callpath.model import TraceLine, Traces
-    from callpath.view import traces
-    from callpath.view.session import Database
+    from callpath.view import traces_api as traces
 
     exp = view_server.dbs[LOOPS].exp
     good = int(exp.cct.ctx_id[len(exp.cct) - 1])
@@ -540,7 +540,7 @@ def test_trace_search_equals_searchsorted(stamps: list[int], queries: list[int])
     """The coarse-index search of the trace view gives exactly numpy's searchsorted answer,
     with duplicate timestamps, times before the first and after the last sample, on a
     strided view like trace.db's interleaved records."""
-    from callpath.view.traces import COARSE, last_at_or_before
+    from callpath.engine.traces import COARSE, last_at_or_before
 
     rec = np.zeros(len(stamps), dtype=[("t", "<i8"), ("ctx", "<u4")])  # 12-byte records
     rec["t"] = np.sort(np.array(stamps, dtype=np.int64))

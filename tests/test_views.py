@@ -13,7 +13,7 @@ from callpath.analysis.flat import FlatView, canonical_functions
 from callpath.analysis.navigate import expand, hot_path
 from callpath.analysis.nodes import ViewKind
 from callpath.analysis.source import select_contexts, tree_source
-from callpath.analysis.view import TopDownView, View
+from callpath.analysis.topdown import TopDownView, View
 from callpath.model import Experiment, NodeKind, Relation
 from conftest import V4_DATABASES, shared_path
 from seedtrees import G1, G2, G3, seed_experiment
@@ -129,7 +129,7 @@ def _check_invariants(exp: Experiment) -> None:
 
 def flat_anchor_is_top(exp: Experiment) -> np.ndarray:
     """Nodes whose cost belongs to no procedure: not below any function node."""
-    from callpath.analysis.treeops import nearest_marked
+    from callpath.model.treeops import nearest_marked
 
     cct = exp.cct
     frame = nearest_marked(cct.parent, cct.kind == NodeKind.FUNCTION)

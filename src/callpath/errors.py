@@ -21,3 +21,8 @@ class FormatError(CallpathError):
         super().__init__(f"{where}: {message}")
         self.path = str(path)
         self.offset = offset
+
+
+class NotFound(CallpathError):
+    """Something asked for that does not exist (no source recorded for a scope, no traces in
+    the database): the viewer answers it with a 404."""

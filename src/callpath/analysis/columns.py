@@ -19,7 +19,7 @@ import numpy.typing as npt
 from callpath.analysis.derived import DerivedMetric
 from callpath.analysis.numfmt import ValueFormat
 from callpath.analysis.source import TreeSource
-from callpath.analysis.view import View
+from callpath.analysis.topdown import View
 from callpath.analysis.viewconfig import ColumnSpec, evaluate_column
 from callpath.errors import CallpathError
 from callpath.model.metrics import resolve_name

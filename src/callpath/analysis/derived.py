@@ -17,11 +17,9 @@ path. When both files exist, the newer one wins.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +28,11 @@ from typing import Any
 from callpath.analysis.formula import Formula, parse
 from callpath.analysis.numfmt import DEFAULT, ValueFormat, parse_format
 from callpath.errors import CallpathError, FormatError
+from callpath.formats import sidecar
 
 FILE_FORMAT = "callpath-derived-metrics"
 VERSION = 1
-DB_RELPATH = Path("callpath") / "derived-metrics.json"
+DB_RELPATH = sidecar.DERIVED
 
 
 @dataclass(frozen=True)
@@ -79,14 +78,13 @@ class DerivedMetric:
 
 def db_store_path(dbdir: str | os.PathLike[str]) -> Path:
     """The file inside the database directory."""
-    return Path(dbdir) / DB_RELPATH
+    return sidecar.path(dbdir, DB_RELPATH)
 
 
 def fallback_store_path(dbdir: str | os.PathLike[str]) -> Path:
     """The per-user file used when the database directory is not writable."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     key = hashlib.sha256(str(Path(dbdir).resolve()).encode()).hexdigest()[:16]
-    return Path(base) / "callpath" / "derived" / f"{key}.json"
+    return sidecar.config_dir() / "derived" / f"{key}.json"
 
 
 # ---- save --------------------------------------------------------------------------------
@@ -112,33 +110,16 @@ def save_derived(dbdir: str | os.PathLike[str], metrics: Iterable[DerivedMetric]
     text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
     target = db_store_path(db)
     try:
-        write_atomically(target, text)
+        sidecar.write_atomically(target, text)
         return target
     except OSError as first:
         fallback = fallback_store_path(db)
         try:
-            write_atomically(fallback, text)
+            sidecar.write_atomically(fallback, text)
         except OSError as second:
             raise CallpathError(f"cannot save derived metrics: {target}: {first.strerror}; "
                                 f"{fallback}: {second.strerror}") from second
         return fallback
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a synced temporary file renamed over it, so that a
-    crash leaves the old file or the new one, never half of one (also the viewer's notes)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 # ---- load --------------------------------------------------------------------------------
@@ -155,23 +136,7 @@ def load_derived(dbdir: str | os.PathLike[str]) -> list[DerivedMetric]:
 
 def read_store(path: Path) -> list[DerivedMetric]:
     """Read and validate one derived-metrics file; any defect is a one-line FormatError."""
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise FormatError(path, f"cannot read: {e.strerror}") from e
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise FormatError(path, f"not UTF-8 text (byte {e.start})") from e
-    except json.JSONDecodeError as e:
-        raise FormatError(path, f"not valid JSON (line {e.lineno}, column {e.colno}): "
-                                f"{e.msg}") from e
-    if not isinstance(doc, dict) or doc.get("format") != FILE_FORMAT:
-        raise FormatError(path, f"not a derived-metrics file: expected an object with "
-                                f"\"format\": \"{FILE_FORMAT}\"")
-    version = doc.get("version")
-    if version != VERSION:
-        raise FormatError(path, f"unsupported version {version!r}: expected {VERSION}")
+    doc = sidecar.read_document(path, FILE_FORMAT, VERSION, "a derived-metrics file")
     entries = doc.get("metrics")
     if not isinstance(entries, list):
         raise FormatError(path, "\"metrics\" must be a list")

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -27,9 +25,10 @@ import numpy.typing as npt
 
 from callpath.analysis.nodes import ViewKind
 from callpath.analysis.source import TreeSource
-from callpath.analysis.treeops import nearest_marked
 from callpath.errors import CallpathError
+from callpath.formats import sidecar
 from callpath.model import CCT
+from callpath.model.treeops import nearest_marked
 
 I64 = npt.NDArray[np.int64]
 
@@ -87,7 +86,7 @@ def match_nodes(source: TreeSource, filters: Iterable[Filter]
                 ) -> dict[FilterType, npt.NDArray[np.bool_]]:
     """For each filter type, a boolean mask of the source-tree nodes some enabled filter of
     that type matches. Names are matched once per distinct name key."""
-    from callpath.analysis.view import TopDownView  # views depend on sources, not filters
+    from callpath.analysis.topdown import TopDownView  # views depend on sources, not filters
 
     active = [f for f in filters if f.enabled]
     masks = {t: np.zeros(len(source.cct), dtype=bool) for t in FilterType}
@@ -168,8 +167,7 @@ def apply_filters(source: TreeSource, filters: Iterable[Filter]) -> TreeSource:
 # ---- the persistent, global filter set ----------------------------------------------------
 
 def filters_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "callpath" / "filters.json"
+    return sidecar.config_dir() / "filters.json"
 
 
 def load_filters(path: Path | None = None) -> list[Filter]:
@@ -202,12 +200,7 @@ def save_filters(filters: Iterable[Filter], path: Path | None = None) -> Path:
     doc = {"version": FILTERS_VERSION, "filters": [
         {"pattern": f.pattern, "type": f.type.value, "enabled": f.enabled} for f in filters]}
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".filters-", dir=p.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, p)
+        sidecar.write_atomically(p, json.dumps(doc, indent=2) + "\n")
     except OSError as e:
         raise CallpathError(f"{p}: cannot save the filter set: {e.strerror}") from None
     return p

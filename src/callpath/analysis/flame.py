@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from callpath.analysis.view import TopDownView, View
+from callpath.analysis.topdown import TopDownView, View
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]

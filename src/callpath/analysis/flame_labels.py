@@ -14,7 +14,7 @@ import numpy.typing as npt
 from callpath.analysis.columns import ColumnDef, ColumnSet
 from callpath.analysis.flame import FlameFrame
 from callpath.analysis.nodes import ViewKind
-from callpath.analysis.view import View
+from callpath.analysis.topdown import View
 
 F64 = npt.NDArray[np.float64]
 

@@ -16,9 +16,9 @@ import numpy.typing as npt
 
 from callpath.analysis.nodes import NodeTable, ViewKind
 from callpath.analysis.source import TreeSource, call_sites
-from callpath.analysis.treeops import csr, group_rows, group_sum, nearest_marked, outermost
-from callpath.analysis.view import View
+from callpath.analysis.topdown import View
 from callpath.model import Experiment, NodeKind, Relation
+from callpath.model.treeops import csr, group_rows, group_sum, nearest_marked, outermost
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from callpath.analysis.treeops import nearest_marked
 from callpath.errors import CallpathError
 from callpath.model import Experiment, Metric, NodeKind, Relation
+from callpath.model.treeops import nearest_marked
 
 MAX_INSTRUCTIONS = 4000
 

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.analysis.flat import FlatView
-from callpath.analysis.view import View
+from callpath.analysis.topdown import View
 from callpath.errors import CallpathError
 
 F64 = npt.NDArray[np.float64]

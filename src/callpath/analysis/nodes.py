@@ -138,7 +138,7 @@ class NodeTable:
         ``representative[k]`` is one node of key ``k``; naming the representatives names all.
         Procedures are keyed by function alone (an activation and its procedure share a
         name); statements and loops by (file, line); entries by node."""
-        from callpath.analysis.treeops import group_rows
+        from callpath.model.treeops import group_rows
 
         sel = np.arange(len(self), dtype=np.int64) if ids is None else ids
         kind = self.kind[sel].astype(np.int64)

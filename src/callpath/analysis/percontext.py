@@ -15,9 +15,9 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.analysis.columns import ColumnDef, ColumnSet
-from callpath.analysis.treeops import outermost
-from callpath.analysis.view import View
+from callpath.analysis.topdown import View
 from callpath.errors import CallpathError
+from callpath.model.treeops import outermost
 
 F64 = npt.NDArray[np.float64]
 

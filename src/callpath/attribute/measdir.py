@@ -155,11 +155,11 @@ def prof_measdir(measdirs: list[Path], struct_files: list[Path], *,
     names = [(f"{x.name} (sec)" if x.unit == "ns" else x.name,
               x.description or x.event or x.name) for x in infos]
     names += [(f"{x.name} (samples)", f"samples of {x.event or x.name}") for x in infos]
-    units = [f for d in measdirs for f in sorted(d.glob(md.PROCESS_GLOB), key=md._file_order)]
+    units = [f for d in measdirs for f in sorted(d.glob(md.PROCESS_GLOB), key=md.file_order)]
     # GPU operations (callpath run -e gpu=nvidia) are in companion files: their metrics
     # follow the sampled ones; a companion without a process file (a process that launched
     # GPU work but got no CPU sample) is a unit of its own
-    companions = [f for d in measdirs for f in sorted(d.glob(mdg.GPU_GLOB), key=md._file_order)]
+    companions = [f for d in measdirs for f in sorted(d.glob(mdg.GPU_GLOB), key=md.file_order)]
     gpu_offset = len(names) if companions else None
     if companions:
         names += gpu_attr.metric_names()

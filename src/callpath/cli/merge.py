@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from callpath.cli.diff import write_comparison
+    from callpath.engine.comparison import write_comparison
     from callpath.errors import CallpathError
 
     if len(args.databases) < 2:

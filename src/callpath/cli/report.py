@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     from callpath.cli.report_build import build_report, print_view_configs
 
     if args.notes:
-        from callpath.view.notes import load_notes, render_notes
+        from callpath.engine.notes import load_notes, render_notes
         if not os.path.isdir(args.database):
             raise CallpathError(f"{args.database}: not a database directory")
         render_notes(load_notes(args.database), sys.stdout, args.format)

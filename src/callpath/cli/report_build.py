@@ -1,5 +1,6 @@
-"""The work behind ``callpath report``: assemble source, columns and view from the options,
-then print rows, a hot path, Find results, per-context statistics or a plot."""
+"""The work behind ``callpath report``: assemble source, columns and view from the options
+through the engine's composition (:mod:`callpath.engine.compose`, as the viewer does), then
+print rows, a hot path, Find results, per-context statistics or a plot."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import numpy as np
 
 from callpath.analysis.columns import ColumnDef, ColumnSet
 from callpath.analysis.derived import DerivedMetric, load_derived, save_derived
-from callpath.analysis.filters import Filter, apply_filters, load_filters
+from callpath.analysis.filters import Filter, load_filters
 from callpath.analysis.flat import FlatView
 from callpath.analysis.navigate import FindOptions, expand, find, flattened_top, hot_path
-from callpath.analysis.source import select_contexts, tree_source
+from callpath.analysis.source import select_contexts
 from callpath.analysis.time_metric import time_metric
-from callpath.analysis.view import View
+from callpath.analysis.topdown import View
 from callpath.analysis.viewconfig import (
     ColumnSpec,
     expand_columns,
@@ -24,7 +25,7 @@ from callpath.analysis.viewconfig import (
     load_view_configs,
     offered,
 )
-from callpath.analysis.views import make_view
+from callpath.engine.compose import columns_of, open_for_find, source_of, view_of
 from callpath.errors import CallpathError
 from callpath.model import Experiment
 from callpath.present import viewreport
@@ -155,10 +156,9 @@ def build_report(exp: Experiment, args: argparse.Namespace, out: TextIO) -> int:
             labels = ", ".join(exp.context_label(c) for c in exp.contexts[:8])
             raise CallpathError(f"--threads {args.threads!r} selects no execution context "
                                 f"(they are: {labels}{', ...' if len(exp.contexts) > 8 else ''})")
-    source = tree_source(exp, profiles)
     filters = [] if args.no_saved_filters else load_filters()
     filters += [Filter.parse(s) for s in args.filter]
-    source = apply_filters(source, filters)
+    source = source_of(exp, profiles, filters)
 
     db = Path(args.database)
     saved = [] if args.no_saved_derived else load_derived(db)
@@ -173,7 +173,7 @@ def build_report(exp: Experiment, args: argparse.Namespace, out: TextIO) -> int:
     new = _derived(args)
     clash = {d.name for d in new} & {d.name for d in saved}
     saved = [d for d in saved if d.name not in clash]  # a new definition replaces a saved one
-    columns = ColumnSet(source, [*saved, *new], _config_specs(exp, args.view_config))
+    columns = columns_of(source, [*saved, *new], _config_specs(exp, args.view_config))
     if args.save_derived:
         path = save_derived(db, [*saved, *new])
         out.write(f"saved {len(saved) + len(new)} derived metric(s) in {path}\n")
@@ -184,7 +184,7 @@ def build_report(exp: Experiment, args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"{c.ref:>5}  {c.title}{extra}\n")
         return 0
 
-    view = make_view(args.view, source)
+    view = view_of(args.view, source)
     cols = _selected_columns(columns, view, args, new)
     sort_col = columns.resolve(args.sort) if args.sort else cols[0]
     start = view.find_stable(args.zoom) if args.zoom is not None else 0
@@ -199,8 +199,7 @@ def build_report(exp: Experiment, args: argparse.Namespace, out: TextIO) -> int:
 
     if args.find:
         opts = FindOptions(args.find, args.find_case, args.find_word, args.find_regex)
-        if args.view == "bottom-up":
-            view_expand_all(view, args.depth)
+        open_for_find(view, args.depth)
         hits = find(view, opts)
         rows = [(int(n), 0) for n in hits]
         if not rows:
@@ -230,14 +229,6 @@ def build_report(exp: Experiment, args: argparse.Namespace, out: TextIO) -> int:
     else:
         viewreport.render_text(columns, view, cols, rows, out)
     return 0
-
-
-def view_expand_all(view: View, depth: int | None) -> None:
-    """Find in Bottom-up looks at materialized nodes: open the view to ``depth`` (default 3)."""
-    from callpath.analysis.bottomup import BottomUpView
-
-    if isinstance(view, BottomUpView):
-        view.expand_all(3 if depth is None else depth)
 
 
 def _flame(columns: ColumnSet, view: View, col: ColumnDef, start: int,

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from callpath.analysis.treeops import nearest_marked
 from callpath.formats import protowire as pw
 from callpath.formats import stacks
 from callpath.formats.stacks import FrameTree, IntegerScale, integer_scale, metric_unit_name
 from callpath.model import Metric
+from callpath.model.treeops import nearest_marked
 
 I64 = npt.NDArray[np.int64]
 

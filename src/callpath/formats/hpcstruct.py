@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.errors import CallpathError, FormatError
-from callpath.structure.model import Kind, Structure, StructureBuilder
+from callpath.model.structure import Kind, Structure, StructureBuilder
 
 DTD_PATH_NOTE = "hpc-structure.dtd version 4.9"
 _HEADER = """<?xml version="1.0"?>

@@ -412,12 +412,14 @@ def read(directory: str | os.PathLike[str]) -> Measurement:
     except (KeyError, TypeError, ValueError) as e:
         raise FormatError(hp, f"bad metric descriptor ({e})") from None
     m = Measurement(d, header, metrics)
-    files = sorted(d.glob(PROCESS_GLOB), key=_file_order)
+    files = sorted(d.glob(PROCESS_GLOB), key=file_order)
     m.processes = [read_process(f, len(metrics)) for f in files]
     return m
 
 
-def _file_order(p: Path) -> tuple[int, int, str]:
+def file_order(p: Path) -> tuple[int, int, str]:
+    """Sort key of a process file (``process-<pid>-<generation>.cpm``): pid, then generation
+    (public: the attribution reads process files in this order too)."""
     parts = p.stem.split("-")
     try:
         return int(parts[1]), int(parts[2]), p.name

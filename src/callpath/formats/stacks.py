@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from callpath.analysis.treeops import group_rows, nearest_marked
 from callpath.errors import CallpathError
 from callpath.model import Experiment, Metric, NodeKind, Relation
+from callpath.model.treeops import group_rows, nearest_marked
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]

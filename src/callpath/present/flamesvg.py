@@ -22,7 +22,7 @@ import numpy.typing as npt
 from callpath.analysis.columns import ColumnDef, ColumnSet
 from callpath.analysis.flame import FlameFrame, flame_frame
 from callpath.analysis.flame_labels import delta_column, rect_names, rect_values
-from callpath.analysis.view import TopDownView, View
+from callpath.analysis.topdown import TopDownView, View
 from callpath.errors import CallpathError
 
 F64 = npt.NDArray[np.float64]

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.analysis.columns import ColumnDef, ColumnSet
-from callpath.analysis.view import View
+from callpath.analysis.topdown import View
 
 F64 = npt.NDArray[np.float64]
 
@@ -45,7 +45,9 @@ def _percent_base(columns: ColumnSet, view: View, col: ColumnDef
     return columns.values(view, col)
 
 
-def _cells(columns: ColumnSet, view: View, col: ColumnDef, nodes: list[int]) -> list[str]:
+def cells(columns: ColumnSet, view: View, col: ColumnDef, nodes: list[int]) -> list[str]:
+    """The text of ``col`` at ``nodes``, as the report prints it and the viewer shows it: the
+    column's value format, else the value and its percentage of the column's total."""
     vals = columns.values(view, col)
     sub = vals[np.asarray(nodes, dtype=np.int64)] if nodes else np.zeros(0)
     fmt = col.value_format
@@ -65,13 +67,13 @@ def render_text(columns: ColumnSet, view: View, cols: Sequence[ColumnDef], rows:
                 out: TextIO) -> None:
     """A column per metric, then the indented scope label."""
     nodes = [n for n, _ in rows]
-    cells = [_cells(columns, view, c, nodes) for c in cols]
-    widths = [max([16, len(c.title)] + [len(s) for s in cs]) for c, cs in zip(cols, cells,
+    texts = [cells(columns, view, c, nodes) for c in cols]
+    widths = [max([16, len(c.title)] + [len(s) for s in cs]) for c, cs in zip(cols, texts,
                                                                                strict=True)]
     head = "  ".join(f"{c.title:>{w}}" for c, w in zip(cols, widths, strict=True))
     out.write(f"{head}  scope\n")
     for r, (node, indent) in enumerate(rows):
-        line = "  ".join(f"{cs[r]:>{w}}" for cs, w in zip(cells, widths, strict=True))
+        line = "  ".join(f"{cs[r]:>{w}}" for cs, w in zip(texts, widths, strict=True))
         out.write(f"{line}  {'  ' * indent}{view.label(node)}\n")
 
 

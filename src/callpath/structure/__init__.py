@@ -3,7 +3,7 @@
 From an ELF binary (and its debug information, where there is any) this package recovers the
 procedures, the inlined code, the loop nests and the source lines that a sample address belongs
 to; from a Python source file, the same model from its ``ast``. The model
-(:class:`~callpath.structure.model.Structure`) is what ``callpath prof`` joins samples with, and
+(:class:`~callpath.model.structure.Structure`) is what ``callpath prof`` joins samples with, and
 what :mod:`callpath.formats.hpcstruct` writes and reads as HPCToolkit's structure XML.
 
 Entry points: :func:`~callpath.structure.binary.analyze_binary` (a path to an ELF file) and

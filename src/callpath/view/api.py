@@ -3,7 +3,9 @@
 Every handler is a plain function ``(db, params, body) -> payload`` run in a worker thread
 with the database's lock held; :mod:`callpath.view.app` turns a :class:`CallpathError` into a
 400 with its one-line message and a :class:`NotFound` into a 404. Handlers validate every
-parameter before doing any work and compute everything through :mod:`callpath.analysis`.
+parameter before doing any work, then ask the engine (:mod:`callpath.engine`: the built
+view state, child order, keys) and :mod:`callpath.analysis`, and return what is serialized;
+they hold no state and start no background work themselves (``Database.anticipate`` does).
 """
 
 from __future__ import annotations
@@ -17,28 +19,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from callpath.analysis.bottomup import BottomUpView
 from callpath.analysis.columns import ColumnDef, ColumnSet
 from callpath.analysis.derived import load_derived, save_derived
 from callpath.analysis.flat import FlatView
 from callpath.analysis.formula import parse
-from callpath.analysis.navigate import (
-    FindOptions,
-    find,
-    flattened_top,
-    hot_path,
-    sorted_children,
-)
-from callpath.analysis.treeops import nearest_marked
-from callpath.errors import CallpathError
+from callpath.analysis.navigate import FindOptions, find, hot_path
+from callpath.engine.compose import child_order, open_for_find, visible_rows
+from callpath.engine.database import Built, Database
+from callpath.engine.sources import read_lines
+from callpath.errors import CallpathError, NotFound
+from callpath.model.treeops import nearest_marked
 from callpath.present import viewreport
-from callpath.view import traces
-from callpath.view.errors import NotFound as NotFound  # re-exported: app.py uses api.NotFound
 from callpath.view.errors import json_body
-from callpath.view.rows import column_subset, columns_json, number, open_metric, rows_json
-from callpath.view.session import Built, Database
-from callpath.view.sources import Servable, read_lines
-from callpath.view.state import (
+from callpath.view.params import (
     derived_to_json,
     parse_bool,
     parse_derived,
@@ -47,6 +40,7 @@ from callpath.view.state import (
     parse_json_param,
     parse_state,
 )
+from callpath.view.rows import column_subset, columns_json, number, open_metric, rows_json
 
 I64 = npt.NDArray[np.int64]
 Params = Mapping[str, str]
@@ -62,7 +56,7 @@ def built(db: Database, params: Params) -> Built:
     return db.build(parse_state(params, len(db.exp.contexts)))
 
 
-def _start_key(b: Built) -> str:
+def start_key(b: Built) -> str:
     return b.state.zoom or "r"
 
 
@@ -79,18 +73,10 @@ def _sort_column(b: Built, params: Params, name: str = "sort") -> ColumnDef:
 
 
 def ordered_children(b: Built, node: int, col: ColumnDef, descending: bool) -> I64:
-    """Children of ``node`` sorted on the server; in Flat with ``flatten``, the start node's
-    children are the flattened scopes (hpcviewer's flatten).
-
-    The children are materialized before the column is computed: Bottom-up adds a node's
-    children to the view on first access, and a column computed before that has no value
-    for them (an IndexError, a 500, on every first expansion of a Bottom-up node)."""
-    view = b.view
-    view.children(node)
-    vals = b.columns.values(view, col)
-    if isinstance(view, FlatView) and b.state.flatten and node == b.start():
-        return flattened_top(view, node, b.state.flatten, vals, descending=descending)
-    return sorted_children(view, node, vals, descending=descending)
+    """Children of ``node`` sorted on the server (:func:`callpath.engine.compose.child_order`,
+    with the state's flatten level and start node)."""
+    return child_order(b.view, b.columns, node, col, descending=descending,
+                       flatten=b.state.flatten, start=b.start())
 
 
 def _keys_of(b: Built, parent_key: str, parent: int, nodes: I64) -> list[str]:
@@ -108,14 +94,6 @@ def _path_keys(b: Built, top_key: str, path: list[int]) -> list[str]:
         key = b.keys.child_keys(key, par, np.array([child], np.int64))[0]
         out.append(key)
     return out
-
-
-def _servable(db: Database) -> Servable:
-    hit = db.trace_cache.get("servable")
-    if not isinstance(hit, Servable):
-        hit = Servable(db.path, db.exp)
-        db.trace_cache["servable"] = hit
-    return hit
 
 
 # ---- handlers --------------------------------------------------------------------------
@@ -162,17 +140,16 @@ def children(db: Database, params: Params, body: bytes) -> Any:
     limit = parse_int(params, "limit", 200, lo=1, hi=MAX_PAGE)
     node_key = params.get("node") or None
     node = b.node(node_key) if node_key else b.start()
-    parent_key = node_key or _start_key(b)
+    parent_key = node_key or start_key(b)
     kids = ordered_children(b, node, col, desc)
     page = kids[offset:offset + limit]
-    servable = _servable(db)
+    servable = db.servable()
     out: dict[str, Any] = {"node": parent_key, "total": len(kids), "offset": offset}
     if node_key is None:
         out["root"] = rows_json(b, [node], [parent_key], servable)[0]
     out["rows"] = rows_json(b, page.tolist(), _keys_of(b, parent_key, node, page), servable)
     if node_key is None:
-        db.warm_up(b.state)  # the user may switch tabs next: build the other views now
-        traces.prefetch(db)  # ... or open the trace view
+        db.anticipate(b.state)  # other views, trace index: built in the background
     return out
 
 
@@ -181,7 +158,7 @@ def hotpath(db: Database, params: Params, body: bytes) -> Any:
     col = _sort_column(b, params, "column")
     threshold = parse_float(params, "threshold", 50.0, lo=0.0, hi=100.0)
     assert threshold is not None
-    node_key = params.get("node") or _start_key(b)
+    node_key = params.get("node") or start_key(b)
     node = b.node(node_key)
     path = hot_path(b.view, node, lambda: b.columns.values(b.view, col), threshold or 1e-9)
     return {"path": [node_key, *_path_keys(b, node_key, path)]}
@@ -196,10 +173,9 @@ def find_nodes(db: Database, params: Params, body: bytes) -> Any:
                        parse_bool(params, "regex"))
     limit = parse_int(params, "limit", 100, lo=1, hi=MAX_FIND)
     view = b.view
-    if isinstance(view, BottomUpView):
-        view.expand_all(3)  # Find looks at materialized nodes, as `callpath report --find`
+    open_for_find(view)
     start = b.start()
-    top = _start_key(b)
+    top = start_key(b)
     hits = find(view, opts)
     if start != 0:  # keep the matches inside the zoomed subtree: one vectorised pass
         mark = np.zeros(len(view), dtype=bool)
@@ -228,7 +204,7 @@ def node_path(db: Database, params: Params, body: bytes) -> Any:
     path = b.view.path_to(node)
     if start not in path:
         raise CallpathError(f"node key {key[:40]!r}: not inside the zoomed subtree")
-    return {"path": _path_keys(b, _start_key(b), path[path.index(start):])}
+    return {"path": _path_keys(b, start_key(b), path[path.index(start):])}
 
 
 def source(db: Database, params: Params, body: bytes) -> Any:
@@ -246,7 +222,7 @@ def source(db: Database, params: Params, body: bytes) -> Any:
     if not path:
         what = "source file" if which == "self" else "call site"
         raise NotFound(f"{label}: no {what} is recorded for this scope in the database")
-    real = _servable(db).get(path)
+    real = db.servable().get(path)
     if real is None:
         raise NotFound(f"source file {path}: not copied into the database and not readable "
                        "at its recorded path")
@@ -287,18 +263,9 @@ def plot(db: Database, params: Params, body: bytes) -> Any:
 
 def csv_rows(b: Built, expanded: list[int], col: ColumnDef, descending: bool
              ) -> list[tuple[int, int]]:
-    """The visible rows: the start node, then the children of expanded nodes in tree order."""
-    open_ = set(expanded)
-    start = b.start()
-    rows: list[tuple[int, int]] = []
-    stack: list[tuple[int, int]] = [(start, 0)]
-    while stack:
-        node, depth = stack.pop()
-        rows.append((node, depth))
-        if node in open_:
-            kids = ordered_children(b, node, col, descending)
-            stack.extend((int(k), depth + 1) for k in kids[::-1].tolist())
-    return rows
+    """The visible rows (:func:`callpath.engine.compose.visible_rows`) of a built state."""
+    return visible_rows(b.view, b.columns, b.start(), expanded, col, descending=descending,
+                        flatten=b.state.flatten)
 
 
 def csv_text(db: Database, params: Params, body: bytes) -> str:

@@ -9,9 +9,10 @@ import json
 import logging
 import mimetypes
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import anyio.to_thread
@@ -19,12 +20,12 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from callpath.errors import CallpathError
-from callpath.view import api, compare_api, flame_api, lines_api, notes, security, traces
-from callpath.view.session import Database
+from callpath.engine.database import Database
+from callpath.errors import CallpathError, NotFound
+from callpath.view import api, compare_api, flame_api, lines_api, notes_api, security, traces_api
 from callpath.view.share import GUEST_COOKIE, ShareHub
 
 log = logging.getLogger("callpath.view")
@@ -33,7 +34,56 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_BODY = 1 << 20
 GZIP_MIN = 64 << 10  # compress responses at least this large
 
+#: A handler of one database (``/api/db/{db}/...``): run with the database's lock held.
 Handler = Callable[[Database, api.Params, bytes], Any]
+#: A handler of the server (``/api/...``): the list of databases, the saved filters, Compare.
+ServerHandler = Callable[[api.Params, bytes], Any]
+
+
+@dataclass(frozen=True)
+class ApiRoute:
+    """One route of the JSON API: every one is registered the same way (:meth:`ViewerApp.
+    _endpoint`: body size check, parameters, a worker thread, errors to statuses)."""
+
+    path: str  # below /api/db/{db}/ for a database's handler, below /api/ for the server's
+    handler: Handler | ServerHandler
+    methods: tuple[str, ...] = ("GET",)
+    per_db: bool = True
+    csv: bool = False  # the answer is CSV text, not JSON
+    no_guests: str | None = None  # refused to read-only guests, with this message
+
+    @property
+    def url(self) -> str:
+        return f"/api/db/{{db}}/{self.path}" if self.per_db else f"/api/{self.path}"
+
+
+def api_routes(dbs: list[Database], notes_changed: Callable[[int], None]) -> list[ApiRoute]:
+    """Every route of the JSON API (see docs/view.md, "API"), in one table."""
+    note_gets, note_posts = notes_api.handlers(notes_changed)
+    gets: dict[str, Handler] = {
+        "columns": api.columns, "children": api.children, "hotpath": api.hotpath,
+        "find": api.find_nodes, "source": api.source, "contexts": api.contexts,
+        "plot": api.plot, "path": api.node_path,
+        "trace/meta": traces_api.meta, "trace/frame": traces_api.frame,
+        "trace/depth": traces_api.depth, "trace/callpath": traces_api.callpath,
+        "trace/summary": traces_api.summary, "trace/stats": traces_api.stats,
+        **lines_api.GETS,  # the Lines tab (view/lines_api.py)
+        **flame_api.GETS,  # flame graph and icicle (view/flame_api.py)
+        **note_gets,
+    }
+    posts: dict[str, Handler] = {"derived/check": api.derived_check,
+                                 "derived/save": api.derived_save, **note_posts}
+    return [
+        ApiRoute("databases", lambda params, body: api.databases(dbs), per_db=False),
+        ApiRoute("filters", lambda params, body: api.saved_filters(), per_db=False),
+        # two open databases compared: a new database in the list
+        ApiRoute("compare", compare_api.handler(dbs), ("POST",), per_db=False,
+                 no_guests="read-only guest link: comparing databases opens a new one, "
+                 "which guests may not"),
+        *(ApiRoute(name, fn) for name, fn in gets.items()),
+        ApiRoute("csv", api.csv_text, ("GET", "POST"), csv=True),
+        *(ApiRoute(name, fn, ("POST",)) for name, fn in posts.items()),
+    ]
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -99,35 +149,15 @@ class ViewerApp:
         self.token = token
         self.static_dir = static_dir
         self.share = ShareHub(token, loopback)
-        routes = [
+        routes: list[BaseRoute] = [
             Route("/", self.index),
             Route("/static/{path:path}", self.static),
-            Route("/api/databases", self.list_databases),
-            Route("/api/filters", self.list_filters),
+            # the share hub's own: it runs on the event loop (sessions, WebSockets)
             Route("/api/share/start", self.share.start_endpoint, methods=["POST"]),
             WebSocketRoute("/api/share/ws", self.share.ws_endpoint),
         ]
-        routes.append(compare_api.route(self.dbs))  # two open databases compared
-        note_gets, note_posts = notes.handlers(self.share.notify_threadsafe)
-        gets: dict[str, Handler] = {
-            "columns": api.columns, "children": api.children, "hotpath": api.hotpath,
-            "find": api.find_nodes, "source": api.source, "contexts": api.contexts,
-            "plot": api.plot, "path": api.node_path,
-            "trace/meta": traces.meta, "trace/frame": traces.frame,
-            "trace/depth": traces.depth, "trace/callpath": traces.callpath,
-            "trace/summary": traces.summary, "trace/stats": traces.stats,
-            **lines_api.GETS,  # the Lines tab (view/lines_api.py)
-            **flame_api.GETS,  # flame graph and icicle (view/flame_api.py)
-            **note_gets,
-        }
-        for name, fn in gets.items():
-            routes.append(Route(f"/api/db/{{db}}/{name}", self._endpoint(fn)))
-        routes.append(Route("/api/db/{db}/csv", self._endpoint(api.csv_text, csv=True),
-                            methods=["GET", "POST"]))
-        for name, fn in {"derived/check": api.derived_check,
-                         "derived/save": api.derived_save, **note_posts}.items():
-            routes.append(Route(f"/api/db/{{db}}/{name}", self._endpoint(fn),
-                                methods=["POST"]))
+        routes += [Route(r.url, self._endpoint(r), methods=list(r.methods))
+                   for r in api_routes(self.dbs, self.share.notify_threadsafe)]
         self.app = Starlette(routes=routes, middleware=[
             Middleware(Guard, token=token, loopback=loopback,
                        guest_ok=self.share.is_guest_key)],
@@ -167,21 +197,16 @@ class ViewerApp:
 
     # ---- API ----------------------------------------------------------------------------
 
-    async def list_databases(self, request: Request) -> Response:
-        return await self._run(lambda: api.databases(self.dbs))
-
-    async def list_filters(self, request: Request) -> Response:
-        return await self._run(api.saved_filters)
-
     def _db(self, request: Request) -> Database:
         text = request.path_params["db"]
         if not text.isdigit() or int(text) >= len(self.dbs):
-            raise api.NotFound(f"database {text[:20]!r}: expected an id 0..{len(self.dbs) - 1}")
+            raise NotFound(f"database {text[:20]!r}: expected an id 0..{len(self.dbs) - 1}")
         return self.dbs[int(text)]
 
-    def _endpoint(self, fn: Handler, csv: bool = False
-                  ) -> Callable[[Request], Awaitable[Response]]:
+    def _endpoint(self, route: ApiRoute) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
+            if route.no_guests is not None and request.scope.get("callpath_guest"):
+                return error(403, route.no_guests)
             body = b""
             if request.method == "POST":
                 body = await request.body()
@@ -191,10 +216,12 @@ class ViewerApp:
             params.pop("token", None)
 
             def work() -> Any:
+                if not route.per_db:
+                    return cast(ServerHandler, route.handler)(params, body)
                 db = self._db(request)
                 with db.lock:
-                    return fn(db, params, body)
-            return await self._run(work, gzip_ok=_accepts_gzip(request), csv=csv)
+                    return cast(Handler, route.handler)(db, params, body)
+            return await self._run(work, gzip_ok=_accepts_gzip(request), csv=route.csv)
         return endpoint
 
     async def _run(self, work: Callable[[], Any], gzip_ok: bool = False, csv: bool = False
@@ -204,7 +231,7 @@ class ViewerApp:
         loop)."""
         try:
             return await anyio.to_thread.run_sync(partial(_encode, work, gzip_ok, csv))
-        except api.NotFound as e:
+        except NotFound as e:
             return error(404, str(e))
         except CallpathError as e:
             return error(400, str(e))

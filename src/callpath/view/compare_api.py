@@ -17,21 +17,20 @@ Body: ``{"base": ID, "new": ID}``. Answer: the new database's entry of ``/api/da
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import anyio.to_thread
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-
+from callpath.engine.database import Database
 from callpath.errors import CallpathError
 from callpath.view import api
-from callpath.view.session import Database
+
+Params = Mapping[str, str]
 
 _tmp: list[Path] = []
 
@@ -62,6 +61,13 @@ def _parse(body: bytes, n: int) -> tuple[int, int]:
     return ids[0], ids[1]
 
 
+@contextlib.contextmanager
+def _both(a: Database, b: Database) -> Iterator[None]:
+    """Both databases' locks, for as long as the comparison reads them."""
+    with a.lock, b.lock:
+        yield
+
+
 class Comparisons:
     """The comparisons one server has made: (base id, new id) -> the id of its tab in that
     server's list of databases."""
@@ -75,23 +81,19 @@ def compare_databases(dbs: list[Database], base: int, new: int,
                       made: Comparisons) -> dict[str, Any]:
     """Build (or find, in ``made``) the comparison of two open databases; returns its
     database entry."""
-    from callpath.analysis.compare import compare
-    from callpath.analysis.derived import save_derived
-    from callpath.formats.v4.writer import write_v4
-    from callpath.view.session import open_databases
+    from callpath.engine.comparison import write_compared
+    from callpath.engine.database import open_databases
 
     with made.lock:
         done = made.made.get((base, new))
         if done is None:
             a, b = dbs[base], dbs[new]
-            with a.lock, b.lock:
-                exp, derived = compare([a.exp, b.exp], ["base", "new"], diff=True)
             folder = Path(tempfile.mkdtemp(prefix="callpath-compare-"))
             _tmp.append(folder)
             # base → new: the tab reads in the order of the runs ("NEW vs BASE" read backwards)
             out = folder / f"{a.name} → {b.name}"
-            write_v4(exp, out)
-            save_derived(out, derived)
+            write_compared([a.exp, b.exp], ["base", "new"], out, diff=True,
+                           holding=_both(a, b))
             (db,) = open_databases([str(out)], warm=False)
             db.id = len(dbs)
             dbs.append(db)
@@ -128,21 +130,14 @@ def metrics_warning(base: list[str], new: list[str]) -> str | None:
             "side of these columns is zero")
 
 
-def route(dbs: list[Database]) -> Route:
-    """The route, bound to the server's list of databases (which it extends) and to the
-    comparisons made on them."""
+def handler(dbs: list[Database]) -> Callable[[Params, bytes], Any]:
+    """The ``POST /api/compare`` handler, bound to the server's list of databases (which it
+    extends) and to the comparisons made on them; registered in :mod:`callpath.view.app`
+    like every other API route."""
     made = Comparisons()
 
-    async def endpoint(request: Request) -> Response:
-        if request.scope.get("callpath_guest"):
-            return JSONResponse({"error": "read-only guest link: comparing databases opens a "
-                                 "new one, which guests may not"}, status_code=403)
-        body = await request.body()
-        try:
-            base, new = _parse(body, len(dbs))
-            entry = await anyio.to_thread.run_sync(compare_databases, dbs, base, new, made)
-        except CallpathError as e:
-            return JSONResponse({"error": str(e).replace("\n", " ")}, status_code=400)
-        return JSONResponse(entry)
+    def compare(params: Params, body: bytes) -> Any:
+        base, new = _parse(body, len(dbs))
+        return compare_databases(dbs, base, new, made)
 
-    return Route("/api/compare", endpoint, methods=["POST"])
+    return compare

@@ -1,7 +1,7 @@
-"""The viewer's own error type, and the JSON request body that every POST handler reads, in a
-module of its own so that every handler module (api, traces, lines_api, notes, ...) can use
-them without importing another handler module: view/api.py and view/traces.py used to import
-each other for the error."""
+"""The JSON request body that every POST handler reads, and the 404 error (raised by the
+engine, :class:`callpath.errors.NotFound`), in a module of their own so that every handler
+module (api, traces_api, lines_api, notes_api, ...) can use them without importing another
+handler module."""
 
 from __future__ import annotations
 
@@ -9,10 +9,7 @@ import json
 from typing import Any
 
 from callpath.errors import CallpathError
-
-
-class NotFound(CallpathError):
-    """Something that does not exist (no source recorded, no traces): a 404."""
+from callpath.errors import NotFound as NotFound  # a 404; the engine raises it
 
 
 def json_body(body: bytes) -> Any:

@@ -20,11 +20,11 @@ import numpy as np
 
 from callpath.analysis.flame import flame_frame
 from callpath.analysis.flame_labels import delta_column, rect_names, rect_values
-from callpath.analysis.view import TopDownView
+from callpath.analysis.topdown import TopDownView
+from callpath.engine.database import Database
 from callpath.errors import CallpathError
-from callpath.view.api import Params, _start_key, built
-from callpath.view.session import Database
-from callpath.view.state import parse_int
+from callpath.view.api import Params, built, start_key
+from callpath.view.params import parse_int
 
 
 def _num(v: float) -> float | None:
@@ -46,7 +46,7 @@ def flame(db: Database, params: Params, body: bytes) -> Any:
         color = b.column(ckey, "parameter 'color'")
     else:
         color = delta_column(b.columns, col)
-    node_key = params.get("node") or _start_key(b)
+    node_key = params.get("node") or start_key(b)
     node = b.node(node_key)
     view = b.view
     excl = col
@@ -79,12 +79,12 @@ def flame(db: Database, params: Params, body: bytes) -> Any:
     return out
 
 
-def _keys(b: Any, start_key: str, frame: Any) -> list[str]:
+def _keys(b: Any, top_key: str, frame: Any) -> list[str]:
     """Node keys of the rectangles, as the tree uses them (linked selection)."""
     if isinstance(b.view, TopDownView):
-        rest = b.keys.child_keys(start_key, 0, frame.nodes[1:])
-        return [start_key, *rest]
-    keys = [start_key]
+        rest = b.keys.child_keys(top_key, 0, frame.nodes[1:])
+        return [top_key, *rest]
+    keys = [top_key]
     for par, pos in zip(frame.parent[1:].tolist(), frame.child_pos[1:].tolist(), strict=True):
         pk = keys[par]
         keys.append(f"{'p' if pk == 'r' else pk + '.'}{pos}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,10 +21,11 @@ import numpy.typing as npt
 from callpath.analysis import lines as lm
 from callpath.analysis import lines_view as lv
 from callpath.analysis.lines_procs import describe
+from callpath.engine.database import Database
+from callpath.engine.lines_cache import OverviewParams, overview_of, source_of_file
 from callpath.errors import CallpathError
+from callpath.view.params import parse_bool, parse_int, parse_json_param
 from callpath.view.rows import number
-from callpath.view.session import Database
-from callpath.view.state import parse_bool, parse_int, parse_json_param
 
 Params = Mapping[str, str]
 Handler = Callable[[Database, Params, bytes], Any]
@@ -33,40 +33,6 @@ Handler = Callable[[Database, Params, bytes], Any]
 MAX_WINDOW = 400        # lines in one detailed window
 MAX_SEGMENTS = 1001     # rectangles wrapped in one request (the window + 1000 procedures)
 MAX_AROUND = 50         # assembler: lines around the selected one
-
-
-@dataclass(frozen=True)
-class OverviewParams:
-    skip: int
-    bin: int
-    reduce: str
-    strip: int
-    cbins: int
-    top: bool  # the cbins highest contexts of each overview row instead of bins by max
-
-
-def _overview(db: Database, m: lm.LineMatrix, p: OverviewParams) -> lm.Overview:
-    """The overview of ``m`` for ``p``, cached per database (a click on a ranked procedure
-    only asks for new rectangles: the overview itself must not be recomputed)."""
-    key = f"lines-overview:{id(m)}:{p}"
-    hit = db.trace_cache.get(key)
-    if not isinstance(hit, lm.Overview):
-        for k in [k for k in db.trace_cache if k.startswith("lines-overview")][:-14]:
-            del db.trace_cache[k]  # keep the last few overviews and their documents
-        if p.top:
-            hit = lm.overview(m, p.skip, p.bin, p.reduce, p.strip, top_contexts=p.cbins)
-        else:
-            hit = lm.overview(m, p.skip, p.bin, p.reduce, p.strip, context_bins=p.cbins)
-        db.trace_cache[key] = hit
-    return hit
-
-
-def _source(db: Database, m: lm.LineMatrix, f: int) -> list[str] | None:
-    key = f"lines-source:{m.files[f]}"
-    if key not in db.trace_cache:
-        db.trace_cache[key] = lm.source_text(m, f)
-    got = db.trace_cache[key]
-    return got if isinstance(got, list) else None
 
 
 def _procedure(m: lm.LineMatrix, d: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -200,7 +166,7 @@ def window(db: Database, params: Params, body: bytes) -> Any:
     for i, r in enumerate(rows.tolist()):
         f = int(m.file_of_row[r])
         line = int(m.line_of_row[r])
-        src = _source(db, m, f)
+        src = source_of_file(db, m, f)
         p = int(m.row_proc[r])
         mn, mx = int(st["min_context"][i]), int(st["max_context"][i])
         out.append({
@@ -237,7 +203,7 @@ def overview(db: Database, params: Params, body: bytes) -> Any:
     ``values=1`` adds ``values``, the exact values as base64 little-endian float32."""
     m = _matrix(db, params)
     p = _overview_params(params)
-    ov = _overview(db, m, p)
+    ov = overview_of(db, m, p)
     key = f"lines-overview-doc:{id(m)}:{p}"
     doc = db.trace_cache.get(key)
     if not isinstance(doc, dict):
@@ -254,7 +220,7 @@ def overview(db: Database, params: Params, body: bytes) -> Any:
             "max": number(mx), "levels": base64.b64encode(levels.tobytes()).decode("ascii"),
             "bin_row": ov.inv_first.tolist(), "top": ov.top_index is not None,
         }
-        db.trace_cache[key] = doc  # dropped with its overview (see _overview)
+        db.trace_cache[key] = doc  # dropped with its overview (engine.lines_cache.overview_of)
     if parse_bool(params, "values"):
         grid32 = np.ascontiguousarray(ov.values, dtype="<f4")
         return {**doc, "values": base64.b64encode(grid32.tobytes()).decode("ascii")}
@@ -266,7 +232,7 @@ def rects(db: Database, params: Params, body: bytes) -> Any:
     segment the pieces ``[strip, first bin in strip, last bin in strip]`` it covers, cut at
     strip ends exactly as the data is: ``[strip, first row in the strip, rows]``."""
     m = _matrix(db, params)
-    ov = _overview(db, m, _overview_params(params))
+    ov = overview_of(db, m, _overview_params(params))
     segs = parse_json_param(params, "segments") or []
     if not isinstance(segs, list) or len(segs) > MAX_SEGMENTS or not all(
             isinstance(s, list) and len(s) == 2 and all(

@@ -18,9 +18,9 @@ import numpy.typing as npt
 from callpath.analysis.columns import ColumnDef
 from callpath.analysis.nodes import ViewKind
 from callpath.analysis.time_metric import TIME_FIRST, is_time, time_metric
+from callpath.engine.database import Built
+from callpath.engine.sources import Servable
 from callpath.present import viewreport
-from callpath.view.session import Built
-from callpath.view.sources import Servable
 
 I64 = npt.NDArray[np.int64]
 
@@ -78,7 +78,7 @@ def columns_json(b: Built) -> list[dict[str, Any]]:
         vals = b.columns.values(b.view, c)
         agg = float(vals[start])
         empty = not bool(np.any(vals != 0))
-        text = viewreport._cells(b.columns, b.view, c, [start])[0]
+        text = viewreport.cells(b.columns, b.view, c, [start])[0]
         out.append({
             "key": b.column_key(c), "name": c.title, "metric": c.metric,
             "scope": c.scope,
@@ -107,7 +107,7 @@ def rows_json(b: Built, nodes: Sequence[int], keys: Sequence[str],
     for c in cols:
         v = b.columns.values(view, c)
         values.append((b.column_key(c), [number(x) for x in v[arr].tolist()],
-                       viewreport._cells(b.columns, view, c, list(nodes))))
+                       viewreport.cells(b.columns, view, c, list(nodes))))
     kinds = view.nodes.kind[arr].tolist() if len(arr) else []
     out = []
     for r, (n, key) in enumerate(zip(nodes, keys, strict=True)):

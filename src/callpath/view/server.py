@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from callpath.engine.database import Database, open_databases
 from callpath.errors import CallpathError
 from callpath.view.app import STATIC_DIR, make_app
 from callpath.view.security import is_loopback, new_token
-from callpath.view.session import Database, open_databases
 
 MAX_HEAD = 4 << 20  # request line and headers: a URL holding a big state still fits
 MAX_WS_MESSAGE = 128 << 10  # a shared session's message (view/share.py refuses > 64 KiB)
@@ -117,13 +117,7 @@ def serve(paths: list[str], host: str, port: int | None, open_browser: bool,
 def _open(paths: list[str]) -> list[Database]:
     """Open the databases and queue their background work: the three views of the default
     state, then the trace index."""
-    from callpath.view import traces
-
-    dbs = open_databases(paths)
-    for db in dbs:
-        with db.lock:
-            traces.prefetch(db)
-    return dbs
+    return open_databases(paths, index_traces=True)
 
 
 def _has_display() -> bool:

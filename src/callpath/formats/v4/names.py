@@ -5,7 +5,7 @@ id, physical id)`` triples (profile.db's Profile Info); the only strings meta.db
 profiles are the names of identifier *kinds* (``THREAD``), one per kind, not per profile. A
 name per thread (``worker_1``, ``arith``, a native thread's comm) therefore has no place in the
 four files without breaking the format HPCToolkit's tools read; callpath keeps the names in
-its own folder of the database, as it keeps derived metrics (:mod:`callpath.analysis.derived`),
+its own folder of the database (:mod:`callpath.formats.sidecar`), as it keeps derived metrics,
 and applies them when the database is opened. HPCToolkit's viewer, which does not read the
 file, shows the same contexts by their identifiers. The file is versioned JSON::
 
@@ -21,17 +21,17 @@ an unreadable or malformed file is ignored (the database opens without them).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
 
+from callpath.errors import FormatError
+from callpath.formats import sidecar
 from callpath.model.contexts import ExecutionContext
 
 FILE_FORMAT = "callpath-context-names"
 VERSION = 1
-RELPATH = Path("callpath") / "context-names.json"
+RELPATH = sidecar.NAMES
 
 
 def _key(ctx: ExecutionContext) -> list[list[int]]:
@@ -54,14 +54,14 @@ def names_document(profiles: list[ExecutionContext]) -> str | None:
 def read_names(directory: Path, profiles: list[ExecutionContext]) -> list[ExecutionContext]:
     """``profiles`` with the names recorded beside the database applied (unchanged when the
     file is absent, unreadable or does not match)."""
-    path = directory / RELPATH
+    path = sidecar.path(directory, RELPATH)
     if not path.is_file():
         return profiles
-    doc: Any = None
-    with contextlib.suppress(OSError, UnicodeDecodeError, ValueError):
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(doc, dict) or doc.get("format") != FILE_FORMAT \
-            or doc.get("version") != VERSION or not isinstance(doc.get("contexts"), list):
+    try:
+        doc = sidecar.read_document(path, FILE_FORMAT, VERSION, "a context-names file")
+    except FormatError:
+        return profiles  # the names only label contexts: the database opens without them
+    if not isinstance(doc.get("contexts"), list):
         return profiles
     out = list(profiles)
     for e in doc["contexts"]:

@@ -2,6 +2,10 @@
 
 Both are whole-tree passes with O(log depth) numpy rounds or one sort, instead of a Python
 loop over nodes: they are what keeps Bottom-up and Flat interactive at 10^6 nodes.
+
+In ``model/`` because they depend on nothing but numpy and both the exporters
+(:mod:`callpath.formats`) and the views (:mod:`callpath.analysis`) use them: data flows one
+way, from ``model/`` up.
 """
 
 from __future__ import annotations

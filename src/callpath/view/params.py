@@ -1,6 +1,8 @@
-"""The view state every view endpoint takes: which view, filters, derived metrics, thread
-selection, flatten level and zoom node, all as query parameters so that the front end can
-keep them in its own URL (a reload or a shared link restores the view).
+"""Request parameters: the view state every view endpoint takes (which view, filters, derived
+metrics, thread selection, flatten level and zoom node, all as query parameters so that the
+front end can keep them in its own URL: a reload or a shared link restores the view), and the
+numbers, flags and JSON lists other endpoints take. The state itself is the engine's
+:class:`~callpath.engine.state.ViewState`.
 
 Parsing is strict: anything malformed is a :class:`CallpathError` with one line naming the
 parameter and what was expected, which the API turns into a 400.
@@ -10,32 +12,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from callpath.analysis.derived import DerivedMetric
 from callpath.analysis.filters import Filter, FilterType
-from callpath.analysis.view import VIEW_NAMES
+from callpath.analysis.topdown import VIEW_NAMES
+from callpath.engine.state import ViewState
 from callpath.errors import CallpathError
 
 MAX_LIST = 256  # filters, derived metrics or threads in one request: plenty for a person
-
-
-@dataclass(frozen=True)
-class ViewState:
-    """Hashable, so that built views can be cached per state."""
-
-    view: str = "top-down"
-    filters: tuple[Filter, ...] = ()
-    derived: tuple[DerivedMetric, ...] = ()
-    threads: tuple[int, ...] = ()
-    flatten: int = 0
-    zoom: str | None = None
-
-    @property
-    def source_key(self) -> tuple[tuple[Filter, ...], tuple[int, ...]]:
-        """What the tree source depends on."""
-        return (tuple(f for f in self.filters if f.enabled), self.threads)
 
 
 def parse_json_param(params: Mapping[str, str], name: str) -> Any:

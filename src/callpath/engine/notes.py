@@ -2,7 +2,7 @@
 saved with the database so that a discussion outlives the session it started in.
 
 The file is ``<DBDIR>/callpath/notes.json``, beside the saved derived metrics, versioned and
-written atomically like them (a temporary file, then ``os.replace``)::
+written atomically like them (:mod:`callpath.formats.sidecar`)::
 
     {"format": "callpath-notes", "version": 1, "notes": [
       {"id": "n3f2a...", "author": "Ana", "text": "why so slow?", "created": "2026-...Z",
@@ -14,7 +14,8 @@ line number) and ``interval`` (trace time ``t0``..``t1`` in the database's time 
 execution-context rows ``c0``..``c1``). Texts and names are stored as given and are only ever
 rendered as text (``textContent`` in the viewer), never as markup.
 
-``callpath report DB --notes`` lists them (:func:`render_notes`).
+``callpath report DB --notes`` lists them (:func:`render_notes`); the viewer reads and
+writes them through :mod:`callpath.view.notes_api`.
 """
 
 from __future__ import annotations
@@ -23,18 +24,16 @@ import json
 import os
 import secrets
 import threading
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from callpath.analysis.derived import write_atomically
 from callpath.errors import CallpathError, FormatError
-from callpath.view.errors import json_body
+from callpath.formats import sidecar
 
 FILE_FORMAT = "callpath-notes"
 VERSION = 1
-DB_RELPATH = Path("callpath") / "notes.json"
+DB_RELPATH = sidecar.NOTES
 MAX_TEXT = 4000
 MAX_NOTES = 5000
 MAX_FIELD = 4096
@@ -43,7 +42,7 @@ _lock = threading.Lock()
 
 
 def store_path(dbdir: str | os.PathLike[str]) -> Path:
-    return Path(dbdir) / DB_RELPATH
+    return sidecar.path(dbdir, DB_RELPATH)
 
 
 def load_notes(dbdir: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -52,17 +51,9 @@ def load_notes(dbdir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     path = store_path(dbdir)
     if not path.is_file():
         return []
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FormatError(path, f"cannot read the notes: {e}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FILE_FORMAT \
-            or not isinstance(doc.get("notes"), list):
-        raise FormatError(path, f"not a notes file: expected an object with \"format\": "
-                                f"\"{FILE_FORMAT}\" and a \"notes\" list")
-    if doc.get("version") != VERSION:
-        raise FormatError(path, f"unsupported version {doc.get('version')!r}: expected "
-                                f"{VERSION}")
+    doc = sidecar.read_document(path, FILE_FORMAT, VERSION, "a notes file")
+    if not isinstance(doc.get("notes"), list):
+        raise FormatError(path, "\"notes\" must be a list")
     out = []
     for i, n in enumerate(doc["notes"]):
         try:
@@ -77,7 +68,7 @@ def _save(dbdir: str | os.PathLike[str], notes: list[dict[str, Any]]) -> Path:
     text = json.dumps({"format": FILE_FORMAT, "version": VERSION, "notes": notes},
                       indent=1, ensure_ascii=False) + "\n"
     try:
-        write_atomically(path, text)
+        sidecar.write_atomically(path, text)
     except OSError as e:
         raise CallpathError(f"cannot save the notes: {path}: {e.strerror}") from None
     return path
@@ -190,29 +181,3 @@ def render_notes(notes: list[dict[str, Any]], out: TextIO, fmt: str = "text") ->
         out.write(_plain(head.replace("\n", " ")) + "\n")
         for line in n["text"].split("\n"):
             out.write(f"    {_plain(line)}\n")
-
-
-# ---- the viewer's handlers (``(db, params, body) -> payload``, see view/app.py) --------------
-
-
-def handlers(changed: Callable[[int], None]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The GET and POST handlers of the notes API; ``changed(db_id)`` is called (from the
-    worker thread) after a note was added or deleted, so that live sessions hear of it."""
-    from callpath.view.session import Database
-
-    def list_notes(db: Database, params: Any, body: bytes) -> Any:
-        return {"notes": load_notes(db.path)}
-
-    def save(db: Database, params: Any, body: bytes) -> Any:
-        note = add_note(db.path, json_body(body))
-        changed(db.id)
-        return note
-
-    def delete(db: Database, params: Any, body: bytes) -> Any:
-        doc = json_body(body)
-        ok = delete_note(db.path, doc.get("id") if isinstance(doc, dict) else None)
-        if ok:
-            changed(db.id)
-        return {"deleted": ok}
-
-    return {"notes": list_notes}, {"notes/save": save, "notes/delete": delete}

@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 import numpy.typing as npt
 
-from callpath.analysis.view import TopDownView, View
+from callpath.analysis.topdown import TopDownView, View
 from callpath.errors import CallpathError
 
 I64 = npt.NDArray[np.int64]

@@ -19,31 +19,26 @@ is then two gathers: sample → u → name id.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from callpath.analysis.nodes import NodeTable, ViewKind
-from callpath.analysis.treeops import nearest_marked
-from callpath.errors import CallpathError
+from callpath.errors import NotFound
 from callpath.model import Experiment, NodeKind
-from callpath.view.errors import NotFound
-from callpath.view.session import Database
-from callpath.view.state import parse_int
+from callpath.model.treeops import nearest_marked
+
+if TYPE_CHECKING:
+    from callpath.engine.database import Database
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
-Params = Mapping[str, str]
 
-MAX_PIXELS = 8192
 COARSE = 16  # every COARSE-th timestamp is kept contiguous (a power of two)
 COARSE_STEPS = COARSE.bit_length() - 1
-MAX_GRID = 1 << 24  # cells in one frame
 
 
 @dataclass
@@ -240,7 +235,7 @@ def build_index(db: Database) -> TraceIndex:
                       fdepth, frame_of, gpu)
 
 
-# ---- request parsing -----------------------------------------------------------------
+# ---- sampling ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -249,42 +244,6 @@ class Window:
     t1: int
     c0: int
     c1: int
-
-
-def _window(ti: TraceIndex, params: Params) -> Window:
-    t0 = _time(params, "t0", ti.t0)
-    t1 = _time(params, "t1", ti.t1)
-    if t1 <= t0:
-        raise CallpathError(f"parameters 't0', 't1': expected t0 < t1, got {t0} and {t1}")
-    n = len(ti.times)
-    c0 = parse_int(params, "c0", 0, lo=0, hi=n - 1)
-    c1 = parse_int(params, "c1", n, lo=c0 + 1, hi=n)
-    return Window(t0, t1, c0, c1)
-
-
-def _time(params: Params, name: str, default: int) -> int:
-    text = params.get(name)
-    if text is None or text == "":
-        return default
-    try:
-        v = int(text)
-    except ValueError:
-        try:
-            f = float(text)
-        except ValueError:
-            raise CallpathError(f"parameter {name!r}: expected a time in ns, got "
-                                f"{text[:40]!r}") from None
-        if f != f or abs(f) > 9e18:
-            raise CallpathError(f"parameter {name!r}: expected a time in ns, got "
-                                f"{text[:40]!r}") from None
-        v = int(f)
-    if not -(1 << 62) < v < (1 << 62):
-        raise CallpathError(f"parameter {name!r}: time {v} out of range")
-    return v
-
-
-def _depth(ti: TraceIndex, params: Params) -> int:
-    return parse_int(params, "depth", 0, lo=0, hi=max(ti.max_depth, 0) + 1024)
 
 
 def midpoints(t0: int, t1: int, width: int) -> I64:
@@ -324,36 +283,6 @@ def last_at_or_before(ts: I64, coarse: I64, times: I64) -> I64:
     return out
 
 
-def _local(grid: I32, names: list[str]) -> tuple[I32, list[str]]:
-    """Renumber global name ids to 0..P-1 over the procedures present: a bincount and a
-    lookup table, not a sort of the grid."""
-    flat = grid.ravel()
-    counts = np.bincount(flat + 1, minlength=len(names) + 1)
-    present = np.nonzero(counts[1:])[0]
-    lut = np.full(len(names) + 1, -1, dtype=np.int32)
-    lut[present + 1] = np.arange(len(present), dtype=np.int32)
-    out: I32 = lut[flat + 1].reshape(grid.shape)
-    return out, [names[int(g)] for g in present.tolist()]
-
-
-def _b64(grid: I32) -> str:
-    return base64.b64encode(np.ascontiguousarray(grid, dtype="<i4").tobytes()).decode("ascii")
-
-
-# ---- endpoints ---------------------------------------------------------------------------
-
-
-def meta(db: Database, params: Params, body: bytes) -> Any:
-    ti = trace_index(db)
-    return {"contexts": ti.labels, "context_index": ti.context_index, "t0": ti.t0,
-            "t1": ti.t1, "max_depth": ti.max_depth,
-            "samples": int(sum(len(t) for t in ti.times)),
-            # per row: its number of samples (an empty row is explained, not left blank)
-            # and whether it is a GPU stream (drawn apart from CPU threads)
-            "row_samples": [int(np.count_nonzero(s >= 0)) for s in ti.samples],
-            "gpu": ti.gpu}
-
-
 def frame_grid(ti: TraceIndex, w: Window, width: int, height: int, depth: int
                ) -> tuple[I32, I64]:
     """Global name ids, ``height`` × ``width``, and the trace row of each grid row."""
@@ -370,30 +299,21 @@ def frame_grid(ti: TraceIndex, w: Window, width: int, height: int, depth: int
     return grid, rows
 
 
-def _size(params: Params) -> tuple[int, int]:
-    width = parse_int(params, "width", 1000, lo=1, hi=MAX_PIXELS)
-    height = parse_int(params, "height", 500, lo=1, hi=MAX_PIXELS)
-    if width * height > MAX_GRID:
-        raise CallpathError(f"parameters 'width' x 'height': at most {MAX_GRID} pixels")
-    return width, height
+def local_names(grid: I32, names: list[str]) -> tuple[I32, list[str]]:
+    """Renumber global name ids to 0..P-1 over the procedures present: a bincount and a
+    lookup table, not a sort of the grid."""
+    flat = grid.ravel()
+    counts = np.bincount(flat + 1, minlength=len(names) + 1)
+    present = np.nonzero(counts[1:])[0]
+    lut = np.full(len(names) + 1, -1, dtype=np.int32)
+    lut[present + 1] = np.arange(len(present), dtype=np.int32)
+    out: I32 = lut[flat + 1].reshape(grid.shape)
+    return out, [names[int(g)] for g in present.tolist()]
 
 
-def frame(db: Database, params: Params, body: bytes) -> Any:
-    ti = trace_index(db)
-    w = _window(ti, params)
-    width, height = _size(params)
-    d = _depth(ti, params)
-    grid, rows = frame_grid(ti, w, width, height, d)
-    local, procs = _local(grid, ti.names)
-    return {"procedures": procs, "rows": rows.tolist(), "width": width, "height": height,
-            "t0": w.t0, "t1": w.t1, "depth": d, "grid": _b64(local)}
-
-
-def depth(db: Database, params: Params, body: bytes) -> Any:
-    ti = trace_index(db)
-    w = _window(ti, params)
-    row = parse_int(params, "ctx", 0, lo=0, hi=len(ti.times) - 1)
-    width = parse_int(params, "width", 1000, lo=1, hi=MAX_PIXELS)
+def depth_grid(ti: TraceIndex, row: int, w: Window, width: int) -> I32:
+    """The depth view of one trace row: global name ids, one grid row per call-path depth
+    (0 = outermost frame), -1 where the sample's path is shorter or there is no sample."""
     u = sample_at(ti, row, midpoints(w.t0, w.t1, width))
     levels = ti.max_depth + 1
     grid = np.full((levels, width), -1, dtype=np.int32)
@@ -402,52 +322,40 @@ def depth(db: Database, params: Params, body: bytes) -> Any:
     for d in range(levels):
         names, _ = ti.at_depth(d)
         grid[d] = np.where(has & (ti.u_fdepth[us] > d), names[us], -1)
-    local, procs = _local(grid, ti.names)
-    return {"procedures": procs, "rows": list(range(levels)), "ctx": row, "width": width,
-            "height": levels, "t0": w.t0, "t1": w.t1, "grid": _b64(local)}
+    return grid
 
 
-def callpath(db: Database, params: Params, body: bytes) -> Any:
-    ti = trace_index(db)
-    row = parse_int(params, "ctx", 0, lo=0, hi=len(ti.times) - 1)
-    t = _time(params, "t", ti.t0)
+def call_path_at(ti: TraceIndex, row: int, t: int) -> tuple[list[str], int, int] | None:
+    """The sample of trace row ``row`` in effect at time ``t``: its frames' names outermost
+    first, its time stamp and its calling-context id; None before the first sample."""
     ts = ti.times[row]
     i = int(last_at_or_before(ts, ti.coarse[row], np.array([t], dtype=np.int64))[0])
     u = int(ti.samples[row][i]) if i >= 0 else -1
     if u < 0:
-        return {"frames": [], "ctx": row, "t": t}
+        return None
     frames = []
     for d in range(int(ti.u_fdepth[u])):
         names, _ = ti.at_depth(d)
-        frames.append({"name": ti.names[int(names[u])], "depth": d})
-    ctx = int(ti.exp.cct.ctx_id[int(ti.u_nodes[u])])
-    return {"frames": frames, "ctx": row, "t": t, "sample_time": int(ts[i]),
-            "node": f"t{ctx}"}
+        frames.append(ti.names[int(names[u])])
+    return frames, int(ts[i]), int(ti.exp.cct.ctx_id[int(ti.u_nodes[u])])
 
 
-def summary(db: Database, params: Params, body: bytes) -> Any:
-    ti = trace_index(db)
-    w = _window(ti, params)
-    width = parse_int(params, "width", 1000, lo=1, hi=MAX_PIXELS)
-    d = _depth(ti, params)
-    n = w.c1 - w.c0
-    grid, _ = frame_grid(ti, w, width, n, d) if n * width <= MAX_GRID else \
-        frame_grid(ti, w, width, max(MAX_GRID // width, 1), d)
-    local, procs = _local(grid, ti.names)
-    p = len(procs)
+def column_shares(grid: I32, names: list[str]) -> tuple[list[str], npt.NDArray[np.float64]]:
+    """The procedures present in a frame grid and, per procedure and pixel column, the
+    share of the grid's rows it fills (rounded to 5 digits)."""
+    local, procs = local_names(grid, names)
+    width = grid.shape[1]
     m = local >= 0
     cols = np.broadcast_to(np.arange(width), local.shape)[m]
-    counts = np.bincount(local[m].astype(np.int64) * width + cols, minlength=p * width)
-    shares = (counts.reshape(p, width) / grid.shape[0]).round(5)
-    return {"procedures": procs, "width": width, "contexts": grid.shape[0],
-            "shares": shares.tolist()}
+    counts = np.bincount(local[m].astype(np.int64) * width + cols, minlength=len(procs) * width)
+    return procs, (counts.reshape(len(procs), width) / grid.shape[0]).round(5)
 
 
-def stats(db: Database, params: Params, body: bytes) -> Any:
-    ti = trace_index(db)
-    w = _window(ti, params)
-    d = _depth(ti, params)
-    names, _ = ti.at_depth(d)
+def time_by_procedure(ti: TraceIndex, w: Window, depth: int) -> list[tuple[str, float, float]]:
+    """``(procedure, share of the window, time in ns)`` of every procedure at call-path
+    ``depth`` in the window's rows and times, most time first: exact durations between
+    samples, not pixels."""
+    names, _ = ti.at_depth(depth)
     total = np.zeros(len(ti.names) + 1, dtype=np.float64)
     for r in range(w.c0, w.c1):
         ts = ti.times[r]
@@ -464,6 +372,5 @@ def stats(db: Database, params: Params, body: bytes) -> Any:
         total += np.bincount(nm, weights=dur, minlength=len(total))[:len(total)]
     span = float(w.t1 - w.t0) * (w.c1 - w.c0)
     order = np.argsort(-total[:-1], kind="stable")
-    out = [{"name": ti.names[int(k)], "share": float(total[k]) / span, "time_ns": float(total[k])}
-           for k in order.tolist() if total[k] > 0]
-    return {"procedures": out, "t0": w.t0, "t1": w.t1, "c0": w.c0, "c1": w.c1, "depth": d}
+    return [(ti.names[int(k)], float(total[k]) / span, float(total[k]))
+            for k in order.tolist() if total[k] > 0]

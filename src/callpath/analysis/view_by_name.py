@@ -5,7 +5,7 @@ from __future__ import annotations
 from callpath.analysis.bottomup import BottomUpView
 from callpath.analysis.flat import FlatView
 from callpath.analysis.source import TreeSource
-from callpath.analysis.view import VIEW_NAMES, TopDownView, View
+from callpath.analysis.topdown import VIEW_NAMES, TopDownView, View
 from callpath.errors import CallpathError
 
 

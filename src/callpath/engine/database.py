@@ -1,4 +1,4 @@
-"""The databases a viewer serves, and the cache of what was built from them.
+"""An opened database and the cache of what was built from it, for the viewer's requests.
 
 Building a view of a 10^6-node tree costs tens to hundreds of milliseconds (a filter, a
 Bottom-up root level, the Flat structure); expanding a node or re-sorting must not pay that
@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from callpath.analysis.columns import ColumnDef, ColumnSet
-from callpath.analysis.filters import apply_filters
-from callpath.analysis.source import TreeSource, tree_source
-from callpath.analysis.view import View
-from callpath.analysis.views import make_view
+from callpath.analysis.source import TreeSource
+from callpath.analysis.topdown import View
+from callpath.engine.compose import columns_of, source_of, view_of
+from callpath.engine.keys import NodeKeys
+from callpath.engine.sources import Servable
+from callpath.engine.state import ViewState
 from callpath.errors import CallpathError
 from callpath.model import Experiment
-from callpath.view.keys import NodeKeys
-from callpath.view.state import ViewState
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -117,6 +117,7 @@ class Database:
         default_factory=lambda: LRU(6))
     _columns: LRU[tuple[object, ...], ColumnSet] = field(default_factory=LRU)
     trace_cache: dict[str, object] = field(default_factory=dict)
+    _servable: Servable | None = None
     # views being built ahead of time (see :meth:`warm_up`), by view-cache key
     _warm: dict[tuple[object, ...], Future[tuple[View, NodeKeys]]] = field(default_factory=dict)
     _prefetch: dict[str, Future[object]] = field(default_factory=dict)
@@ -139,14 +140,14 @@ class Database:
             self._views.get(vkey, pending.result)
         view, keys = self._views.get(vkey, lambda: self._make_view(state, source))
         columns = self._columns.get((*skey, state.derived),
-                                    lambda: ColumnSet(source, state.derived))
+                                    lambda: columns_of(source, state.derived))
         return Built(state, source, view, columns, keys, len(self.exp.metrics))
 
     def warm_up(self, state: ViewState, *, including: bool = False) -> None:
         """Build the other two views of ``state`` in a background thread, so that switching
         tabs finds them ready: a Flat or Bottom-up view of a 10^6-node tree takes about a
         second to build, tab switches should take milliseconds. Call with the lock held."""
-        from callpath.analysis.view import VIEW_NAMES
+        from callpath.analysis.topdown import VIEW_NAMES
 
         skey = state.source_key
         source = self._sources.get(skey, lambda: self._make_source(state))
@@ -158,6 +159,22 @@ class Database:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"callpath-warm-{self.id}")
             self._warm[vkey] = self._pool.submit(self._prebuild, name, source)
+
+    def anticipate(self, state: ViewState) -> None:
+        """After the first page of a view was served: build the other views (the user may
+        switch tabs next) and index the traces (... or open the trace view), both in the
+        background thread. Call with the lock held. The one place a request starts
+        background work."""
+        from callpath.engine.traces import prefetch
+
+        self.warm_up(state)
+        prefetch(self)
+
+    def servable(self) -> Servable:
+        """Which recorded source files can be shown (built once per database)."""
+        if self._servable is None:
+            self._servable = Servable(self.path, self.exp)
+        return self._servable
 
     def close(self) -> None:
         """Drop queued background work (the running item finishes on its own)."""
@@ -182,7 +199,7 @@ class Database:
         return fut.result()
 
     def _prebuild(self, name: str, source: TreeSource) -> tuple[View, NodeKeys]:
-        view = make_view(name, source)
+        view = view_of(name, source)
         view.children(0)  # child lists (a sort over the tree in Top-down)
         for k in range(len(source.metrics)):  # the values every page shows
             view.inclusive(k)
@@ -192,19 +209,22 @@ class Database:
     def _make_source(self, state: ViewState) -> TreeSource:
         profiles = [self.exp.contexts[i].index for i in state.threads] if state.threads \
             else None
-        return apply_filters(tree_source(self.exp, profiles), state.filters)
+        return source_of(self.exp, profiles, state.filters)
 
     @staticmethod
     def _make_view(state: ViewState, source: TreeSource) -> tuple[View, NodeKeys]:
-        view = make_view(state.view, source)
+        view = view_of(state.view, source)
         return view, NodeKeys(view)
 
 
-def open_databases(paths: list[str], warm: bool = True) -> list[Database]:
+def open_databases(paths: list[str], warm: bool = True, index_traces: bool = False
+                   ) -> list[Database]:
     """Open every database named on the command line (one-line error for a bad one) and,
-    with ``warm``, start building each one's Top-down view in the background: the browser's
-    first request typically comes a moment later, and finds it built or under way."""
+    with ``warm``, start building each one's three views in the background (Top-down
+    first): the browser's first request typically comes a moment later, and finds it built
+    or under way. With ``index_traces``, the trace index is queued after them."""
     import callpath
+    from callpath.engine.traces import prefetch
 
     out = []
     for i, p in enumerate(paths):
@@ -216,4 +236,8 @@ def open_databases(paths: list[str], warm: bool = True) -> list[Database]:
         for db in out:
             with db.lock:
                 db.warm_up(ViewState(), including=True)
+    if index_traces:
+        for db in out:
+            with db.lock:
+                prefetch(db)
     return out
