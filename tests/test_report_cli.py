@@ -19,12 +19,42 @@ from conftest import ROOT, V4_DATABASES, run_cli, shared_path
 def test_report_succeeds_on_every_shared_database(db: str) -> None:
     path = (shared_path("hatchet", "hpctoolkit-cpi-database") if db == "cpi"
             else shared_path("hpctoolkit", "dbase", db))
-    proc = run_cli("report", str(path), "--unsorted")
+    proc = run_cli("report", str(path), "--unsorted", "--keep-lineless")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     exp = callpath.open(path)
     assert len(lines) == 1 + len(exp.cct)  # header + one line per node (threshold 0)
     assert "<program root>" in lines[1] and "100.0%" in lines[1]
+
+
+def test_rows_of_line_0_are_elided_by_default() -> None:
+    """Code without line information (libgomp here) adds a `[lib]:0` row per call and a
+    `loop at [lib]:0` row per loop; by default the callee hangs under the procedure."""
+    path = shared_path("hpctoolkit", "dbase", "loops-cputime-t.d")
+    exp = callpath.open(path)
+    cct = exp.cct
+    lineless = ((cct.kind == 1) | (cct.kind == 2)) & (cct.line == 0)
+    assert lineless.sum() > 0
+    keep = json.loads(run_cli("report", str(path), "--format", "json", "--unsorted",
+                              "--keep-lineless", check=True).stdout)
+    elided = json.loads(run_cli("report", str(path), "--format", "json", "--unsorted",
+                                check=True).stdout)
+    gone = {int(i) for i in cct.ctx_id[lineless]}
+    assert [r["id"] for r in elided] == [r["id"] for r in keep if r["id"] not in gone]
+    by_id = {r["id"]: r for r in keep}
+    for r in elided:
+        parent = by_id[r["id"]]["parent"]
+        while parent in gone:  # the nearest kept ancestor becomes the parent
+            parent = by_id[parent]["parent"]
+        assert r["parent"] == parent
+        # inclusive values do not change; exclusive values of the removed rows move up
+        incl = "CPUTIME (sec) (I)"
+        assert r["metrics"][incl] == pytest.approx(by_id[r["id"]]["metrics"][incl], rel=1e-9)
+    excl = "CPUTIME (sec) (E)"
+    for r in elided:  # a removed row's own cost goes to its nearest kept ancestor
+        assert r["metrics"].get(excl, 0.0) >= by_id[r["id"]]["metrics"].get(excl, 0.0) - 1e-9
+    text = run_cli("report", str(path), check=True).stdout
+    assert not any(line.rstrip().endswith(":0") for line in text.splitlines())
 
 
 def test_text_labels_follow_hpcviewer() -> None:
@@ -44,7 +74,7 @@ def test_text_labels_follow_hpcviewer() -> None:
 def test_json_is_preorder_with_all_metric_values(db: str) -> None:
     path = shared_path("hpctoolkit", "dbase", db)
     recs = json.loads(run_cli("report", str(path), "--format", "json", "--unsorted",
-                              check=True).stdout)
+                              "--keep-lineless", check=True).stdout)
     exp = callpath.open(path)
     cct = exp.cct
     assert [r["id"] for r in recs] == cct.ctx_id.tolist()

@@ -28,6 +28,7 @@ from callpath.analysis.source import TreeSource
 from callpath.errors import CallpathError
 from callpath.formats import sidecar
 from callpath.model import CCT
+from callpath.model.cct import NodeKind
 from callpath.model.treeops import nearest_marked
 
 I64 = npt.NDArray[np.int64]
@@ -119,7 +120,34 @@ def match_nodes(source: TreeSource, filters: Iterable[Filter]
 
 def apply_filters(source: TreeSource, filters: Iterable[Filter]) -> TreeSource:
     """A new source whose tree has the matched nodes elided (see the module docstring)."""
-    masks = match_nodes(source, filters)
+    return elide_masked(source, match_nodes(source, filters))
+
+
+def lineless_scopes(source: TreeSource) -> npt.NDArray[np.bool_]:
+    """The statement and loop scopes of line 0: code of a module without line information
+    (``[libtorch_cpu.so]:0``, ``loop at [libtorch_cpu.so]:0``). Each call from such a
+    procedure adds one of these rows between it and its callee, and each loop another, so
+    a path through a C++ library without debug information is two to four times as deep
+    as its frames while those rows name nothing a user can open."""
+    cct = source.cct
+    mask: npt.NDArray[np.bool_] = (np.isin(cct.kind, (NodeKind.LINE, NodeKind.LOOP))
+                                   & (cct.line <= 0))
+    if len(mask):
+        mask[0] = False
+    return mask
+
+
+def elide_lineless(source: TreeSource) -> TreeSource:
+    """``source`` without :func:`lineless_scopes`, as a *self only* filter elides them: the
+    callee hangs under the procedure, the row's own cost goes to the procedure."""
+    masks = {t: np.zeros(len(source.cct), dtype=bool) for t in FilterType}
+    masks[FilterType.SELF_ONLY] = lineless_scopes(source)
+    return elide_masked(source, masks)
+
+
+def elide_masked(source: TreeSource, masks: dict[FilterType, npt.NDArray[np.bool_]]
+                 ) -> TreeSource:
+    """A new source without the nodes of ``masks`` (one boolean mask per filter type)."""
     cct = source.cct
     n = len(cct)
     if not any(m.any() for m in masks.values()):

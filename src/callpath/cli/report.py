@@ -91,6 +91,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    "descendants or self-and-descendants; repeatable")
     g.add_argument("--no-saved-filters", action="store_true",
                    help="ignore the saved filter set ('callpath filters')")
+    g.add_argument("--keep-lineless", action="store_true",
+                   help="keep the rows of line 0 ('[lib.so]:0', 'loop at [lib.so]:0': code "
+                   "without line information), which are elided by default so that a "
+                   "library's call path is as deep as its frames")
     g.add_argument("--threads", metavar="TEXT",
                    help="Thread view: sum only over the execution contexts whose label "
                    "contains TEXT (e.g. 'THREAD 0')")

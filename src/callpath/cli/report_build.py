@@ -12,7 +12,7 @@ import numpy as np
 
 from callpath.analysis.columns import ColumnDef, ColumnSet
 from callpath.analysis.derived import DerivedMetric, load_derived, save_derived
-from callpath.analysis.filters import Filter, load_filters
+from callpath.analysis.filters import Filter, elide_lineless, load_filters
 from callpath.analysis.flat import FlatView
 from callpath.analysis.navigate import FindOptions, expand, find, flattened_top, hot_path
 from callpath.analysis.source import select_contexts
@@ -159,6 +159,8 @@ def build_report(exp: Experiment, args: argparse.Namespace, out: TextIO) -> int:
     filters = [] if args.no_saved_filters else load_filters()
     filters += [Filter.parse(s) for s in args.filter]
     source = source_of(exp, profiles, filters)
+    if not getattr(args, "keep_lineless", True):
+        source = elide_lineless(source)
 
     db = Path(args.database)
     saved = [] if args.no_saved_derived else load_derived(db)
