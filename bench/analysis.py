@@ -51,10 +51,10 @@ def worker_callpath(db: str, repeat: int) -> dict[str, Any]:
     from callpath.analysis.bottomup import BottomUpView
     from callpath.analysis.columns import ColumnSet
     from callpath.analysis.derived import DerivedMetric
-    from callpath.analysis.filters import Filter, FilterType, apply_filters
     from callpath.analysis.flat import FlatView
     from callpath.analysis.source import TreeSource, tree_source
     from callpath.analysis.topdown import TopDownView
+    from callpath.analysis.tree_filters import Filter, FilterType, apply_filters
 
     exp = callpath.open(db)
     for k in range(len(exp.metrics)):  # read the summary once, as a viewer would on open

@@ -28,7 +28,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from callpath.measure import events, launch, postmortem  # noqa: E402
+from callpath.measure import perf_events as events  # noqa: E402
+from callpath.measure import perf_launch as launch  # noqa: E402
+from callpath.measure import postmortem  # noqa: E402
 
 SOURCE = ROOT / "tests" / "programs" / "callchain.c"
 

@@ -31,7 +31,8 @@ def perf_reason() -> str | None:
     real programs skip with it. Any failure of the probe (no perf_event at all, another
     architecture) is a missing capability."""
     try:
-        from callpath.measure import events, launch
+        from callpath.measure import perf_events as events
+        from callpath.measure import perf_launch as launch
         (_, reason), = launch.probe_events([events.parse_event("cpu-clock")])
     except Exception as e:
         return str(e)

@@ -188,8 +188,8 @@ def test_attach_other_user_is_refused(tmp_path: Path) -> None:
         # unreadable to the unprivileged user)
         code = ("import sys, os, argparse; from callpath.cli.main import main, build_parser; "
                 "build_parser(); "
-                "import callpath.cli.run, callpath.cli.attach, callpath.measure.attach, "
-                "callpath.measure.events, callpath.measure.postmortem, importlib.util; "
+                "import callpath.cli.run, callpath.cli.attach, callpath.measure.attach_pid, "
+                "callpath.measure.perf_events, callpath.measure.postmortem, importlib.util; "
                 "import contextlib; exec('with contextlib.suppress(ImportError): "
                 "import callpath.measure.gpu.session'); "
                 "os.setgid(65533); os.setgroups([]); os.setuid(65533); "

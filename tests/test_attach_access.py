@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from callpath.measure import attach
+from callpath.measure import attach_pid as attach
 from test_attach import PY_PROGRAM
 
 ROOT = Path(__file__).resolve().parents[1]

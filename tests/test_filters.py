@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from callpath.analysis.filters import (
+from callpath.analysis.source import tree_source
+from callpath.analysis.topdown import TopDownView
+from callpath.analysis.tree_filters import (
     Filter,
     FilterType,
     apply_filters,
     load_filters,
     save_filters,
 )
-from callpath.analysis.source import tree_source
-from callpath.analysis.topdown import TopDownView
 from callpath.analysis.view_by_name import make_view
 from callpath.errors import CallpathError
 from conftest import run_cli, shared_path

@@ -24,7 +24,7 @@ import pytest
 import callpath
 from callpath.formats import measdir as md
 from callpath.formats import measdir_gpu as mdg
-from callpath.model import gpu
+from callpath.model import gpu_names as gpu
 from callpath.model.contexts import IdKind
 from callpath.structure.demangle import demangle
 from conftest import run_cli

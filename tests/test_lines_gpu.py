@@ -26,7 +26,7 @@ import callpath
 from callpath.analysis import lines as L
 from callpath.analysis.lines_view import calling_contexts
 from callpath.model import NodeKind
-from callpath.model.gpu import GPU_PLACEHOLDERS
+from callpath.model.gpu_names import GPU_PLACEHOLDERS
 from conftest import ROOT, run_cli, shared_path
 from view_support import get_json, serve
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from callpath.measure import offcpu
-from callpath.measure.records import Samples, Switches
+from callpath.measure.perf_records import Samples, Switches
 
 CPU, SWITCH = 1, 2
 

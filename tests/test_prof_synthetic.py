@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from callpath.attribute.measdir import prof_measdir
+from callpath.attribute.prof_measdir import prof_measdir
 from callpath.formats import measdir as md
 from callpath.model import Identifier, IdKind, NodeKind
 from conftest import ROOT, run_cli

@@ -16,7 +16,8 @@ import pytest
 
 import mpi_launch
 from callpath.formats import measdir
-from callpath.measure import events, launch
+from callpath.measure import perf_events as events
+from callpath.measure import perf_launch as launch
 from callpath.model.contexts import IdKind
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -357,7 +357,9 @@ def test_fuzz_raw_records(perf_ok: None, build, tmp_path: Path) -> None:  # type
     from hypothesis import strategies as st
 
     from callpath.errors import CallpathError
-    from callpath.measure import events, launch, postmortem
+    from callpath.measure import perf_events as events
+    from callpath.measure import perf_launch as launch
+    from callpath.measure import postmortem
     exe = build("misbehave.c", "misbehave")
     src = tmp_path / "src"
     with open(os.devnull, "w") as devnull:
@@ -437,7 +439,10 @@ def test_deep_recursion_is_partial_not_invented(perf_ok: None, build,  # type: i
 def test_lost_records_are_counted(perf_ok: None, build, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A ring too small for the sample rate overflows: the kernel's LOST records are counted
     and reported, and what did arrive is still a usable measurement."""
-    from callpath.measure import events, launch, postmortem, summary
+    from callpath.measure import perf_events as events
+    from callpath.measure import perf_launch as launch
+    from callpath.measure import postmortem
+    from callpath.measure import run_summary as summary
     exe = build("misbehave.c", "misbehave")
     out = tmp_path / "m"
     with open(os.devnull, "w") as devnull:
@@ -511,7 +516,9 @@ def test_finish_is_idempotent_after_interruption(perf_ok: None, build,  # type: 
                                                  tmp_path: Path) -> None:
     """Post-processing interrupted half-way (files of a first attempt left in the staging
     folder) and done again gives the same measurement as one uninterrupted pass."""
-    from callpath.measure import events, launch, postmortem
+    from callpath.measure import perf_events as events
+    from callpath.measure import perf_launch as launch
+    from callpath.measure import postmortem
     exe = build("forker.c", "forker")
     src = tmp_path / "src"
     with open(os.devnull, "w") as devnull:
@@ -539,7 +546,7 @@ def test_finish_is_idempotent_after_interruption(perf_ok: None, build,  # type: 
 
 
 def test_event_names() -> None:
-    from callpath.measure import events
+    from callpath.measure import perf_events as events
     e = events.parse_event("cpu-clock")
     assert (e.type, e.config, e.period, e.frequency) == (1, 0, 1_000_000, 0)
     e = events.parse_event("CYCLES@f2000")

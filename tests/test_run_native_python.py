@@ -23,7 +23,8 @@ import pytest
 import mpi_launch
 from callpath.formats import measdir
 from callpath.measure.elfinfo import ElfInfo
-from callpath.measure.python import merge, sampler
+from callpath.measure.python import native_merge as merge
+from callpath.measure.python import sampler
 from callpath.measure.python.native_summary import finish_native
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from callpath.formats import measdir
-from callpath.measure.python import merge
+from callpath.measure.python import native_merge as merge
 from callpath.measure.python.native_summary import finish_native
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -398,7 +398,7 @@ def test_killed_program_leaves_readable_data(tmp_path: Path) -> None:
 
 
 def test_is_python_target(tmp_path: Path) -> None:
-    from callpath.measure.python.launch import is_python_target
+    from callpath.measure.python.start import is_python_target
     script = tmp_path / "tool"
     script.write_text("#!/usr/bin/env python3\nprint(1)\n")
     shell = tmp_path / "tool.sh"
@@ -568,7 +568,7 @@ def test_sampled_lines_map_to_python_loops(tmp_path: Path) -> None:
 def test_command_line_never_crashes(argv: list[str], module: bool) -> None:
     """Any command line: a command to run, or one CallpathError line; never a traceback."""
     from callpath.errors import CallpathError
-    from callpath.measure.python.launch import command_line, is_python_target
+    from callpath.measure.python.start import command_line, is_python_target
     is_python_target(argv)
     try:
         cmd = command_line(argv, module=module)

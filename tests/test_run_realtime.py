@@ -324,7 +324,8 @@ def test_new_processes_found_among_switch_records(perf_ok: None, bindir: Path,  
     record, and what the launcher noted of those processes while they lived is among them (it
     notes none from its last drain, after the program's end). (A longer ping-pong on the loaded
     shared machine overflowed the rings: records lost, the processes' among them.)"""
-    from callpath.measure import events, launch
+    from callpath.measure import perf_events as events
+    from callpath.measure import perf_launch as launch
 
     exe = build(bindir, "gcc", "pingpong.c", "-pthread")
     out = tmp_path / "m"

@@ -319,7 +319,9 @@ def test_recipes_and_cfi_give_the_same_paths_on_the_same_samples(perf_ok: None,
     """One raw measurement of the CFI build (program, libc, ld.so), finished twice: CFI first
     and recipes first. Same samples, so the paths must match sample for sample; a recipe
     wrong at any sampled pc of any module would show as a difference."""
-    from callpath.measure import events, launch, postmortem
+    from callpath.measure import perf_events as events
+    from callpath.measure import perf_launch as launch
+    from callpath.measure import postmortem
     cc = _compiler("gcc")
     exe = tmp_path / "callchain"
     subprocess.run([cc, "-O2", "-g", "-pthread", "-o", str(exe), str(PROGRAMS / "callchain.c")],

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import callpath
-from callpath.analysis.events import CODES, FAMILIES, find_metric, lookup_code, normalize
+from callpath.analysis.event_codes import CODES, FAMILIES, find_metric, lookup_code, normalize
 from callpath.analysis.viewconfig import (
     ColumnSpec,
     View,

@@ -41,7 +41,7 @@ from callpath.analysis.source import point_from_inclusive, select_contexts
 from callpath.errors import CallpathError
 from callpath.model import Experiment, Metric, NodeKind, Relation
 from callpath.model.contexts import ExecutionContext, node_texts
-from callpath.model.gpu import GPU_PLACEHOLDERS
+from callpath.model.gpu_names import GPU_PLACEHOLDERS
 from callpath.model.treeops import nearest_marked
 
 F64 = npt.NDArray[np.float64]

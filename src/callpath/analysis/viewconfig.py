@@ -21,7 +21,7 @@ folded into one space. Unknown elements and attributes are errors.
 
 Extension: an ``<event>`` may name a measured metric directly with ``metric="NAME"`` (then
 ``select`` and ``mask`` may be left out); the name is matched like the event table's aliases
-(:mod:`callpath.analysis.events`), so ``metric="cycles"`` also finds ``PAPI_TOT_CYC``.
+(:mod:`callpath.analysis.event_codes`), so ``metric="cycles"`` also finds ``PAPI_TOT_CYC``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from callpath.analysis.events import FAMILIES, family_of, find_metric, lookup_code
+from callpath.analysis.event_codes import FAMILIES, family_of, find_metric, lookup_code
 from callpath.errors import CallpathError
 from callpath.model.contexts import DEFAULT_ID_NAMES, ExecutionContext, IdKind
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from callpath.attribute.metrics import (
+from callpath.attribute.propagate import (
     N_SCOPES,
     SCOPES,
     GroupStats,

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from callpath.errors import CallpathError
 from callpath.formats.hpcrun import HpcrunMetric
-from callpath.model.gpu import SHOW_EXCLUSIVE, SHOW_HIDE, SHOW_INCLUSIVE, SHOW_INVISIBLE
+from callpath.model.gpu_names import SHOW_EXCLUSIVE, SHOW_HIDE, SHOW_INCLUSIVE, SHOW_INVISIBLE
 
 #: a formula's tree: a number, a descriptor index (``("#", n)``) or (operator, arguments)
 Expr = float | tuple[str, list["Expr"]] | tuple[str, int]

@@ -12,7 +12,7 @@ by a call.
 Values of metrics hpcrun marks ``move2proc`` (its GPU times and counts) go to the frame's
 *entry* instead, the procedure its call enters. Placeholder frames (load module 0) are the
 roots and entries of the tree, or procedures named as hpcprof names them (``<gpu kernel>``,
-:mod:`callpath.model.gpu`); frames hpcrun did not unwind (GPU PC samples) are placed through
+:mod:`callpath.model.gpu_names`); frames hpcrun did not unwind (GPU PC samples) are placed through
 the GPU binary's call graph (:mod:`callpath.attribute.gpu_reconstruct`). docs/prof.md, "GPU
 measurements".
 
@@ -39,7 +39,7 @@ from callpath.attribute.hpcrun_yaml import metrics_yaml
 from callpath.attribute.kernelsyms import KernelSymbols, is_kernel_symbols
 from callpath.attribute.reduce import Partial, reduce_units, writer_mapper
 from callpath.attribute.samples import spill
-from callpath.attribute.walk import Walker
+from callpath.attribute.thread_tree import Walker
 from callpath.errors import CallpathError
 from callpath.formats import hpcrun as hr
 from callpath.formats.hpcstruct import read_hpcstruct
@@ -49,7 +49,7 @@ from callpath.model import (
     NodeKind,
     Relation,
 )
-from callpath.model.gpu import GPU_PLACEHOLDERS, OTHER_PLACEHOLDERS
+from callpath.model.gpu_names import GPU_PLACEHOLDERS, OTHER_PLACEHOLDERS
 from callpath.structure.model import Kind, Structure
 
 F, LP, LN, INS = (int(NodeKind.FUNCTION), int(NodeKind.LOOP), int(NodeKind.LINE),

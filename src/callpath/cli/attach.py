@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def run_attached(args: argparse.Namespace, cmd: list[str]) -> int:
     """Attach to ``args.pid``, sample it, unwind post-mortem, print the summary."""
     from callpath.cli.run import _mark_complete, _progress, fresh_path
-    from callpath.measure import attach
+    from callpath.measure import attach_pid as attach
 
     pid = int(args.pid)
     if cmd:
@@ -46,7 +46,9 @@ def run_attached(args: argparse.Namespace, cmd: list[str]) -> int:
             raise attach.access_error(pid, e.errno or 1, "read the memory of") from None
         else:
             return _attach_python(args, pid, remote)
-    from callpath.measure import events, postmortem, summary
+    from callpath.measure import perf_events as events
+    from callpath.measure import postmortem
+    from callpath.measure import run_summary as summary
 
     if getattr(args, "native", False):
         raise CallpathError(f"--pid {pid}: --native is for Python processes (this one runs no "

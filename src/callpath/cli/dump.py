@@ -61,7 +61,7 @@ def _task(pid: int, tid: int) -> tuple[str, str, str]:
 def run(args: argparse.Namespace) -> int:
     import tempfile
 
-    from callpath.measure import attach
+    from callpath.measure import attach_pid as attach
     from callpath.measure.remote_python import RemotePython
 
     pid = int(args.pid)
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _python_threads(pid: int, remote: RemotePython | None) -> list[PyThread]:
-    from callpath.measure import attach
+    from callpath.measure import attach_pid as attach
 
     if remote is None:
         return []

@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from callpath.analysis.filters import (
+    from callpath.analysis.tree_filters import (
         Filter,
         FilterType,
         filters_path,

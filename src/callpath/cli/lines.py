@@ -1,7 +1,7 @@
 """``callpath lines DB``: PerfVisS's source-line × context views in the terminal.
 
 A thin shell over :mod:`callpath.analysis.lines` (the same functions the viewer's Lines tab
-calls) and :mod:`callpath.present.lines` (tables) / :mod:`callpath.present.lines_png`.
+calls) and :mod:`callpath.present.lines_text` (tables) / :mod:`callpath.present.lines_png`.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from callpath.analysis import lines as L
     from callpath.analysis.time_metric import time_metric
     from callpath.errors import CallpathError
-    from callpath.present import lines as P
+    from callpath.present import lines_text as P
 
     if args.png:
         from callpath.formats.detect import refuse_overwriting

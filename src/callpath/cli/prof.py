@@ -68,7 +68,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     from callpath.attribute.hpctk import is_hpctoolkit_measurements, prof_hpctoolkit
-    from callpath.attribute.measdir import is_callpath_measurements, prof_measdir
+    from callpath.attribute.prof_measdir import is_callpath_measurements, prof_measdir
     from callpath.formats.v4.writer import write_v4
 
     dirs = [Path(d) for d in args.measdirs]

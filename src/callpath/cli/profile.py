@@ -115,7 +115,7 @@ def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Name
             return status
         raise CallpathError(f"{meas}: the measurement was not written (the program could not "
                             "be measured)")
-    from callpath.attribute.measdir import prof_measdir
+    from callpath.attribute.prof_measdir import prof_measdir
     from callpath.attribute.reduce import workers_default
     from callpath.formats.v4.writer import write_v4
 
@@ -188,7 +188,7 @@ def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool)
 
 def _attached_name(pid: int, cmd: list[str]) -> list[str]:
     """With --pid, the process's name stands for CMD in the default directory names."""
-    from callpath.measure.attach import check_pid
+    from callpath.measure.attach_pid import check_pid
 
     if cmd:
         raise CallpathError(f"--pid {pid}: expected no command (the process is already "

@@ -12,12 +12,12 @@ import numpy as np
 
 from callpath.analysis.columns import ColumnDef, ColumnSet
 from callpath.analysis.derived import DerivedMetric, load_derived, save_derived
-from callpath.analysis.filters import Filter, elide_lineless, load_filters
 from callpath.analysis.flat import FlatView
 from callpath.analysis.navigate import FindOptions, expand, find, flattened_top, hot_path
 from callpath.analysis.source import select_contexts
 from callpath.analysis.time_metric import time_metric
 from callpath.analysis.topdown import View
+from callpath.analysis.tree_filters import Filter, elide_lineless, load_filters
 from callpath.analysis.viewconfig import (
     ColumnSpec,
     expand_columns,

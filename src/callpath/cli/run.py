@@ -119,7 +119,8 @@ def _progress(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from callpath.measure import events, launch
+    from callpath.measure import perf_events as events
+    from callpath.measure import perf_launch as launch
 
     if args.list_events:
         probed = launch.probe_events(events.all_events())
@@ -156,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
         status = _run_with_gpu(args, out_gpu)
         return status
     if args.finish:
-        from callpath.measure import postmortem, summary
+        from callpath.measure import postmortem
+        from callpath.measure import run_summary as summary
 
         out = Path(args.finish)
         res = postmortem.finish(out, _progress)
@@ -185,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_python([args.module, *cmd], True, args)
     if not cmd:
         raise CallpathError("no program to run: expected 'callpath run [options] -- CMD ARGS'")
-    from callpath.measure.python.launch import is_python_target, mpi_python_target
+    from callpath.measure.python.start import is_python_target, mpi_python_target
 
     if is_python_target(cmd) or (args.native and mpi_python_target(cmd)):
         return _run_python(cmd, False, args)
@@ -206,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
     for spec, reason in result.failed:
         sys.stderr.write(f"callpath: event {spec.name} not measured: {reason}\n")
     _progress("unwinding call stacks ...")
-    from callpath.measure import postmortem, summary
+    from callpath.measure import postmortem
+    from callpath.measure import run_summary as summary
 
     res = postmortem.finish(out, _progress)
     if sys.stderr.isatty():
@@ -242,8 +245,8 @@ def _run_python(cmd: list[str], module: bool, args: argparse.Namespace) -> int:
     """A Python program goes to the in-process Python sampler (Python call paths with file and
     line; docs/python-measurement.md). Its rate comes from a CPU-time event's frequency or
     period (``cpu-clock@f500``, ``cpu-clock@2000000``); other events need the native sampler."""
-    from callpath.measure import events
-    from callpath.measure.python.launch import DEFAULT_NATIVE_STACK, run_python
+    from callpath.measure import perf_events as events
+    from callpath.measure.python.start import DEFAULT_NATIVE_STACK, run_python
 
     frequency = 1000.0
     for text in args.event:

@@ -17,11 +17,11 @@ import numpy.typing as npt
 from callpath.analysis.bottomup import BottomUpView
 from callpath.analysis.columns import ColumnDef, ColumnSet
 from callpath.analysis.derived import DerivedMetric
-from callpath.analysis.filters import Filter, apply_filters
 from callpath.analysis.flat import FlatView
 from callpath.analysis.navigate import flattened_top, sorted_children
 from callpath.analysis.source import TreeSource, tree_source
 from callpath.analysis.topdown import View
+from callpath.analysis.tree_filters import Filter, apply_filters
 from callpath.analysis.view_by_name import make_view
 from callpath.analysis.viewconfig import ColumnSpec
 from callpath.model import Experiment

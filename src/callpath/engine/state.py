@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from callpath.analysis.derived import DerivedMetric
-from callpath.analysis.filters import Filter
+from callpath.analysis.tree_filters import Filter
 
 
 @dataclass(frozen=True)

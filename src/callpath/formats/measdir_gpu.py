@@ -38,7 +38,7 @@ TAG_GPUNAMES = 12
 NO_NAME = 0xFFFFFFFF
 
 #: one GPU operation (80 bytes). Times are CUPTI timestamps (ns). ``node`` is the launching
-#: API call's node in the thread's tree; ``kind`` one of callpath.model.gpu.OP_*; ``sub`` the
+#: API call's node in the thread's tree; ``kind`` one of callpath.model.gpu_names.OP_*; ``sub`` the
 #: copy kind (memcpy), memory kind (memset) or synchronization type (sync) as CUPTI numbers
 #: them; ``grid`` blocks per launch, ``block`` threads per block, ``lmem`` local memory total.
 GPUOP_DTYPE = np.dtype([

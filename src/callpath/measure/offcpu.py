@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from callpath.measure.records import Samples, Switches
+from callpath.measure.perf_records import Samples, Switches
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]

@@ -26,10 +26,11 @@ import numpy.typing as npt
 
 from callpath.errors import CallpathError, FormatError
 from callpath.formats import measdir
-from callpath.measure import cfi, loadmap, offcpu, recipes, records, unwind
+from callpath.measure import cfi, loadmap, offcpu, recipes, unwind
+from callpath.measure import perf_records as records
 from callpath.measure.elfinfo import ElfInfo
-from callpath.measure.launch import GAPS_FILE, PROCS_FILE, RAW_FILE
 from callpath.measure.loadmap import Mapping
+from callpath.measure.perf_launch import GAPS_FILE, PROCS_FILE, RAW_FILE
 from callpath.structure.demangle import demangle
 
 PROT_EXEC = 4

@@ -40,7 +40,10 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.formats import measdir as md
-from callpath.measure import attach, events, launch, perf
+from callpath.measure import attach_pid as attach
+from callpath.measure import perf
+from callpath.measure import perf_events as events
+from callpath.measure import perf_launch as launch
 
 #: perf samples per second of CPU time of each thread: one per tick of the remote sampler
 #: (twice as many would merge more of a running thread's ticks, at twice the stack copies)
@@ -145,8 +148,9 @@ class NativeStacks:
 def unwind_samples(out: Path, raw_info: dict[str, object], pid: int) -> NativeStacks:
     """Decode and unwind ``out/raw.perf`` (samples of the process image that was attached to:
     after an exec its Python frames would be another program's), then remove the raw files."""
-    from callpath.measure import postmortem, records
-    from callpath.measure.python import merge
+    from callpath.measure import perf_records as records
+    from callpath.measure import postmortem
+    from callpath.measure.python import native_merge as merge
 
     raw = records.decode(out / launch.RAW_FILE, dict(raw_info))
     images, history = postmortem._images(raw.sideband)
@@ -268,7 +272,7 @@ def merged_path(stack: PyStack, native: tuple[list[Key], list[bool], bool],
     """The merged path (root first) of a tick's Python stack and a native sample, and '' or
     'partial'; or ([], 'unmatched') where they cannot be the same moment. With ``gil`` (the
     take_gil frames), a wait for the GIL ends in ``<GIL wait>`` as in ``run --native``."""
-    from callpath.measure.python import merge
+    from callpath.measure.python import native_merge as merge
 
     keys, evl, complete = native
     groups = groups_of(stack)

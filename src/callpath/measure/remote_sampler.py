@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from callpath.formats import measdir
-from callpath.measure.attach import STOP_SIGNALS, StopRequests
+from callpath.measure.attach_pid import STOP_SIGNALS, StopRequests
 from callpath.measure.remote_python import PyThread, RemotePython
 
 if TYPE_CHECKING:
@@ -301,7 +301,7 @@ def record(pid: int, remote: RemotePython, out: Path, *, duration: float | None,
                 exited = True
                 break
             except PermissionError as e:
-                from callpath.measure.attach import access_error
+                from callpath.measure.attach_pid import access_error
 
                 raise access_error(pid, e.errno or 1, "read the memory of") from None
             except Exception:
@@ -333,7 +333,7 @@ def record(pid: int, remote: RemotePython, out: Path, *, duration: float | None,
 
 
 def _alive(pid: int, pidfd: int | None) -> bool:
-    from callpath.measure.attach import _alive as alive
+    from callpath.measure.attach_pid import _alive as alive
 
     return alive(pid, pidfd)
 
@@ -343,7 +343,7 @@ def attach_python(pid: int, out: Path, *, duration: float | None, frequency: flo
                   stack_size: int = 0) -> tuple[RemoteResult, Pairing | None]:
     """Measure the Python process ``pid`` into the new measurement directory ``out``; with
     ``native``, its native stacks too, merged below the Python frames (``remote_native``)."""
-    from callpath.measure import launch
+    from callpath.measure import perf_launch as launch
 
     created = measdir.make_new_directory(out)
     try:

@@ -194,9 +194,11 @@ class Unwound:
 
 def unwind_held(pid: int, states: list[ThreadState], scratch: Path) -> Unwound:
     """Unwind the stacks read (``scratch``: where the vdso's image is put for the unwinder)."""
-    from callpath.measure import attach, launch, postmortem, unwind
+    from callpath.measure import attach_pid as attach
+    from callpath.measure import perf_launch as launch
+    from callpath.measure import postmortem, unwind
     from callpath.measure.loadmap import Mapping
-    from callpath.measure.python import merge
+    from callpath.measure.python import native_merge as merge
 
     ok = [s for s in states if not s.error and s.sp]
     maps = [Mapping(0, m.start, m.end, m.pgoff, m.path, "") for m in attach.read_maps(pid)

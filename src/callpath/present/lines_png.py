@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from callpath.analysis.lines import LineMatrix, Overview, line_stats, rows_dense, source_text
 from callpath.errors import CallpathError
-from callpath.present.lines import fmt_value
+from callpath.present.lines_text import fmt_value
 
 
 def _pyplot() -> Any:

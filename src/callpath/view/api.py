@@ -30,7 +30,6 @@ from callpath.engine.sources import read_lines
 from callpath.errors import CallpathError, NotFound
 from callpath.model.treeops import nearest_marked
 from callpath.present import viewreport
-from callpath.view.errors import json_body
 from callpath.view.params import (
     derived_to_json,
     parse_bool,
@@ -40,6 +39,7 @@ from callpath.view.params import (
     parse_json_param,
     parse_state,
 )
+from callpath.view.request_body import json_body
 from callpath.view.rows import column_subset, columns_json, number, open_metric, rows_json
 
 I64 = npt.NDArray[np.int64]
@@ -122,7 +122,7 @@ def databases(dbs: list[Database]) -> list[dict[str, Any]]:
 
 
 def saved_filters() -> list[dict[str, Any]]:
-    from callpath.analysis.filters import load_filters
+    from callpath.analysis.tree_filters import load_filters
 
     return [{"pattern": f.pattern, "type": "all" if f.type.value == "self-and-descendants"
              else f.type.value, "enabled": f.enabled} for f in load_filters()]

@@ -9,7 +9,7 @@ from typing import Any
 
 from callpath.engine.database import Database
 from callpath.engine.notes import add_note, delete_note, load_notes
-from callpath.view.errors import json_body
+from callpath.view.request_body import json_body
 
 
 def handlers(changed: Callable[[int], None]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from callpath.analysis.derived import DerivedMetric
-from callpath.analysis.filters import Filter, FilterType
 from callpath.analysis.topdown import VIEW_NAMES
+from callpath.analysis.tree_filters import Filter, FilterType
 from callpath.engine.state import ViewState
 from callpath.errors import CallpathError
 

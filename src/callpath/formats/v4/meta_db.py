@@ -6,7 +6,7 @@ Why a module of its own: ``meta.db`` is the one file written from memory in one 
 largest body of layout code: every table's record layout and the tree, laid out as sibling
 groups with every record's position and flex words computed for all nodes at once
 (:func:`_context_section`). It depends on the rest of the writer only through the framing in
-:mod:`~callpath.formats.v4.records`.
+:mod:`~callpath.formats.v4.framing`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from callpath.errors import CallpathError
 from callpath.formats.v4.blocks import align_up
-from callpath.formats.v4.records import Section, cstruct, encode_string, file_header, footer
+from callpath.formats.v4.framing import Section, cstruct, encode_string, file_header, footer
 from callpath.model.cct import HAS_FUNCTION, HAS_POINT, HAS_SRCLOC, EntryPoint, NodeKind
 from callpath.model.experiment import Experiment
 from callpath.model.metrics import Metric, PropagationScope

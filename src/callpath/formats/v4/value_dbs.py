@@ -6,7 +6,7 @@ trace lines themselves.
 Why a module of its own: these are the writer's last steps, each a header computed from counts
 known by then (the spools' sizes, the context layout, the trace lengths) and written at its
 place in a file the phases have already filled; they share the framing of
-:mod:`~callpath.formats.v4.records` and nothing with ``meta.db``.
+:mod:`~callpath.formats.v4.framing` and nothing with ``meta.db``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy.typing as npt
 from callpath.errors import CallpathError
 from callpath.formats.v4 import spool, transpose
 from callpath.formats.v4.blocks import align_up, pad_to, write_array, write_profile_block
-from callpath.formats.v4.records import Section, cstruct, file_header, footer
+from callpath.formats.v4.framing import Section, cstruct, file_header, footer
 from callpath.model.experiment import Experiment
 from callpath.model.values import ProfileBlock, Traces
 

@@ -30,7 +30,7 @@ writes (section order, 8-byte aligned sections and footers) and are listed in
 This module holds the order of the steps, the checks of the experiment, ``metrics/`` and
 ``src/``; each file's layout has its own module: :mod:`~callpath.formats.v4.meta_db`,
 :mod:`~callpath.formats.v4.value_dbs` (the fixed parts of ``profile.db``, ``cct.db`` and
-``trace.db``), with the framing they share in :mod:`~callpath.formats.v4.records`.
+``trace.db``), with the framing they share in :mod:`~callpath.formats.v4.framing`.
 """
 
 from __future__ import annotations

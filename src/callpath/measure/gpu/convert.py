@@ -32,7 +32,7 @@ import numpy.typing as npt
 from callpath.formats import measdir as md
 from callpath.formats import measdir_gpu as mdg
 from callpath.measure.elfinfo import ElfInfo
-from callpath.model import gpu
+from callpath.model import gpu_names as gpu
 from callpath.model.contexts import Identifier, IdKind
 
 R_API, R_CODE, R_KERNEL, R_MEMCPY, R_MEMSET, R_SYNC, R_MAPS, R_INFO, R_CUBIN = range(1, 10)

@@ -1,6 +1,6 @@
 """``python -m callpath.measure.python [-o DIR] [-F HZ] [-t] [-m MOD | SCRIPT | python ...] ARGS``.
 
-A stand-alone front end to :func:`callpath.measure.python.launch.run_python`, the function that
+A stand-alone front end to :func:`callpath.measure.python.start.run_python`, the function that
 ``callpath run`` calls for Python targets. User errors print one line and exit with status 2.
 """
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("callpath: error: --keep-interpreter-frames: expected with --native "
                          "(it keeps CPython's frames of the merged native paths)\n")
         return 2
-    from callpath.measure.python.launch import run_python
+    from callpath.measure.python.start import run_python
     out = args.output
     if out is None:  # like callpath run: callpath-NAME-measurements[-N]
         name = Path(target[0]).stem if target else "python"

@@ -21,7 +21,7 @@
  * A plain pthread (no Python thread state, never sampled) drains the ring to a file every 20 ms
  * (at once when a handler finds it a quarter full) and every 100 ms gives each thread of the process that has none its own POSIX timer
  * (CLOCK_MONOTONIC, SIGEV_THREAD_ID), so threads that native libraries start (OpenMP, BLAS)
- * are sampled too. Unwinding and merging are post-mortem (callpath.measure.python.merge).
+ * are sampled too. Unwinding and merging are post-mortem (callpath.measure.python.native_merge).
  *
  * Only CPython 3.11, 3.12 and 3.13 with the GIL (their frame records; walk_frames has one
  * branch for 3.11/3.12, which find the current frame through _PyCFrame, and one for 3.13,

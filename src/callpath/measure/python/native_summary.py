@@ -12,7 +12,7 @@ import numpy as np
 from callpath.errors import CallpathError
 from callpath.formats import measdir as md
 from callpath.measure.elfinfo import ElfInfo
-from callpath.measure.python import merge
+from callpath.measure.python import native_merge as merge
 from callpath.structure.demangle import demangle
 
 

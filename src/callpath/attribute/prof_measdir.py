@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from callpath.attribute import gpu as gpu_attr
+from callpath.attribute import gpu_ops as gpu_attr
 from callpath.attribute import processes
 from callpath.attribute.build import Tables, ThreadData, finish
 from callpath.attribute.forked import STATE
@@ -45,7 +45,7 @@ from callpath.attribute.hpctk import (
 from callpath.attribute.pypackages import package_root
 from callpath.attribute.reduce import Partial, reduce_units, writer_mapper
 from callpath.attribute.samples import spill
-from callpath.attribute.walk import Walker
+from callpath.attribute.thread_tree import Walker
 from callpath.errors import CallpathError, FormatError
 from callpath.formats import measdir as md
 from callpath.formats import measdir_gpu as mdg

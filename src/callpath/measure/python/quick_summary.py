@@ -139,7 +139,7 @@ def print_summary(out_dir: Path, status: int, file: TextIO | None = None, top: i
     """Print the quick summary of a finished measurement directory, in the style of
     ``callpath run``'s closing words: a paragraph, one line per execution context, then the
     functions and lines with the most CPU time."""
-    from callpath.measure.summary import MAX_CONTEXT_LINES, describe_status
+    from callpath.measure.run_summary import MAX_CONTEXT_LINES, describe_status
 
     f = file or sys.stderr
     m = measdir.read(out_dir)

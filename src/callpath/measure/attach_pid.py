@@ -41,9 +41,10 @@ from typing import IO, Any
 
 from callpath.errors import CallpathError
 from callpath.formats import measdir
-from callpath.measure import launch, perf
-from callpath.measure.events import unit_of
+from callpath.measure import perf
+from callpath.measure import perf_launch as launch
 from callpath.measure.perf import EventSpec
+from callpath.measure.perf_events import unit_of
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _REC_MMAP2, _REC_COMM = 10, 3

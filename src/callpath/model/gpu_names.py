@@ -146,7 +146,7 @@ GPU_DERIVED: tuple[tuple[str, str, str, str], ...] = (
      "100 * (GKER:FGP_ACT_ACUMU / GKER:FGP_MAX_ACUMU)", "%6.2f %%"),
 )
 
-# ---- callpath's own GPU capture (callpath run -e gpu=nvidia; callpath.attribute.gpu) ----
+# ---- callpath's own GPU capture (callpath run -e gpu=nvidia; callpath.attribute.gpu_ops) ----
 
 #: Kinds of a recorded GPU operation (the ``kind`` field of GPUOPS records,
 #: callpath.formats.measdir_gpu).

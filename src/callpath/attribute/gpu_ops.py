@@ -5,7 +5,7 @@ node of its launching API call in its thread's tree; that node's *anchor* (the s
 line context the frame walk made of it) gets a placeholder procedure below it, as hpcprof
 makes of hpcrun's GPU measurements: ``<gpu kernel>`` with the kernel (demangled) below,
 ``<gpu copyin>`` / ``<gpu copyout>`` / ``<gpu copy>``, ``<gpu memset>``, ``<gpu sync>``. Its
-metrics (GKER, GXCOPY, ... :data:`callpath.model.gpu.METRICS`) are values of the launching
+metrics (GKER, GXCOPY, ... :data:`callpath.model.gpu_names.METRICS`) are values of the launching
 thread, as in hpcprof's databases, where the GPU stream contexts hold the traces only: each
 stream (``GPUCONTEXT c GPUSTREAM s``) gets a trace line with every operation as an interval
 (its node at the start, the root, i.e. idle, at the end).
@@ -27,7 +27,7 @@ import numpy.typing as npt
 from callpath.attribute.build import Tables
 from callpath.attribute.hpctk import CALL, F
 from callpath.attribute.tree import TreeBuilder
-from callpath.model import gpu
+from callpath.model import gpu_names as gpu
 from callpath.model.contexts import Identifier, IdKind
 from callpath.structure.demangle import demangle
 

@@ -32,8 +32,8 @@ import numpy as np
 from callpath.errors import CallpathError
 from callpath.formats import measdir
 from callpath.measure import perf
-from callpath.measure.events import unit_of
 from callpath.measure.perf import EventSpec
+from callpath.measure.perf_events import unit_of
 
 RAW_FILE = "raw.perf"
 PROCS_FILE = "raw-procs.jsonl"

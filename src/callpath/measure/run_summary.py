@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from callpath.measure.launch import RunResult
     from callpath.measure.offcpu import ThreadTime
+    from callpath.measure.perf_launch import RunResult
     from callpath.measure.postmortem import Result, ThreadSummary
 
 MAX_CONTEXT_LINES = 16

@@ -208,7 +208,7 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
         measdir.write_header(out_dir, metrics, status="complete", exit_status=exit_status,
                              end_time=time.time(), summary=_header_summary(out_dir), **fields)
         if summary:
-            from callpath.measure.python.summary import print_summary
+            from callpath.measure.python.quick_summary import print_summary
             print_summary(out_dir, status, file=summary_file or sys.stderr,
                           wall_s=time.monotonic() - started)
         for line in notes:
