@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     exp = callpath.open(args.database)
     out: TextIO = sys.stdout
     if args.contexts:
-        from callpath.present.contexts import render_contexts
+        from callpath.present.context_list import render_contexts
         render_contexts(exp, out)
         return 0
     if not exp.metrics:
