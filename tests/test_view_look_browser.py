@@ -491,6 +491,38 @@ def test_switching_databases_clears_the_trace_panes(page: Any, server: Any) -> N
     shot(pg, "gpu-trace-after-switch")
 
 
+def test_the_mini_map_follows_the_database(page: Any, server: Any) -> None:
+    """While the next database's mini-map is on its way, the previous one's is not shown:
+    its frames are held back here until the switch has been looked at."""
+    pg, base = page, server.url
+    both = {str(d): {"view": "top-down", "mode": "trace"} for d in (LOOPS, GPU)}
+    pg.goto(f"{base}/#s=" + urllib.parse.quote(json.dumps(
+        {"db": LOOPS, "dbs": both, "filters": []})))
+    pg.wait_for_function("() => document.getElementById('tr-minimap').dataset.window")
+    held: list[Any] = []
+    released = [False]
+
+    def hold(route: Any) -> None:
+        if released[0]:
+            route.continue_()
+        else:
+            held.append(route)
+
+    pg.route(f"**/api/db/{GPU}/trace/frame*", hold)
+    pg.click(f"#db-tabs [data-db='{GPU}']")
+    pg.wait_for_function(f"() => window.__callpath.trace.db === {GPU}")
+    blank = pg.evaluate("""() => {
+        const m = document.getElementById('tr-minimap');
+        const px = m.getContext('2d').getImageData(0, 0, m.width, m.height).data;
+        return [m.dataset.window === undefined, px.every((v) => v === 0)];
+    }""")
+    assert blank == [True, True], "the previous database's mini-map is still shown"
+    released[0] = True
+    for route in held:
+        route.continue_()
+    pg.wait_for_function("() => document.getElementById('tr-minimap').dataset.window")
+
+
 # ---- every tab of every kind of database, looked at -----------------------------------
 
 

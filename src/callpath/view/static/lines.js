@@ -408,8 +408,11 @@ export class LinesView {
       if (p) procs = [[p.first_row, p.last_row]];
     }
     const seq = this.seq;
+    // Calls overlap (a selection, then the ranked list's answer): only the latest draws, or a
+    // late answer computed without the selected procedure would take its outline away.
+    const mine = (this.rectsSeq = (this.rectsSeq || 0) + 1);
     const doc = await this.get("rects", { ...this.ovParams(), segments: JSON.stringify([...segs, ...procs]) });
-    if (seq !== this.seq || !this.ov) return;
+    if (seq !== this.seq || mine !== this.rectsSeq || !this.ov) return;
     this.ov.rects = { window: doc.rects[0], procedures: doc.rects.slice(1) };
     this.drawOverview();
   }

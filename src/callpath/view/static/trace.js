@@ -255,7 +255,14 @@ export class TraceView {
   /** Opens the trace of a database; `saved` is the window kept in the URL, if any. */
   async open(db, saved) {
     if (this.db !== db || !this.meta) {
-      if (this.db !== db) this.clearPoint();
+      if (this.db !== db) {
+        this.clearPoint();
+        // the previous database's mini-map must not stay up while this one's is fetched
+        this.miniFrame = null;
+        this.miniSeq = (this.miniSeq || 0) + 1;
+        this.mini.getContext("2d").clearRect(0, 0, this.mini.width, this.mini.height);
+        delete this.mini.dataset.window;
+      }
       this.db = db;
       this.meta = await api.traceMeta(db);
       this.undo = [];
@@ -453,11 +460,12 @@ export class TraceView {
       const h = this.home();
       const H = Math.min(mh, h.c1);
       const depth = this.depth;
+      let f;
       try {
-        const f = await api.traceFrame(this.db, { t0: h.t0, t1: h.t1, c0: 0, c1: h.c1, width: mw, height: H, depth }, undefined);
-        this.miniFrame = { ...f, depth, grid: decodeGrid(f.grid) };
+        f = await api.traceFrame(this.db, { t0: h.t0, t1: h.t1, c0: 0, c1: h.c1, width: mw, height: H, depth }, undefined);
       } catch (_) { return; }
-      if (seq !== this.miniSeq) return; // a newer call draws
+      if (seq !== this.miniSeq) return; // a newer call (or another database) draws
+      this.miniFrame = { ...f, depth, grid: decodeGrid(f.grid) };
     }
     const f = this.miniFrame;
     paintGrid(m, f.grid, f.width || mw, f.rows.length, f.procedures);
