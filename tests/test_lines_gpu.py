@@ -169,3 +169,30 @@ def test_cli_and_viewer_say_launch_line(tmp_path: Path) -> None:
             exp.metric("GPUOP")), start=max(row - 2, 0), count=5)
         flags = {r["row"]: r["launch"] for r in w["rows"]}
         assert flags[row] is True and sum(flags.values()) == 1
+
+
+def test_a_gpu_kernel_scope_locates_its_launch_line() -> None:
+    """Top-down → Lines on `<gpu kernel>` (which has no source file) lands on the line that
+    launched it, the nearest scope above it with a file and a line."""
+    db = shared_path("hpctoolkit", "dbase", "loops-cuda-nvidia-t.d")
+    names = set(GPU_PLACEHOLDERS.values())
+    gpuop = callpath.open(db).metrics.index(callpath.open(db).metric("GPUOP"))
+    with serve([db]) as s:
+        frontier = [(get_json(s.url, "/api/db/0/children", view="top-down")["root"], None)]
+        checked = 0
+        for _ in range(40):
+            nxt = []
+            for r, above in frontier:
+                here = (r["file"], r["line"]) if r.get("file") and r.get("line") else above
+                if r["name"] in names:
+                    assert above is not None
+                    got = get_json(s.url, "/api/db/0/lines/locate", view="top-down",
+                                   node=r["key"], metric=gpuop)
+                    assert (got["file"], got["line"]) == above, r["name"]
+                    checked += 1
+                if r["has_children"]:
+                    rows = get_json(s.url, "/api/db/0/children", view="top-down",
+                                    node=r["key"], limit=1000)["rows"]
+                    nxt += [(c, here) for c in rows]
+            frontier = nxt
+        assert checked > 0, "no GPU placeholder reached in the Top-down tree"

@@ -254,6 +254,19 @@ class TopDownView(View):
             raise CallpathError(f"top-down view has no node with context id {ident}")
         return int(hits[0])
 
+    def launch_line(self, node: int) -> int | None:
+        """The nearest ancestor of ``node`` with a source file and a line: for a scope that has
+        no place in the source (``<gpu kernel>`` and what hangs below it, a frame of a
+        library without line information), the line that called or launched it."""
+        parent = self.parent
+        n = int(parent[node])
+        while n > 0:
+            loc = self.location(n)
+            if loc.file and loc.line:
+                return n
+            n = int(parent[n])
+        return None
+
     def _call_file(self, node: int) -> str | None:
         f = int(self._parent_file[node])
         return self.exp.files[f].path if f >= 0 else None

@@ -21,6 +21,7 @@ import numpy.typing as npt
 from callpath.analysis import lines as lm
 from callpath.analysis import lines_view as lv
 from callpath.analysis.lines_procs import describe
+from callpath.analysis.topdown import TopDownView
 from callpath.engine.database import Database
 from callpath.engine.lines_cache import OverviewParams, overview_of, source_of_file
 from callpath.errors import CallpathError
@@ -275,6 +276,10 @@ def locate(db: Database, params: Params, body: bytes) -> Any:
         b = built(db, params)
         node = b.node(params["node"])
         loc = b.view.location(node)
+        if not loc.file and isinstance(b.view, TopDownView):
+            up = b.view.launch_line(node)  # GPU time is counted on its launch line
+            if up is not None:
+                node, loc = up, b.view.location(up)
         if not loc.file:
             raise CallpathError(f"{b.view.label(node)}: no source file is recorded for this "
                                 "scope, so it has no place on the line axis")
