@@ -24,9 +24,26 @@ from test_attach import PY_PROGRAM
 ROOT = Path(__file__).resolve().parents[1]
 NOBODY = 65534
 
-needs_setpriv = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                   reason="needs root and setpriv to change user or "
-                                   "capabilities")
+def _why_not() -> str | None:
+    """Why these tests cannot run here, or None: they need root and setpriv, and an
+    interpreter that user nobody can run (a pyenv Python built with a shared libpython under
+    /root, readable by root alone, cannot be)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return "needs root and setpriv to change user or capabilities"
+    probe = subprocess.run([*_drop(NOBODY), sys.executable, "-c", "pass"], capture_output=True,
+                           text=True, cwd="/", timeout=60, check=False)
+    if probe.returncode != 0:
+        err = (probe.stderr.strip().splitlines() or ["exit status %d" % probe.returncode])[-1]
+        return f"user nobody cannot run {sys.executable} here ({err})"
+    return None
+
+
+def _drop(user: int) -> list[str]:
+    return ["setpriv", "--reuid", str(user), "--regid", str(user), "--clear-groups"]
+
+
+_WHY_NOT = _why_not()
+needs_setpriv = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
 
 
 def _as(prefix: list[str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -35,10 +52,6 @@ def _as(prefix: list[str], *args: str) -> subprocess.CompletedProcess[str]:
     env["PYTHONPATH"] = str(ROOT / "src")
     return subprocess.run([*prefix, sys.executable, "-m", "callpath", *args], capture_output=True,
                           text=True, env=env, cwd="/", timeout=120, check=False)
-
-
-def _drop(user: int) -> list[str]:
-    return ["setpriv", "--reuid", str(user), "--regid", str(user), "--clear-groups"]
 
 
 def _start(user: int | None) -> tuple[subprocess.Popen[str], Path]:
