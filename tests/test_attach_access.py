@@ -33,7 +33,7 @@ def _why_not() -> str | None:
     probe = subprocess.run([*_drop(NOBODY), sys.executable, "-c", "pass"], capture_output=True,
                            text=True, cwd="/", timeout=60, check=False)
     if probe.returncode != 0:
-        err = (probe.stderr.strip().splitlines() or ["exit status %d" % probe.returncode])[-1]
+        err = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
         return f"user nobody cannot run {sys.executable} here ({err})"
     return None
 
