@@ -151,8 +151,9 @@ def download_csv(pg: Any, tmp: Path) -> str:
 
 
 def report(db: Path, *args: str) -> str:
-    return run_cli("report", str(db), "--no-saved-filters", "--no-saved-derived", *args,
-                   check=True).stdout
+    """The report of what the viewer shows: its rows of line 0 too (``--keep-lineless``)."""
+    return run_cli("report", str(db), "--no-saved-filters", "--no-saved-derived",
+                   "--keep-lineless", *args, check=True).stdout
 
 
 def report_json(db: Path, *args: str) -> list[dict[str, Any]]:
