@@ -414,11 +414,7 @@ def _open_thread(spec: EventSpec, tid: int, cpus: list[int], opts: AttachOptions
             raise
         fds.append(fd)
         ev.ids.append(perf.event_id(fd))
-        if cpu in leaders:
-            perf.ioctl(fd, perf.PERF_EVENT_IOC_SET_OUTPUT, leaders[cpu])
-        else:
-            leaders[cpu] = fd
-            rings.append(perf.RingBuffer(fd, pages))
+        launch.join_ring(fd, cpu, leaders, rings, pages)
 
 
 def _alive(pid: int, pidfd: int | None) -> bool:

@@ -209,6 +209,18 @@ def ring_pages_for(ncpus: int) -> int:
     return size // mmap.PAGESIZE
 
 
+def join_ring(fd: int, cpu: int, leaders: dict[int, int], rings: list[perf.RingBuffer],
+              pages: int) -> None:
+    """Send event ``fd``'s records into ``cpu``'s ring: the first event opened on a CPU
+    becomes its leader and its ring is mapped (``rings``); every later one writes into the
+    leader's (``PERF_EVENT_IOC_SET_OUTPUT``), so one reader drains one ring per CPU."""
+    if cpu in leaders:
+        perf.ioctl(fd, perf.PERF_EVENT_IOC_SET_OUTPUT, leaders[cpu])
+    else:
+        leaders[cpu] = fd
+        rings.append(perf.RingBuffer(fd, pages))
+
+
 def _open_user_or_all(attr: perf.PerfEventAttr, pid: int, cpu: int) -> int:
     """Open counting kernel time too (a sample in a system call is charged to the user
     context that made it); an unprivileged user may only count user time: retry so."""
@@ -301,11 +313,7 @@ def run(cmd: list[str], opts: RunOptions) -> RunResult:
                     fds.append(fd)
                     ev.fds.append(fd)
                     ev.ids.append(perf.event_id(fd))
-                    if cpu in leaders:
-                        perf.ioctl(fd, perf.PERF_EVENT_IOC_SET_OUTPUT, leaders[cpu])
-                    else:
-                        leaders[cpu] = fd
-                        rings.append(perf.RingBuffer(fd, pages))
+                    join_ring(fd, cpu, leaders, rings, pages)
             except OSError as e:
                 why = perf.explain(e.errno or 0, spec)
                 if opts.realtime and spec.name == SWITCH_EVENT and e.errno in (
