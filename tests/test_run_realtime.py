@@ -323,7 +323,8 @@ def test_new_processes_found_among_switch_records(perf_ok: None, bindir: Path,  
     switch records and stack samples of 8 KiB), the same (pid, time) pairs as a walk of every
     record, and what the launcher noted of those processes while they lived is among them (it
     notes none from its last drain, after the program's end). (A longer ping-pong on the loaded
-    shared machine overflowed the rings: records lost, the processes' among them.)"""
+    shared machine overflowed the rings: records lost, the processes' among them.) The unused
+    tail of a stack sample holds stale ring bytes, earlier records among them: each pair once."""
     from callpath.measure import perf_events as events
     from callpath.measure import perf_launch as launch
 
