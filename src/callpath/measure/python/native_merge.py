@@ -208,7 +208,9 @@ def _python_frames(rec: Records, notes: dict[str, Any], pycode: list[md.PyCode])
     line = np.zeros(total, dtype=np.int64)
     if total:
         key = np.stack([code.astype(np.int64), offset], axis=1)
-        ukey, kinv = np.unique(key, axis=0, return_inverse=True)
+        kinv = _row_ids(key)
+        ukey = np.zeros((int(kinv.max()) + 1, 2), dtype=np.int64)
+        ukey[kinv] = key
         uline = np.zeros(len(ukey), dtype=np.int64)
         for u, (c, off) in enumerate(ukey.tolist()):
             entry = known.get(c & 0xFFFFFFFFFFFFFFFF)
@@ -223,7 +225,7 @@ def _python_frames(rec: Records, notes: dict[str, Any], pycode: list[md.PyCode])
             if ln < 0 and 0 <= cidx < len(pycode):
                 ln = pycode[cidx].first_line
             uline[u] = ln
-        line = uline[kinv.reshape(-1)]
+        line = uline[kinv]
     # a frame of its own (flag 4: not a generator's) before its code's first RESUME has not
     # started (the handler reads no code object, so this is decided here)
     before = offset < (resume[inv.reshape(-1)] if total else np.zeros(0, dtype=np.int64))
@@ -431,16 +433,20 @@ def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: fro
 class Forwarding:
     """``forwarding.forwards`` per (module, return address), each asked once per merge."""
 
-    def __init__(self, mm: unwind.ModuleMap) -> None:
+    def __init__(self, mm: unwind.ModuleMap,
+                 cache: forwarding.ForwardCache | None = None) -> None:
         self.mm = mm
         self.memo: dict[tuple[int, int], bool] = {}
         self.pointer_memo: dict[tuple[int, int], bool] = {}
+        #: the answers of earlier runs, per module identity (the caller saves it)
+        self.cache = cache
 
     def __call__(self, module: int, address: int) -> bool:
         got = self.memo.get((module, address))
         if got is None:
             elf = self.mm.elves[module] if 0 <= module < len(self.mm.elves) else None
-            got = elf is not None and forwarding.forwards(elf, address)
+            got = elf is not None and (self.cache.forwards(elf, address) if self.cache
+                                       else forwarding.forwards(elf, address))
             self.memo[(module, address)] = got
         return got
 
@@ -449,9 +455,19 @@ class Forwarding:
         got = self.pointer_memo.get((module, address))
         if got is None:
             elf = self.mm.elves[module] if 0 <= module < len(self.mm.elves) else None
-            got = elf is not None and forwarding.calls_through_pointer(elf, address)
+            got = elf is not None and (
+                self.cache.calls_through_pointer(elf, address) if self.cache
+                else forwarding.calls_through_pointer(elf, address))
             self.pointer_memo[(module, address)] = got
         return got
+
+
+def _forward_cache() -> forwarding.ForwardCache | None:
+    """The per-user cache of trampoline answers, beside the unwind rows (None where that
+    cache is turned off)."""
+    from callpath.measure.recipes import cache_dir
+    d = cache_dir()
+    return forwarding.ForwardCache(d) if d is not None else None
 
 
 def _compiler() -> cfi.Compiler:
@@ -511,7 +527,7 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     own_modules = frozenset(m.index for m in mods
                             if os.path.basename(m.path).startswith(OWN_MODULES))
     own_codes = frozenset(i for i, c in enumerate(proc.pycode) if own_code(c.file))
-    forwards = Forwarding(mm)
+    forwards = Forwarding(mm, _forward_cache())
     # native frames per sample, leaf first
     order = np.lexsort((fr.depth, fr.sample))
     fs = fr.sample[order]
@@ -664,6 +680,8 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     res.threads = len(tids)
     res.native_only_threads = sum(1 for st in stats if st["samples"] and not
                                   st["python_samples"])
+    if forwards.cache is not None:
+        forwards.cache.save()
     _write(out, proc, base, mods, tids, names, nodes, counts, stats, res,
            traces if proc.info.get("trace") else None)
     samples_path.unlink()
