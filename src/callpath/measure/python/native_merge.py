@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -359,10 +360,43 @@ def own_code(file: str) -> bool:
         os.path.exists(os.path.join(here, "native_capture.py"))
 
 
+class PathClasses(dict[Key, str]):
+    """One letter per frame key, computed the first time a key is seen, so that
+    :func:`readable_path` reads a path as a string (its runs found by ``str`` methods and a
+    regular expression in C, not by a Python step per frame: a PyTorch loop's merged paths
+    are ~100 frames deep, thousands of them): ``O`` the profiler's own (a frame of
+    ``own_modules`` or a Python frame of ``own_codes``), ``I`` the interpreter's native
+    frame, ``X`` another native frame at an exact pc, ``N`` another native frame at a return
+    address, ``P`` a Python frame, ``H`` a placeholder, ``U`` anything else (an unknown
+    frame, the mark of a partial path)."""
+
+    def __init__(self, interpreter: frozenset[int], own_modules: frozenset[int],
+                 own_codes: frozenset[int]) -> None:
+        super().__init__()
+        self.sets = (interpreter, own_modules, own_codes)
+
+    def __missing__(self, k: Key) -> str:
+        interpreter, own_modules, own_codes = self.sets
+        kind = k[0]
+        if kind == _NATIVE:
+            c = "O" if k[1] in own_modules else "I" if k[1] in interpreter else \
+                "X" if k[3] & md.NodeFlag.EXACT_PC else "N"
+        elif kind == _PYTHON:
+            c = "O" if k[1] in own_codes else "P"
+        else:
+            c = "H" if kind == _PLACEHOLDER else "U"
+        self[k] = c
+        return c
+
+
+_INTERPRETER_RUN = re.compile("I+")
+
+
 def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: frozenset[int],
                   own_codes: frozenset[int], keep_interpreter: bool = False,
                   forwarding: Callable[[int, int], bool] | None = None,
-                  through_pointer: Callable[[int, int], bool] | None = None) -> list[Key]:
+                  through_pointer: Callable[[int, int], bool] | None = None,
+                  classes: PathClasses | None = None) -> list[Key]:
     """A merged path (root first) as a user reads it.
 
     The profiler never appears: the path ends before its first frame of the profiler's own
@@ -387,46 +421,52 @@ def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: fro
       and that has a caller in the path (a native thread's outermost frame, ``__clone3``,
       stays).
 
-    The innermost frame always stays."""
-    for i, k in enumerate(path):
-        if (k[0] == _NATIVE and k[1] in own_modules) or (k[0] == _PYTHON and k[1] in own_codes):
-            path = path[:i]
-            while path and path[-1][0] == _NATIVE and path[-1][1] in interpreter:
-                path.pop()
-            break
-    if keep_interpreter or len(path) < 2:
+    The innermost frame always stays. ``classes`` (made of the same three sets) may be shared
+    by the calls of one merge."""
+    if classes is None:
+        classes = PathClasses(interpreter, own_modules, own_codes)
+    text = "".join(map(classes.__getitem__, path))
+    cut = text.find("O")
+    if cut >= 0:
+        # the interpreter's frames that led to the profiler's first frame go with it
+        text = text[:cut].rstrip("I")
+        path = path[:len(text)]
+    n = len(path)
+    if keep_interpreter or n < 2:
         return path
-    # the interpreter's frames to leave out: each run of them that leads to a Python frame,
-    # or to another module's native frame that the run's last frame called through a pointer
-    # (a method, a type slot: the extension's function), not directly (the C library)
-    drop = [False] * len(path)
-    i = 0
-    while i < len(path):
-        k = path[i]
-        if not (k[0] == _NATIVE and k[1] in interpreter):
-            i += 1
+    last = n - 1
+    # the spans to leave out, in order: each run of the interpreter's frames that leads to a
+    # Python frame (or an unknown one), or to another module's native frame that the run's
+    # last frame called through a pointer (a method, a type slot: the extension's function),
+    # not directly (the C library)
+    gone: list[tuple[int, int]] = []
+    for m in _INTERPRETER_RUN.finditer(text):
+        i, j = m.span()
+        if j >= n:
             continue
-        j = i
-        while j < len(path) and path[j][0] == _NATIVE and path[j][1] in interpreter:
-            j += 1
-        if j < len(path) and path[j][0] != _PLACEHOLDER and (
-                path[j][0] != _NATIVE or (through_pointer is not None and not
-                                          path[j - 1][3] & md.NodeFlag.EXACT_PC and
-                                          through_pointer(path[j - 1][1], path[j - 1][2]))):
-            drop[i:j] = [True] * (j - i)
-        i = j
+        c = text[j]
+        if c in "PU" or (c in "NX" and through_pointer is not None and
+                         not path[j - 1][3] & md.NodeFlag.EXACT_PC and
+                         through_pointer(path[j - 1][1], path[j - 1][2])):
+            gone.append((i, j))
+    if forwarding is not None:
+        # a library's trampoline: a native frame at a return address (not the outermost nor
+        # the innermost) whose callee is a native frame of the same module
+        at = text.find("N", 1, last)
+        while at >= 0:
+            k, nxt = path[at], path[at + 1]
+            if text[at + 1] in "NXI" and nxt[1] == k[1] and forwarding(k[1], k[2]):
+                gone.append((at, at + 1))
+            at = text.find("N", at + 1, last)
+        gone.sort()
+    if not gone:
+        return path
     keep: list[Key] = []
-    last = len(path) - 1
-    for i, k in enumerate(path):
-        if k[0] == _NATIVE and i < last:
-            if k[1] in interpreter:
-                if drop[i]:
-                    continue
-            elif forwarding is not None and i > 0 and not k[3] & md.NodeFlag.EXACT_PC:
-                nxt = path[i + 1]
-                if nxt[0] == _NATIVE and nxt[1] == k[1] and forwarding(k[1], k[2]):
-                    continue
-        keep.append(k)
+    prev = 0
+    for i, j in gone:
+        keep.extend(path[prev:i])
+        prev = j
+    keep.extend(path[prev:])
     return keep
 
 
@@ -532,10 +572,6 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     order = np.lexsort((fr.depth, fr.sample))
     fs = fr.sample[order]
     bounds = np.searchsorted(fs, np.arange(n + 1))
-    fkind = np.where(fr.module >= 0, _NATIVE, _UNKNOWN)[order].tolist()
-    fmod = fr.module[order].tolist()
-    faddr = fr.address[order].astype(np.int64).tolist()
-    fexact = fr.exact[order].astype(np.int64).tolist()
     feval = is_eval[order].tolist()
     complete = fr.complete.tolist()
     # Python frames per sample, grouped by evaluation activation
@@ -547,9 +583,18 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     # one small integer per distinct native frame and per distinct Python frame record: a
     # sample's frames as the bytes of a slice of these are the key of its merged path (a
     # tuple of tuples built per sample cost more than the merge it saved)
-    nat_ids = _row_ids(np.stack([np.where(fr.module >= 0, _NATIVE, _UNKNOWN), fr.module,
-                                 fr.address.astype(np.int64), fr.exact.astype(np.int64)],
-                                axis=1)[order])
+    nat_rows = np.stack([np.where(fr.module >= 0, _NATIVE, _UNKNOWN), fr.module,
+                         fr.address.astype(np.int64), fr.exact.astype(np.int64)], axis=1)[order]
+    nat_ids = _row_ids(nat_rows)
+    # each distinct native frame's key made once, and every frame a reference to it: a
+    # sample's native keys are then a slice of ``fkeys`` (a copy in C), not a tuple built
+    # per frame
+    urows = np.zeros((int(nat_ids.max()) + 1 if len(nat_ids) else 0, 4), dtype=np.int64)
+    urows[nat_ids] = nat_rows
+    exact_flag = int(md.NodeFlag.EXACT_PC)
+    ukeys = [(k, m, a, exact_flag if x else 0) for k, m, a, x in urows.tolist()]
+    fkeys = list(map(ukeys.__getitem__, nat_ids.tolist()))
+    classes = PathClasses(interpreter, own_modules, own_codes)
     py_ids = _row_ids(np.stack([pci, pline, pentry, pinc], axis=1))
     # weights: per thread, the time and CPU time since its previous sample
     period = int(notes["start"].get("period_ns", 1_000_000))
@@ -588,18 +633,16 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
         got = path_memo.get(memo_key)
         if got is not None:
             return got
-        nat = tuple((fkind[i], fmod[i], faddr[i], fexact[i]) for i in range(lo, hi))
-        pyk = tuple((pkeys[i], pentry_l[i], pinc_l[i]) for i in range(plo, phi))
         groups: list[list[Key]] = [[]]
-        for key, entry, inc in pyk:
+        for key, entry, inc in zip(pkeys[plo:phi], pentry_l[plo:phi], pinc_l[plo:phi]):
             if not inc:
                 groups[-1].append(key)
             if entry:
                 groups.append([])
         if not groups[-1]:
             groups.pop()
-        evl = [feval[i] for i in range(lo, hi)]
-        natk = [(k, m, a, md.NodeFlag.EXACT_PC if x else 0) for k, m, a, x in nat]
+        evl = feval[lo:hi]
+        natk = fkeys[lo:hi]
         if not complete[s] and natk and natk[-1][0] == _UNKNOWN:
             # a return address outside every module: the step that read it went wrong, so
             # that frame is not evidence of a caller
@@ -609,7 +652,7 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
         if gil and path:
             path = mark_gil_wait(path, gil)
         path = readable_path(path, interpreter, own_modules, own_codes, keep_interpreter,
-                             forwards, forwards.through_pointer)
+                             forwards, forwards.through_pointer, classes)
         got = path_memo[memo_key] = (path, state, phi > plo)
         return got
 
