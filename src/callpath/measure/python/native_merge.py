@@ -634,7 +634,7 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
         if got is not None:
             return got
         groups: list[list[Key]] = [[]]
-        for key, entry, inc in zip(pkeys[plo:phi], pentry_l[plo:phi], pinc_l[plo:phi]):
+        for key, entry, inc in zip(pkeys[plo:phi], pentry_l[plo:phi], pinc_l[plo:phi], strict=True):
             if not inc:
                 groups[-1].append(key)
             if entry:
