@@ -620,7 +620,6 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
             names[tid] = comm
     trees: list[dict[tuple[int, Key], int]] = [{} for _ in tids]
     nodes: list[list[tuple[int, Key]]] = [[] for _ in tids]
-    counts: list[dict[int, list[int]]] = [{} for _ in tids]
     stats = [{"samples": 0, "idle_samples": 0, "cpu_time_ns": 0, "wall_time_ns": 0,
               "partial": 0, "unmatched": 0, "python_samples": 0} for _ in tids]
     path_memo: dict[tuple[Any, ...], tuple[list[Key], str, bool]] = {}
@@ -657,12 +656,18 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
         return got
 
     tid_l = rec.tid.tolist()
-    time_l = rec.time.tolist()
-    traces: list[list[tuple[int, int]]] = [[] for _ in tids]
     repeat = ((rec.flags & REPEAT) != 0).tolist()
     previous: dict[int, tuple[list[Key], str, bool]] = {}  # per thread: its last sample's
     leaf_memo: dict[tuple[int, int, bool], int] = {}
     partial_s = [False] * n
+    # per sample: its thread's slot and leaf node (-1: lost or hidden), its state (1
+    # partial, 2 unmatched) and whether it has Python frames; the counts, the statistics
+    # and the traces are then sums over these arrays, not a dictionary step per sample
+    slot_s = [-1] * n
+    node_s = [-1] * n
+    state_s = [0] * n
+    python_s = [False] * n
+    state_code = {"": 0, "partial": 1, "unmatched": 2}
     for s in range(n):
         if repeat[s]:
             # the thread has not run since its previous sample (same pc and sp, no CPU time):
@@ -696,22 +701,14 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
                     nl.append((node, key))
                 node = child
             leaf_memo[leaf_key] = node
-        traces[th].append((time_l[s], node))
-        c = counts[th].get(node)
-        if c is None:
-            counts[th][node] = [1, cpu_of[s], wall_of[s]]
-        else:
-            c[0] += 1
-            c[1] += cpu_of[s]
-            c[2] += wall_of[s]
-        st = stats[th]
-        st["samples"] += 1
-        st["idle_samples"] += idle[s]
-        st["cpu_time_ns"] += int(cpu_of[s])
-        st["wall_time_ns"] += int(wall_of[s])
-        st["python_samples"] += has_python
-        if state:
-            st[state] += 1
+        slot_s[s] = th
+        node_s[s] = node
+        state_s[s] = state_code[state]
+        python_s[s] = has_python
+    counts, traces = _sums(tids, stats, np.array(slot_s, dtype=np.int64),
+                           np.array(node_s, dtype=np.int64), np.array(state_s, dtype=np.int64),
+                           np.array(python_s, dtype=bool), np.array(idle, dtype=bool),
+                           cpu_of, wall_of, rec.time)
     # why the unwinding stopped, for the samples whose merged path is partial
     for code, cnt in zip(*np.unique(fr.reason[np.array(partial_s, dtype=bool)],
                                     return_counts=True), strict=True):
@@ -732,10 +729,45 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     return res
 
 
+def _sums(tids: list[int], stats: list[dict[str, int]], slot: npt.NDArray[np.int64],
+          node: npt.NDArray[np.int64], state: npt.NDArray[np.int64],
+          python: npt.NDArray[np.bool_], idle: npt.NDArray[np.bool_],
+          cpu: npt.NDArray[np.int64], wall: npt.NDArray[np.int64],
+          time: npt.NDArray[np.int64]) -> tuple[list[list[tuple[int, int, int, int]]],
+                                                 list[npt.NDArray[np.int64]]]:
+    """Per thread (``slot``; -1: a sample left out): its leaves' sample counts and CPU and
+    wall time, in the order each leaf was first reached (the process file's order), its
+    statistics (added to ``stats``) and its trace, (time, leaf) rows in sample order."""
+    counts: list[list[tuple[int, int, int, int]]] = []
+    traces: list[npt.NDArray[np.int64]] = []
+    for th in range(len(tids)):
+        sel = np.flatnonzero(slot == th)
+        nd = node[sel]
+        leaves, first, inv = np.unique(nd, return_index=True, return_inverse=True)
+        k = np.bincount(inv, minlength=len(leaves))
+        c = np.zeros(len(leaves), dtype=np.int64)
+        w = np.zeros(len(leaves), dtype=np.int64)
+        np.add.at(c, inv, cpu[sel])
+        np.add.at(w, inv, wall[sel])
+        o = np.argsort(first, kind="stable")
+        counts.append(list(zip(leaves[o].tolist(), k[o].tolist(), c[o].tolist(),
+                               w[o].tolist(), strict=True)))
+        traces.append(np.stack([time[sel], nd], axis=1))
+        st = stats[th]
+        st["samples"] += len(sel)
+        st["idle_samples"] += int(idle[sel].sum())
+        st["cpu_time_ns"] += int(cpu[sel].sum())
+        st["wall_time_ns"] += int(wall[sel].sum())
+        st["python_samples"] += int(python[sel].sum())
+        st["partial"] += int((state[sel] == 1).sum())
+        st["unmatched"] += int((state[sel] == 2).sum())
+    return counts, traces
+
+
 def _write(out: Path, proc: md.ProcessProfile, base: str, mods: list[md.Module],
            tids: list[int], names: dict[int, str], nodes: list[list[tuple[int, Key]]],
-           counts: list[dict[int, list[int]]], stats: list[dict[str, int]],
-           res: ProcessMerge, traces: list[list[tuple[int, int]]] | None) -> None:
+           counts: list[list[tuple[int, int, int, int]]], stats: list[dict[str, int]],
+           res: ProcessMerge, traces: list[npt.NDArray[np.int64]] | None) -> None:
     staging = out / STAGING
     staging.mkdir(exist_ok=True)
     pid_s, gen_s = base.rsplit("-", 1)
@@ -776,13 +808,13 @@ def _write(out: Path, proc: md.ProcessProfile, base: str, mods: list[md.Module],
             w.nodes(th, arr)
             cn = counts[th]
             cnt = np.zeros(2 * len(cn), dtype=md.COUNT_DTYPE)
-            for i, (node, (k, cpu, wall)) in enumerate(cn.items()):
+            for i, (node, k, cpu, wall) in enumerate(cn):
                 cnt[2 * i] = (node, 0, k, float(cpu))
                 cnt[2 * i + 1] = (node, 1, k, float(wall))
             w.counts(th, cnt)
-            if traces is not None and traces[th]:
+            if traces is not None and len(traces[th]):
                 tr = np.zeros(len(traces[th]), dtype=md.TRACE_DTYPE)
-                tv = np.array(traces[th], dtype=np.int64)
+                tv = traces[th]
                 tr["time"] = tv[:, 0].astype(np.uint64)
                 tr["node"] = tv[:, 1]
                 w.trace(th, tr[np.argsort(tr["time"], kind="stable")])
