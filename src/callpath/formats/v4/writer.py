@@ -119,7 +119,6 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
     copies: _SourceCopies | None = None
     try:
         files, origins = _prepare_sources(exp, out, copy_sources)
-        copies = _SourceCopies(out, files, origins)
         source = stream.value_source(exp)
         transposed = np.array([not p.is_summary for p in exp.profiles], dtype=bool)
         summary = (None if source.summary is not None
@@ -177,6 +176,9 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
         if names_doc is not None:
             (out / names.RELPATH).parent.mkdir(exist_ok=True)
             temp(str(names.RELPATH)).write_text(names_doc, encoding="utf-8")
+        # copied last, not beside the writing: on two busy cores the copying threads' turns
+        # at the GIL slowed the writer by more than the copies took
+        copies = _SourceCopies(out, files, origins)
         copies.wait()
         for name, p in temps.items():
             os.replace(p, out / name)
@@ -347,9 +349,8 @@ def _source_file(exp: Experiment, sf: SourceFile) -> str | None:
 
 
 class _SourceCopies:
-    """The copies of the sources, started before the database's files are written and
-    waited for after (a few threads: the kernel copies and the GIL is free, so they overlap
-    the writer's own work). Destinations are checked against the database directory by
+    """The copies of the sources, by a few threads (the kernel copies; the GIL is free
+    meanwhile). Destinations are checked against the database directory by
     their normalised path (``..`` cannot leave it) and each directory is made once, before
     any copy starts."""
 
