@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 import os
 import shutil
@@ -181,6 +182,12 @@ def test_profile_gives_native_structure_below_python_lines(capture_ok: None,
     assert caller < kernel < loop, r.stdout
     indent = [lines[caller].index("»"), lines[kernel].index("»"), lines[loop].index("loop")]
     assert indent[0] < indent[1] < indent[2], r.stdout
+    # the Time line names the merge after the program, as measurement.json recorded it
+    phases = dict(p.split()[:2] for p in
+                  next(ln for ln in lines if ln.startswith("Time:"))[5:].split(","))
+    assert list(phases) == ["measure", "merge", "structure", "attribute", "write", "report"]
+    header = json.loads((tmp_path / "m" / "measurement.json").read_text())
+    assert float(phases["merge"]) == pytest.approx(header["native_merge_s"], abs=0.006)
 
 
 def _blas(module: str) -> bool:
