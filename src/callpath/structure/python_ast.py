@@ -18,18 +18,19 @@ import re
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from callpath.errors import FormatError
 from callpath.structure.model import Kind, Structure, StructureBuilder
 
 
 @dataclass
-class _Scope:
+class PyScope:
     kind: Kind
     name: str
     line: int
     end: int
-    children: list[_Scope] = field(default_factory=list)
+    children: list[PyScope] = field(default_factory=list)
     ident: int = -1
 
 
@@ -55,13 +56,13 @@ def structure_of_python(path: str | os.PathLike[str]) -> Structure:
     nlines = source.count(b"\n") + 2
     scope_of = np.zeros(nlines + 1, dtype=np.int32)  # innermost scope per line (0 = <module>)
     stmt_of = np.zeros(nlines + 1, dtype=np.int32)  # first line of the statement per line
-    scopes: list[_Scope] = []
-    module = _Scope(Kind.PROC, "<module>", 1, nlines)
+    scopes: list[PyScope] = []
+    module = PyScope(Kind.PROC, "<module>", 1, nlines)
     module.ident = 0
     scopes.append(module)
-    procs: list[_Scope] = [module]
+    procs: list[PyScope] = [module]
 
-    def paint(sc: _Scope) -> None:
+    def paint(sc: PyScope) -> None:
         scope_of[sc.line:sc.end + 1] = sc.ident
 
     # Expressions hold no statement, function or class; the only scopes inside them are
@@ -75,7 +76,7 @@ def structure_of_python(path: str | os.PathLike[str]) -> Structure:
     has_for[np.searchsorted(newlines, at, side="right") + 1] = 1
     for_before = np.cumsum(has_for).tolist()
 
-    def visit(node: ast.AST, cur: _Scope, qual: str, in_func: bool) -> None:
+    def visit(node: ast.AST, cur: PyScope, qual: str, in_func: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.expr):
                 lo = child.lineno
@@ -100,7 +101,7 @@ def structure_of_python(path: str | os.PathLike[str]) -> Structure:
                 if isinstance(child, ast.ClassDef):
                     visit(child, cur, q, False)
                     continue
-                sc = _Scope(Kind.PROC, q, child.lineno, child.end_lineno or child.lineno)
+                sc = PyScope(Kind.PROC, q, child.lineno, child.end_lineno or child.lineno)
                 sc.ident = len(scopes)
                 scopes.append(sc)
                 procs.append(sc)
@@ -108,7 +109,7 @@ def structure_of_python(path: str | os.PathLike[str]) -> Structure:
                 visit(child, sc, q, True)
                 continue
             if isinstance(child, _LOOPS):
-                sc = _Scope(Kind.LOOP, "", child.lineno, child.end_lineno or child.lineno)
+                sc = PyScope(Kind.LOOP, "", child.lineno, child.end_lineno or child.lineno)
                 sc.ident = len(scopes)
                 scopes.append(sc)
                 cur.children.append(sc)
@@ -117,31 +118,44 @@ def structure_of_python(path: str | os.PathLike[str]) -> Structure:
             visit(child, nxt, q, in_func)
 
     visit(tree, module, "", False)
-    # Statements: group lines by (innermost scope, statement's first line).
-    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for ln in range(1, nlines + 1):
-        st = int(stmt_of[ln])
-        if st == 0:
-            continue
-        rs = groups.setdefault((int(scope_of[ln]), st), [])
-        if rs and rs[-1][1] == ln:
-            rs[-1] = (rs[-1][0], ln + 1)
-        else:
-            rs.append((ln, ln + 1))
-    by_scope: dict[int, list[tuple[int, list[tuple[int, int]]]]] = {}
-    for (sc, st), rs in groups.items():
-        by_scope.setdefault(sc, []).append((st, rs))
+    return build_python_structure(p, nlines, procs, scope_of, stmt_of)
+
+
+def build_python_structure(p: str, nlines: int, procs: list[PyScope],
+                           scope_of: npt.NDArray[np.int32], stmt_of: npt.NDArray[np.int32],
+                           keep: npt.NDArray[np.int64] | None = None) -> Structure:
+    """The structure of file ``p`` from its procedures (each holding its loop tree) and two
+    line maps: the innermost scope (``ident``) and the first line of the statement of every
+    line (0: no statement). Shared by the ``ast`` and the bytecode readers, so both build the
+    same model from the same facts. ``keep``: only the statements holding these lines (the
+    sampled ones), the procedures and loops all the same."""
+    # Statements: the lines of one (innermost scope, statement's first line), in runs.
+    ln = np.flatnonzero(stmt_of[1:nlines + 1]).astype(np.int64) + 1
+    key = (scope_of[ln].astype(np.int64) << 32) | stmt_of[ln].astype(np.int64)
+    if keep is not None:
+        k = keep[(keep >= 1) & (keep <= nlines)]
+        k = k[stmt_of[k] != 0]
+        m = np.isin(key, (scope_of[k].astype(np.int64) << 32) | stmt_of[k].astype(np.int64))
+        ln, key = ln[m], key[m]
+    brk = np.flatnonzero((np.diff(ln) != 1) | (np.diff(key) != 0)) + 1
+    run_at = np.concatenate([[0], brk]).astype(np.int64)
+    run_end = np.concatenate([brk, [len(ln)]]).astype(np.int64)
+    by_scope: dict[int, dict[int, list[tuple[int, int]]]] = {}
+    if len(ln):
+        for k0, lo, hi in zip(key[run_at].tolist(), ln[run_at].tolist(),
+                              (ln[run_end - 1] + 1).tolist(), strict=True):
+            by_scope.setdefault(k0 >> 32, {}).setdefault(k0 & 0xFFFFFFFF, []).append((lo, hi))
 
     b = StructureBuilder(p, None)
     fscope = b.add(Kind.FILE, 0, name=p)
 
-    def emit(sc: _Scope, parent: int) -> None:
+    def emit(sc: PyScope, parent: int) -> None:
         if sc.kind == Kind.PROC:
             i = b.add(Kind.PROC, parent, name=sc.name, file=p, line=sc.line,
                       ranges=[(sc.line, sc.line + 1)])
         else:
             i = b.add(Kind.LOOP, parent, file=p, line=sc.line, ranges=[(sc.line, sc.line + 1)])
-        for st, rs in sorted(by_scope.get(sc.ident, [])):
+        for st, rs in sorted(by_scope.get(sc.ident, {}).items()):
             s = b.add(Kind.STMT, i, file=p, line=st, ranges=rs)
             for lo, hi in rs:
                 b.map_range(lo, hi, s)
