@@ -348,7 +348,8 @@ def test_new_processes_found_among_switch_records(perf_ok: None, bindir: Path,  
         pos += size
     assert pos == len(data)
     assert {9, 14} <= kinds  # samples and switch records were in the batches
-    assert len({p for p, _t in walked}) >= 3, walked
+    # the five processes' records, unless a ring overflowed (a LOST record: CI at load 6)
+    assert len({p for p, _t in walked}) >= 3 or 2 in kinds, walked
     assert launch.new_processes(data) == walked
     noted = [json.loads(line) for line in (out / launch.PROCS_FILE).read_text().splitlines()]
     assert {(d["pid"], d["time"]) for d in noted} <= set(walked)
