@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.errors import FormatError
-from callpath.structure.model import Kind, Structure, StructureBuilder
+from callpath.structure.model import Kind, Structure
 
 
 @dataclass
@@ -139,29 +139,77 @@ def build_python_structure(p: str, nlines: int, procs: list[PyScope],
         ln, key = ln[m], key[m]
     brk = np.flatnonzero((np.diff(ln) != 1) | (np.diff(key) != 0)) + 1
     run_at = np.concatenate([[0], brk]).astype(np.int64)
-    run_end = np.concatenate([brk, [len(ln)]]).astype(np.int64)
-    by_scope: dict[int, dict[int, list[tuple[int, int]]]] = {}
-    if len(ln):
-        for k0, lo, hi in zip(key[run_at].tolist(), ln[run_at].tolist(),
-                              (ln[run_end - 1] + 1).tolist(), strict=True):
-            by_scope.setdefault(k0 >> 32, {}).setdefault(k0 & 0xFFFFFFFF, []).append((lo, hi))
+    run_lo = ln[run_at] if len(ln) else ln
+    run_hi = ln[np.concatenate([brk, [len(ln)]]).astype(np.int64) - 1] + 1 if len(ln) else ln
+    run_key = key[run_at] if len(ln) else key
+    order = np.lexsort((run_lo, run_key))
+    run_lo, run_hi, run_key = run_lo[order], run_hi[order], run_key[order]
+    st_key, st_first = np.unique(run_key, return_index=True)  # statements, in (scope, line)
+    st_runs = np.diff(np.concatenate([st_first, [len(run_key)]]))
+    st_scope = (st_key >> 32).astype(np.int64)
+    st_line = (st_key & 0xFFFFFFFF).astype(np.int64)
 
-    b = StructureBuilder(p, None)
-    fscope = b.add(Kind.FILE, 0, name=p)
+    # The procedures and loops in preorder, each followed by its statements.
+    nodes: list[tuple[PyScope, int]] = []  # (scope, preorder index of its parent, -1: FILE)
 
-    def emit(sc: PyScope, parent: int) -> None:
-        if sc.kind == Kind.PROC:
-            i = b.add(Kind.PROC, parent, name=sc.name, file=p, line=sc.line,
-                      ranges=[(sc.line, sc.line + 1)])
-        else:
-            i = b.add(Kind.LOOP, parent, file=p, line=sc.line, ranges=[(sc.line, sc.line + 1)])
-        for st, rs in sorted(by_scope.get(sc.ident, {}).items()):
-            s = b.add(Kind.STMT, i, file=p, line=st, ranges=rs)
-            for lo, hi in rs:
-                b.map_range(lo, hi, s)
+    def walk(sc: PyScope, par: int) -> None:
+        me = len(nodes)
+        nodes.append((sc, par))
         for c in sc.children:
-            emit(c, i)
+            walk(c, me)
 
     for pr in procs:
-        emit(pr, fscope)
-    return b.build()
+        walk(pr, -1)
+    idents = np.array([sc.ident for sc, _ in nodes], dtype=np.int64)
+    # statements per node: those of its ident (an ident's statements are contiguous)
+    lo_st = np.searchsorted(st_scope, idents, side="left")
+    n_st = np.searchsorted(st_scope, idents, side="right") - lo_st
+    row = 2 + np.arange(len(nodes)) + np.concatenate([[0], np.cumsum(n_st)[:-1]])
+    total = 2 + len(nodes) + int(n_st.sum())
+    strings = [p]
+    sid: dict[str, int] = {p: 0}
+    kind = np.full(total, int(Kind.STMT), dtype=np.uint8)
+    parent = np.zeros(total, dtype=np.int32)
+    name = np.full(total, -1, dtype=np.int32)
+    line = np.zeros(total, dtype=np.int32)
+    file = np.zeros(total, dtype=np.int32)
+    kind[0], parent[0], name[0], file[0] = int(Kind.ROOT), -1, 0, -1
+    kind[1], parent[1], name[1], file[1] = int(Kind.FILE), 0, 0, -1
+    node_rows = row.tolist()
+    for (sc, par), r in zip(nodes, node_rows, strict=True):
+        kind[r] = int(sc.kind)
+        parent[r] = 1 if par < 0 else node_rows[par]
+        if sc.kind == Kind.PROC:
+            name[r] = sid.setdefault(sc.name, len(sid))
+            if name[r] == len(strings):
+                strings.append(sc.name)
+        line[r] = sc.line
+    # statement rows: after their node, in line order
+    st_rows = np.repeat(row + 1, n_st) + (np.arange(int(n_st.sum()))
+                                          - np.repeat(np.cumsum(n_st) - n_st, n_st))
+    st_index = np.concatenate([np.arange(a, a + n) for a, n in
+                               zip(lo_st.tolist(), n_st.tolist(), strict=True)]) \
+        if len(nodes) else np.zeros(0, dtype=np.int64)
+    st_row_of = np.empty(len(st_key), dtype=np.int64)
+    st_row_of[st_index] = st_rows
+    parent[st_rows] = np.repeat(row, n_st)
+    line[st_rows] = st_line[st_index]
+    # ranges: [line, line + 1) for a procedure or loop, the runs of lines for a statement
+    n_ranges = np.zeros(total, dtype=np.int64)
+    n_ranges[row] = 1
+    n_ranges[st_row_of] = st_runs
+    rows_of_ranges = np.concatenate([row, np.repeat(st_row_of, st_runs)])
+    lo_all = np.concatenate([line[row].astype(np.int64), run_lo])
+    hi_all = np.concatenate([line[row].astype(np.int64) + 1, run_hi])
+    o = np.lexsort((lo_all, rows_of_ranges))
+    map_scope = np.repeat(st_row_of, st_runs).astype(np.int32)
+    mo = np.lexsort((map_scope, run_hi, run_lo))
+    return Structure(
+        path=p, build_id=None, strings=strings, kind=kind, parent=parent, name=name,
+        link_name=np.full(total, -1, dtype=np.int32), file=file, line=line,
+        call_file=np.full(total, -1, dtype=np.int32),
+        call_line=np.zeros(total, dtype=np.int32), target=np.zeros(total, dtype=np.uint64),
+        range_ptr=np.concatenate([[0], np.cumsum(n_ranges)]).astype(np.int64),
+        range_lo=lo_all[o].astype(np.uint64), range_hi=hi_all[o].astype(np.uint64),
+        map_lo=run_lo[mo].astype(np.uint64), map_hi=run_hi[mo].astype(np.uint64),
+        map_scope=map_scope[mo])
