@@ -150,3 +150,38 @@ def test_stale_or_foreign_pyc_is_not_used(tmp_path: Path) -> None:
     data[0] ^= 0xFF  # another interpreter's magic number
     pyc.write_bytes(bytes(data))
     assert structure_from_bytecode(src) is None
+
+
+def test_profile_of_an_imported_module_from_its_bytecode(tmp_path: Path) -> None:
+    """``callpath profile`` of a program whose module was imported from ``__pycache__`` (as
+    installed packages are): the module's loops and statements in the report, from the
+    bytecode structure, as the ``ast`` gives them for the main script beside it."""
+    import subprocess
+    import sys
+
+    (tmp_path / "helper.py").write_text(
+        "def spin(n):\n"
+        "    total = 0\n"
+        "    for i in range(n):\n"
+        "        total += (i * i\n"
+        "                  % 7)\n"
+        "    return total\n")
+    py_compile.compile(str(tmp_path / "helper.py"), doraise=True)
+    (tmp_path / "main.py").write_text(
+        "import helper\n"
+        "t = 0\n"
+        "while t < 40_000_000:\n"
+        "    t += helper.spin(2_000_000)\n"
+        "print(t)\n")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-m", "callpath", "profile", "-o", str(tmp_path / "db"),
+                        "--", sys.executable, "main.py"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = subprocess.run([sys.executable, "-m", "callpath", "report", str(tmp_path / "db"),
+                          "-d", "12"], capture_output=True, text=True, timeout=120, env=env)
+    assert rep.returncode == 0, rep.stderr
+    assert "loop at main.py:3" in rep.stdout, rep.stdout
+    assert "loop at helper.py:3" in rep.stdout, rep.stdout
+    # the statement over lines 4-5 is one scope at its first line; no line 5 of its own
+    assert "helper.py:4" in rep.stdout and "helper.py:5" not in rep.stdout, rep.stdout
