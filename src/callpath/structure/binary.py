@@ -15,12 +15,12 @@ often the loop's exit test or the first body statement instead.
 
 from __future__ import annotations
 
-import bisect
 import os
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -35,7 +35,7 @@ from callpath.structure.jump_tables import resolve_tables
 from callpath.structure.model import Kind, Structure, StructureBuilder, concat_structures
 from callpath.structure.noreturn import is_no_return
 from callpath.structure.parallel import fork_map
-from callpath.structure.symbols import Procedure, procedures
+from callpath.structure.symbols import Procedure, ProcedureTable, procedure_table
 
 
 @dataclass
@@ -132,27 +132,27 @@ def analyze_binary(path: str | os.PathLike[str], *, jobs: int = 1,
 PARALLEL_MIN_PROCS = 1000
 
 
-class _ProcTable(Sequence[Procedure]):
-    """Procedures restored from a cached state, made into objects only when built (385k
-    objects for libtorch_cpu.so, of which a run builds a few hundred)."""
+class _NoReturn:
+    """The entries of the procedures a call to which never returns (their link names are in
+    :data:`~callpath.structure.noreturn.NO_RETURN` or marked ``DW_AT_noreturn`` in the
+    module's DWARF), answered per call target as the CFGs ask: deciding it for every one of
+    libtorch_cpu.so's 385k procedures decoded all their names."""
 
-    def __init__(self, entry: npt.NDArray[np.uint64], end: npt.NDArray[np.uint64],
-                 link: list[str], shown: list[str], origin: list[str]) -> None:
-        self.e, self.x, self.link, self.shown, self.origin = entry, end, link, shown, origin
+    def __init__(self, table: ProcedureTable, names: set[str]) -> None:
+        self.table, self.names = table, names
+        self.memo: dict[int, bool] = {}
 
-    def __len__(self) -> int:
-        return len(self.link)
-
-    @overload
-    def __getitem__(self, i: int) -> Procedure: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[Procedure]: ...
-
-    def __getitem__(self, i: int | slice) -> Procedure | Sequence[Procedure]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        return Procedure(int(self.e[i]), int(self.x[i]), self.link[i], self.shown[i],
-                         self.origin[i])
+    def __contains__(self, target: object) -> bool:
+        if not isinstance(target, int):
+            return False
+        got = self.memo.get(target)
+        if got is None:
+            e = self.table.entry
+            k = int(e.searchsorted(np.uint64(target))) if 0 <= target < 1 << 64 else len(e)
+            got = k < len(e) and int(e[k]) == target and is_no_return(
+                self.table.link_name(k), self.names)
+            self.memo[target] = got
+        return got
 
 
 class PreparedModule:
@@ -189,27 +189,22 @@ class PreparedModule:
                     lo = min(a for a, _ in s.ranges)
                     hi = max(b for _, b in s.ranges)
                     dwarf_entries.append((lo, hi, s.name, s.link_name or s.name))
-            procs = procedures(mod, extra_elves, dwarf_entries, demangle_names=demangle_all)
+            table = procedure_table(mod, extra_elves, dwarf_entries)
         finally:
             if dbg_mod is not None:
                 dbg_mod.close()
-        self.procs: Sequence[Procedure] = procs
+        self.table = table
+        self.procs: Sequence[Procedure] = table.procedures(True) if demangle_all else table
         self.demangled = demangle_all
         self.lines = dbg.lines if dbg is not None else _empty_lines()
-        noret_extra = dbg.info.noreturn_names if dbg is not None else set()
-        self.entry = np.array([p.entry for p in procs], dtype=np.uint64)
-        self.end = np.array([p.end for p in procs], dtype=np.uint64)
-        self.noret_addrs = {p.entry for p in procs if is_no_return(p.link_name, noret_extra)}
+        self.noret_names = set(dbg.info.noreturn_names) if dbg is not None else set()
+        self.entry = table.entry
+        self.end = table.end
+        self.noret_addrs = _NoReturn(table, self.noret_names)
         self.base = os.path.basename(mod.path)
-        entries = self.entry.tolist()
         # Inlined records per procedure (by the procedure containing each record's first range).
-        self.inl_by_proc: dict[int, list[int]] = defaultdict(list)
         self.inlined = dbg.info.inlined if dbg is not None else []
-        for k, rec in enumerate(self.inlined):
-            lo = min(a for a, _ in rec.ranges)
-            pi = bisect.bisect_right(entries, lo) - 1
-            if pi >= 0 and lo < procs[pi].end:
-                self.inl_by_proc[pi].append(k)
+        self._index_inlined()
         self.sub_names: dict[int, str] = {}
         if dbg is not None:
             for s in dbg.info.subprograms:
@@ -219,18 +214,12 @@ class PreparedModule:
 
     # -- the module-wide facts as flat arrays (structure/ondemand.py caches them) -----------
 
-    _ORIGINS = ("symbol", "plt", "fde", "dwarf", "section")
-
     def state(self) -> dict[str, npt.NDArray[Any]]:
         """Everything :meth:`build` needs but the ELF file itself, as arrays: a later run that
         touches new procedures of the module builds them without reading its symbol tables
         and DWARF again (libtorch_cpu.so's 441k symbols, libpython's DWARF: seconds each).
         Names are stored zlib-compressed (libtorch_cpu.so's mangled names: 38 MB raw)."""
-        import zlib
-
         procs = self.procs
-        origin = {o: k for k, o in enumerate(self._ORIGINS)}
-        link = [p.link_name for p in procs]
         shown = [p.name for p in procs] if self.demangled else []
         inl = self.inlined
         rptr = np.zeros(len(inl) + 1, dtype=np.int64)
@@ -239,16 +228,17 @@ class PreparedModule:
         sub_lo = sorted(self.sub_names)
 
         def blob(strings: list[str]) -> npt.NDArray[np.uint8]:
-            raw = "\0".join(strings).encode("utf-8", "surrogatepass")
+            return raw_blob("\0".join(strings).encode("utf-8", "surrogatepass"))
+
+        def raw_blob(raw: bytes) -> npt.NDArray[np.uint8]:
             return np.frombuffer(zlib.compress(raw, 1), dtype=np.uint8)
 
         return {
-            "entry": self.entry, "end": self.end,
-            "origin": np.array([origin.get(p.origin, 0) for p in procs], dtype=np.uint8),
-            "link": blob(link), "shown": blob(shown),
+            "entry": self.entry, "end": self.end, "origin": self.table.origin,
+            "link": raw_blob(self.table.names_blob()), "shown": blob(shown),
             "counts": np.array([len(procs), len(shown), len(inl), len(sub_lo),
                                 len(self.lines.files), int(self.demangled)], dtype=np.int64),
-            "noret": np.array(sorted(self.noret_addrs), dtype=np.uint64),
+            "noret_names": blob(sorted(self.noret_names)),
             "l_addr": self.lines.address, "l_file": self.lines.file,
             "l_line": self.lines.line, "l_files": blob(self.lines.files),
             "i_parent": np.array([r.parent for r in inl], dtype=np.int64),
@@ -262,8 +252,6 @@ class PreparedModule:
         }
 
     def _restore(self, st: dict[str, npt.NDArray[Any]]) -> None:
-        import zlib
-
         def unblob(a: npt.NDArray[Any], n: int) -> list[str]:
             if n == 0:
                 return []
@@ -272,15 +260,22 @@ class PreparedModule:
         n_procs, n_shown, n_inl, n_sub, n_files, demangled = (int(x) for x in st["counts"])
         self.entry = np.asarray(st["entry"], dtype=np.uint64)
         self.end = np.asarray(st["end"], dtype=np.uint64)
-        link = unblob(st["link"], n_procs)
-        shown = unblob(st["shown"], n_shown) if demangled else link
-        origin = [self._ORIGINS[k] for k in st["origin"].tolist()]
-        if not (len(self.entry) == len(self.end) == len(link) == len(shown) == len(origin)
-                == n_procs):
+        origin = np.asarray(st["origin"], dtype=np.uint8)
+        if not len(self.entry) == len(self.end) == len(origin) == n_procs:
             raise ValueError("inconsistent procedure table")
-        self.procs = _ProcTable(self.entry, self.end, link, shown, origin)
+        self.table = ProcedureTable.from_blob(self.entry, self.end, origin,
+                                              zlib.decompress(st["link"].tobytes()))
         self.demangled = bool(demangled)
-        self.noret_addrs = set(st["noret"].tolist())
+        self.procs = self.table
+        if demangled:
+            shown = unblob(st["shown"], n_shown)
+            if len(shown) != n_procs:
+                raise ValueError("inconsistent procedure table")
+            self.procs = [Procedure(p.entry, p.end, p.link_name, nm, p.origin)
+                          for p, nm in zip(self.table.procedures(False), shown, strict=True)]
+        self.noret_names = set(zlib.decompress(st["noret_names"].tobytes()).decode(
+            "utf-8", "surrogatepass").split("\0")) - {""}
+        self.noret_addrs = _NoReturn(self.table, self.noret_names)
         self.lines = LineTable(np.asarray(st["l_addr"], dtype=np.uint64),
                                np.asarray(st["l_file"], dtype=np.int32),
                                np.asarray(st["l_line"], dtype=np.int32),
@@ -297,14 +292,20 @@ class PreparedModule:
         self.sub_names = dict(zip(st["s_lo"].tolist(), unblob(st["s_names"], n_sub),
                                   strict=True))
         self.base = os.path.basename(self.mod.path)
-        self.inl_by_proc = defaultdict(list)
-        entries = self.entry.tolist()
-        for k, rec in enumerate(self.inlined):
-            first = min(a for a, _ in rec.ranges)
-            pi = bisect.bisect_right(entries, first) - 1
-            if pi >= 0 and first < int(self.end[pi]):
-                self.inl_by_proc[pi].append(k)
+        self._index_inlined()
         self.reader = _SectionReader(self.mod)
+
+    def _index_inlined(self) -> None:
+        """Inlined records per procedure: the one containing each record's first range."""
+        self.inl_by_proc: dict[int, list[int]] = defaultdict(list)
+        if not self.inlined:
+            return
+        first = np.array([min(a for a, _ in rec.ranges) for rec in self.inlined], np.uint64)
+        pi = np.searchsorted(self.entry, first, side="right").astype(np.int64) - 1
+        ok = pi >= 0
+        ok &= first < self.end[np.maximum(pi, 0)]
+        for k, p in zip(np.flatnonzero(ok).tolist(), pi[ok].tolist(), strict=True):
+            self.inl_by_proc[p].append(k)
 
     def groups(self, selection: npt.NDArray[np.int64] | None = None
                ) -> tuple[list[str], dict[str, list[int]]]:
@@ -445,7 +446,7 @@ def _lines_at(lines: LineTable, addrs: npt.NDArray[np.uint64]) -> tuple[
 
 def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pline: int,
                 fname: str, lines: LineTable, inlined: list[Inlined], inl_ids: list[int],
-                reader: _SectionReader, noret: set[int], base: str) -> None:
+                reader: _SectionReader, noret: _NoReturn, base: str) -> None:
     lo, hi = p.entry, p.end
     sec = next(s for s in reader.mod.text_sections if s.addr <= lo < s.addr + s.size)
     code = decode(sec.data, sec.addr, lo, hi)

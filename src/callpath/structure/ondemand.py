@@ -46,7 +46,7 @@ from callpath.structure.driver import (
 from callpath.structure.model import Structure, StructureBuilder, concat_structures
 
 #: Bumped whenever the entry's layout changes (the analysis version is checked too).
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _FORMAT = "callpath on-demand structure"
 
 
