@@ -35,7 +35,12 @@ from callpath.structure.jump_tables import resolve_tables
 from callpath.structure.model import Kind, Structure, StructureBuilder, concat_structures
 from callpath.structure.noreturn import is_no_return
 from callpath.structure.parallel import fork_map
-from callpath.structure.symbols import Procedure, ProcedureTable, procedure_table
+from callpath.structure.symbols import (
+    Procedure,
+    ProcedureTable,
+    procedure_table,
+    symbol_candidates,
+)
 
 
 @dataclass
@@ -43,6 +48,11 @@ class Debug:
     lines: LineTable
     info: DebugInfo
     source: str  # the file the DWARF came from
+    #: the code each unit covers, sorted by ``lo`` (:meth:`DwarfReader.unit_ranges`); units of
+    #: unknown extent as ``[0, 2**64)``
+    cu_lo: npt.NDArray[np.uint64]
+    cu_hi: npt.NDArray[np.uint64]
+    cu_key: npt.NDArray[np.int64]
 
 
 def _empty_lines() -> LineTable:
@@ -50,8 +60,13 @@ def _empty_lines() -> LineTable:
                      {})
 
 
-def read_debug(mod: ElfModule) -> Debug | None:
-    """DWARF lines and inlining of ``mod``, from itself or its separate debug file."""
+def read_debug(mod: ElfModule, near: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]
+               | None = None) -> Debug | None:
+    """DWARF lines and inlining of ``mod``, from itself or its separate debug file: of every
+    unit, or, with ``near`` (sorted disjoint ``[lo, hi)`` address ranges), only of the units
+    whose code meets them (and those of unknown extent), and in those only the subprograms
+    whose code does: libpython's and libc's DWARF whole was seconds for a few hundred
+    procedures."""
     src: ElfModule | None = mod if mod.has_dwarf() else None
     opened: list[ElfModule] = []
     try:
@@ -78,12 +93,24 @@ def read_debug(mod: ElfModule) -> Debug | None:
 
         reader = DwarfReader(src.path, get, alt.section_bytes if alt is not None else None,
                              open_dwo)
-        units = reader.units()
+        unknown, spans = reader.unit_ranges()
+        top = np.uint64(np.iinfo(np.uint64).max)
+        cu_lo = np.array([a for a, _, _ in spans] + [0] * len(unknown), dtype=np.uint64)
+        cu_hi = np.array([b for _, b, _ in spans] + [top] * len(unknown), dtype=np.uint64)
+        cu_key = np.array([k for _, _, k in spans] + unknown, dtype=np.int64)
+        order = np.argsort(cu_lo, kind="stable")
+        cu_lo, cu_hi, cu_key = cu_lo[order], cu_hi[order], cu_key[order]
+        only: set[int] | None = None
+        if near is not None:
+            sel = _overlaps(cu_lo, cu_hi, *near)
+            only = set(cu_key[sel].tolist()) | set(unknown)
+            reader.near = (near[0].tolist(), near[1].tolist())
+        units = reader.units(only)
         lines = decode_line_tables(get(".debug_line") or b"", units, path=src.path,
                                    debug_str=get(".debug_str"),
                                    debug_line_str=get(".debug_line_str"))
-        info = reader.read(lines.file_of)
-        return Debug(lines, info, src.path)
+        info = reader.read(lines.file_of, only)
+        return Debug(lines, info, src.path, cu_lo, cu_hi, cu_key)
     finally:
         for m in opened:
             if m is not mod:
@@ -170,47 +197,107 @@ class PreparedModule:
     few thousand procedures does not need).
     """
 
+    partial: bool
+    table: ProcedureTable
+    procs: Sequence[Procedure]
+    entry: npt.NDArray[np.uint64]
+    end: npt.NDArray[np.uint64]
+    cu_lo: npt.NDArray[np.uint64]
+    cu_hi: npt.NDArray[np.uint64]
+    cu_key: npt.NDArray[np.int64]
+    unit_noreturn: dict[int, set[str]]
+    sub_names: dict[int, str]
+
     def __init__(self, mod: ElfModule, *, demangle_all: bool = True,
-                 state: dict[str, npt.NDArray[Any]] | None = None) -> None:
+                 state: dict[str, npt.NDArray[Any]] | None = None,
+                 near: npt.NDArray[np.uint64] | None = None) -> None:
         self.mod = mod
+        #: read only the DWARF units that hold code near ``near`` (:meth:`covers`)
+        self.partial = False
         if state is not None:
             self._restore(state)
             return
-        dbg = read_debug(mod)
-        extra_elves = []
         dbg_mod = None
-        if dbg is not None and dbg.source != mod.path:
-            dbg_mod = open_elf(dbg.source, require_code=False)
-            extra_elves.append(dbg_mod.elf)
+        if not mod.has_dwarf():
+            path = find_debug_file(mod)
+            if path is not None:
+                dbg_mod = open_elf(path, require_code=False)
+                if not dbg_mod.has_dwarf():
+                    dbg_mod.close()
+                    dbg_mod = None
         try:
+            extra_elves = [dbg_mod.elf] if dbg_mod is not None else []
+            base = symbol_candidates(mod, extra_elves)
+            around = None
+            if near is not None and (base.origin == 0).any() and (
+                    dbg_mod is not None or mod.has_dwarf()):
+                # With symbols, the procedure holding an address lies between the symbols
+                # around it; DWARF can only add entries there, from the units covering it.
+                around = _around(base.entry, np.unique(np.asarray(near, dtype=np.uint64)))
+                self.partial = True
+                self.span_lo, self.span_hi = around
+            dbg = read_debug(mod, around)
             dwarf_entries = []
             if dbg is not None:
                 for s in dbg.info.subprograms:
-                    lo = min(a for a, _ in s.ranges)
-                    hi = max(b for _, b in s.ranges)
-                    dwarf_entries.append((lo, hi, s.name, s.link_name or s.name))
-            table = procedure_table(mod, extra_elves, dwarf_entries)
+                    lo_ = min(a for a, _ in s.ranges)
+                    hi_ = max(b for _, b in s.ranges)
+                    dwarf_entries.append((lo_, hi_, s.name, s.link_name or s.name))
+            table = procedure_table(mod, extra_elves, dwarf_entries, base=base)
         finally:
             if dbg_mod is not None:
                 dbg_mod.close()
         self.table = table
-        self.procs: Sequence[Procedure] = table.procedures(True) if demangle_all else table
+        self.procs = table.procedures(True) if demangle_all else table
         self.demangled = demangle_all
         self.lines = dbg.lines if dbg is not None else _empty_lines()
-        self.noret_names = set(dbg.info.noreturn_names) if dbg is not None else set()
         self.entry = table.entry
         self.end = table.end
-        self.noret_addrs = _NoReturn(table, self.noret_names)
+        if dbg is not None:
+            self.cu_lo, self.cu_hi, self.cu_key = dbg.cu_lo, dbg.cu_hi, dbg.cu_key
+            self.unit_noreturn = dbg.info.unit_noreturn
+        else:
+            self.cu_lo = self.cu_hi = np.zeros(0, np.uint64)
+            self.cu_key = np.zeros(0, np.int64)
+            self.unit_noreturn = {}
+        self._noret: dict[tuple[int, ...], _NoReturn] = {}
         self.base = os.path.basename(mod.path)
         # Inlined records per procedure (by the procedure containing each record's first range).
         self.inlined = dbg.info.inlined if dbg is not None else []
         self._index_inlined()
-        self.sub_names: dict[int, str] = {}
+        self.sub_names = {}
         if dbg is not None:
             for s in dbg.info.subprograms:
-                for lo, _hi in s.ranges:
-                    self.sub_names.setdefault(lo, s.name)
+                for lo_, _hi in s.ranges:
+                    self.sub_names.setdefault(lo_, s.name)
         self.reader = _SectionReader(mod)
+
+    def covers(self, addrs: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+        """Whether the procedure holding each address is known exactly here: always when the
+        whole DWARF was read, else where the address lies between the symbols around one of
+        the addresses it was prepared for."""
+        if not self.partial:
+            return np.ones(len(addrs), dtype=bool)
+        k = np.searchsorted(self.span_lo, addrs, side="right").astype(np.int64) - 1
+        ok = k >= 0
+        return ok & (addrs < self.span_hi[np.maximum(k, 0)])
+
+    def noreturn_for(self, entry: int) -> _NoReturn:
+        """The no-return callees as seen from the procedure at ``entry``: those named in
+        :data:`~callpath.structure.noreturn.NO_RETURN` and those its own units (the units
+        whose code covers its entry) mark ``DW_AT_noreturn``. The caller's units, not all of
+        the module's: what the compiler of the call knew, and what a build of only the
+        procedures near the sampled addresses can read."""
+        e = np.uint64(entry)
+        hit = (self.cu_lo <= e) & (self.cu_hi > e)
+        keys = tuple(sorted(set(self.cu_key[hit].tolist()))) if len(self.cu_lo) else ()
+        got = self._noret.get(keys)
+        if got is None:
+            names: set[str] = set()
+            for k in keys:
+                names |= self.unit_noreturn.get(k, set())
+            got = self._noret[keys] = _NoReturn(self.table, names)
+        return got
 
     # -- the module-wide facts as flat arrays (structure/ondemand.py caches them) -----------
 
@@ -238,7 +325,9 @@ class PreparedModule:
             "link": raw_blob(self.table.names_blob()), "shown": blob(shown),
             "counts": np.array([len(procs), len(shown), len(inl), len(sub_lo),
                                 len(self.lines.files), int(self.demangled)], dtype=np.int64),
-            "noret_names": blob(sorted(self.noret_names)),
+            "cu_lo": self.cu_lo, "cu_hi": self.cu_hi, "cu_key": self.cu_key,
+            "noret_names": blob(sorted(f"{k}\t{nm}" for k, names in self.unit_noreturn.items()
+                                       for nm in names)),
             "l_addr": self.lines.address, "l_file": self.lines.file,
             "l_line": self.lines.line, "l_files": blob(self.lines.files),
             "i_parent": np.array([r.parent for r in inl], dtype=np.int64),
@@ -273,9 +362,16 @@ class PreparedModule:
                 raise ValueError("inconsistent procedure table")
             self.procs = [Procedure(p.entry, p.end, p.link_name, nm, p.origin)
                           for p, nm in zip(self.table.procedures(False), shown, strict=True)]
-        self.noret_names = set(zlib.decompress(st["noret_names"].tobytes()).decode(
-            "utf-8", "surrogatepass").split("\0")) - {""}
-        self.noret_addrs = _NoReturn(self.table, self.noret_names)
+        self.cu_lo = np.asarray(st["cu_lo"], dtype=np.uint64)
+        self.cu_hi = np.asarray(st["cu_hi"], dtype=np.uint64)
+        self.cu_key = np.asarray(st["cu_key"], dtype=np.int64)
+        self.unit_noreturn = {}
+        for item in zlib.decompress(st["noret_names"].tobytes()).decode(
+                "utf-8", "surrogatepass").split("\0"):
+            if item:
+                k, nm = item.split("\t", 1)
+                self.unit_noreturn.setdefault(int(k), set()).add(nm)
+        self._noret = {}
         self.lines = LineTable(np.asarray(st["l_addr"], dtype=np.uint64),
                                np.asarray(st["l_file"], dtype=np.int32),
                                np.asarray(st["l_line"], dtype=np.int32),
@@ -341,7 +437,8 @@ class PreparedModule:
                 name = p.name if self.demangled else demangle(p.name)
                 display = self.sub_names.get(p.entry, name) if p.origin != "plt" else name
                 _build_proc(b, fscope, p, display, int(pl), fname, lines, self.inlined,
-                            self.inl_by_proc.get(i, []), self.reader, self.noret_addrs,
+                            self.inl_by_proc.get(i, []), self.reader,
+                            self.noreturn_for(p.entry),
                             self.base)
                 done += 1
                 if progress is not None and done % 256 == 0:
@@ -435,6 +532,38 @@ class _SectionReader:
                     self.cache[lo] = data
                 return data[off:min(off + n, size)]
         return None
+
+
+def _around(entries: npt.NDArray[np.uint64], addrs: npt.NDArray[np.uint64]
+            ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """Per address (sorted), ``[previous entry, next entry)`` (``[0, ...)`` before the first,
+    ``[..., 2**64 - 1)`` after the last), overlapping spans merged: sorted, disjoint."""
+    top = np.uint64(np.iinfo(np.uint64).max)
+    k = np.searchsorted(entries, addrs, side="right").astype(np.int64) - 1
+    lo = np.where(k >= 0, entries[np.maximum(k, 0)] if len(entries) else 0, 0).astype(np.uint64)
+    nxt = k + 1
+    hi = np.where(nxt < len(entries), entries[np.minimum(nxt, max(len(entries) - 1, 0))]
+                  if len(entries) else top, top).astype(np.uint64)
+    if len(lo) == 0:
+        return lo, hi
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], hi[order]
+    run_hi = np.maximum.accumulate(hi)
+    start = np.ones(len(lo), dtype=bool)
+    start[1:] = lo[1:] > run_hi[:-1]
+    ends = np.append(np.flatnonzero(start)[1:], len(lo)) - 1
+    return lo[start], run_hi[ends]
+
+
+def _overlaps(a_lo: npt.NDArray[np.uint64], a_hi: npt.NDArray[np.uint64],
+              b_lo: npt.NDArray[np.uint64], b_hi: npt.NDArray[np.uint64]
+              ) -> npt.NDArray[np.bool_]:
+    """Per range ``a``, whether it meets one of the sorted disjoint ranges ``b``."""
+    if len(b_lo) == 0:
+        return np.zeros(len(a_lo), dtype=bool)
+    j = np.searchsorted(b_lo, a_hi, side="left").astype(np.int64) - 1
+    ok = j >= 0
+    return ok & (b_hi[np.maximum(j, 0)] > a_lo) & (a_hi > a_lo)
 
 
 def _lines_at(lines: LineTable, addrs: npt.NDArray[np.uint64]) -> tuple[

@@ -347,19 +347,28 @@ def procedures(mod: ElfModule, extra_symbol_elves: list[Any] | None = None,
 
 
 def procedure_table(mod: ElfModule, extra_symbol_elves: list[Any] | None = None,
-                    dwarf_entries: list[tuple[int, int, str, str]] | None = None
-                    ) -> ProcedureTable:
+                    dwarf_entries: list[tuple[int, int, str, str]] | None = None, *,
+                    base: SymbolCandidates | None = None) -> ProcedureTable:
     """:func:`procedures` as a :class:`ProcedureTable`: the best symbol per entry, DWARF
     subprograms no symbol names, FDEs (only without symbols) and the ``.init``/``.fini``
-    sections; ends cut at the next entry."""
-    base = _best_symbols_fast(mod, extra_symbol_elves or [])
+    sections; ends cut at the next entry. ``base``: :func:`symbol_candidates` of the same
+    files, when already read."""
     if base is None:
-        base = _best_symbols_slow(mod, extra_symbol_elves or [])
+        base = symbol_candidates(mod, extra_symbol_elves)
     return _finish(mod, base, dwarf_entries)
 
 
+def symbol_candidates(mod: ElfModule, extra_symbol_elves: list[Any] | None = None
+                      ) -> SymbolCandidates:
+    """The best symbol or PLT stub per entry (``origin`` 0 for symbols, 1 for stubs)."""
+    base = _best_symbols_fast(mod, extra_symbol_elves or [])
+    if base is None:
+        base = _best_symbols_slow(mod, extra_symbol_elves or [])
+    return base
+
+
 @dataclass
-class _Base:
+class SymbolCandidates:
     """Candidates as arrays, one per entry, sorted by entry."""
 
     entry: npt.NDArray[np.uint64]
@@ -371,7 +380,7 @@ class _Base:
     blobs: list[bytes]
 
 
-def _from_cands(cands: list[_Cand], blobs: list[bytes]) -> _Base:
+def _from_cands(cands: list[_Cand], blobs: list[bytes]) -> SymbolCandidates:
     """Candidates (distinct entries) as arrays, their names joined into one more blob."""
     cands = sorted(cands, key=lambda c: c.entry)
     raw = [c.name.encode("utf-8", "surrogatepass") for c in cands]
@@ -379,14 +388,14 @@ def _from_cands(cands: list[_Cand], blobs: list[bytes]) -> _Base:
     nlo = np.zeros(len(raw), np.int64)
     if len(raw):
         nlo[1:] = np.cumsum(lens + 1)[:-1]
-    return _Base(np.array([c.entry for c in cands], dtype=np.uint64),
+    return SymbolCandidates(np.array([c.entry for c in cands], dtype=np.uint64),
                  np.array([c.size for c in cands], dtype=np.uint64),
                  np.array([ORIGINS.index(c.origin) for c in cands], dtype=np.uint8),
                  np.full(len(raw), len(blobs), np.int32), nlo, nlo + lens,
                  [*blobs, b"\0".join(raw)])
 
 
-def _best_symbols_slow(mod: ElfModule, extra: list[Any]) -> _Base:
+def _best_symbols_slow(mod: ElfModule, extra: list[Any]) -> SymbolCandidates:
     secs = mod.text_sections
     cands = function_symbols(mod.elf, mod.path)
     for e in extra:
@@ -406,7 +415,7 @@ def _best_symbols_slow(mod: ElfModule, extra: list[Any]) -> _Base:
     return _from_cands(list(best.values()), [])
 
 
-def _finish(mod: ElfModule, base: _Base,
+def _finish(mod: ElfModule, base: SymbolCandidates,
             dwarf_entries: list[tuple[int, int, str, str]] | None) -> ProcedureTable:
     secs = mod.text_sections
 
@@ -501,7 +510,7 @@ def _header_bytes(mod: ElfModule, c: Any) -> bytes | None:
     return data
 
 
-def _best_symbols_fast(mod: ElfModule, extra: list[Any]) -> _Base | None:
+def _best_symbols_fast(mod: ElfModule, extra: list[Any]) -> SymbolCandidates | None:
     """The best candidate per entry, as :func:`_best_symbols_slow` chooses it (least
     ``(rank, len(name), name)``, the first seen among equals), with the symbol tables read and
     ranked as numpy arrays: a Python object per symbol was seconds for libtorch_cpu.so's 441k
@@ -618,5 +627,5 @@ def _best_symbols_fast(mod: ElfModule, extra: list[Any]) -> _Base | None:
                 best = min(range(len(group)), key=lambda x: group[x].decode("utf-8", "replace"))
                 win[at] = h + best
     origin = np.where(c["src"][win] == plt_src, 1, 0).astype(np.uint8)
-    return _Base(c["entry"][win], c["size"][win], origin, c["src"][win].astype(np.int32),
+    return SymbolCandidates(c["entry"][win], c["size"][win], origin, c["src"][win].astype(np.int32),
                  nlo[win], nhi[win], blobs)
