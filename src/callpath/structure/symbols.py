@@ -268,6 +268,9 @@ def fde_ranges(mod: ElfModule) -> list[tuple[int, int]]:
         raise FormatError(mod.path, f"corrupt .eh_frame: {e}") from None
 
 
+#: A file range: (path, offset, size).
+Where = tuple[str, int, int]
+
 #: ``ProcedureTable.origin`` codes.
 ORIGINS = ("symbol", "plt", "fde", "dwarf", "section")
 
@@ -284,9 +287,11 @@ class ProcedureTable(Sequence[Procedure]):
     def __init__(self, entry: npt.NDArray[np.uint64], end: npt.NDArray[np.uint64],
                  origin: npt.NDArray[np.uint8], blobs: list[bytes],
                  src: npt.NDArray[np.int32], nlo: npt.NDArray[np.int64],
-                 nhi: npt.NDArray[np.int64]) -> None:
+                 nhi: npt.NDArray[np.int64], wheres: list[Where | None] | None = None) -> None:
         self.entry, self.end, self.origin = entry, end, origin
         self.blobs, self.src, self.nlo, self.nhi = blobs, src, nlo, nhi
+        #: per blob, the file range it is a copy of (a string table), if it is one
+        self.wheres: list[Where | None] = wheres or [None] * len(blobs)
 
     def __len__(self) -> int:
         return len(self.entry)
@@ -378,9 +383,11 @@ class SymbolCandidates:
     nlo: npt.NDArray[np.int64]
     nhi: npt.NDArray[np.int64]
     blobs: list[bytes]
+    wheres: list[Where | None]
 
 
-def _from_cands(cands: list[_Cand], blobs: list[bytes]) -> SymbolCandidates:
+def _from_cands(cands: list[_Cand], blobs: list[bytes], wheres: list[Where | None]
+                ) -> SymbolCandidates:
     """Candidates (distinct entries) as arrays, their names joined into one more blob."""
     cands = sorted(cands, key=lambda c: c.entry)
     raw = [c.name.encode("utf-8", "surrogatepass") for c in cands]
@@ -392,7 +399,7 @@ def _from_cands(cands: list[_Cand], blobs: list[bytes]) -> SymbolCandidates:
                  np.array([c.size for c in cands], dtype=np.uint64),
                  np.array([ORIGINS.index(c.origin) for c in cands], dtype=np.uint8),
                  np.full(len(raw), len(blobs), np.int32), nlo, nlo + lens,
-                 [*blobs, b"\0".join(raw)])
+                 [*blobs, b"\0".join(raw)], [*wheres, None])
 
 
 def _best_symbols_slow(mod: ElfModule, extra: list[Any]) -> SymbolCandidates:
@@ -412,7 +419,7 @@ def _best_symbols_slow(mod: ElfModule, extra: list[Any]) -> SymbolCandidates:
         old = best.get(c.entry)
         if old is None or (c.rank, len(c.name), c.name) < (old.rank, len(old.name), old.name):
             best[c.entry] = c
-    return _from_cands(list(best.values()), [])
+    return _from_cands(list(best.values()), [], [])
 
 
 def _finish(mod: ElfModule, base: SymbolCandidates,
@@ -439,7 +446,7 @@ def _finish(mod: ElfModule, base: SymbolCandidates,
         if s.name in (".init", ".fini") and s.addr not in added and not in_base(s.addr):
             added[s.addr] = _Cand(s.addr, s.size, s.name.lstrip("._"), (7, 0, 0, 0), "section")
     if added:
-        more = _from_cands(list(added.values()), base.blobs)
+        more = _from_cands(list(added.values()), base.blobs, base.wheres)
         entries = np.concatenate([base.entry, more.entry])
         order = np.argsort(entries, kind="stable")
         entries = entries[order]
@@ -448,10 +455,10 @@ def _finish(mod: ElfModule, base: SymbolCandidates,
         src = np.concatenate([base.src, more.src])[order]
         nlo = np.concatenate([base.nlo, more.nlo])[order]
         nhi = np.concatenate([base.nhi, more.nhi])[order]
-        blobs = more.blobs
+        blobs, wheres = more.blobs, more.wheres
     else:
         entries, size, origin = base.entry, base.size, base.origin
-        src, nlo, nhi, blobs = base.src, base.nlo, base.nhi, base.blobs
+        src, nlo, nhi, blobs, wheres = base.src, base.nlo, base.nhi, base.blobs, base.wheres
     sec_lo = np.array([s.addr for s in secs], dtype=np.uint64)
     sec_hi = np.array([s.addr + s.size for s in secs], dtype=np.uint64)
     # every entry is in a text section (candidates outside were dropped): the section's end,
@@ -463,17 +470,19 @@ def _finish(mod: ElfModule, base: SymbolCandidates,
     end = np.where(size > 0, np.minimum(entries + size, limit), limit)
     end = np.maximum(end, entries + np.uint64(1)).astype(np.uint64)
     return ProcedureTable(entries.astype(np.uint64), end, origin.astype(np.uint8), blobs,
-                          src.astype(np.int32), nlo.astype(np.int64), nhi.astype(np.int64))
+                          src.astype(np.int32), nlo.astype(np.int64), nhi.astype(np.int64),
+                          wheres)
 
 
-def _symbol_tables(mod: ElfModule, elf: Any) -> list[tuple[int, bytes, bytes]] | None:
-    """``(rank, symbols, string table)`` of ``.symtab`` (rank 0) and ``.dynsym`` (rank 1),
-    from the section headers read directly when ``elf`` is the module's own (pyelftools makes
-    an object of every section to find one by name, parsing the GNU hash table too); None
-    for other than 64-bit little-endian files."""
+def _symbol_tables(mod: ElfModule, elf: Any
+                   ) -> list[tuple[int, bytes, bytes, Where | None]] | None:
+    """``(rank, symbols, string table, where that is in a file)`` of ``.symtab`` (rank 0) and
+    ``.dynsym`` (rank 1), from the section headers read directly when ``elf`` is the
+    module's own (pyelftools makes an object of every section to find one by name, parsing
+    the GNU hash table too); None for other than 64-bit little-endian files."""
     if getattr(elf, "elfclass", 64) != 64 or not getattr(elf, "little_endian", True):
         return None
-    out = []
+    out: list[tuple[int, bytes, bytes, Where | None]] = []
     h = mod.headers if elf is mod.elf else None
     for tab_rank, secname in enumerate((".symtab", ".dynsym")):
         if h is not None:
@@ -485,15 +494,21 @@ def _symbol_tables(mod: ElfModule, elf: Any) -> list[tuple[int, bytes, bytes]] |
             elif c.type not in (2, 11):  # not SHT_SYMTAB / SHT_DYNSYM
                 continue
             else:
-                raw_, strtab_ = _header_bytes(mod, c), _header_bytes(mod, h.sections[c.link])
+                sc = h.sections[c.link]
+                raw_, strtab_ = _header_bytes(mod, c), _header_bytes(mod, sc)
                 if raw_ is not None and strtab_ is not None:
-                    out.append((tab_rank, raw_, strtab_))
+                    out.append((tab_rank, raw_, strtab_, (mod.path, sc.offset, sc.size)))
                     continue
                 h = None
         sec = elf.get_section_by_name(secname)
         if sec is None or sec["sh_type"] == "SHT_NOBITS" or not hasattr(sec, "iter_symbols"):
             continue
-        out.append((tab_rank, bytes(sec.data()), bytes(elf.get_section(sec["sh_link"]).data())))
+        st = elf.get_section(sec["sh_link"])
+        path = getattr(elf.stream, "name", None)
+        where = None
+        if isinstance(path, str) and not int(st["sh_flags"]) & 0x800:  # not SHF_COMPRESSED
+            where = (path, int(st["sh_offset"]), int(st["sh_size"]))
+        out.append((tab_rank, bytes(sec.data()), bytes(st.data()), where))
     return out
 
 
@@ -518,6 +533,7 @@ def _best_symbols_fast(mod: ElfModule, extra: list[Any]) -> SymbolCandidates | N
     path) for other than 64-bit little-endian files or string tables with non-ASCII bytes
     (where a name's length in characters is not its length in bytes)."""
     blobs: list[bytes] = []
+    wheres: list[Where | None] = []
     offs: list[npt.NDArray[np.int64]] = []
     cols: dict[str, list[npt.NDArray[Any]]] = {k: [] for k in (
         "entry", "size", "r0", "r1", "r2", "r3", "nlen", "src", "idx")}
@@ -526,7 +542,7 @@ def _best_symbols_fast(mod: ElfModule, extra: list[Any]) -> SymbolCandidates | N
             tabs = _symbol_tables(mod, elf)
             if tabs is None:
                 return None
-            for tab_rank, raw, strtab in tabs:
+            for tab_rank, raw, strtab, where in tabs:
                 st = np.frombuffer(strtab, dtype=np.uint8)
                 if (st >= 128).any():
                     return None
@@ -558,6 +574,7 @@ def _best_symbols_fast(mod: ElfModule, extra: list[Any]) -> SymbolCandidates | N
                 cols["src"].append(np.full(len(sel), len(blobs), np.int64))
                 cols["idx"].append(np.arange(len(sel), dtype=np.int64))
                 blobs.append(strtab)
+                wheres.append(where)
                 offs.append(np.stack([noff, nend]))
         except (ValueError, IndexError, KeyError) as e:
             raise FormatError(mod.path, f"corrupt symbol table: {e}") from None
@@ -573,6 +590,7 @@ def _best_symbols_fast(mod: ElfModule, extra: list[Any]) -> SymbolCandidates | N
         lo = np.zeros(len(plt), np.int64)
         lo[1:] = np.cumsum(lens + 1)[:-1]
         blobs.append(b"\0".join(raw_names))
+        wheres.append(None)
         offs.append(np.stack([lo, lo + lens]))
         cols["entry"].append(np.array([c.entry for c in plt], dtype=np.uint64))
         cols["size"].append(np.array([c.size for c in plt], dtype=np.uint64))
@@ -582,7 +600,7 @@ def _best_symbols_fast(mod: ElfModule, extra: list[Any]) -> SymbolCandidates | N
         cols["src"].append(np.full(len(plt), plt_src, np.int64))
         cols["idx"].append(np.arange(len(plt), dtype=np.int64))
     if not cols["entry"]:
-        return _from_cands([], [])
+        return _from_cands([], [], [])
     c = {k: np.concatenate(v) for k, v in cols.items()}
     secs = mod.text_sections
     sec_lo = np.array([s.addr for s in secs], dtype=np.uint64)
@@ -628,4 +646,4 @@ def _best_symbols_fast(mod: ElfModule, extra: list[Any]) -> SymbolCandidates | N
                 win[at] = h + best
     origin = np.where(c["src"][win] == plt_src, 1, 0).astype(np.uint8)
     return SymbolCandidates(c["entry"][win], c["size"][win], origin, c["src"][win].astype(np.int32),
-                 nlo[win], nhi[win], blobs)
+                 nlo[win], nhi[win], blobs, wheres)
