@@ -544,7 +544,7 @@ def _best_symbols_fast(mod: ElfModule, extra: list[Any]) -> SymbolCandidates | N
                 return None
             for tab_rank, raw, strtab, where in tabs:
                 st = np.frombuffer(strtab, dtype=np.uint8)
-                if (st >= 128).any():
+                if len(st) and int(st.max()) >= 128:  # (a comparison: 0.17 s on 76 MB)
                     return None
                 dt = _sym64()
                 syms = np.frombuffer(raw, dt, count=len(raw) // dt.itemsize)
