@@ -195,6 +195,11 @@ class PreparedModule:
     ``demangle_all`` False leaves procedure names undemangled until a procedure is built
     (libtorch_cpu.so has 380k C++ symbols: demangling them all is seconds that a build of a
     few thousand procedures does not need).
+
+    ``near`` (addresses): where the module has symbols and DWARF, read only the DWARF whose
+    code lies between the symbols around those addresses (:attr:`partial`): the procedures
+    holding them get exactly the scopes a whole read gives (their entries, ends, names,
+    lines, inlining and their units' no-return callees all come from there); others may not.
     """
 
     partial: bool
