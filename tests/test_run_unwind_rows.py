@@ -64,9 +64,26 @@ def test_cached_rows_are_the_compiled_rows(tmp_path: Path) -> None:
     got2 = [(c2.table.key(r), s) for r, s in (c2.row_source(later, pc) for pc in pcs)]
     assert got2 == expect
     assert later._fde_starts is None, "a cached pc made the unwinder read the CFI"
+    # pcs no run has seen in functions a run has seen: the rows kept by address range
+    assert plain._fde_starts is not None
+    others = []
+    for start in plain._fde_starts[::5]:
+        fde = plain.fde_for(start)
+        end = start + int(fde.header["address_range"]) if fde is not None else start
+        others += [start + d for d in (1, 6, 11, 17) if start + d < end]
+    # those whose rows come from CFI (not a PLT stub's, a signal frame's or a recipe)
+    others = [pc for pc in others if (got := ref.row_source(plain, pc))[1] == cfi.SRC_CFI
+              and got[0] != 0]
+    assert len(others) > 1000
+    want = [(ref.table.key(r), s) for r, s in (ref.row_source(plain, pc) for pc in others)]
+    c4 = cfi.Compiler(cfi.RowTable(), cache=cfi.RowCache(tmp_path, "cfi"))
+    got4 = [(c4.table.key(r), s) for r, s in (c4.row_source(later, pc) for pc in others)]
+    assert got4 == want
+    assert later._fde_starts is None, "a pc in a cached function made the unwinder read CFI"
     # another unwinding mode does not take these rows
     c3 = cfi.Compiler(cfi.RowTable(), cache=cfi.RowCache(tmp_path, "cfi-only"))
     assert c3.cache is not None and c3.cache.source(later, pcs[0]) is None
+    assert c3.cache.interval(later, pcs[0]) is None
 
 
 def test_rows_of_two_processes_are_merged(tmp_path: Path) -> None:
@@ -84,7 +101,8 @@ def test_rows_of_two_processes_are_merged(tmp_path: Path) -> None:
     a.cache.save()
     b.cache.save()
     fresh = cfi.RowCache(tmp_path, "cfi")
-    assert all(fresh.source(elf, pc) is not None for pc in pcs)
+    assert all(fresh.source(elf, pc) is not None or fresh.interval(elf, pc) is not None
+               for pc in pcs)
 
 
 def _readelf(args: list[str], path: str) -> str:

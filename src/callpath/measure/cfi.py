@@ -121,6 +121,10 @@ class RowCache:
         # per module path: (file, source rows {pc: (key, src)}, recipe rows {pc: key}, new?)
         self._mods: dict[str, tuple[Path, dict[int, tuple[tuple[int, ...], int]],
                                     dict[int, tuple[int, ...]], list[bool]]] = {}
+        #: per module path: CFI rows by address range (every row of each FDE compiled), so
+        #: that a pc no run has seen in a function some run has seen costs no pyelftools
+        #: (each run of a PyTorch loop samples new pcs in the same MKL kernels)
+        self._ivals: dict[str, _Intervals] = {}
 
     def _expect(self) -> dict[str, object]:
         return {"format": _ROWS_FORMAT, "version": ROWS_VERSION, "mode": self.mode}
@@ -130,13 +134,18 @@ class RowCache:
         assert self.directory is not None
         return self.directory / cache_name(elf.path, elf.build_id).replace(".npz", ".rows")
 
-    def _read(self, file: Path) -> tuple[dict[int, tuple[tuple[int, ...], int]],
-                                         dict[int, tuple[int, ...]]]:
+    def _read(self, file: Path, ivals: _Intervals | None = None
+              ) -> tuple[dict[int, tuple[tuple[int, ...], int]], dict[int, tuple[int, ...]]]:
         from callpath.structure import store
         data = store.load_arrays(file, self._expect())
         if data is None:
             return {}, {}
         a = data[1]
+        if ivals is not None and "ilo" in a and "ihi" in a and "irows" in a \
+                and a["irows"].size == len(a["ilo"]) * _NCOL == len(a["ihi"]) * _NCOL:
+            for lo, hi, r in zip(a["ilo"].tolist(), a["ihi"].tolist(),
+                                 a["irows"].reshape(-1, _NCOL).tolist(), strict=True):
+                ivals.add(lo, hi, tuple(r))
         try:
             if a["rows"].size != len(a["pc"]) * _NCOL or \
                     a["rrows"].size != len(a["rpc"]) * _NCOL or len(a["src"]) != len(a["pc"]):
@@ -156,9 +165,22 @@ class RowCache:
         if got is not None or self.directory is None:
             return got
         file = self._file(elf)
-        src, rec = self._read(file)
+        ivals = self._ivals[elf.path] = _Intervals()
+        src, rec = self._read(file, ivals)
         got = self._mods[elf.path] = (file, src, rec, [False])
         return got
+
+    def interval(self, elf: ElfInfo, vaddr: int) -> tuple[int, ...] | None:
+        """The CFI row of a pc from the rows kept by address range, if any."""
+        if self._module(elf) is None:
+            return None
+        return self._ivals[elf.path].find(vaddr)
+
+    def add_interval(self, elf: ElfInfo, lo: int, hi: int, key: tuple[int, ...]) -> None:
+        m = self._module(elf)
+        if m is not None:
+            self._ivals[elf.path].add(lo, hi, key)
+            m[3][0] = True
 
     def source(self, elf: ElfInfo, vaddr: int) -> tuple[tuple[int, ...], int] | None:
         m = self._module(elf)
@@ -185,10 +207,11 @@ class RowCache:
         (another process, a forked unwinding worker, may have added to it since it was read;
         a cache that cannot be written only costs the compilation next time)."""
         from callpath.structure import store
-        for file, src, rec, new in self._mods.values():
+        for path, (file, src, rec, new) in self._mods.items():
             if not new[0]:
                 continue
-            disk_src, disk_rec = self._read(file)
+            ivals = self._ivals[path]
+            disk_src, disk_rec = self._read(file, ivals)
             for k, v in disk_src.items():
                 src.setdefault(k, v)
             for k, r in disk_rec.items():
@@ -200,8 +223,32 @@ class RowCache:
                 "rows": np.array([src[p][0] for p in pcs], dtype=np.int64).reshape(-1),
                 "src": np.array([src[p][1] for p in pcs], dtype=np.int8),
                 "rpc": np.array(rpcs, dtype=np.uint64),
-                "rrows": np.array([rec[p] for p in rpcs], dtype=np.int64).reshape(-1)})
+                "rrows": np.array([rec[p] for p in rpcs], dtype=np.int64).reshape(-1),
+                "ilo": np.array(ivals.lo, dtype=np.uint64),
+                "ihi": np.array(ivals.hi, dtype=np.uint64),
+                "irows": np.array(ivals.key, dtype=np.int64).reshape(-1)})
             new[0] = False
+
+
+class _Intervals:
+    """Disjoint address ranges [lo, hi) of one module, each with a row key, sorted by lo."""
+
+    def __init__(self) -> None:
+        self.lo: list[int] = []
+        self.hi: list[int] = []
+        self.key: list[tuple[int, ...]] = []
+
+    def find(self, pc: int) -> tuple[int, ...] | None:
+        i = bisect.bisect_right(self.lo, pc) - 1
+        return self.key[i] if i >= 0 and pc < self.hi[i] else None
+
+    def add(self, lo: int, hi: int, key: tuple[int, ...]) -> None:
+        i = bisect.bisect_left(self.lo, lo)
+        if i < len(self.lo) and self.lo[i] == lo:
+            return
+        self.lo.insert(i, lo)
+        self.hi.insert(i, hi)
+        self.key.insert(i, key)
 
 
 def row_cache(mode: str) -> RowCache | None:
@@ -357,8 +404,17 @@ class Compiler:
             if hit is not None:
                 got = self._src[key] = (self.table.add_key(hit[0]), hit[1])
                 return got
+            if self.mode != "recipes":
+                row_key = self.cache.interval(elf, vaddr)
+                if row_key is not None:
+                    got = self._src[key] = (self.table.add_key(row_key), SRC_CFI)
+                    return got
             got = self._row_source(elf, vaddr, key)
-            self.cache.add_source(elf, vaddr, self.table.key(got[0]), got[1])
+            if got[1] == SRC_CFI and got[0] != 0 and self.mode != "recipes":
+                for lo, hi, r in self.fde_intervals(elf, vaddr):
+                    self.cache.add_interval(elf, lo, hi, self.table.key(r))
+            else:
+                self.cache.add_source(elf, vaddr, self.table.key(got[0]), got[1])
             return got
         return got if got is not None else self._row_source(elf, vaddr, key)
 
@@ -408,7 +464,34 @@ class Compiler:
         i = bisect.bisect_right(pcs, vaddr) - 1
         if i < 0:
             return 0
-        row = table[i]
+        return self._table_row(table[i])
+
+    def fde_intervals(self, elf: ElfInfo, vaddr: int) -> list[tuple[int, int, int]]:
+        """(lo, hi, row) of every row of the FDE around a pc whose row was compiled from CFI
+        (not a signal frame's nor a PLT stub's; rows the unwinder cannot use left out): what
+        :class:`RowCache` keeps so that a later run finds the other pcs of the function
+        without decoding its FDE again."""
+        fde = elf.fde_for(vaddr)
+        dec = self._decoded.get(id(fde)) if fde is not None else None
+        if fde is None or dec is None or dec[2]:
+            return []
+        pcs, table, _ = dec
+        end = int(fde.header["initial_location"]) + int(fde.header["address_range"])
+        out = []
+        for k, row in enumerate(table):
+            hi = pcs[k + 1] if k + 1 < len(pcs) else end
+            if hi <= pcs[k]:
+                continue
+            try:
+                r = self._table_row(row)
+            except Exception:  # as in row(): malformed CFI is no information
+                r = 0
+            if r:
+                out.append((pcs[k], hi, r))
+        return out
+
+    def _table_row(self, row: Any) -> int:
+        """The row id of one row of pyelftools' decoded table (0: not usable)."""
         cfa = row["cfa"]
         kind = KIND_CFA
         if cfa.expr is not None:
