@@ -35,14 +35,70 @@ class Code:
     tables: dict[int, list[int]] = field(default_factory=dict)
 
 
-def decode(data: SectionBytes, base: int, lo: int, hi: int) -> Code:
-    """Decode ``[lo, hi)`` of a section whose bytes ``data`` start at address ``base``."""
+try:  # the C decoder (optional, like the sampler's C stack walk): iced-x86 rows, faster
+    from callpath.structure import _callpath_decode as _c_decode
+except ImportError:  # pragma: no cover - a build without a compiler
+    _c_decode = None
+
+
+def decode(data: SectionBytes, base: int, lo: int, hi: int, *, use_c: bool = True) -> Code:
+    """Decode ``[lo, hi)`` of a section whose bytes ``data`` start at address ``base``.
+
+    With the C extension (``_callpath_decode.c``) built, it decodes the instructions its table
+    vouches for and iced-x86 each of the others (VEX/EVEX, LOCK, ...), one at a time, so the
+    rows are always iced-x86's; ``use_c=False`` (or no extension) decodes all with iced-x86.
+    """
+    if hi <= lo:
+        return Code()
+    raw = data[lo - base:hi - base]
+    if not use_c or _c_decode is None:
+        return _decode_iced(raw, lo)
     import iced_x86
 
     code = Code()
-    if hi <= lo:
-        return code
-    dec = iced_x86.Decoder(64, data[lo - base:hi - base], ip=lo)
+    ips, ends, kinds, targets = code.ip, code.end, code.kind, code.target
+    c_decode = _c_decode.decode
+    n = len(raw)
+    off = c_decode(raw, 0, lo, ips, ends, kinds, targets)
+    if off < n:
+        dec = iced_x86.Decoder(64, raw, ip=lo)
+        ins = iced_x86.Instruction()
+        while off < n:
+            dec.position = off
+            dec.ip = lo + off
+            dec.decode_out(ins)
+            _row(ins, ips, ends, kinds, targets)
+            off = c_decode(raw, off + ins.len, lo, ips, ends, kinds, targets)
+    return code
+
+
+def _row(ins: object, ips: list[int], ends: list[int], kinds: list[int],
+         targets: list[int]) -> None:
+    """Append iced-x86's instruction ``ins`` as a row."""
+    import iced_x86
+
+    fc = ins.flow_control  # type: ignore[attr-defined]
+    k = _FLOW[fc]
+    ips.append(ins.ip)  # type: ignore[attr-defined]
+    ends.append(ins.next_ip)  # type: ignore[attr-defined]
+    if k == NEXT:
+        if fc == 0 and ins.mnemonic == iced_x86.Mnemonic.HLT:  # type: ignore[attr-defined]
+            k = STOP
+        targets.append(0)
+    elif k in (JUMP, COND) or (k == CALL and ins.op0_kind in (  # type: ignore[attr-defined]
+            iced_x86.OpKind.NEAR_BRANCH64, iced_x86.OpKind.NEAR_BRANCH32)):
+        targets.append(ins.near_branch_target)  # type: ignore[attr-defined]
+    else:
+        targets.append(0)
+    kinds.append(k)
+
+
+def _decode_iced(raw: bytes, lo: int) -> Code:
+    """Every instruction of ``raw`` (first byte at ``lo``) decoded by iced-x86."""
+    import iced_x86
+
+    code = Code()
+    dec = iced_x86.Decoder(64, raw, ip=lo)
     ins = iced_x86.Instruction()
     ips, ends, kinds, targets = code.ip, code.end, code.kind, code.target
     flow = _FLOW
