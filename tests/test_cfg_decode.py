@@ -66,7 +66,7 @@ def test_c_decoder_rows_are_iced_rows(label: str, path: Path, frac: float) -> No
                 lo, hi = sec.addr + a, sec.addr + b
                 fast = cfg.decode(sec.data, sec.addr, lo, hi)
                 ref = cfg.decode(sec.data, sec.addr, lo, hi, use_c=False)
-                for col in ("ip", "end", "kind", "target"):
+                for col in ("ip", "end", "kind", "target", "flow"):
                     got, want = getattr(fast, col), getattr(ref, col)
                     if got != want:
                         i = next((k for k, (x, y) in enumerate(zip(got, want, strict=False))
@@ -94,5 +94,5 @@ def test_rows_agree_on_truncated_and_prefixed_code() -> None:
         for cut in range(1, len(raw) + 1):
             fast = cfg.decode(raw, 0x400000, 0x400000, 0x400000 + cut)
             ref = cfg.decode(raw, 0x400000, 0x400000, 0x400000 + cut, use_c=False)
-            assert (fast.ip, fast.end, fast.kind, fast.target) == \
-                (ref.ip, ref.end, ref.kind, ref.target), (raw.hex(" "), cut)
+            assert (fast.ip, fast.end, fast.kind, fast.target, fast.flow) == \
+                (ref.ip, ref.end, ref.kind, ref.target, ref.flow), (raw.hex(" "), cut)

@@ -25,7 +25,7 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
-from callpath.structure.cfg import CALL, ICALL, INDIRECT, build_cfg, decode
+from callpath.structure.cfg import CALL, COND, ICALL, INDIRECT, JUMP, Code, build_cfg, decode
 from callpath.structure.demangle import demangle
 from callpath.structure.dwarf_info import DebugInfo, DwarfReader, Inlined
 from callpath.structure.dwarf_lines import LineTable, decode_line_tables
@@ -443,17 +443,37 @@ def _lines_at(lines: LineTable, addrs: npt.NDArray[np.uint64]) -> tuple[
     return lines.lookup(addrs)
 
 
+def _has_back_branch(code: Code) -> bool:
+    """Whether some jump, conditional branch or jump-table entry goes to an address at or
+    before the instruction that branches."""
+    ips, kinds, targets = code.ip, code.kind, code.target
+    for i in code.flow:
+        k = kinds[i]
+        if k == JUMP or k == COND:
+            if targets[i] <= ips[i]:
+                return True
+        elif k == INDIRECT:
+            ip = ips[i]
+            if any(t <= ip for t in code.tables.get(i, ())):
+                return True
+    return False
+
+
 def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pline: int,
                 fname: str, lines: LineTable, inlined: list[Inlined], inl_ids: list[int],
                 reader: _SectionReader, noret: set[int], base: str) -> None:
     lo, hi = p.entry, p.end
     sec = next(s for s in reader.mod.text_sections if s.addr <= lo < s.addr + s.size)
     code = decode(sec.data, sec.addr, lo, hi)
-    if any(k == INDIRECT for k in code.kind):
+    if INDIRECT in code.kind:
         code.tables = resolve_tables(sec.data, sec.addr, lo, hi, code.ip, code.kind,
                                      reader.read, INDIRECT)
     graph = build_cfg(code, lo, hi, lambda t: t in noret)
-    loops, innermost = find_loops(graph.succ) if graph.start else ([], [])
+    # A cycle needs an edge to an address at or before its branch (fall-through only goes
+    # forward): without one there is no loop and Havlak's analysis is skipped (most of
+    # libtorch_cpu.so's 380k procedures; its result would be empty).
+    loops, innermost = (find_loops(graph.succ) if graph.start and _has_back_branch(code)
+                        else ([], []))
 
     # Elementary segments.
     bounds: list[int] = [lo, hi]
@@ -485,8 +505,9 @@ def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pl
     bounds.extend(graph.end)
     # Call instructions are scopes of their own (hpcstruct's C): one segment each.
     call_at: dict[int, tuple[int, int]] = {}
-    for ci, ck in enumerate(code.kind):
-        if ck in (CALL, ICALL):
+    ckinds = code.kind
+    for ci in code.flow:
+        if ckinds[ci] in (CALL, ICALL):
             a_, c_ = code.ip[ci], code.end[ci]
             call_at[a_] = (c_, code.target[ci])
             bounds.append(a_)

@@ -31,6 +31,9 @@ class Code:
     end: list[int] = field(default_factory=list)
     kind: list[int] = field(default_factory=list)
     target: list[int] = field(default_factory=list)  # direct branch/call target, 0 if none
+    #: Rows whose kind is not NEXT, in order: the CFG and the call scopes look only at these
+    #: (about one instruction in seven).
+    flow: list[int] = field(default_factory=list)
     #: For indirect jumps: index of the instruction -> resolved jump-table targets.
     tables: dict[int, list[int]] = field(default_factory=dict)
 
@@ -56,10 +59,10 @@ def decode(data: SectionBytes, base: int, lo: int, hi: int, *, use_c: bool = Tru
     import iced_x86
 
     code = Code()
-    ips, ends, kinds, targets = code.ip, code.end, code.kind, code.target
+    ips, ends, kinds, targets, flows = code.ip, code.end, code.kind, code.target, code.flow
     c_decode = _c_decode.decode
     n = len(raw)
-    off = c_decode(raw, 0, lo, ips, ends, kinds, targets)
+    off = c_decode(raw, 0, lo, ips, ends, kinds, targets, flows)
     if off < n:
         dec = iced_x86.Decoder(64, raw, ip=lo)
         ins = iced_x86.Instruction()
@@ -67,14 +70,15 @@ def decode(data: SectionBytes, base: int, lo: int, hi: int, *, use_c: bool = Tru
             dec.position = off
             dec.ip = lo + off
             dec.decode_out(ins)
-            _row(ins, ips, ends, kinds, targets)
-            off = c_decode(raw, off + ins.len, lo, ips, ends, kinds, targets)
+            if _row(ins, ips, ends, kinds, targets):
+                flows.append(len(ips) - 1)
+            off = c_decode(raw, off + ins.len, lo, ips, ends, kinds, targets, flows)
     return code
 
 
 def _row(ins: object, ips: list[int], ends: list[int], kinds: list[int],
-         targets: list[int]) -> None:
-    """Append iced-x86's instruction ``ins`` as a row."""
+         targets: list[int]) -> int:
+    """Append iced-x86's instruction ``ins`` as a row; its kind."""
     import iced_x86
 
     fc = ins.flow_control  # type: ignore[attr-defined]
@@ -91,6 +95,7 @@ def _row(ins: object, ips: list[int], ends: list[int], kinds: list[int],
     else:
         targets.append(0)
     kinds.append(k)
+    return k
 
 
 def _decode_iced(raw: bytes, lo: int) -> Code:
@@ -100,7 +105,7 @@ def _decode_iced(raw: bytes, lo: int) -> Code:
     code = Code()
     dec = iced_x86.Decoder(64, raw, ip=lo)
     ins = iced_x86.Instruction()
-    ips, ends, kinds, targets = code.ip, code.end, code.kind, code.target
+    ips, ends, kinds, targets, flows = code.ip, code.end, code.kind, code.target, code.flow
     flow = _FLOW
     hlt = iced_x86.Mnemonic.HLT
     while dec.can_decode:
@@ -118,6 +123,8 @@ def _decode_iced(raw: bytes, lo: int) -> Code:
             targets.append(ins.near_branch_target)
         else:
             targets.append(0)
+        if k != NEXT:
+            flows.append(len(kinds))
         kinds.append(k)
     return code
 
@@ -141,11 +148,9 @@ def build_cfg(code: Code, lo: int, hi: int,
     if n == 0:
         return Graph([], [], [], [], [])
     leaders = {ips[0]}
-    stops = [False] * n
-    for i in range(n):
+    stops: set[int] = set()
+    for i in code.flow:
         k = kinds[i]
-        if k == NEXT:
-            continue
         if k in (JUMP, COND):
             t = targets[i]
             if lo <= t < hi:
@@ -156,7 +161,7 @@ def build_cfg(code: Code, lo: int, hi: int,
         elif k == CALL:
             t = targets[i]
             if no_return is not None and t and no_return(t):
-                stops[i] = True
+                stops.add(i)
             else:
                 continue
         elif k == ICALL:
@@ -165,9 +170,13 @@ def build_cfg(code: Code, lo: int, hi: int,
             leaders.add(ips[i + 1])
     # Keep only leaders that are instruction boundaries (a target into the middle of an
     # instruction, from overlapping code or data, is ignored).
-    ipset = set(ips)
-    starts = sorted(a for a in leaders if a in ipset)
-    first = [bisect.bisect_left(ips, a) for a in starts]
+    starts: list[int] = []
+    first: list[int] = []
+    for a in sorted(leaders):
+        j = bisect.bisect_left(ips, a)
+        if j < n and ips[j] == a:
+            starts.append(a)
+            first.append(j)
     nb = len(starts)
     last = [(first[b + 1] if b + 1 < nb else n) - 1 for b in range(nb)]
     block_at = dict(zip(starts, range(nb), strict=True))
@@ -178,7 +187,7 @@ def build_cfg(code: Code, lo: int, hi: int,
         s: list[int] = []
         fall = b + 1 if b + 1 < nb and ends[i] == starts[b + 1] else -1
         if k in (NEXT, CALL, ICALL):
-            if not stops[i] and fall >= 0:
+            if i not in stops and fall >= 0:
                 s.append(fall)
         elif k == COND:
             if fall >= 0:
