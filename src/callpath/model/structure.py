@@ -202,22 +202,32 @@ class StructureBuilder:
         self.map_scope.append(scope)
 
     def build(self) -> Structure:
+        """The scopes as a :class:`Structure`; empties the builder (once per builder)."""
         def col(a: array[int], dtype: type) -> npt.NDArray[Any]:
             return np.frombuffer(a, np.dtype(a.typecode)).astype(dtype) if len(a) else \
                 np.zeros(0, dtype)
 
-        lo, hi, sc = (col(self.map_lo, np.uint64), col(self.map_hi, np.uint64),
-                      col(self.map_scope, np.int32))
+        def take(attr: str, dtype: type) -> npt.NDArray[Any]:
+            # each column is dropped from the builder once converted: the builder and the
+            # arrays never both hold the whole module (libtorch_cpu.so: 12M scopes, ~1 GB each)
+            a = getattr(self, attr)
+            setattr(self, attr, array(a.typecode))
+            return col(a, dtype)
+
+        lo, hi, sc = (take("map_lo", np.uint64), take("map_hi", np.uint64),
+                      take("map_scope", np.int32))
         order = np.lexsort((sc, hi, lo))
+        lo, hi, sc = lo[order], hi[order], sc[order]
+        del order
         return Structure(
             path=self.path, build_id=self.build_id, strings=self.strings,
-            kind=col(self.kind, np.uint8), parent=col(self.parent, np.int32),
-            name=col(self.name, np.int32), link_name=col(self.link, np.int32),
-            file=col(self.file, np.int32), line=col(self.line, np.int32),
-            call_file=col(self.cfile, np.int32), call_line=col(self.cline, np.int32),
-            target=col(self.target, np.uint64), range_ptr=col(self.rptr, np.int64),
-            range_lo=col(self.rlo, np.uint64), range_hi=col(self.rhi, np.uint64),
-            map_lo=lo[order], map_hi=hi[order], map_scope=sc[order], has_calls=self.has_calls)
+            kind=take("kind", np.uint8), parent=take("parent", np.int32),
+            name=take("name", np.int32), link_name=take("link", np.int32),
+            file=take("file", np.int32), line=take("line", np.int32),
+            call_file=take("cfile", np.int32), call_line=take("cline", np.int32),
+            target=take("target", np.uint64), range_ptr=take("rptr", np.int64),
+            range_lo=take("rlo", np.uint64), range_hi=take("rhi", np.uint64),
+            map_lo=lo, map_hi=hi, map_scope=sc, has_calls=self.has_calls)
 
 
 def concat_structures(parts: list[Structure], *, join_files: bool = False) -> Structure:

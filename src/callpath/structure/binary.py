@@ -512,7 +512,12 @@ def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pl
             call_at[a_] = (c_, code.target[ci])
             bounds.append(a_)
             bounds.append(c_)
-    bnd = np.unique(np.array([x for x in bounds if lo <= x <= hi], dtype=np.uint64))
+    # sorted, unique, inside [lo, hi]: np.unique's hashing cost more than this sort
+    bnd = np.array(bounds, dtype=np.uint64)
+    bnd.sort()
+    bnd = bnd[bnd.searchsorted(np.uint64(lo)):bnd.searchsorted(np.uint64(hi), side="right")]
+    if len(bnd) > 1:
+        bnd = bnd[np.concatenate(([True], bnd[1:] != bnd[:-1]))]
     seg_lo = bnd[:-1]
     seg_hi = bnd[1:]
     nseg = len(seg_lo)
@@ -555,8 +560,11 @@ def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pl
     # header may be the first instruction of inlined code while its latch is not).
     loop_ctx: list[list[int] | None] = [None] * len(loops)
     if loops:
-        pairs = np.unique(np.stack([seg_inl, seg_loop]), axis=1)
-        for inl, lp in pairs.T.tolist():
+        # the distinct (inlined, loop) pairs in lexicographic order, as one sorted key each
+        # (np.unique over columns was a tenth of the build time)
+        key = np.unique((seg_inl.astype(np.int64) + 1) << 32 | (seg_loop.astype(np.int64) + 1))
+        for inl, lp in zip(((key >> 32) - 1).tolist(), ((key & 0xFFFFFFFF) - 1).tolist(),
+                           strict=True):
             if lp < 0:
                 continue
             ic = inl_chain(inl)
