@@ -1,17 +1,20 @@
 """Generate ``src/callpath/structure/_x86_table.h``: what the C decoder
-(``_callpath_decode.c``) needs to know of each legacy-encoded x86-64 opcode, read off iced-x86.
+(``_callpath_decode.c``) needs to know of each legacy- or VEX-encoded x86-64 opcode, read off
+iced-x86.
 
 For each opcode of the one-byte, ``0F``, ``0F 38`` and ``0F 3A`` maps, each mandatory-prefix
-class (none, ``66``, ``F3``, ``F2``), REX.W off/on ModRM.reg value and form (register or memory operand), iced-x86 decodes sample
-encodings (register and memory forms, several ModRM.rm values, two immediate fillers) and the
-table keeps one byte: 0 where the samples disagree in any way the C decoder could not follow
-(invalid in one form, a length that is not prefixes + opcode + ModRM/SIB/displacement +
-immediate, a branch whose target is not next IP + the immediate), else the entry encoded as
-``1 | modrm<<1 | kind<<2`` plus the immediate size in a second table. Kinds are callpath's
-flow kinds (``cfg.py``), with ``HLT`` already made ``STOP`` and a direct-target flag.
-An entry of 0 makes the C decoder hand the instruction to iced-x86, so the table only has to be
-right where it says something; ``tests/test_cfg_decode.py`` checks the C decoder against
-iced-x86 on every instruction of real libraries.
+class (none, ``66``, ``F3``, ``F2``), REX.W off/on, ModRM.reg value and form (register or
+memory operand), iced-x86 decodes sample encodings (several ModRM.rm values, SIB and
+displacement sizes, two immediate fillers) and the table keeps one byte: 0 where the samples
+disagree in any way the C decoder could not follow (invalid in one form, a length that is not
+prefixes + opcode + ModRM/SIB/displacement + immediate, a branch whose target is not next IP +
+the immediate), else ``1 | modrm<<1 | kind<<2 | direct<<5`` and the immediate size in a second
+table. Kinds are callpath's flow kinds (``cfg.py``), with ``HLT`` already made ``STOP``. VEX
+opcodes get the same by map, VEX.pp, VEX.L and VEX.W, checked in the two- and three-byte forms
+with and without register extension, bit 6 marking those iced-x86 takes only with VEX.vvvv
+unused. An entry of 0 makes the C decoder hand the instruction to iced-x86, so the tables only
+have to be right where they say something; ``tests/test_cfg_decode.py`` checks the C decoder
+against iced-x86 on every instruction of real libraries.
 
     python scripts/gen_x86_table.py > src/callpath/structure/_x86_table.h
 """
@@ -78,9 +81,7 @@ def _entry(head: bytes, reg: int, mem: int) -> tuple[int, int]:
     b = one(head + bytes([0x05 | reg << 3]) + b"\0\0\0\0" + FILL[0])
     if a is None and b is None:
         return 0, 0
-    if a is None or b is None:
-        has_modrm = True
-    elif b[0] == a[0] + 4:
+    if a is None or b is None or b[0] == a[0] + 4:
         has_modrm = True
     elif b[0] == a[0]:
         has_modrm = False
@@ -158,7 +159,7 @@ def main() -> None:
     flags = []
     imms = []
     for mi, mp in enumerate(MAPS):
-        for ci, cls in enumerate(CLS):
+        for cls in CLS:
             for w in (0, 1):
                 for op in range(256):
                     for reg in range(8):

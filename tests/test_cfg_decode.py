@@ -96,3 +96,26 @@ def test_rows_agree_on_truncated_and_prefixed_code() -> None:
             ref = cfg.decode(raw, 0x400000, 0x400000, 0x400000 + cut, use_c=False)
             assert (fast.ip, fast.end, fast.kind, fast.target, fast.flow) == \
                 (ref.ip, ref.end, ref.kind, ref.target, ref.flow), (raw.hex(" "), cut)
+
+
+def test_structure_is_the_same_without_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the extension could not be built, iced-x86 decodes everything: the structure
+    file of a real library is byte for byte the one the C decoder gives."""
+    import io
+
+    from callpath.formats.hpcstruct import write_hpcstruct
+    from callpath.structure.binary import analyze_binary
+
+    found = ctypes.util.find_library("stdc++")
+    lib = next((Path(d) / found for d in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu",
+                                          "/usr/lib64") if found and (Path(d) / found).is_file()),
+               None)
+    if lib is None:
+        pytest.skip("libstdc++ is not installed as a shared library here")
+    fast = io.StringIO()
+    write_hpcstruct([analyze_binary(lib)], fast)
+    monkeypatch.setattr(cfg, "_c_decode", None)
+    slow = io.StringIO()
+    write_hpcstruct([analyze_binary(lib)], slow)
+    assert fast.getvalue().count("<L ") > 100  # loops found: the CFG was exercised
+    assert fast.getvalue() == slow.getvalue()

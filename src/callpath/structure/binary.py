@@ -449,7 +449,7 @@ def _has_back_branch(code: Code) -> bool:
     ips, kinds, targets = code.ip, code.kind, code.target
     for i in code.flow:
         k = kinds[i]
-        if k == JUMP or k == COND:
+        if k in (JUMP, COND):
             if targets[i] <= ips[i]:
                 return True
         elif k == INDIRECT:

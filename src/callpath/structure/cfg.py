@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ class Code:
     tables: dict[int, list[int]] = field(default_factory=dict)
 
 
+_c_decode: ModuleType | None
 try:  # the C decoder (optional, like the sampler's C stack walk): iced-x86 rows, faster
     from callpath.structure import _callpath_decode as _c_decode
 except ImportError:  # pragma: no cover - a build without a compiler
