@@ -277,10 +277,13 @@ def test_mpi_recv_waits(perf_ok: None, bindir: Path, tmp_path: Path) -> None:  #
     # second, above the every-switch limit, so a few unsampled switches' time can go to a
     # neighbouring sampled switch elsewhere (start-up, UCX's threads). On a quiet machine
     # that is a few percent (2.87 of 2.93 s); a CI run on a loaded one put 0.37 of 0.62 s
-    # there, so the bound is loose: the call site holds a large part of the wait, never more.
+    # there, so the bound is loose: the call site holds a large part of the wait. The same
+    # spill goes the other way (a CI run at load 6 put 0.703 s there for 0.681 s waited, of
+    # 0.776 s): beyond the wait, a tenth of the thread's time at most.
     run_wall = main.stats["wall_ns"] * 1e-9
     assert waited >= 0.3
-    assert 0.3 * waited - SLACK_S <= got <= waited + 0.02 * run_wall + SLACK_S, (got, waited)
+    assert 0.3 * waited - SLACK_S <= got <= waited + 0.1 * run_wall + SLACK_S, (got, waited)
+    assert got <= run_wall + SLACK_S
 
 
 def test_report_threads_and_prof(perf_ok: None, bindir: Path, tmp_path: Path  # noqa: F811
@@ -345,7 +348,8 @@ def test_new_processes_found_among_switch_records(perf_ok: None, bindir: Path,  
         pos += size
     assert pos == len(data)
     assert {9, 14} <= kinds  # samples and switch records were in the batches
-    assert len({p for p, _t in walked}) >= 3, walked
+    # the five processes' records, unless a ring overflowed (a LOST record: CI at load 6)
+    assert len({p for p, _t in walked}) >= 3 or 2 in kinds, walked
     assert launch.new_processes(data) == walked
     noted = [json.loads(line) for line in (out / launch.PROCS_FILE).read_text().splitlines()]
     assert {(d["pid"], d["time"]) for d in noted} <= set(walked)
