@@ -8,9 +8,10 @@ library's ``.text``, and their ratio; then wall time, user + system CPU and peak
 ``callpath struct LIBRARY -j 2 --no-cache`` in a child process (the largest process of the
 tree: the analysis forks its helpers). With ``--baseline SRC`` (the ``src`` directory of
 another checkout, e.g. ``git worktree add /tmp/base main``) the same command runs on that code
-too, in the same run, and the two structure files are compared byte for byte.
+too, in the same run, and the two structure files are compared byte for byte (``--compare
+FILE``: with a structure file written before).
 
-    python bench/struct_whole.py [LIBRARY] [--baseline SRC] [--no-decode]
+    python bench/struct_whole.py [LIBRARY] [--baseline SRC] [--compare FILE] [--no-decode]
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ def main() -> None:
     ap.add_argument("library", nargs="?")
     ap.add_argument("--baseline", help="src directory of the code to compare against")
     ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--compare", metavar="FILE",
+                    help="a structure file to compare this tree's output with, byte for byte")
     a = ap.parse_args()
     lib = a.library or default_library()
     print(f"library      {lib} ({os.path.getsize(lib) / 2**20:.0f} MiB)")
@@ -114,6 +117,9 @@ def main() -> None:
         if len(files) == 2:
             same = filecmp.cmp(files[0], files[1], shallow=False)
             print(f"identical    {'yes' if same else 'NO'} (structure files byte for byte)")
+        if a.compare:
+            same = filecmp.cmp(files[0], a.compare, shallow=False)
+            print(f"identical    {'yes' if same else 'NO'} (to {a.compare}, byte for byte)")
 
 
 if __name__ == "__main__":

@@ -345,6 +345,8 @@ class PreparedModule:
                 done += 1
                 if progress is not None and done % 256 == 0:
                     progress(min(done * scale, total), total)
+                if done % 8192 == 0:
+                    self.reader.release_text()
         if progress is not None:
             progress(min(done * scale, total), total)
         return b.build()
@@ -408,6 +410,13 @@ class _SectionReader:
                     self.secs.append((int(sec["sh_addr"]), int(sec["sh_size"]), sec))
         self.cache: dict[int, bytes] = {}
         self.text = {s.addr: s for s in mod.text_sections}
+
+    def release_text(self) -> None:
+        """Drop the mapped code pages decoded so far from this process's memory."""
+        for sec in self.mod.text_sections:
+            release = getattr(sec.data, "release", None)
+            if release is not None:
+                release()
 
     def preload(self) -> None:
         """Read every section now (before forking: the file offset would be shared)."""
