@@ -168,7 +168,7 @@ def _write_lm(s: Structure, out: IO[str], ident: list[int]) -> None:
     open_: list[tuple[int, str]] = []  # (scope, its closing tags), innermost last
     total = len(s.kind)
     # Columns are converted a chunk of scopes at a time: whole, they doubled the memory of
-    # libtorch_cpu.so's 12M scopes while writing.
+    # libtorch_cpu.so's ~6M scopes while writing.
     for c0 in range(1, total, _CHUNK):
         c1 = min(total, c0 + _CHUNK)
         kind, parent = col(s.kind[c0:c1]), col(s.parent[c0:c1])

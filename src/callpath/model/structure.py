@@ -151,7 +151,7 @@ class StructureBuilder:
         self.strings: list[str] = []
         self._sid: dict[str, int] = {}
         # scope and string indices in 4 bytes, as the Structure keeps them (libtorch_cpu.so's
-        # 12M scopes: 290 MB less than 8-byte columns); lines stay 8 bytes here and are cut
+        # ~6M scopes: ~150 MB less than 8-byte columns); lines stay 8 bytes here and are cut
         # to 4 by build(), as before
         self.kind = array("b", [int(Kind.ROOT)])
         self.parent = array("i", [-1])
@@ -212,7 +212,7 @@ class StructureBuilder:
 
         def take(attr: str, dtype: type) -> npt.NDArray[Any]:
             # each column is dropped from the builder once converted: the builder and the
-            # arrays never both hold the whole module (libtorch_cpu.so: 12M scopes, ~1 GB each)
+            # arrays never both hold the whole module (libtorch_cpu.so: ~6M scopes)
             a = getattr(self, attr)
             setattr(self, attr, array(a.typecode))
             return col(a, dtype)
