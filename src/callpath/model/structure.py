@@ -206,30 +206,34 @@ class StructureBuilder:
 
     def build(self) -> Structure:
         """The scopes as a :class:`Structure`; empties the builder (once per builder)."""
-        def col(a: array[int], dtype: type) -> npt.NDArray[Any]:
-            return np.frombuffer(a, np.dtype(a.typecode)).astype(dtype) if len(a) else \
-                np.zeros(0, dtype)
-
         def take(attr: str, dtype: type) -> npt.NDArray[Any]:
-            # each column is dropped from the builder once converted: the builder and the
-            # arrays never both hold the whole module (libtorch_cpu.so: ~6M scopes)
+            # Each column leaves the builder as it becomes an array, and a column already of
+            # the array's type becomes a view of its buffer, not a copy: the builder and the
+            # arrays never both hold the module (libtorch_cpu.so: ~6M scopes, ~1 GB).
             a = getattr(self, attr)
             setattr(self, attr, array(a.typecode))
-            return col(a, dtype)
+            if not len(a):
+                return np.zeros(0, dtype)
+            return np.frombuffer(a, np.dtype(a.typecode)).astype(dtype, copy=False)
 
+        kind, parent = take("kind", np.uint8), take("parent", np.int32)
+        name, link = take("name", np.int32), take("link", np.int32)
+        file, line = take("file", np.int32), take("line", np.int32)
+        cfile, cline = take("cfile", np.int32), take("cline", np.int32)
+        target, rptr = take("target", np.uint64), take("rptr", np.int64)
+        rlo, rhi = take("rlo", np.uint64), take("rhi", np.uint64)
+        # the address map last, sorted one column at a time (the peak of the whole build)
         lo, hi, sc = (take("map_lo", np.uint64), take("map_hi", np.uint64),
                       take("map_scope", np.int32))
         order = np.lexsort((sc, hi, lo))
-        lo, hi, sc = lo[order], hi[order], sc[order]
+        lo = lo[order]
+        hi = hi[order]
+        sc = sc[order]
         del order
         return Structure(
-            path=self.path, build_id=self.build_id, strings=self.strings,
-            kind=take("kind", np.uint8), parent=take("parent", np.int32),
-            name=take("name", np.int32), link_name=take("link", np.int32),
-            file=take("file", np.int32), line=take("line", np.int32),
-            call_file=take("cfile", np.int32), call_line=take("cline", np.int32),
-            target=take("target", np.uint64), range_ptr=take("rptr", np.int64),
-            range_lo=take("rlo", np.uint64), range_hi=take("rhi", np.uint64),
+            path=self.path, build_id=self.build_id, strings=self.strings, kind=kind,
+            parent=parent, name=name, link_name=link, file=file, line=line, call_file=cfile,
+            call_line=cline, target=target, range_ptr=rptr, range_lo=rlo, range_hi=rhi,
             map_lo=lo, map_hi=hi, map_scope=sc, has_calls=self.has_calls)
 
 
