@@ -1,7 +1,7 @@
 """``callpath profile --native`` of a PyTorch CPU training loop: time from program exit to
 report, cold and warm, peak memory of ``prof``, disk used (issue 27's goals).
 
-    python bench/torch_profile.py [--seconds 5] [--whole] [--before OTHER/src]
+    python bench/torch_profile.py [--seconds 5] [--whole] [--before OTHER/src] [--python PY]
 
 Installs torch (``--torch torch==2.13.0+cpu``: a CPU build, the ``+cpu`` local version never
 matches PyPI's CUDA wheels; add ``--index-url https://download.pytorch.org/whl/cpu`` where the
@@ -20,6 +20,10 @@ never runs this). Then, with a fresh structure cache (cold) and again with it fi
 the same way, with its own fresh cache, in the same run and on the same loop: the figures
 before and after a change under the same load. Both trees are byte-compiled first, as an
 installed package is.
+
+``--python PY`` uses an interpreter that already has torch instead of the bench's venv
+(callpath then runs from this checkout's ``src``, as ``--before``'s tree does; build the C
+extensions in place first, ``make lint``).
 
 ``--whole`` also times ``callpath struct MEASDIR`` (whole-binary structure of every mapped
 module: the way ``profile`` worked before issue 27) and ``prof`` with those files. It takes
@@ -177,9 +181,13 @@ def main() -> None:
     ap.add_argument("--before", metavar="SRC", default=None,
                     help="also measure the callpath of this source tree (the 'src' folder of "
                     "another checkout, e.g. main's) first, in the same run: before and after")
+    ap.add_argument("--python", metavar="PY", default=None,
+                    help="an interpreter that has torch (callpath from this checkout's src) "
+                    "instead of the bench's own venv")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
-    py = ensure_env(args.torch, args.index_url)
+    py = Path(args.python) if args.python else ensure_env(args.torch, args.index_url)
+    this = ROOT / "src" if args.python else None
     compiled(ROOT / "src", py)
     before = Path(args.before).resolve() if args.before else None
     if before is not None:
@@ -194,7 +202,7 @@ def main() -> None:
               f"({out.strip().splitlines()[-1]}); load average {os.getloadavg()[0]:.1f}")
         if before is not None:
             measure("before", py, before, work, args, alone, alone_cpu)
-        measure("after" if before is not None else "this", py, None, work, args, alone,
+        measure("after" if before is not None else "this", py, this, work, args, alone,
                 alone_cpu)
     finally:
         if args.keep:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 import os
 import shutil
@@ -181,6 +182,12 @@ def test_profile_gives_native_structure_below_python_lines(capture_ok: None,
     assert caller < kernel < loop, r.stdout
     indent = [lines[caller].index("»"), lines[kernel].index("»"), lines[loop].index("loop")]
     assert indent[0] < indent[1] < indent[2], r.stdout
+    # the Time line names the merge after the program, as measurement.json recorded it
+    phases = dict(p.split()[:2] for p in
+                  next(ln for ln in lines if ln.startswith("Time:"))[5:].split(","))
+    assert list(phases) == ["measure", "merge", "structure", "attribute", "write", "report"]
+    header = json.loads((tmp_path / "m" / "measurement.json").read_text())
+    assert float(phases["merge"]) == pytest.approx(header["native_merge_s"], abs=0.006)
 
 
 def _blas(module: str) -> bool:
@@ -411,6 +418,59 @@ def test_readable_path_elides_trampolines_within_a_library() -> None:
     # a native thread's path: its outermost frame is not between two frames
     assert merge.readable_path([disp, wrap, impl], none, none, none,
                                forwarding=fwd) == [disp, impl]
+
+
+def _libc_return_addresses(elf: ElfInfo, limit: int) -> list[int]:
+    """Return addresses of real calls in libc: the ends of the first two call instructions of
+    each procedure of at most 4 KiB, in address order."""
+    from callpath.structure.cfg import CALL, ICALL, decode
+
+    t = elf.symbol_table()
+    ras: list[int] = []
+    for lo, hi in zip(t.starts.tolist(), t.ends.tolist(), strict=True):
+        if not 0 < hi - lo <= 4096:
+            continue
+        data = elf.read_code(lo, hi)
+        if len(data) != hi - lo:
+            continue
+        code = decode(data, lo, lo, hi)
+        ras += [e for k, e in zip(code.kind, code.end, strict=True) if k in (CALL, ICALL)][:2]
+        if len(ras) >= limit:
+            break
+    return ras
+
+
+def test_forward_cache_answers_as_the_machine_code_does(tmp_path: Path) -> None:
+    """The trampoline answers kept per module identity (``forwarding.ForwardCache``) are
+    those of ``forwards`` and ``calls_through_pointer`` on libc's own calls, whether
+    computed by this merge or read back by a later one; a header of other rules is a miss."""
+    from callpath.measure.python import forwarding
+    from callpath.structure import store
+
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    lib = next(line.split()[-1] for line in maps
+               if os.path.basename(line.split()[-1]).startswith("libc.so"))
+    elf = ElfInfo.get(lib)
+    ras = _libc_return_addresses(elf, 300)
+    want_fwd = [forwarding.forwards(elf, r) for r in ras]
+    want_ptr = [forwarding.calls_through_pointer(elf, r) for r in ras]
+    assert any(want_fwd) and not all(want_fwd) and any(want_ptr) and not all(want_ptr)
+    first = forwarding.ForwardCache(tmp_path)
+    assert [first.forwards(elf, r) for r in ras] == want_fwd
+    assert [first.calls_through_pointer(elf, r) for r in ras[::2]] == want_ptr[::2]
+    first.save()
+    (file,) = tmp_path.glob("libc.so*.fwd")
+    later = forwarding.ForwardCache(tmp_path)
+    got = later._module(elf)
+    assert got is not None and set(got[1]) == set(ras)  # read back, nothing asked yet
+    assert [later.forwards(elf, r) for r in ras] == want_fwd
+    assert [later.calls_through_pointer(elf, r) for r in ras] == want_ptr
+    later.save()  # the odd addresses' pointer answers added to the file's
+    again = forwarding.ForwardCache(tmp_path)._module(elf)
+    assert again is not None and all(f & 4 for f in again[1].values())
+    meta, arrays = store.load_arrays(file) or ({}, {})
+    store.save_arrays(file, {**meta, "stub": forwarding.STUB_BYTES + 1}, arrays)
+    assert forwarding.ForwardCache(tmp_path)._module(elf) == (file, {}, [False])
 
 
 def test_mark_gil_wait_cuts_below_take_gil() -> None:

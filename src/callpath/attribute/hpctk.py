@@ -54,6 +54,7 @@ from callpath.structure.model import Kind, Structure
 
 F, LP, LN, INS = (int(NodeKind.FUNCTION), int(NodeKind.LOOP), int(NodeKind.LINE),
                   int(NodeKind.INSTRUCTION))
+_FILE, _PROC, _ALIEN, _LOOP = int(Kind.FILE), int(Kind.PROC), int(Kind.ALIEN), int(Kind.LOOP)
 CALL, INL, LEX = int(Relation.CALL), int(Relation.INLINED_CALL), int(Relation.LEXICAL)
 # kind, relation, function, file, line, module, offset
 Step = tuple[int, int, int, int, int, int, int]
@@ -142,7 +143,7 @@ class ModuleMapper:
             kfn = self.t.function(ksym[1], lm, ksym[0], -1, 0)
             self.cache[ip] = ((F, CALL, kfn, -1, 0, -1, 0),)
             return self.cache[ip]
-        scope = int(self.s.lookup(np.array([ip], dtype=np.uint64))[0]) if self.s else -1
+        scope = lookup_one(self.s, ip) if self.s else -1
         dsym = self.direct.find(ip & 0xFFFFFFFFFFFFFFFF) \
             if self.direct is not None and scope < 0 else None
         if dsym is not None:
@@ -165,38 +166,67 @@ class ModuleMapper:
     def _chain_steps(self, scope: int, lm: int) -> tuple[Step, ...]:
         s = self.s
         assert s is not None
-        chain = [c for c in reversed(s.chain(scope)) if s.kind[c] != Kind.FILE]
+        # the chain's columns read once as Python ints (a numpy scalar per field and an
+        # enum member per test cost more than the steps they made: ~8,000 chains of a
+        # PyTorch run); scope kinds compared as ints (``_PROC`` ...)
+        chain = s.chain(scope)
+        chain.reverse()
+        idx = np.array(chain, dtype=np.int64)
+        kinds = s.kind[idx].tolist()
+        keep = [i for i, k in enumerate(kinds) if k != _FILE]
+        if len(keep) != len(chain):
+            idx = idx[keep]
+            kinds = [kinds[i] for i in keep]
+        lines = s.line[idx].tolist()
+        files = s.file[idx].tolist()
+        names = s.name[idx].tolist()
+        call_files = s.call_file[idx].tolist()
+        call_lines = s.call_line[idx].tolist()
+        rp0 = s.range_ptr[idx].tolist()
+        rp1 = s.range_ptr[idx + 1].tolist()
         steps: list[Step] = []
         cur_file = -1
-        for c in chain:
-            k = int(s.kind[c])
-            line = int(s.line[c])
-            if k == Kind.PROC:
-                f = self._file(int(s.file[c]))
-                name = s.text(int(s.name[c]))
-                if s.file[c] < 0 and s.proc_suffix:
+        for j, k in enumerate(kinds):
+            line = lines[j]
+            if k == _PROC:
+                f = self._file(files[j])
+                name = s.text(names[j])
+                if files[j] < 0 and s.proc_suffix:
                     name = f"{name} [{self.base}]"
-                lo = int(s.range_lo[s.range_ptr[c]]) if s.range_ptr[c + 1] > s.range_ptr[c] else 0
+                lo = int(s.range_lo[rp0[j]]) if rp1[j] > rp0[j] else 0
                 fid = self.t.function(name, lm, lo, f, line)
                 steps.append((F, CALL, fid, -1, 0, -1, 0))
                 cur_file = f
-            elif k == Kind.ALIEN:
-                cf = self._file(int(s.call_file[c])) if s.call_file[c] >= 0 else cur_file
-                steps.append((LN, LEX, -1, cf, int(s.call_line[c]), -1, 0))
-                f = self._file(int(s.file[c]))
-                fid = self.t.function(s.text(int(s.name[c])), lm, 0, f, line)
+            elif k == _ALIEN:
+                cf = self._file(call_files[j]) if call_files[j] >= 0 else cur_file
+                steps.append((LN, LEX, -1, cf, call_lines[j], -1, 0))
+                f = self._file(files[j])
+                fid = self.t.function(s.text(names[j]), lm, 0, f, line)
                 steps.append((F, INL, fid, -1, 0, -1, 0))
                 cur_file = f
-            elif k == Kind.LOOP:
-                f = self._file(int(s.file[c])) if s.file[c] >= 0 else cur_file
-                lo = int(s.range_lo[s.range_ptr[c]]) if s.range_ptr[c + 1] > s.range_ptr[c] else 0
+            elif k == _LOOP:
+                f = self._file(files[j]) if files[j] >= 0 else cur_file
+                lo = int(s.range_lo[rp0[j]]) if rp1[j] > rp0[j] else 0
                 steps.append((LP, LEX, -1, f, line, lm, lo))
             else:  # STMT or CALL: a source line
-                f = self._file(int(s.file[c])) if s.file[c] >= 0 else cur_file
+                f = self._file(files[j]) if files[j] >= 0 else cur_file
                 steps.append((LN, LEX, -1, f, line, -1, 0))
-        if chain and s.kind[chain[-1]] in (Kind.PROC, Kind.ALIEN):
-            steps.append((LN, LEX, -1, cur_file, int(s.line[chain[-1]]), -1, 0))
+        if kinds and kinds[-1] in (_PROC, _ALIEN):
+            steps.append((LN, LEX, -1, cur_file, lines[-1], -1, 0))
         return tuple(steps)
+
+
+def lookup_one(s: Structure, ip: int) -> int:
+    """``s.lookup`` of one offset: the innermost scope, -1 where the module has no code
+    there (without the arrays that the vectorised lookup makes: an attribution asks this
+    once per distinct address, thousands of times)."""
+    if not len(s.map_lo):
+        return -1
+    off = np.uint64(ip & 0xFFFFFFFFFFFFFFFF)
+    i = int(s.map_lo.searchsorted(off, side="right")) - 1
+    if i < 0 or off >= s.map_hi[i]:
+        return -1
+    return int(s.map_scope[i])
 
 
 def placeholder_name(code: int) -> str:

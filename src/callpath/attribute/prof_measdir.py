@@ -41,6 +41,7 @@ from callpath.attribute.hpctk import (
     Step,
     SymbolTable,
     load_structures,
+    lookup_one,
 )
 from callpath.attribute.pypackages import package_root
 from callpath.attribute.reduce import Partial, reduce_units, writer_mapper
@@ -55,6 +56,7 @@ from callpath.structure.model import Kind, Structure
 _ROOT, _NATIVE, _PYTHON, _PARTIAL, _UNKNOWN, _PLACEHOLDER = (int(k) for k in (
     md.NodeKind.ROOT, md.NodeKind.NATIVE, md.NodeKind.PYTHON, md.NodeKind.PARTIAL,
     md.NodeKind.UNKNOWN, md.NodeKind.PLACEHOLDER))
+_PROC = int(Kind.PROC)
 _SAMPLED = 1000  # frame kind of a sampled native PC when prof keeps instruction scopes
 
 
@@ -112,11 +114,12 @@ class _PyMapper:
 
 def _proc_name(s: Structure, line: int) -> str | None:
     """The name of the innermost procedure of a Python file's structure around ``line``."""
-    scope = int(s.lookup(np.array([line], dtype=np.uint64))[0])
+    scope = lookup_one(s, line)
     if scope < 0:
         return None
-    for c in s.chain(scope):
-        if s.kind[c] == Kind.PROC:
+    chain = s.chain(scope)
+    for c, k in zip(chain, s.kind[chain].tolist(), strict=True):
+        if k == _PROC:
             return s.text(int(s.name[c]))
     return None
 

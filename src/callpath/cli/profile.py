@@ -115,6 +115,10 @@ def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Name
             return status
         raise CallpathError(f"{meas}: the measurement was not written (the program could not "
                             "be measured)")
+    merge = _merge_seconds(meas)
+    if merge is not None:  # --native of Python: its stacks merged after the program
+        phases["measure"] = max(phases["measure"] - merge, 0.0)
+        phases["merge"] = merge
     from callpath.attribute.prof_measdir import prof_measdir
     from callpath.attribute.reduce import workers_default
     from callpath.formats.v4.writer import write_v4
@@ -132,12 +136,26 @@ def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Name
     sys.stdout.write(f"\ncallpath profile: database {db} ({len(exp.cct)} contexts, "
                      f"{len(exp.contexts)} execution contexts)\n\n")
     sys.stdout.flush()
+    t2 = time.perf_counter()
     cli_main(["report", str(db), "-d", str(args.depth), "-t", "1"])
+    phases["report"] = time.perf_counter() - t2
     q = shlex.quote(str(db))
     sys.stdout.write(f"\nFull report:  callpath report {q}\nViewer:       callpath view {q}\n")
     sys.stdout.write("Time:         " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items())
                      + "\n")
     return status
+
+
+def _merge_seconds(meas: Path) -> float | None:
+    """How long the Python sampler's ``--native`` merge took after the program
+    (``native_merge_s`` in measurement.json), None where there was none."""
+    import json
+
+    try:
+        got = json.loads((meas / "measurement.json").read_text()).get("native_merge_s")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(got) if isinstance(got, (int, float)) else None
 
 
 def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool) -> int:

@@ -15,12 +15,12 @@ often the loop's exit test or the first body statement instead.
 
 from __future__ import annotations
 
-import bisect
 import os
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -35,7 +35,12 @@ from callpath.structure.jump_tables import resolve_tables
 from callpath.structure.model import Kind, Structure, StructureBuilder, concat_structures
 from callpath.structure.noreturn import is_no_return
 from callpath.structure.parallel import fork_map
-from callpath.structure.symbols import Procedure, procedures
+from callpath.structure.symbols import (
+    Procedure,
+    ProcedureTable,
+    procedure_table,
+    symbol_candidates,
+)
 
 
 @dataclass
@@ -43,6 +48,11 @@ class Debug:
     lines: LineTable
     info: DebugInfo
     source: str  # the file the DWARF came from
+    #: the code each unit covers, sorted by ``lo`` (:meth:`DwarfReader.unit_ranges`); units of
+    #: unknown extent as ``[0, 2**64)``
+    cu_lo: npt.NDArray[np.uint64]
+    cu_hi: npt.NDArray[np.uint64]
+    cu_key: npt.NDArray[np.int64]
 
 
 def _empty_lines() -> LineTable:
@@ -50,8 +60,13 @@ def _empty_lines() -> LineTable:
                      {})
 
 
-def read_debug(mod: ElfModule) -> Debug | None:
-    """DWARF lines and inlining of ``mod``, from itself or its separate debug file."""
+def read_debug(mod: ElfModule, near: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]
+               | None = None) -> Debug | None:
+    """DWARF lines and inlining of ``mod``, from itself or its separate debug file: of every
+    unit, or, with ``near`` (sorted disjoint ``[lo, hi)`` address ranges), only of the units
+    whose code meets them (and those of unknown extent), and in those only the subprograms
+    whose code does: libpython's and libc's DWARF whole was seconds for a few hundred
+    procedures."""
     src: ElfModule | None = mod if mod.has_dwarf() else None
     opened: list[ElfModule] = []
     try:
@@ -78,12 +93,24 @@ def read_debug(mod: ElfModule) -> Debug | None:
 
         reader = DwarfReader(src.path, get, alt.section_bytes if alt is not None else None,
                              open_dwo)
-        units = reader.units()
+        unknown, spans = reader.unit_ranges()
+        top = np.uint64(np.iinfo(np.uint64).max)
+        cu_lo = np.array([a for a, _, _ in spans] + [0] * len(unknown), dtype=np.uint64)
+        cu_hi = np.array([b for _, b, _ in spans] + [top] * len(unknown), dtype=np.uint64)
+        cu_key = np.array([k for _, _, k in spans] + unknown, dtype=np.int64)
+        order = np.argsort(cu_lo, kind="stable")
+        cu_lo, cu_hi, cu_key = cu_lo[order], cu_hi[order], cu_key[order]
+        only: set[int] | None = None
+        if near is not None:
+            sel = _overlaps(cu_lo, cu_hi, *near)
+            only = set(cu_key[sel].tolist()) | set(unknown)
+            reader.near = (near[0].tolist(), near[1].tolist())
+        units = reader.units(only)
         lines = decode_line_tables(get(".debug_line") or b"", units, path=src.path,
                                    debug_str=get(".debug_str"),
                                    debug_line_str=get(".debug_line_str"))
-        info = reader.read(lines.file_of)
-        return Debug(lines, info, src.path)
+        info = reader.read(lines.file_of, only)
+        return Debug(lines, info, src.path, cu_lo, cu_hi, cu_key)
     finally:
         for m in opened:
             if m is not mod:
@@ -132,27 +159,27 @@ def analyze_binary(path: str | os.PathLike[str], *, jobs: int = 1,
 PARALLEL_MIN_PROCS = 1000
 
 
-class _ProcTable(Sequence[Procedure]):
-    """Procedures restored from a cached state, made into objects only when built (385k
-    objects for libtorch_cpu.so, of which a run builds a few hundred)."""
+class _NoReturn:
+    """The entries of the procedures a call to which never returns (their link names are in
+    :data:`~callpath.structure.noreturn.NO_RETURN` or marked ``DW_AT_noreturn`` in the
+    module's DWARF), answered per call target as the CFGs ask: deciding it for every one of
+    libtorch_cpu.so's 385k procedures decoded all their names."""
 
-    def __init__(self, entry: npt.NDArray[np.uint64], end: npt.NDArray[np.uint64],
-                 link: list[str], shown: list[str], origin: list[str]) -> None:
-        self.e, self.x, self.link, self.shown, self.origin = entry, end, link, shown, origin
+    def __init__(self, table: ProcedureTable, names: set[str]) -> None:
+        self.table, self.names = table, names
+        self.memo: dict[int, bool] = {}
 
-    def __len__(self) -> int:
-        return len(self.link)
-
-    @overload
-    def __getitem__(self, i: int) -> Procedure: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[Procedure]: ...
-
-    def __getitem__(self, i: int | slice) -> Procedure | Sequence[Procedure]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        return Procedure(int(self.e[i]), int(self.x[i]), self.link[i], self.shown[i],
-                         self.origin[i])
+    def __contains__(self, target: object) -> bool:
+        if not isinstance(target, int):
+            return False
+        got = self.memo.get(target)
+        if got is None:
+            e = self.table.entry
+            k = int(e.searchsorted(np.uint64(target))) if 0 <= target < 1 << 64 else len(e)
+            got = k < len(e) and int(e[k]) == target and is_no_return(
+                self.table.link_name(k), self.names)
+            self.memo[target] = got
+        return got
 
 
 class PreparedModule:
@@ -168,69 +195,123 @@ class PreparedModule:
     ``demangle_all`` False leaves procedure names undemangled until a procedure is built
     (libtorch_cpu.so has 380k C++ symbols: demangling them all is seconds that a build of a
     few thousand procedures does not need).
+
+    ``near`` (addresses): where the module has symbols and DWARF, read only the DWARF whose
+    code lies between the symbols around those addresses (:attr:`partial`): the procedures
+    holding them get exactly the scopes a whole read gives (their entries, ends, names,
+    lines, inlining and their units' no-return callees all come from there); others may not.
     """
 
+    partial: bool
+    table: ProcedureTable
+    procs: Sequence[Procedure]
+    entry: npt.NDArray[np.uint64]
+    end: npt.NDArray[np.uint64]
+    cu_lo: npt.NDArray[np.uint64]
+    cu_hi: npt.NDArray[np.uint64]
+    cu_key: npt.NDArray[np.int64]
+    unit_noreturn: dict[int, set[str]]
+    sub_names: dict[int, str]
+
     def __init__(self, mod: ElfModule, *, demangle_all: bool = True,
-                 state: dict[str, npt.NDArray[Any]] | None = None) -> None:
+                 state: dict[str, npt.NDArray[Any]] | None = None,
+                 near: npt.NDArray[np.uint64] | None = None) -> None:
         self.mod = mod
+        #: read only the DWARF units that hold code near ``near`` (:meth:`covers`)
+        self.partial = False
         if state is not None:
             self._restore(state)
             return
-        dbg = read_debug(mod)
-        extra_elves = []
         dbg_mod = None
-        if dbg is not None and dbg.source != mod.path:
-            dbg_mod = open_elf(dbg.source, require_code=False)
-            extra_elves.append(dbg_mod.elf)
+        if not mod.has_dwarf():
+            path = find_debug_file(mod)
+            if path is not None:
+                dbg_mod = open_elf(path, require_code=False)
+                if not dbg_mod.has_dwarf():
+                    dbg_mod.close()
+                    dbg_mod = None
         try:
+            extra_elves = [dbg_mod.elf] if dbg_mod is not None else []
+            base = symbol_candidates(mod, extra_elves)
+            around = None
+            if near is not None and (base.origin == 0).any() and (
+                    dbg_mod is not None or mod.has_dwarf()):
+                # With symbols, the procedure holding an address lies between the symbols
+                # around it; DWARF can only add entries there, from the units covering it.
+                around = _around(base.entry, np.unique(np.asarray(near, dtype=np.uint64)))
+                self.partial = True
+                self.span_lo, self.span_hi = around
+            dbg = read_debug(mod, around)
             dwarf_entries = []
             if dbg is not None:
                 for s in dbg.info.subprograms:
-                    lo = min(a for a, _ in s.ranges)
-                    hi = max(b for _, b in s.ranges)
-                    dwarf_entries.append((lo, hi, s.name, s.link_name or s.name))
-            procs = procedures(mod, extra_elves, dwarf_entries, demangle_names=demangle_all)
+                    lo_ = min(a for a, _ in s.ranges)
+                    hi_ = max(b for _, b in s.ranges)
+                    dwarf_entries.append((lo_, hi_, s.name, s.link_name or s.name))
+            table = procedure_table(mod, extra_elves, dwarf_entries, base=base)
         finally:
             if dbg_mod is not None:
                 dbg_mod.close()
-        self.procs: Sequence[Procedure] = procs
+        self.table = table
+        self.procs = table.procedures(True) if demangle_all else table
         self.demangled = demangle_all
         self.lines = dbg.lines if dbg is not None else _empty_lines()
-        noret_extra = dbg.info.noreturn_names if dbg is not None else set()
-        self.entry = np.array([p.entry for p in procs], dtype=np.uint64)
-        self.end = np.array([p.end for p in procs], dtype=np.uint64)
-        self.noret_addrs = {p.entry for p in procs if is_no_return(p.link_name, noret_extra)}
+        self.entry = table.entry
+        self.end = table.end
+        if dbg is not None:
+            self.cu_lo, self.cu_hi, self.cu_key = dbg.cu_lo, dbg.cu_hi, dbg.cu_key
+            self.unit_noreturn = dbg.info.unit_noreturn
+        else:
+            self.cu_lo = self.cu_hi = np.zeros(0, np.uint64)
+            self.cu_key = np.zeros(0, np.int64)
+            self.unit_noreturn = {}
+        self._noret: dict[tuple[int, ...], _NoReturn] = {}
         self.base = os.path.basename(mod.path)
-        entries = self.entry.tolist()
         # Inlined records per procedure (by the procedure containing each record's first range).
-        self.inl_by_proc: dict[int, list[int]] = defaultdict(list)
         self.inlined = dbg.info.inlined if dbg is not None else []
-        for k, rec in enumerate(self.inlined):
-            lo = min(a for a, _ in rec.ranges)
-            pi = bisect.bisect_right(entries, lo) - 1
-            if pi >= 0 and lo < procs[pi].end:
-                self.inl_by_proc[pi].append(k)
-        self.sub_names: dict[int, str] = {}
+        self._index_inlined()
+        self.sub_names = {}
         if dbg is not None:
             for s in dbg.info.subprograms:
-                for lo, _hi in s.ranges:
-                    self.sub_names.setdefault(lo, s.name)
+                for lo_, _hi in s.ranges:
+                    self.sub_names.setdefault(lo_, s.name)
         self.reader = _SectionReader(mod)
 
-    # -- the module-wide facts as flat arrays (structure/ondemand.py caches them) -----------
+    def covers(self, addrs: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+        """Whether the procedure holding each address is known exactly here: always when the
+        whole DWARF was read, else where the address lies between the symbols around one of
+        the addresses it was prepared for."""
+        if not self.partial:
+            return np.ones(len(addrs), dtype=bool)
+        k = np.searchsorted(self.span_lo, addrs, side="right").astype(np.int64) - 1
+        ok = k >= 0
+        return ok & (addrs < self.span_hi[np.maximum(k, 0)])
 
-    _ORIGINS = ("symbol", "plt", "fde", "dwarf", "section")
+    def noreturn_for(self, entry: int) -> _NoReturn:
+        """The no-return callees as seen from the procedure at ``entry``: those named in
+        :data:`~callpath.structure.noreturn.NO_RETURN` and those its own units (the units
+        whose code covers its entry) mark ``DW_AT_noreturn``. The caller's units, not all of
+        the module's: what the compiler of the call knew, and what a build of only the
+        procedures near the sampled addresses can read."""
+        e = np.uint64(entry)
+        hit = (self.cu_lo <= e) & (self.cu_hi > e)
+        keys = tuple(sorted(set(self.cu_key[hit].tolist()))) if len(self.cu_lo) else ()
+        got = self._noret.get(keys)
+        if got is None:
+            names: set[str] = set()
+            for k in keys:
+                names |= self.unit_noreturn.get(k, set())
+            got = self._noret[keys] = _NoReturn(self.table, names)
+        return got
+
+    # -- the module-wide facts as flat arrays (structure/ondemand.py caches them) -----------
 
     def state(self) -> dict[str, npt.NDArray[Any]]:
         """Everything :meth:`build` needs but the ELF file itself, as arrays: a later run that
         touches new procedures of the module builds them without reading its symbol tables
         and DWARF again (libtorch_cpu.so's 441k symbols, libpython's DWARF: seconds each).
         Names are stored zlib-compressed (libtorch_cpu.so's mangled names: 38 MB raw)."""
-        import zlib
-
         procs = self.procs
-        origin = {o: k for k, o in enumerate(self._ORIGINS)}
-        link = [p.link_name for p in procs]
         shown = [p.name for p in procs] if self.demangled else []
         inl = self.inlined
         rptr = np.zeros(len(inl) + 1, dtype=np.int64)
@@ -239,16 +320,19 @@ class PreparedModule:
         sub_lo = sorted(self.sub_names)
 
         def blob(strings: list[str]) -> npt.NDArray[np.uint8]:
-            raw = "\0".join(strings).encode("utf-8", "surrogatepass")
+            return raw_blob("\0".join(strings).encode("utf-8", "surrogatepass"))
+
+        def raw_blob(raw: bytes) -> npt.NDArray[np.uint8]:
             return np.frombuffer(zlib.compress(raw, 1), dtype=np.uint8)
 
         return {
-            "entry": self.entry, "end": self.end,
-            "origin": np.array([origin.get(p.origin, 0) for p in procs], dtype=np.uint8),
-            "link": blob(link), "shown": blob(shown),
+            "entry": self.entry, "end": self.end, "origin": self.table.origin,
+            **self._table_state(), "shown": blob(shown),
             "counts": np.array([len(procs), len(shown), len(inl), len(sub_lo),
                                 len(self.lines.files), int(self.demangled)], dtype=np.int64),
-            "noret": np.array(sorted(self.noret_addrs), dtype=np.uint64),
+            "cu_lo": self.cu_lo, "cu_hi": self.cu_hi, "cu_key": self.cu_key,
+            "noret_names": blob(sorted(f"{k}\t{nm}" for k, names in self.unit_noreturn.items()
+                                       for nm in names)),
             "l_addr": self.lines.address, "l_file": self.lines.file,
             "l_line": self.lines.line, "l_files": blob(self.lines.files),
             "i_parent": np.array([r.parent for r in inl], dtype=np.int64),
@@ -261,9 +345,60 @@ class PreparedModule:
             "s_names": blob([self.sub_names[a] for a in sub_lo]),
         }
 
-    def _restore(self, st: dict[str, npt.NDArray[Any]]) -> None:
-        import zlib
+    def _table_state(self) -> dict[str, npt.NDArray[Any]]:
+        """The procedure names as byte ranges of their blobs, and the blobs: a string table
+        by where it is in the file (libtorch_cpu.so's 59 MB of names were 0.4 s to join and
+        compress), the others compressed."""
+        tb = self.table
+        inline = [zlib.compress(b, 1) if w is None else b"" for b, w in
+                  zip(tb.blobs, tb.wheres, strict=True)]
+        wide = np.int64 if len(tb.nhi) and int(tb.nhi.max()) >= 1 << 32 else np.uint32
+        where = "\0".join("" if w is None else f"{w[1]}\t{w[2]}\t{w[0]}" for w in tb.wheres)
+        return {
+            "t_src": tb.src.astype(np.uint16), "t_lo": tb.nlo.astype(wide),
+            "t_hi": tb.nhi.astype(wide),
+            "b_where": np.frombuffer(where.encode("utf-8", "surrogateescape"), np.uint8),
+            "b_len": np.array([len(x) for x in inline], np.int64),
+            "b_inline": np.frombuffer(b"".join(inline), np.uint8),
+        }
 
+    def _restore_table(self, st: dict[str, npt.NDArray[Any]], origin: npt.NDArray[np.uint8]
+                       ) -> ProcedureTable:
+        wheres = st["b_where"].tobytes().decode("utf-8", "surrogateescape").split("\0")
+        lens = st["b_len"].tolist()
+        if len(lens) != len(wheres):
+            raise ValueError("inconsistent name blobs")
+        raw = st["b_inline"].tobytes()
+        blobs: list[bytes] = []
+        places: list[tuple[str, int, int] | None] = []
+        at = 0
+        for w, n in zip(wheres, lens, strict=True):
+            if w:
+                off, size, path = w.split("\t", 2)
+                try:
+                    with open(path, "rb") as f:
+                        data = os.pread(f.fileno(), int(size), int(off))
+                except OSError as e:
+                    raise ValueError(f"{path}: {e}") from None
+                if len(data) != int(size):
+                    raise ValueError(f"{path}: shorter than its string table")
+                blobs.append(data)
+                places.append((path, int(off), int(size)))
+            else:
+                blobs.append(zlib.decompress(raw[at:at + n]))
+                places.append(None)
+            at += n
+        src = st["t_src"].astype(np.int32)
+        lo, hi = st["t_lo"].astype(np.int64), st["t_hi"].astype(np.int64)
+        if not len(src) == len(lo) == len(hi) == len(self.entry):
+            raise ValueError("inconsistent procedure table")
+        if len(src):
+            blob_len = np.array([len(b) for b in blobs], np.int64)
+            if int(src.max()) >= len(blobs) or (hi > blob_len[src]).any() or (lo > hi).any():
+                raise ValueError("procedure names outside their blobs")
+        return ProcedureTable(self.entry, self.end, origin, blobs, src, lo, hi, places)
+
+    def _restore(self, st: dict[str, npt.NDArray[Any]]) -> None:
         def unblob(a: npt.NDArray[Any], n: int) -> list[str]:
             if n == 0:
                 return []
@@ -272,15 +407,28 @@ class PreparedModule:
         n_procs, n_shown, n_inl, n_sub, n_files, demangled = (int(x) for x in st["counts"])
         self.entry = np.asarray(st["entry"], dtype=np.uint64)
         self.end = np.asarray(st["end"], dtype=np.uint64)
-        link = unblob(st["link"], n_procs)
-        shown = unblob(st["shown"], n_shown) if demangled else link
-        origin = [self._ORIGINS[k] for k in st["origin"].tolist()]
-        if not (len(self.entry) == len(self.end) == len(link) == len(shown) == len(origin)
-                == n_procs):
+        origin = np.asarray(st["origin"], dtype=np.uint8)
+        if not len(self.entry) == len(self.end) == len(origin) == n_procs:
             raise ValueError("inconsistent procedure table")
-        self.procs = _ProcTable(self.entry, self.end, link, shown, origin)
+        self.table = self._restore_table(st, origin)
         self.demangled = bool(demangled)
-        self.noret_addrs = set(st["noret"].tolist())
+        self.procs = self.table
+        if demangled:
+            shown = unblob(st["shown"], n_shown)
+            if len(shown) != n_procs:
+                raise ValueError("inconsistent procedure table")
+            self.procs = [Procedure(p.entry, p.end, p.link_name, nm, p.origin)
+                          for p, nm in zip(self.table.procedures(False), shown, strict=True)]
+        self.cu_lo = np.asarray(st["cu_lo"], dtype=np.uint64)
+        self.cu_hi = np.asarray(st["cu_hi"], dtype=np.uint64)
+        self.cu_key = np.asarray(st["cu_key"], dtype=np.int64)
+        self.unit_noreturn = {}
+        for item in zlib.decompress(st["noret_names"].tobytes()).decode(
+                "utf-8", "surrogatepass").split("\0"):
+            if item:
+                k, nm = item.split("\t", 1)
+                self.unit_noreturn.setdefault(int(k), set()).add(nm)
+        self._noret = {}
         self.lines = LineTable(np.asarray(st["l_addr"], dtype=np.uint64),
                                np.asarray(st["l_file"], dtype=np.int32),
                                np.asarray(st["l_line"], dtype=np.int32),
@@ -297,14 +445,20 @@ class PreparedModule:
         self.sub_names = dict(zip(st["s_lo"].tolist(), unblob(st["s_names"], n_sub),
                                   strict=True))
         self.base = os.path.basename(self.mod.path)
-        self.inl_by_proc = defaultdict(list)
-        entries = self.entry.tolist()
-        for k, rec in enumerate(self.inlined):
-            first = min(a for a, _ in rec.ranges)
-            pi = bisect.bisect_right(entries, first) - 1
-            if pi >= 0 and first < int(self.end[pi]):
-                self.inl_by_proc[pi].append(k)
+        self._index_inlined()
         self.reader = _SectionReader(self.mod)
+
+    def _index_inlined(self) -> None:
+        """Inlined records per procedure: the one containing each record's first range."""
+        self.inl_by_proc: dict[int, list[int]] = defaultdict(list)
+        if not self.inlined:
+            return
+        first = np.array([min(a for a, _ in rec.ranges) for rec in self.inlined], np.uint64)
+        pi = np.searchsorted(self.entry, first, side="right").astype(np.int64) - 1
+        ok = pi >= 0
+        ok &= first < self.end[np.maximum(pi, 0)]
+        for k, p in zip(np.flatnonzero(ok).tolist(), pi[ok].tolist(), strict=True):
+            self.inl_by_proc[p].append(k)
 
     def groups(self, selection: npt.NDArray[np.int64] | None = None
                ) -> tuple[list[str], dict[str, list[int]]]:
@@ -340,7 +494,8 @@ class PreparedModule:
                 name = p.name if self.demangled else demangle(p.name)
                 display = self.sub_names.get(p.entry, name) if p.origin != "plt" else name
                 _build_proc(b, fscope, p, display, int(pl), fname, lines, self.inlined,
-                            self.inl_by_proc.get(i, []), self.reader, self.noret_addrs,
+                            self.inl_by_proc.get(i, []), self.reader,
+                            self.noreturn_for(p.entry),
                             self.base)
                 done += 1
                 if progress is not None and done % 256 == 0:
@@ -409,6 +564,7 @@ class _SectionReader:
                         sec["sh_addr"]:
                     self.secs.append((int(sec["sh_addr"]), int(sec["sh_size"]), sec))
         self.cache: dict[int, bytes] = {}
+        self.blocks: dict[tuple[int, int], bytes] = {}
         self.text = {s.addr: s for s in mod.text_sections}
 
     def release_text(self) -> None:
@@ -426,23 +582,68 @@ class _SectionReader:
             if lo not in self.cache:
                 self.cache[lo] = bytes(sec.data())  # type: ignore[attr-defined]
 
+    #: bytes read from the file at a time (and kept): a jump table is read entry by entry,
+    #: and reading libtorch_cpu.so's whole ``.rodata`` for a few tables was 0.3 s
+    BLOCK = 1 << 16
+
     def read(self, addr: int, n: int) -> bytes | None:
         for lo, size, sec in self.secs:
             if lo <= addr < lo + size:
                 off = addr - lo
-                data = self.cache.get(lo)
-                if data is None:
-                    if isinstance(sec, int):  # a file offset: the section read once, whole
-                        # (a jump table is read entry by entry: a system call each was slow)
+                stop = min(off + n, size)
+                if not isinstance(sec, int):  # pyelftools' section: read whole, once
+                    data = self.cache.get(lo)
+                    if data is None:
+                        data = self.cache[lo] = bytes(sec.data())  # type: ignore[attr-defined]
+                    return data[off:stop]
+                out = []
+                blk = self.BLOCK
+                for b in range(off // blk, (max(stop, off + 1) - 1) // blk + 1):
+                    key = (lo, b)
+                    data = self.blocks.get(key)
+                    if data is None:
+                        want = min(blk, size - b * blk)
                         try:
-                            data = os.pread(self.mod.stream.fileno(), size, sec)
+                            data = os.pread(self.mod.stream.fileno(), want, sec + b * blk)
                         except OSError:
                             return None
-                    else:
-                        data = bytes(sec.data())  # type: ignore[attr-defined]
-                    self.cache[lo] = data
-                return data[off:min(off + n, size)]
+                        self.blocks[key] = data
+                    out.append(data)
+                first = (off // blk) * blk
+                return b"".join(out)[off - first:stop - first]
         return None
+
+
+def _around(entries: npt.NDArray[np.uint64], addrs: npt.NDArray[np.uint64]
+            ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """Per address (sorted), ``[previous entry, next entry)`` (``[0, ...)`` before the first,
+    ``[..., 2**64 - 1)`` after the last), overlapping spans merged: sorted, disjoint."""
+    top = np.uint64(np.iinfo(np.uint64).max)
+    k = np.searchsorted(entries, addrs, side="right").astype(np.int64) - 1
+    lo = np.where(k >= 0, entries[np.maximum(k, 0)] if len(entries) else 0, 0).astype(np.uint64)
+    nxt = k + 1
+    hi = np.where(nxt < len(entries), entries[np.minimum(nxt, max(len(entries) - 1, 0))]
+                  if len(entries) else top, top).astype(np.uint64)
+    if len(lo) == 0:
+        return lo, hi
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], hi[order]
+    run_hi = np.maximum.accumulate(hi)
+    start = np.ones(len(lo), dtype=bool)
+    start[1:] = lo[1:] > run_hi[:-1]
+    ends = np.append(np.flatnonzero(start)[1:], len(lo)) - 1
+    return lo[start], run_hi[ends]
+
+
+def _overlaps(a_lo: npt.NDArray[np.uint64], a_hi: npt.NDArray[np.uint64],
+              b_lo: npt.NDArray[np.uint64], b_hi: npt.NDArray[np.uint64]
+              ) -> npt.NDArray[np.bool_]:
+    """Per range ``a``, whether it meets one of the sorted disjoint ranges ``b``."""
+    if len(b_lo) == 0:
+        return np.zeros(len(a_lo), dtype=bool)
+    j = np.searchsorted(b_lo, a_hi, side="left").astype(np.int64) - 1
+    ok = j >= 0
+    return ok & (b_hi[np.maximum(j, 0)] > a_lo) & (a_hi > a_lo)
 
 
 def _lines_at(lines: LineTable, addrs: npt.NDArray[np.uint64]) -> tuple[
@@ -470,7 +671,7 @@ def _has_back_branch(code: Code) -> bool:
 
 def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pline: int,
                 fname: str, lines: LineTable, inlined: list[Inlined], inl_ids: list[int],
-                reader: _SectionReader, noret: set[int], base: str) -> None:
+                reader: _SectionReader, noret: _NoReturn, base: str) -> None:
     lo, hi = p.entry, p.end
     sec = next(s for s in reader.mod.text_sections if s.addr <= lo < s.addr + s.size)
     code = decode(sec.data, sec.addr, lo, hi)
@@ -613,15 +814,20 @@ def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pl
         return path
 
     # Loop lines: the branch at the end of the latest back-edge source block.
+    # (one lookup of every latch and header: a lookup per loop was ~10% of the build)
     loop_line: list[tuple[int, int]] = []
-    for lpo in loops:
-        srcs = list(lpo.back_sources) or [lpo.header]
-        latch = max(srcs, key=lambda x: graph.start[x])
-        addr = code.ip[graph.last[latch]]
-        f, ln = _lines_at(lines, np.array([addr], np.uint64))
-        if ln[0] <= 0:
-            f, ln = _lines_at(lines, np.array([graph.start[lpo.header]], np.uint64))
-        loop_line.append((int(f[0]), int(ln[0])))
+    if loops:
+        latch_at = []
+        for lpo in loops:
+            srcs = list(lpo.back_sources) or [lpo.header]
+            latch = max(srcs, key=lambda x: graph.start[x])
+            latch_at.append(code.ip[graph.last[latch]])
+        head_at = [graph.start[lpo.header] for lpo in loops]
+        lf, ll = _lines_at(lines, np.array(latch_at + head_at, np.uint64))
+        n_l = len(loops)
+        for f1, l1, f2, l2 in zip(lf[:n_l].tolist(), ll[:n_l].tolist(), lf[n_l:].tolist(),
+                                  ll[n_l:].tolist(), strict=True):
+            loop_line.append((f1, l1) if l1 > 0 else (f2, l2))
 
     # Build the local scope trie: node -> (kind, ref), children, statements.
     proc_ranges = [(lo, lo + 1)]
@@ -667,6 +873,16 @@ def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pl
         else:
             rs.append((a, c))
 
+    # The line of each inlined scope's first address, all in one lookup.
+    alien_nodes = [ch for ch in range(1, len(node_info)) if node_info[ch][0] != 1]
+    alien_line: dict[int, tuple[int, int]] = {}
+    if alien_nodes:
+        firsts = [min(a for a, _ in clipped[node_info[ch][1]]) if clipped[node_info[ch][1]]
+                  else node_first[ch] for ch in alien_nodes]
+        af, al = _lines_at(lines, np.array(firsts, np.uint64))
+        alien_line = dict(zip(alien_nodes, zip(af.tolist(), al.tolist(), strict=True),
+                              strict=True))
+
     def emit(node: int, scope: int) -> None:
         for (f, ln), rs in sorted(node_stmts[node].items(), key=lambda kv: kv[1][0][0]):
             st = b.add(Kind.STMT, scope, file=lines.files[f] if f >= 0 else None, line=ln,
@@ -686,10 +902,9 @@ def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pl
                            line=ln, ranges=[(h, h + 1)])
             else:
                 rec = inlined[inl_ids[ref]]
-                first = min(a for a, _ in clipped[ref]) if clipped[ref] else node_first[ch]
-                ff, fl = _lines_at(lines, np.array([first], np.uint64))
+                ff, fl = alien_line[ch]
                 sc = b.add(Kind.ALIEN, scope, name=rec.name,
-                           file=lines.files[ff[0]] if ff[0] >= 0 else None, line=int(fl[0]),
+                           file=lines.files[ff] if ff >= 0 else None, line=fl,
                            call_file=lines.files[rec.call_file] if rec.call_file >= 0 else None,
                            call_line=rec.call_line, ranges=clipped[ref])
             emit(ch, sc)

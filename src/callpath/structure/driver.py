@@ -68,9 +68,9 @@ def analyze_path(path: str, threads: int = 1,
 
 
 #: Bumped whenever the analysis changes what it finds (v2: call sites, split DWARF, ifuncs;
-#: v3: procedures named from symbols demangled): cache entries stamped with another version
-#: are recomputed.
-ANALYSIS_VERSION = 3
+#: v3: procedures named from symbols demangled; v4: a callee is no-return where the caller's
+#: own DWARF units mark it so): cache entries stamped with another version are recomputed.
+ANALYSIS_VERSION = 4
 _STAMP = f"callpath struct analysis {ANALYSIS_VERSION}"
 
 

@@ -13,6 +13,7 @@ addresses in this file's ``.debug_addr``) are handled.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -107,8 +108,11 @@ class DebugInfo:
     units: list[tuple[int, str]] = field(default_factory=list)  # (stmt_list, comp_dir)
     subprograms: list[Subprogram] = field(default_factory=list)
     inlined: list[Inlined] = field(default_factory=list)
-    #: DIE offsets (in the main file) of abstract subprograms marked DW_AT_noreturn.
+    #: Names of subprograms marked DW_AT_noreturn, in any unit read.
     noreturn_names: set[str] = field(default_factory=set)
+    #: The same per unit (by the offset of its unit in the main file's ``.debug_info``): a
+    #: call is taken as never returning where the caller's own unit says so.
+    unit_noreturn: dict[int, set[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -132,6 +136,7 @@ class _Sections:
         self.addr = get(".debug_addr")
         self.ranges = get(".debug_ranges")
         self.rnglists = get(".debug_rnglists")
+        self.get = get
         self.abbrev_cache: dict[int, dict[int, _Abbrev]] = {}
         self.unit_starts: list[int] = []
 
@@ -315,6 +320,9 @@ class DwarfReader:
         self.open_dwo = open_dwo
         self.dwo: list[_Sections] = []  # alt id 2 + k
         self._names: dict[tuple[int, int], tuple[str, str, tuple[int, int] | None]] = {}
+        #: sorted disjoint ``(lo, hi)`` lists: walk only the subprograms with code there
+        #: (:meth:`read`); None: all
+        self.near: tuple[list[int], list[int]] | None = None
         self._unit_cache: dict[tuple[int, int], _Unit] = {}
 
     # -- strings and addresses -------------------------------------------------------------
@@ -529,12 +537,26 @@ class DwarfReader:
                 break
         return (name, link, nxt)
 
-    def units(self) -> list[tuple[int, str]]:
-        """``(DW_AT_stmt_list, DW_AT_comp_dir)`` of every unit, from the unit DIEs alone."""
+    def unit_offsets(self) -> list[int]:
+        """Offsets of every unit of the main file's ``.debug_info`` (from their lengths)."""
+        sec = self.main
+        if not sec.unit_starts:
+            pos, d = 0, sec.info
+            while pos + 4 <= len(d):
+                sec.unit_starts.append(pos)
+                length = int.from_bytes(d[pos:pos + 4], "little")
+                pos += 4 + (int.from_bytes(d[pos + 4:pos + 12], "little") + 8
+                            if length == 0xFFFFFFFF else length)
+        return sec.unit_starts
+
+    def units(self, only: set[int] | None = None) -> list[tuple[int, str]]:
+        """``(DW_AT_stmt_list, DW_AT_comp_dir)`` of every unit (or of the units at the
+        offsets ``only``), from the unit DIEs alone."""
         out: list[tuple[int, str]] = []
         sec = self.main
-        pos = 0
-        while pos < len(sec.info):
+        for pos in self.unit_offsets():
+            if only is not None and pos not in only:
+                continue
             u = _Unit(sec, pos)
             try:
                 top = self._unit_base_attrs(u)
@@ -543,28 +565,64 @@ class DwarfReader:
             if AT_stmt_list in top:
                 cd = self._string(u, *top[AT_comp_dir], 0) if AT_comp_dir in top else ""
                 out.append((int(top[AT_stmt_list][1]), cd))  # type: ignore[call-overload]
-            pos = u.end
         return out
+
+    def unit_ranges(self) -> tuple[list[int], list[tuple[int, int, int]]]:
+        """The code each unit covers: ``(units of unknown extent, [(lo, hi, unit)...])``.
+
+        From ``.debug_aranges`` for the units it lists; for the others, from the unit DIE's
+        ``DW_AT_low_pc``/``high_pc``/``ranges`` (read only for those: parsing every unit's
+        abbreviations was 0.7 s of libc's 2063 units). A unit with neither may hold code
+        anywhere. This is what lets :mod:`callpath.structure.binary` read only the units
+        holding the procedures a measurement touched, and what decides, for both that and
+        the whole binary, which units' ``DW_AT_noreturn`` a caller sees."""
+        offsets = self.unit_offsets()
+        spans: list[tuple[int, int, int]] = []
+        listed: set[int] = set()
+        ar = self.main.get(".debug_aranges")
+        if ar:
+            try:
+                spans, listed = _aranges(ar)
+            except (IndexError, ValueError):
+                raise FormatError(self.main.path, "corrupt .debug_aranges") from None
+        unknown: list[int] = []
+        for off in offsets:
+            if off in listed:
+                continue
+            u = _Unit(self.main, off)
+            try:
+                top = self._unit_base_attrs(u)
+                rng = self._ranges(u, top)
+            except IndexError:
+                raise FormatError(self.main.path, "truncated unit DIE", off) from None
+            if u.unit_type in (2, 6):  # type units hold no code
+                continue
+            if rng:
+                spans.extend((a, b, off) for a, b in rng)
+            else:
+                unknown.append(off)
+        known = set(offsets)
+        return unknown, [x for x in spans if x[2] in known]
 
     # -- the walk --------------------------------------------------------------------------
 
-    def read(self, file_of: Callable[[int, int], int]) -> DebugInfo:
-        """Walk every unit. ``file_of(stmt_list, index)`` maps a unit's file number to a global
-        file id (the line tables are decoded first, so their file tables are known)."""
+    def read(self, file_of: Callable[[int, int], int], only: set[int] | None = None
+             ) -> DebugInfo:
+        """Walk every unit (or the units at the offsets ``only``). ``file_of(stmt_list,
+        index)`` maps a unit's file number to a global file id (the line tables are decoded
+        first, so their file tables are known)."""
         out = DebugInfo()
         sec = self.main
-        d = sec.info
-        pos = 0
-        while pos < len(d):
+        for pos in self.unit_offsets():
+            if only is not None and pos not in only:
+                continue
             u = _Unit(sec, pos)
             self._unit_cache[(0, pos)] = u
-            sec.unit_starts.append(pos)
             try:
                 self._walk_unit(u, out, file_of)
             except IndexError:
                 raise FormatError(sec.path, "truncated or corrupt DIE in .debug_info",
                                   u.offset) from None
-            pos = u.end
             if u.unit_type == 4 or (u.version < 5 and u.dwo_name_seen):
                 self._walk_split(u, out, file_of)  # a skeleton: the DIEs are in a .dwo file
         for s in out.subprograms:
@@ -617,7 +675,8 @@ class DwarfReader:
                 if u.version < 5:
                     u.str_offsets_base = 0  # GNU's .debug_str_offsets.dwo has no header
                 try:
-                    self._walk_unit(u, out, file_of, stmt_of_skeleton=stmt)
+                    self._walk_unit(u, out, file_of, stmt_of_skeleton=stmt,
+                                    key=skel.offset)
                 except IndexError:
                     raise FormatError(path, "truncated or corrupt DIE in .debug_info.dwo",
                                       u.offset) from None
@@ -625,8 +684,10 @@ class DwarfReader:
 
     def _walk_unit(self, u: _Unit, out: DebugInfo,
                    file_of: Callable[[int, int], int],
-                   stmt_of_skeleton: int | None = None) -> None:
+                   stmt_of_skeleton: int | None = None, key: int | None = None) -> None:
+        near = self.near
         d = u.sec.info
+        unit_nr = out.unit_noreturn.setdefault(u.offset if key is None else key, set())
         top = self._unit_base_attrs(u)
         if stmt_of_skeleton is not None:  # a split unit: lines and files are the skeleton's
             stmt = stmt_of_skeleton
@@ -638,9 +699,10 @@ class DwarfReader:
         alt = u.alt
         abbrevs = u.abbrevs
         walk_tags = _WALK_TAGS
-        # Stack of (subprogram index, inlined index) contexts for DIEs with children.
-        stack: list[tuple[int, int]] = []
-        ctx = (-1, -1)
+        # Stack of (subprogram index, inlined index, inside a subprogram) contexts for DIEs
+        # with children.
+        stack: list[tuple[int, int, bool]] = []
+        ctx = (-1, -1, False)
         pos = u.die_start
         end = u.end
         subs, inls = out.subprograms, out.inlined
@@ -679,8 +741,21 @@ class DwarfReader:
             if tag == TAG_subprogram:
                 if alt != 1:
                     self._names[(alt, die_off)] = self._name_entry(u, alt, attrs)
+                if AT_noreturn in attrs and AT_name in attrs:
+                    nm = self._string(u, *attrs[AT_name], alt)
+                    out.noreturn_names.add(nm)
+                    if not ctx[2]:  # declared at file scope (not inside a function)
+                        unit_nr.add(nm)
+                rng = self._ranges(u, attrs) if AT_declaration not in attrs else []
+                if near is not None and ab.children and not _meets(rng, *near):
+                    # no code near the addresses asked for: its subtree is skipped whole
+                    sib = attrs.get(AT_sibling)
+                    if sib is not None and sib[0] in _REF_LOCAL:
+                        target = u.offset + int(sib[1])  # type: ignore[call-overload]
+                        if pos <= target <= end:
+                            pos = target
+                            continue
                 if AT_declaration not in attrs:
-                    rng = self._ranges(u, attrs)
                     if rng:
                         df = -1
                         if AT_decl_file in attrs and stmt >= 0:
@@ -688,11 +763,11 @@ class DwarfReader:
                         dl = int(attrs[AT_decl_line][1]) if AT_decl_line in attrs else 0  # type: ignore[call-overload]
                         subs.append(Subprogram(die_off, rng, (alt, die_off), df, dl,
                                                AT_noreturn in attrs))
-                        new = (len(subs) - 1, -1)
+                        new = (len(subs) - 1, -1, True)
                     else:
-                        new = (-1, -1)
-                if AT_noreturn in attrs and AT_name in attrs:
-                    out.noreturn_names.add(self._string(u, *attrs[AT_name], alt))
+                        new = (-1, -1, True)
+                else:
+                    new = (ctx[0], ctx[1], True)
             elif tag == TAG_inlined_subroutine and ctx[0] >= 0:
                 rng = self._ranges(u, attrs)
                 if rng and AT_abstract_origin in attrs:
@@ -702,10 +777,57 @@ class DwarfReader:
                     cl = int(attrs[AT_call_line][1]) if AT_call_line in attrs else 0  # type: ignore[call-overload]
                     origin = self._ref(u, alt, *attrs[AT_abstract_origin])
                     inls.append(Inlined(ctx[0], ctx[1], rng, origin, cf, cl))
-                    new = (ctx[0], len(inls) - 1)
+                    new = (ctx[0], len(inls) - 1, ctx[2])
             if ab.children:
                 stack.append(ctx)
                 ctx = new
+
+
+def _meets(rng: list[tuple[int, int]], lo: list[int], hi: list[int]) -> bool:
+    """Whether one of the ranges ``rng`` meets one of the sorted disjoint ``[lo, hi)``."""
+    for a, b in rng:
+        j = bisect.bisect_left(lo, b) - 1
+        if j >= 0 and hi[j] > a:
+            return True
+    return False
+
+
+def _aranges(d: bytes) -> tuple[list[tuple[int, int, int]], set[int]]:
+    """``[(lo, hi, unit offset)...]`` of ``.debug_aranges`` and the units it lists."""
+    out: list[tuple[int, int, int]] = []
+    listed: set[int] = set()
+    pos = 0
+    while pos + 4 <= len(d):
+        start = pos
+        length = int.from_bytes(d[pos:pos + 4], "little")
+        pos += 4
+        offsz = 4
+        if length == 0xFFFFFFFF:
+            length = int.from_bytes(d[pos:pos + 8], "little")
+            pos += 8
+            offsz = 8
+        end = pos + length
+        if length == 0 or end > len(d):
+            raise ValueError("set runs past the section")
+        pos += 2  # version
+        cu = int.from_bytes(d[pos:pos + offsz], "little")
+        pos += offsz
+        asz, seg = d[pos], d[pos + 1]
+        pos += 2
+        if asz not in (4, 8) or seg:
+            raise ValueError("unsupported address or segment size")
+        pos = start + -(-(pos - start) // (2 * asz)) * (2 * asz)  # tuples are aligned
+        listed.add(cu)
+        while pos + 2 * asz <= end:
+            a = int.from_bytes(d[pos:pos + asz], "little")
+            n = int.from_bytes(d[pos + asz:pos + 2 * asz], "little")
+            pos += 2 * asz
+            if a == 0 and n == 0:
+                break
+            if n:
+                out.append((a, a + n, cu))
+        pos = end
+    return out, listed
 
 
 def _cstr(sec: bytes | None, off: int, path: str, name: str) -> str:

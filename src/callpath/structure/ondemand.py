@@ -46,7 +46,7 @@ from callpath.structure.driver import (
 from callpath.structure.model import Structure, StructureBuilder, concat_structures
 
 #: Bumped whenever the entry's layout changes (the analysis version is checked too).
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _FORMAT = "callpath on-demand structure"
 
 
@@ -113,7 +113,8 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
     from callpath.structure.elf import open_elf
 
     s: Structure | None = None
-    lo = hi = done = np.zeros(0, np.uint64)
+    empty = np.zeros(0, np.uint64)
+    lo = hi = done = nowhere = empty
     found = -1
     for n, c in enumerate(req.cache):
         got = store.load(c, _expect())
@@ -122,6 +123,7 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
             try:
                 lo, hi = extra["proc_lo"].astype(np.uint64), extra["proc_hi"].astype(np.uint64)
                 done = extra["done"].astype(np.uint64)
+                nowhere = extra["nowhere"].astype(np.uint64)
             except KeyError:
                 s = None
                 continue
@@ -132,10 +134,13 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
             break
     prep = None
     mod = None
+    addrs = np.asarray(req.addrs, dtype=np.uint64)
 
     def prepare() -> PreparedModule:
         """The module-wide facts: from the per-user state entry when there is one, else
-        read from the file (and kept there for the next run that needs them)."""
+        read from the file (and kept there for the next run that needs them). A module with
+        symbols and DWARF has its DWARF read only around ``addrs`` (no state is kept: it
+        holds only what these addresses needed, and is read again in milliseconds)."""
         nonlocal mod
         mod = open_elf(req.path)
         if req.state is not None:
@@ -145,44 +150,80 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
                     return PreparedModule(mod, demangle_all=False, state=got_state[1])
                 except (ValueError, KeyError, IndexError, TypeError, zlib.error):
                     pass  # a damaged entry: read the file
-        p = PreparedModule(mod, demangle_all=False)
-        if req.state is not None:
+        p = PreparedModule(mod, demangle_all=False, near=addrs)
+        if req.state is not None and not p.partial:
             store.save_arrays(req.state, _expect_state(), p.state())
         return p
 
-    try:
-        if found < 0:
-            prep = prepare()
-            lo, hi = prep.entry, prep.end
-        known = len(done)
-        addrs = np.asarray(req.addrs, dtype=np.uint64)
-        i = np.searchsorted(lo, addrs, side="right").astype(np.int64) - 1
+    def locate(entry: npt.NDArray[np.uint64], end: npt.NDArray[np.uint64]
+               ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        i = np.searchsorted(entry, addrs, side="right").astype(np.int64) - 1
         ok = i >= 0
-        ok &= addrs < hi[np.where(ok, i, 0)] if len(hi) else False
-        need = np.unique(i[ok])
-        missing = need[~np.isin(lo[need], done)]
-        if len(missing):
-            if prep is None:
+        ok &= addrs < end[np.where(ok, i, 0)] if len(end) else False
+        return i, ok
+
+    missing = np.zeros(0, np.int64)
+    grown = False
+    try:
+        known = len(done)
+        if found >= 0:
+            i, ok = locate(lo, hi)
+            need = np.unique(i[ok])
+            loose = addrs[~ok]
+            if len(need[~np.isin(lo[need], done)]) or len(loose[~np.isin(loose, nowhere)]):
                 prep = prepare()
-                if not np.array_equal(prep.entry, lo):  # cannot happen for one build-id
+                if not prep.partial and not np.array_equal(prep.entry, lo):
+                    # cannot happen for one build-id
                     raise CallpathError(f"{req.path}: its procedures differ from the cached "
                                         "ones of the same build-id")
-            order, groups = prep.groups(missing)
-            new = prep.build_parallel(order, groups, jobs, min_procs=ONDEMAND_PARALLEL_MIN)
-            s = new if s is None else concat_structures([s, new])
-            done = np.union1d(done, lo[missing]).astype(np.uint64)
+        else:
+            prep = prepare()
+        if prep is not None:
+            # the prepared table is exact around every requested address
+            i, ok = locate(prep.entry, prep.end)
+            need = np.unique(i[ok])
+            missing = need[~np.isin(prep.entry[need], done)]
+            if len(missing):
+                order, groups = prep.groups(missing)
+                new = prep.build_parallel(order, groups, jobs, min_procs=ONDEMAND_PARALLEL_MIN)
+                s = new if s is None else concat_structures([s, new])
+                done = np.union1d(done, prep.entry[missing]).astype(np.uint64)
+            lost = np.setdiff1d(addrs[~ok], nowhere)
+            if len(lost):
+                nowhere = np.union1d(nowhere, lost).astype(np.uint64)
+                grown = True
+            lo, hi = _merge(lo, hi, prep.entry, prep.end) if prep.partial else (prep.entry,
+                                                                                 prep.end)
     finally:
         if mod is not None:
             mod.close()
     if s is None:
         s = _empty(req.name, None)
     s.path = req.name
-    extra_out = {"proc_lo": lo, "proc_hi": hi, "done": done}
+    extra_out = {"proc_lo": lo, "proc_hi": hi, "done": done, "nowhere": nowhere}
     head = dict(_expect(), module=req.name)
     for n, c in enumerate(req.cache):
-        if len(missing) or found < 0 or n < found:  # new, grown, or only in a later place
+        if len(missing) or grown or found < 0 or n < found:  # new, grown, or only later
             store.save(c, s, head, extra_out)
     return OnDemandResult(req, s, None, analysed=len(missing), known=known, procedures=len(lo))
+
+
+def _merge(lo: npt.NDArray[np.uint64], hi: npt.NDArray[np.uint64],
+           lo2: npt.NDArray[np.uint64], hi2: npt.NDArray[np.uint64]
+           ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """The union of two procedure tables of one module read around different addresses:
+    each knows the entries DWARF adds near its own addresses, so an entry's end is the
+    least of the two (the next entry either knows)."""
+    e = np.concatenate([lo, lo2])
+    x = np.concatenate([hi, hi2])
+    order = np.lexsort((x, e))
+    e, x = e[order], x[order]
+    first = np.ones(len(e), dtype=bool)
+    first[1:] = e[1:] != e[:-1]
+    e, x = e[first], x[first]
+    if len(e) > 1:
+        x[:-1] = np.minimum(x[:-1], e[1:])
+    return e.astype(np.uint64), x.astype(np.uint64)
 
 
 def measurement_requests(files: Sequence[Path], *, skip: set[str] | None = None,
@@ -276,14 +317,17 @@ def measurement_requests(files: Sequence[Path], *, skip: set[str] | None = None,
 def structures_for(reqs: list[ModuleRequest], workers: int,
                    progress: Callable[[int, int, OnDemandResult], None] | None = None
                    ) -> list[OnDemandResult]:
-    """:func:`structure_for` of every request: in this process when at most one of them has
-    work to do (it then gets the idle cores), else in ``workers`` processes, the biggest files
-    first. Results in the order of ``reqs``."""
-    def size(r: ModuleRequest) -> int:
+    """:func:`structure_for` of every request: in this process when there is one (it then
+    gets the idle cores), else in ``workers`` processes, the costliest first. Results in the
+    order of ``reqs``."""
+    def cost(r: ModuleRequest) -> float:
+        """Seconds, roughly: reading a module's tables grows with its file (libtorch_cpu.so's
+        446 MB: ~1 s), building with the procedures touched (~1-3 ms each)."""
         try:
-            return os.path.getsize(r.path)
+            size = os.path.getsize(r.path)
         except OSError:
-            return 0
+            size = 0
+        return size * 2e-9 + len(r.addrs) * 1e-3
 
     if workers <= 1 or len(reqs) <= 1:
         res = []
@@ -294,14 +338,18 @@ def structures_for(reqs: list[ModuleRequest], workers: int,
         return res
     import multiprocessing as mp
 
-    # The biggest module (libtorch_cpu.so beside a hundred small ones) is built last, in this
-    # process, its procedures split over the idle cores; the others go through a pool first.
-    order = sorted(range(len(reqs)), key=lambda k: -size(reqs[k]))
+    order = sorted(range(len(reqs)), key=lambda k: -cost(reqs[k]))
     big, rest = order[0], order[1:]
+    # One module outweighing all others together (libtorch_cpu.so beside small ones) is built
+    # last, in this process, its procedures split over the idle cores; otherwise every module
+    # goes through the pool, the costliest first (libpython's and libtorch_cpu.so's side by
+    # side, the small ones filling in after).
+    alone = cost(reqs[big]) > sum(cost(reqs[k]) for k in rest)
+    pooled = rest if alone else order
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     results: dict[int, OnDemandResult] = {}
-    with ProcessPoolExecutor(min(workers, len(rest)), mp_context=ctx) as pool:
-        futures = {pool.submit(structure_for, reqs[k], 1): k for k in rest}
+    with ProcessPoolExecutor(min(workers, len(pooled)), mp_context=ctx) as pool:
+        futures = {pool.submit(structure_for, reqs[k], 1): k for k in pooled}
         try:
             for fut in as_completed(futures):
                 results[futures[fut]] = fut.result()
@@ -310,9 +358,10 @@ def structures_for(reqs: list[ModuleRequest], workers: int,
         except BrokenProcessPool:
             raise CallpathError("a worker process of the structure analysis died (killed by "
                                 "a signal; out of memory?)") from None
-    results[big] = structure_for(reqs[big], idle_cores(workers))
-    if progress:
-        progress(len(results), len(reqs), results[big])
+    if alone:
+        results[big] = structure_for(reqs[big], idle_cores(workers))
+        if progress:
+            progress(len(results), len(reqs), results[big])
     return [results[k] for k in range(len(reqs))]
 
 

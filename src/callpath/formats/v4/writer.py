@@ -39,6 +39,7 @@ import contextlib
 import json
 import os
 import shutil
+import threading
 from pathlib import Path, PurePosixPath
 
 import numpy as np
@@ -115,8 +116,9 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
         return p
 
     spool_dir = out / f".spool.{os.getpid()}.tmp"
+    copies: _SourceCopies | None = None
     try:
-        files = _prepare_sources(exp, out, copy_sources)
+        files, origins = _prepare_sources(exp, out, copy_sources)
         source = stream.value_source(exp)
         transposed = np.array([not p.is_summary for p in exp.profiles], dtype=bool)
         summary = (None if source.summary is not None
@@ -174,7 +176,10 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
         if names_doc is not None:
             (out / names.RELPATH).parent.mkdir(exist_ok=True)
             temp(str(names.RELPATH)).write_text(names_doc, encoding="utf-8")
-        _copy_sources(exp, out, files)
+        # copied last, not beside the writing: on two busy cores the copying threads' turns
+        # at the GIL slowed the writer by more than the copies took
+        copies = _SourceCopies(out, files, origins)
+        copies.wait()
         for name, p in temps.items():
             os.replace(p, out / name)
         temps.clear()
@@ -186,6 +191,9 @@ def write_v4(exp: Experiment, directory: str | os.PathLike[str], *,
         what = e.filename or out
         raise CallpathError(f"{what}: cannot write the database: {e.strerror or e}") from None
     finally:
+        if copies is not None:
+            with contextlib.suppress(OSError):
+                copies.wait()
         for p in temps.values():
             with contextlib.suppress(OSError):
                 p.unlink()
@@ -278,81 +286,128 @@ def _inside(out: Path, rel: str) -> Path:
     return dest
 
 
-def _copied_name(path: Path) -> str:
+def _copied_name(path: str | os.PathLike[str]) -> str:
     """``src/`` + the absolute path without its leading slash (hpcprof's convention)."""
-    parts = PurePosixPath(os.path.abspath(path)).parts[1:]
-    return str(PurePosixPath("src", *parts))
+    rest = os.path.abspath(path).lstrip("/")
+    return "src/" + rest if rest else "src"
 
 
-def _prepare_sources(exp: Experiment, out: Path, copy_sources: bool) -> list[SourceFile]:
+def _prepare_sources(exp: Experiment, out: Path, copy_sources: bool
+                     ) -> tuple[list[SourceFile], list[str | None]]:
     """The source file table as written: copied files stay copied when their copy can be
     found (in the source database or already in ``out``); with ``copy_sources``, files that
-    exist on this machine become copied ones. Nothing is copied yet."""
+    exist on this machine become copied ones. Nothing is copied yet: the second list says
+    where each file's copy is to come from (None: nothing to copy). Paths are strings and
+    each file is looked at once (``stat``): a PyTorch run names ~900 sources, and
+    ``pathlib`` objects made and parsed five times over each cost a quarter of a second."""
     result: list[SourceFile] = []
+    origins: list[str | None] = []
+    base = os.fspath(exp.path) if exp.path is not None else None
     for sf in exp.files:
         if sf.copied:
-            have = exp.path is not None and (exp.path / sf.path).is_file()
-            if have or _inside(out, sf.path).is_file():
+            have = os.path.join(base, sf.path) if base is not None else None
+            if have is not None and os.path.isfile(have):
                 result.append(sf)
+                origins.append(have)
+                continue
+            if _inside(out, sf.path).is_file():
+                result.append(sf)
+                origins.append(None)
                 continue
             # The copy is lost: fall back to the original location, as a plain reference.
             rel = PurePosixPath(sf.path)
             orig = ("/" + str(PurePosixPath(*rel.parts[1:]))
                     if rel.parts[:1] == ("src",) and len(rel.parts) > 1 else sf.path)
             result.append(SourceFile(orig, False, sf.flags & ~1))
+            origins.append(None)
             continue
         if copy_sources and sf.path:
             cand = _source_file(exp, sf)
-            if cand is not None and cand.is_file():
-                name = Path(sf.path) if sf.path in exp.source_copies else cand
+            if cand is not None:
+                name = sf.path if sf.path in exp.source_copies else cand
                 result.append(SourceFile(_copied_name(name), True, sf.flags | 1))
+                origins.append(cand)
                 continue
         result.append(sf)
-    return result
+        origins.append(None)
+    return result, origins
 
 
-def _source_file(exp: Experiment, sf: SourceFile) -> Path | None:
-    """Where the text of a source that is not copied is on this machine: its path (relative
-    ones to the database), else a copy the experiment knows of (``source_copies``)."""
-    p = Path(sf.path)
-    cand = p if p.is_absolute() else (exp.path / p if exp.path is not None else None)
-    if (cand is None or not cand.is_file()) and sf.path in exp.source_copies:
-        return exp.source_copies[sf.path]
-    return cand
+def _source_file(exp: Experiment, sf: SourceFile) -> str | None:
+    """Where the text of a source that is not copied is on this machine, a file: its path
+    (relative ones to the database), else a copy the experiment knows of
+    (``source_copies``); None where neither is a file."""
+    p = sf.path
+    cand = p if os.path.isabs(p) else (os.path.join(exp.path, p) if exp.path is not None
+                                       else None)
+    if cand is not None and os.path.isfile(cand):
+        return cand
+    if p in exp.source_copies:
+        copy = os.fspath(exp.source_copies[p])
+        return copy if os.path.isfile(copy) else None
+    return None
 
 
-def _copy_sources(exp: Experiment, out: Path, files: list[SourceFile]) -> None:
-    """Copy the sources (a PyTorch run names ~900 files): destinations checked against the
-    database directory by their normalised path (``..`` cannot leave it), each directory
-    made once, and the copies done by a few threads (the kernel copies; the GIL is free)."""
-    root = out.resolve()
-    made: set[Path] = set()
-    todo: list[tuple[Path, Path]] = []
-    for orig, sf in zip(exp.files, files, strict=True):
-        if not sf.copied:
-            continue
-        dest = Path(os.path.normpath(root / sf.path))
-        if dest != root and root not in dest.parents:
-            raise CallpathError(f"source file path {sf.path!r} leads outside the database "
-                                "directory")
-        if orig.copied:
-            src = exp.path / orig.path if exp.path is not None else dest
-        else:
-            src = _source_file(exp, orig) or dest
-        if not src.is_file() or (dest.exists() and os.path.samefile(src, dest)):
-            continue
-        if dest.parent not in made:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            made.add(dest.parent)
-        todo.append((src, dest))
-    if len(todo) < 16:
+class _SourceCopies:
+    """The copies of the sources, by a few threads (the kernel copies; the GIL is free
+    meanwhile). Destinations are checked against the database directory by
+    their normalised path (``..`` cannot leave it) and each directory is made once, before
+    any copy starts."""
+
+    THREADS = 4
+
+    def __init__(self, out: Path, files: list[SourceFile], origins: list[str | None]) -> None:
+        root = os.fspath(out.resolve())
+        inside = root if root.endswith(os.sep) else root + os.sep
+        made: set[str] = set()
+        todo: list[tuple[str, str]] = []
+        for sf, src in zip(files, origins, strict=True):
+            if not sf.copied:
+                continue
+            dest = os.path.normpath(os.path.join(root, sf.path))
+            if dest != root and not dest.startswith(inside):
+                raise CallpathError(f"source file path {sf.path!r} leads outside the "
+                                    "database directory")
+            if src is None:
+                continue
+            parent = os.path.dirname(dest)
+            if parent not in made:
+                os.makedirs(parent, exist_ok=True)
+                made.add(parent)
+            todo.append((src, dest))
+        self.errors: list[OSError] = []
+        self.threads = [threading.Thread(target=self._copy, args=(todo[i::self.THREADS],),
+                                         daemon=True)
+                        for i in range(min(self.THREADS, len(todo)))]
+        for t in self.threads:
+            t.start()
+
+    def _copy(self, todo: list[tuple[str, str]]) -> None:
         for src, dest in todo:
-            shutil.copyfile(src, dest)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(4) as pool:
-        for _ in pool.map(lambda sd: shutil.copyfile(*sd), todo):
-            pass
+            try:
+                try:
+                    if os.path.samefile(src, dest):
+                        continue  # the database's own copy (written over in place)
+                except FileNotFoundError:
+                    pass
+                shutil.copyfile(src, dest)
+            except FileNotFoundError as e:
+                if os.path.isfile(src):
+                    self.errors.append(e)
+                    return
+                # the source went away since it was looked at: not copied, as a source that
+                # was never there
+            except OSError as e:
+                self.errors.append(e)
+                return
+
+    def wait(self) -> None:
+        """Wait for every copy; the first that failed is raised."""
+        for t in self.threads:
+            t.join()
+        self.threads = []
+        if self.errors:
+            raise self.errors[0]
 
 
 # ==== meta.db ===========================================================================

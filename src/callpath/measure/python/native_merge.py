@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -208,7 +209,9 @@ def _python_frames(rec: Records, notes: dict[str, Any], pycode: list[md.PyCode])
     line = np.zeros(total, dtype=np.int64)
     if total:
         key = np.stack([code.astype(np.int64), offset], axis=1)
-        ukey, kinv = np.unique(key, axis=0, return_inverse=True)
+        kinv = _row_ids(key)
+        ukey = np.zeros((int(kinv.max()) + 1, 2), dtype=np.int64)
+        ukey[kinv] = key
         uline = np.zeros(len(ukey), dtype=np.int64)
         for u, (c, off) in enumerate(ukey.tolist()):
             entry = known.get(c & 0xFFFFFFFFFFFFFFFF)
@@ -223,7 +226,7 @@ def _python_frames(rec: Records, notes: dict[str, Any], pycode: list[md.PyCode])
             if ln < 0 and 0 <= cidx < len(pycode):
                 ln = pycode[cidx].first_line
             uline[u] = ln
-        line = uline[kinv.reshape(-1)]
+        line = uline[kinv]
     # a frame of its own (flag 4: not a generator's) before its code's first RESUME has not
     # started (the handler reads no code object, so this is decided here)
     before = offset < (resume[inv.reshape(-1)] if total else np.zeros(0, dtype=np.int64))
@@ -357,10 +360,43 @@ def own_code(file: str) -> bool:
         os.path.exists(os.path.join(here, "native_capture.py"))
 
 
+class PathClasses(dict[Key, str]):
+    """One letter per frame key, computed the first time a key is seen, so that
+    :func:`readable_path` reads a path as a string (its runs found by ``str`` methods and a
+    regular expression in C, not by a Python step per frame: a PyTorch loop's merged paths
+    are ~100 frames deep, thousands of them): ``O`` the profiler's own (a frame of
+    ``own_modules`` or a Python frame of ``own_codes``), ``I`` the interpreter's native
+    frame, ``X`` another native frame at an exact pc, ``N`` another native frame at a return
+    address, ``P`` a Python frame, ``H`` a placeholder, ``U`` anything else (an unknown
+    frame, the mark of a partial path)."""
+
+    def __init__(self, interpreter: frozenset[int], own_modules: frozenset[int],
+                 own_codes: frozenset[int]) -> None:
+        super().__init__()
+        self.sets = (interpreter, own_modules, own_codes)
+
+    def __missing__(self, k: Key) -> str:
+        interpreter, own_modules, own_codes = self.sets
+        kind = k[0]
+        if kind == _NATIVE:
+            c = "O" if k[1] in own_modules else "I" if k[1] in interpreter else \
+                "X" if k[3] & md.NodeFlag.EXACT_PC else "N"
+        elif kind == _PYTHON:
+            c = "O" if k[1] in own_codes else "P"
+        else:
+            c = "H" if kind == _PLACEHOLDER else "U"
+        self[k] = c
+        return c
+
+
+_INTERPRETER_RUN = re.compile("I+")
+
+
 def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: frozenset[int],
                   own_codes: frozenset[int], keep_interpreter: bool = False,
                   forwarding: Callable[[int, int], bool] | None = None,
-                  through_pointer: Callable[[int, int], bool] | None = None) -> list[Key]:
+                  through_pointer: Callable[[int, int], bool] | None = None,
+                  classes: PathClasses | None = None) -> list[Key]:
     """A merged path (root first) as a user reads it.
 
     The profiler never appears: the path ends before its first frame of the profiler's own
@@ -385,62 +421,72 @@ def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: fro
       and that has a caller in the path (a native thread's outermost frame, ``__clone3``,
       stays).
 
-    The innermost frame always stays."""
-    for i, k in enumerate(path):
-        if (k[0] == _NATIVE and k[1] in own_modules) or (k[0] == _PYTHON and k[1] in own_codes):
-            path = path[:i]
-            while path and path[-1][0] == _NATIVE and path[-1][1] in interpreter:
-                path.pop()
-            break
-    if keep_interpreter or len(path) < 2:
+    The innermost frame always stays. ``classes`` (made of the same three sets) may be shared
+    by the calls of one merge."""
+    if classes is None:
+        classes = PathClasses(interpreter, own_modules, own_codes)
+    text = "".join(map(classes.__getitem__, path))
+    cut = text.find("O")
+    if cut >= 0:
+        # the interpreter's frames that led to the profiler's first frame go with it
+        text = text[:cut].rstrip("I")
+        path = path[:len(text)]
+    n = len(path)
+    if keep_interpreter or n < 2:
         return path
-    # the interpreter's frames to leave out: each run of them that leads to a Python frame,
-    # or to another module's native frame that the run's last frame called through a pointer
-    # (a method, a type slot: the extension's function), not directly (the C library)
-    drop = [False] * len(path)
-    i = 0
-    while i < len(path):
-        k = path[i]
-        if not (k[0] == _NATIVE and k[1] in interpreter):
-            i += 1
+    last = n - 1
+    # the spans to leave out, in order: each run of the interpreter's frames that leads to a
+    # Python frame (or an unknown one), or to another module's native frame that the run's
+    # last frame called through a pointer (a method, a type slot: the extension's function),
+    # not directly (the C library)
+    gone: list[tuple[int, int]] = []
+    for m in _INTERPRETER_RUN.finditer(text):
+        i, j = m.span()
+        if j >= n:
             continue
-        j = i
-        while j < len(path) and path[j][0] == _NATIVE and path[j][1] in interpreter:
-            j += 1
-        if j < len(path) and path[j][0] != _PLACEHOLDER and (
-                path[j][0] != _NATIVE or (through_pointer is not None and not
-                                          path[j - 1][3] & md.NodeFlag.EXACT_PC and
-                                          through_pointer(path[j - 1][1], path[j - 1][2]))):
-            drop[i:j] = [True] * (j - i)
-        i = j
+        c = text[j]
+        if c in "PU" or (c in "NX" and through_pointer is not None and
+                         not path[j - 1][3] & md.NodeFlag.EXACT_PC and
+                         through_pointer(path[j - 1][1], path[j - 1][2])):
+            gone.append((i, j))
+    if forwarding is not None:
+        # a library's trampoline: a native frame at a return address (not the outermost nor
+        # the innermost) whose callee is a native frame of the same module
+        at = text.find("N", 1, last)
+        while at >= 0:
+            k, nxt = path[at], path[at + 1]
+            if text[at + 1] in "NXI" and nxt[1] == k[1] and forwarding(k[1], k[2]):
+                gone.append((at, at + 1))
+            at = text.find("N", at + 1, last)
+        gone.sort()
+    if not gone:
+        return path
     keep: list[Key] = []
-    last = len(path) - 1
-    for i, k in enumerate(path):
-        if k[0] == _NATIVE and i < last:
-            if k[1] in interpreter:
-                if drop[i]:
-                    continue
-            elif forwarding is not None and i > 0 and not k[3] & md.NodeFlag.EXACT_PC:
-                nxt = path[i + 1]
-                if nxt[0] == _NATIVE and nxt[1] == k[1] and forwarding(k[1], k[2]):
-                    continue
-        keep.append(k)
+    prev = 0
+    for i, j in gone:
+        keep.extend(path[prev:i])
+        prev = j
+    keep.extend(path[prev:])
     return keep
 
 
 class Forwarding:
     """``forwarding.forwards`` per (module, return address), each asked once per merge."""
 
-    def __init__(self, mm: unwind.ModuleMap) -> None:
+    def __init__(self, mm: unwind.ModuleMap,
+                 cache: forwarding.ForwardCache | None = None) -> None:
         self.mm = mm
         self.memo: dict[tuple[int, int], bool] = {}
         self.pointer_memo: dict[tuple[int, int], bool] = {}
+        #: the answers of earlier runs, per module identity (the caller saves it)
+        self.cache = cache
 
     def __call__(self, module: int, address: int) -> bool:
         got = self.memo.get((module, address))
         if got is None:
             elf = self.mm.elves[module] if 0 <= module < len(self.mm.elves) else None
-            got = elf is not None and forwarding.forwards(elf, address)
+            got = elf is not None and (self.cache.forwards(elf, address) if self.cache
+                                       else forwarding.forwards(elf, address))
             self.memo[(module, address)] = got
         return got
 
@@ -449,9 +495,19 @@ class Forwarding:
         got = self.pointer_memo.get((module, address))
         if got is None:
             elf = self.mm.elves[module] if 0 <= module < len(self.mm.elves) else None
-            got = elf is not None and forwarding.calls_through_pointer(elf, address)
+            got = elf is not None and (
+                self.cache.calls_through_pointer(elf, address) if self.cache
+                else forwarding.calls_through_pointer(elf, address))
             self.pointer_memo[(module, address)] = got
         return got
+
+
+def _forward_cache() -> forwarding.ForwardCache | None:
+    """The per-user cache of trampoline answers, beside the unwind rows (None where that
+    cache is turned off)."""
+    from callpath.measure.recipes import cache_dir
+    d = cache_dir()
+    return forwarding.ForwardCache(d) if d is not None else None
 
 
 def _compiler() -> cfi.Compiler:
@@ -511,15 +567,11 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     own_modules = frozenset(m.index for m in mods
                             if os.path.basename(m.path).startswith(OWN_MODULES))
     own_codes = frozenset(i for i, c in enumerate(proc.pycode) if own_code(c.file))
-    forwards = Forwarding(mm)
+    forwards = Forwarding(mm, _forward_cache())
     # native frames per sample, leaf first
     order = np.lexsort((fr.depth, fr.sample))
     fs = fr.sample[order]
     bounds = np.searchsorted(fs, np.arange(n + 1))
-    fkind = np.where(fr.module >= 0, _NATIVE, _UNKNOWN)[order].tolist()
-    fmod = fr.module[order].tolist()
-    faddr = fr.address[order].astype(np.int64).tolist()
-    fexact = fr.exact[order].astype(np.int64).tolist()
     feval = is_eval[order].tolist()
     complete = fr.complete.tolist()
     # Python frames per sample, grouped by evaluation activation
@@ -531,9 +583,18 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     # one small integer per distinct native frame and per distinct Python frame record: a
     # sample's frames as the bytes of a slice of these are the key of its merged path (a
     # tuple of tuples built per sample cost more than the merge it saved)
-    nat_ids = _row_ids(np.stack([np.where(fr.module >= 0, _NATIVE, _UNKNOWN), fr.module,
-                                 fr.address.astype(np.int64), fr.exact.astype(np.int64)],
-                                axis=1)[order])
+    nat_rows = np.stack([np.where(fr.module >= 0, _NATIVE, _UNKNOWN), fr.module,
+                         fr.address.astype(np.int64), fr.exact.astype(np.int64)], axis=1)[order]
+    nat_ids = _row_ids(nat_rows)
+    # each distinct native frame's key made once, and every frame a reference to it: a
+    # sample's native keys are then a slice of ``fkeys`` (a copy in C), not a tuple built
+    # per frame
+    urows = np.zeros((int(nat_ids.max()) + 1 if len(nat_ids) else 0, 4), dtype=np.int64)
+    urows[nat_ids] = nat_rows
+    exact_flag = int(md.NodeFlag.EXACT_PC)
+    ukeys = [(k, m, a, exact_flag if x else 0) for k, m, a, x in urows.tolist()]
+    fkeys = list(map(ukeys.__getitem__, nat_ids.tolist()))
+    classes = PathClasses(interpreter, own_modules, own_codes)
     py_ids = _row_ids(np.stack([pci, pline, pentry, pinc], axis=1))
     # weights: per thread, the time and CPU time since its previous sample
     period = int(notes["start"].get("period_ns", 1_000_000))
@@ -559,7 +620,6 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
             names[tid] = comm
     trees: list[dict[tuple[int, Key], int]] = [{} for _ in tids]
     nodes: list[list[tuple[int, Key]]] = [[] for _ in tids]
-    counts: list[dict[int, list[int]]] = [{} for _ in tids]
     stats = [{"samples": 0, "idle_samples": 0, "cpu_time_ns": 0, "wall_time_ns": 0,
               "partial": 0, "unmatched": 0, "python_samples": 0} for _ in tids]
     path_memo: dict[tuple[Any, ...], tuple[list[Key], str, bool]] = {}
@@ -572,18 +632,16 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
         got = path_memo.get(memo_key)
         if got is not None:
             return got
-        nat = tuple((fkind[i], fmod[i], faddr[i], fexact[i]) for i in range(lo, hi))
-        pyk = tuple((pkeys[i], pentry_l[i], pinc_l[i]) for i in range(plo, phi))
         groups: list[list[Key]] = [[]]
-        for key, entry, inc in pyk:
+        for key, entry, inc in zip(pkeys[plo:phi], pentry_l[plo:phi], pinc_l[plo:phi], strict=True):
             if not inc:
                 groups[-1].append(key)
             if entry:
                 groups.append([])
         if not groups[-1]:
             groups.pop()
-        evl = [feval[i] for i in range(lo, hi)]
-        natk = [(k, m, a, md.NodeFlag.EXACT_PC if x else 0) for k, m, a, x in nat]
+        evl = feval[lo:hi]
+        natk = fkeys[lo:hi]
         if not complete[s] and natk and natk[-1][0] == _UNKNOWN:
             # a return address outside every module: the step that read it went wrong, so
             # that frame is not evidence of a caller
@@ -593,17 +651,23 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
         if gil and path:
             path = mark_gil_wait(path, gil)
         path = readable_path(path, interpreter, own_modules, own_codes, keep_interpreter,
-                             forwards, forwards.through_pointer)
+                             forwards, forwards.through_pointer, classes)
         got = path_memo[memo_key] = (path, state, phi > plo)
         return got
 
     tid_l = rec.tid.tolist()
-    time_l = rec.time.tolist()
-    traces: list[list[tuple[int, int]]] = [[] for _ in tids]
     repeat = ((rec.flags & REPEAT) != 0).tolist()
     previous: dict[int, tuple[list[Key], str, bool]] = {}  # per thread: its last sample's
     leaf_memo: dict[tuple[int, int, bool], int] = {}
     partial_s = [False] * n
+    # per sample: its thread's slot and leaf node (-1: lost or hidden), its state (1
+    # partial, 2 unmatched) and whether it has Python frames; the counts, the statistics
+    # and the traces are then sums over these arrays, not a dictionary step per sample
+    slot_s = [-1] * n
+    node_s = [-1] * n
+    state_s = [0] * n
+    python_s = [False] * n
+    state_code = {"": 0, "partial": 1, "unmatched": 2}
     for s in range(n):
         if repeat[s]:
             # the thread has not run since its previous sample (same pc and sp, no CPU time):
@@ -637,22 +701,14 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
                     nl.append((node, key))
                 node = child
             leaf_memo[leaf_key] = node
-        traces[th].append((time_l[s], node))
-        c = counts[th].get(node)
-        if c is None:
-            counts[th][node] = [1, cpu_of[s], wall_of[s]]
-        else:
-            c[0] += 1
-            c[1] += cpu_of[s]
-            c[2] += wall_of[s]
-        st = stats[th]
-        st["samples"] += 1
-        st["idle_samples"] += idle[s]
-        st["cpu_time_ns"] += int(cpu_of[s])
-        st["wall_time_ns"] += int(wall_of[s])
-        st["python_samples"] += has_python
-        if state:
-            st[state] += 1
+        slot_s[s] = th
+        node_s[s] = node
+        state_s[s] = state_code[state]
+        python_s[s] = has_python
+    counts, traces = _sums(tids, stats, np.array(slot_s, dtype=np.int64),
+                           np.array(node_s, dtype=np.int64), np.array(state_s, dtype=np.int64),
+                           np.array(python_s, dtype=bool), np.array(idle, dtype=bool),
+                           cpu_of, wall_of, rec.time)
     # why the unwinding stopped, for the samples whose merged path is partial
     for code, cnt in zip(*np.unique(fr.reason[np.array(partial_s, dtype=bool)],
                                     return_counts=True), strict=True):
@@ -664,6 +720,8 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     res.threads = len(tids)
     res.native_only_threads = sum(1 for st in stats if st["samples"] and not
                                   st["python_samples"])
+    if forwards.cache is not None:
+        forwards.cache.save()
     _write(out, proc, base, mods, tids, names, nodes, counts, stats, res,
            traces if proc.info.get("trace") else None)
     samples_path.unlink()
@@ -671,10 +729,45 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     return res
 
 
+def _sums(tids: list[int], stats: list[dict[str, int]], slot: npt.NDArray[np.int64],
+          node: npt.NDArray[np.int64], state: npt.NDArray[np.int64],
+          python: npt.NDArray[np.bool_], idle: npt.NDArray[np.bool_],
+          cpu: npt.NDArray[np.int64], wall: npt.NDArray[np.int64],
+          time: npt.NDArray[np.int64]) -> tuple[list[list[tuple[int, int, int, int]]],
+                                                 list[npt.NDArray[np.int64]]]:
+    """Per thread (``slot``; -1: a sample left out): its leaves' sample counts and CPU and
+    wall time, in the order each leaf was first reached (the process file's order), its
+    statistics (added to ``stats``) and its trace, (time, leaf) rows in sample order."""
+    counts: list[list[tuple[int, int, int, int]]] = []
+    traces: list[npt.NDArray[np.int64]] = []
+    for th in range(len(tids)):
+        sel = np.flatnonzero(slot == th)
+        nd = node[sel]
+        leaves, first, inv = np.unique(nd, return_index=True, return_inverse=True)
+        k = np.bincount(inv, minlength=len(leaves))
+        c = np.zeros(len(leaves), dtype=np.int64)
+        w = np.zeros(len(leaves), dtype=np.int64)
+        np.add.at(c, inv, cpu[sel])
+        np.add.at(w, inv, wall[sel])
+        o = np.argsort(first, kind="stable")
+        counts.append(list(zip(leaves[o].tolist(), k[o].tolist(), c[o].tolist(),
+                               w[o].tolist(), strict=True)))
+        traces.append(np.stack([time[sel], nd], axis=1))
+        st = stats[th]
+        st["samples"] += len(sel)
+        st["idle_samples"] += int(idle[sel].sum())
+        st["cpu_time_ns"] += int(cpu[sel].sum())
+        st["wall_time_ns"] += int(wall[sel].sum())
+        st["python_samples"] += int(python[sel].sum())
+        st["partial"] += int((state[sel] == 1).sum())
+        st["unmatched"] += int((state[sel] == 2).sum())
+    return counts, traces
+
+
 def _write(out: Path, proc: md.ProcessProfile, base: str, mods: list[md.Module],
            tids: list[int], names: dict[int, str], nodes: list[list[tuple[int, Key]]],
-           counts: list[dict[int, list[int]]], stats: list[dict[str, int]],
-           res: ProcessMerge, traces: list[list[tuple[int, int]]] | None) -> None:
+           counts: list[list[tuple[int, int, int, int]]], stats: list[dict[str, int]],
+           res: ProcessMerge, traces: list[npt.NDArray[np.int64]] | None) -> None:
     staging = out / STAGING
     staging.mkdir(exist_ok=True)
     pid_s, gen_s = base.rsplit("-", 1)
@@ -715,13 +808,13 @@ def _write(out: Path, proc: md.ProcessProfile, base: str, mods: list[md.Module],
             w.nodes(th, arr)
             cn = counts[th]
             cnt = np.zeros(2 * len(cn), dtype=md.COUNT_DTYPE)
-            for i, (node, (k, cpu, wall)) in enumerate(cn.items()):
+            for i, (node, k, cpu, wall) in enumerate(cn):
                 cnt[2 * i] = (node, 0, k, float(cpu))
                 cnt[2 * i + 1] = (node, 1, k, float(wall))
             w.counts(th, cnt)
-            if traces is not None and traces[th]:
+            if traces is not None and len(traces[th]):
                 tr = np.zeros(len(traces[th]), dtype=md.TRACE_DTYPE)
-                tv = np.array(traces[th], dtype=np.int64)
+                tv = traces[th]
                 tr["time"] = tv[:, 0].astype(np.uint64)
                 tr["node"] = tv[:, 1]
                 w.trace(th, tr[np.argsort(tr["time"], kind="stable")])

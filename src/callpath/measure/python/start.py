@@ -203,7 +203,11 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
     notes: list[str] = []
     if native:
         from callpath.measure.python.native_summary import finish_native
+        merge_started = time.monotonic()
         notes = finish_native(out_dir, keep_interpreter=keep_interpreter)
+        # after the program, before the database: what ``callpath profile`` reports as the
+        # merge phase
+        fields["native_merge_s"] = round(time.monotonic() - merge_started, 3)
     try:
         measdir.write_header(out_dir, metrics, status="complete", exit_status=exit_status,
                              end_time=time.time(), summary=_header_summary(out_dir), **fields)
