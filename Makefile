@@ -11,7 +11,8 @@ DEMO_DB := out/heat.d
 .PHONY: demo test lint typecheck unit core bench clean
 
 $(STAMP): pyproject.toml setup.py src/callpath/measure/python/_callpath_walk.c \
-		src/callpath/measure/python/_callpath_native.c scripts/setup-venv.sh
+		src/callpath/measure/python/_callpath_native.c scripts/setup-venv.sh \
+		src/callpath/structure/_callpath_decode.c src/callpath/structure/_x86_table.h
 	bash scripts/setup-venv.sh
 
 ## demo: set up, then profile the bundled example program and print its report

@@ -5,7 +5,9 @@ _callpath_walk.c``). It is optional: where no compiler or no Python headers are 
 goes on without it and the sampler walks stacks in Python (same data, a few microseconds more
 per sample). ``_callpath_native`` (``_callpath_native.c``) captures the Python and native
 stacks of the same instant for ``callpath run --native``; without it that option falls back to
-Python-only call paths and says so.
+Python-only call paths and says so. ``_callpath_decode`` (``src/callpath/structure/
+_callpath_decode.c``) decodes x86-64 instruction lengths and control flow for ``callpath struct``;
+without it every instruction is decoded by iced-x86 (same rows, several times slower).
 """
 
 from setuptools import Extension, setup
@@ -16,4 +18,9 @@ setup(ext_modules=[Extension("callpath.measure.python._callpath_walk",
                    # signal-time capture of Python + native stacks (callpath run --native)
                    Extension("callpath.measure.python._callpath_native",
                              ["src/callpath/measure/python/_callpath_native.c"],
+                             optional=True),
+                   # instruction lengths and flow for callpath struct (structure/cfg.py)
+                   Extension("callpath.structure._callpath_decode",
+                             ["src/callpath/structure/_callpath_decode.c"],
+                             depends=["src/callpath/structure/_x86_table.h"],
                              optional=True)])

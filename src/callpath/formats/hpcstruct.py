@@ -129,6 +129,10 @@ def write_hpcstruct_file(structs: list[Structure], path: str | os.PathLike[str],
             os.unlink(tmp)
 
 
+#: Scopes whose columns the writer converts at a time.
+_CHUNK = 1 << 18
+
+
 def _write_lm(s: Structure, out: IO[str], ident: list[int]) -> None:
     """One ``LM`` element, in one pass over the preorder arrays with a stack of open scopes.
 
@@ -149,10 +153,6 @@ def _write_lm(s: Structure, out: IO[str], ident: list[int]) -> None:
                     .tobytes())
         return a
 
-    kind, parent = col(s.kind), col(s.parent)
-    name, link, file, line = col(s.name), col(s.link_name), col(s.file), col(s.line)
-    cfile, cline, target = col(s.call_file), col(s.call_line), col(s.target, "Q")
-    rptr, rlo, rhi = col(s.range_ptr), col(s.range_lo, "Q"), col(s.range_hi, "Q")
     quoted: dict[int, str] = {}
 
     def qs(sid: int, default: str = "") -> str:
@@ -161,53 +161,68 @@ def _write_lm(s: Structure, out: IO[str], ident: list[int]) -> None:
             got = quoted[sid] = q(strings[sid] if sid >= 0 else default)
         return got
 
-    def vset(i: int) -> str:
-        a, b = rptr[i], rptr[i + 1]
-        return "{" + " ".join(f"[{rlo[j]:#x}-{rhi[j]:#x})" for j in range(a, b)) + "}"
-
     w(f'<LM i="{ident[0]}" n={q(s.path)} has-calls="{int(s.has_calls)}" v="{{}}">\n')
     n = ident[0] + 1
     FILE, PROC, ALIEN, LOOP, STMT, CALL = (int(Kind.FILE), int(Kind.PROC), int(Kind.ALIEN),
                                            int(Kind.LOOP), int(Kind.STMT), int(Kind.CALL))
     open_: list[tuple[int, str]] = []  # (scope, its closing tags), innermost last
-    for i in range(1, len(kind)):
-        p = parent[i]
-        while open_ and open_[-1][0] != p:
-            w(open_.pop()[1])
-        k = kind[i]
-        if k == STMT:
-            w(f'<S i="{n}" l="{line[i]}" v="{vset(i)}"/>\n')
-            n += 1
-            continue
-        if k == CALL:
-            t = target[i]
-            ts = f' t="{t:#x}"' if t else ""
-            w(f'<C i="{n}" l="{line[i]}" v="{vset(i)}"{ts}/>\n')
-            n += 1
-            continue
-        if k == FILE:
-            w(f'<F i="{n}" n={qs(name[i])}>\n')
-            n += 1
-            close = "</F>\n"
-        elif k == PROC:
-            nm = strings[name[i]] if name[i] >= 0 else ""
-            ln = qs(link[i]) if link[i] >= 0 else qs(name[i])
-            w(f'<P i="{n}" n={q(nm + suffix)} ln={ln} l="{line[i]}" v="{vset(i)}">\n')
-            n += 1
-            close = "</P>\n"
-        elif k == ALIEN:
-            w(f'<A i="{n}" l="{cline[i]}" f={qs(cfile[i], "<unknown>")} n="" v="{{}}">\n'
-              f'<A i="{n + 1}" l="{line[i]}" f={qs(file[i], "<unknown>")} n={qs(name[i])} '
-              f'v="{vset(i)}">\n')
-            n += 2
-            close = "</A>\n</A>\n"
-        elif k == LOOP:
-            w(f'<L i="{n}" l="{line[i]}" f={qs(file[i], unknown_file)} v="{vset(i)}">\n')
-            n += 1
-            close = "</L>\n"
-        else:
-            continue
-        open_.append((i, close))
+    total = len(s.kind)
+    # Columns are converted a chunk of scopes at a time: whole, they doubled the memory of
+    # libtorch_cpu.so's ~6M scopes while writing.
+    for c0 in range(1, total, _CHUNK):
+        c1 = min(total, c0 + _CHUNK)
+        kind, parent = col(s.kind[c0:c1]), col(s.parent[c0:c1])
+        name, link = col(s.name[c0:c1]), col(s.link_name[c0:c1])
+        file, line = col(s.file[c0:c1]), col(s.line[c0:c1])
+        cfile, cline = col(s.call_file[c0:c1]), col(s.call_line[c0:c1])
+        target = col(s.target[c0:c1], "Q")
+        rptr = col(s.range_ptr[c0:c1 + 1])
+        r0 = rptr[0]
+        rlo, rhi = col(s.range_lo[r0:rptr[-1]], "Q"), col(s.range_hi[r0:rptr[-1]], "Q")
+
+        def vset(j: int, rptr: array[int] = rptr, r0: int = r0, rlo: array[int] = rlo,
+                 rhi: array[int] = rhi) -> str:
+            a, b = rptr[j] - r0, rptr[j + 1] - r0
+            return "{" + " ".join(f"[{rlo[x]:#x}-{rhi[x]:#x})" for x in range(a, b)) + "}"
+
+        for j in range(c1 - c0):
+            p = parent[j]
+            while open_ and open_[-1][0] != p:
+                w(open_.pop()[1])
+            k = kind[j]
+            if k == STMT:
+                w(f'<S i="{n}" l="{line[j]}" v="{vset(j)}"/>\n')
+                n += 1
+                continue
+            if k == CALL:
+                t = target[j]
+                ts = f' t="{t:#x}"' if t else ""
+                w(f'<C i="{n}" l="{line[j]}" v="{vset(j)}"{ts}/>\n')
+                n += 1
+                continue
+            if k == FILE:
+                w(f'<F i="{n}" n={qs(name[j])}>\n')
+                n += 1
+                close = "</F>\n"
+            elif k == PROC:
+                nm = strings[name[j]] if name[j] >= 0 else ""
+                ln = qs(link[j]) if link[j] >= 0 else qs(name[j])
+                w(f'<P i="{n}" n={q(nm + suffix)} ln={ln} l="{line[j]}" v="{vset(j)}">\n')
+                n += 1
+                close = "</P>\n"
+            elif k == ALIEN:
+                w(f'<A i="{n}" l="{cline[j]}" f={qs(cfile[j], "<unknown>")} n="" v="{{}}">\n'
+                  f'<A i="{n + 1}" l="{line[j]}" f={qs(file[j], "<unknown>")} '
+                  f'n={qs(name[j])} v="{vset(j)}">\n')
+                n += 2
+                close = "</A>\n</A>\n"
+            elif k == LOOP:
+                w(f'<L i="{n}" l="{line[j]}" f={qs(file[j], unknown_file)} v="{vset(j)}">\n')
+                n += 1
+                close = "</L>\n"
+            else:
+                continue
+            open_.append((c0 + j, close))
     while open_:
         w(open_.pop()[1])
     ident[0] = n

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,20 +32,82 @@ class Code:
     end: list[int] = field(default_factory=list)
     kind: list[int] = field(default_factory=list)
     target: list[int] = field(default_factory=list)  # direct branch/call target, 0 if none
+    #: Rows whose kind is not NEXT, in order: the CFG and the call scopes look only at these
+    #: (about one instruction in seven).
+    flow: list[int] = field(default_factory=list)
     #: For indirect jumps: index of the instruction -> resolved jump-table targets.
     tables: dict[int, list[int]] = field(default_factory=dict)
 
 
-def decode(data: SectionBytes, base: int, lo: int, hi: int) -> Code:
-    """Decode ``[lo, hi)`` of a section whose bytes ``data`` start at address ``base``."""
+_c_decode: ModuleType | None
+try:  # the C decoder (optional, like the sampler's C stack walk): iced-x86 rows, faster
+    from callpath.structure import _callpath_decode as _c_decode
+except ImportError:  # pragma: no cover - a build without a compiler
+    _c_decode = None
+
+
+def decode(data: SectionBytes, base: int, lo: int, hi: int, *, use_c: bool = True) -> Code:
+    """Decode ``[lo, hi)`` of a section whose bytes ``data`` start at address ``base``.
+
+    With the C extension (``_callpath_decode.c``) built, it decodes the instructions its table
+    vouches for and iced-x86 each of the others (VEX/EVEX, LOCK, ...), one at a time, so the
+    rows are always iced-x86's; ``use_c=False`` (or no extension) decodes all with iced-x86.
+    """
+    if hi <= lo:
+        return Code()
+    raw = data[lo - base:hi - base]
+    if not use_c or _c_decode is None:
+        return _decode_iced(raw, lo)
     import iced_x86
 
     code = Code()
-    if hi <= lo:
-        return code
-    dec = iced_x86.Decoder(64, data[lo - base:hi - base], ip=lo)
+    ips, ends, kinds, targets, flows = code.ip, code.end, code.kind, code.target, code.flow
+    c_decode = _c_decode.decode
+    n = len(raw)
+    off = c_decode(raw, 0, lo, ips, ends, kinds, targets, flows)
+    if off < n:
+        dec = iced_x86.Decoder(64, raw, ip=lo)
+        ins = iced_x86.Instruction()
+        while off < n:
+            dec.position = off
+            dec.ip = lo + off
+            dec.decode_out(ins)
+            if _row(ins, ips, ends, kinds, targets):
+                flows.append(len(ips) - 1)
+            off = c_decode(raw, off + ins.len, lo, ips, ends, kinds, targets, flows)
+    return code
+
+
+def _row(ins: object, ips: list[int], ends: list[int], kinds: list[int],
+         targets: list[int]) -> int:
+    """Append iced-x86's instruction ``ins`` as a row; its kind."""
+    import iced_x86
+
+    fc = ins.flow_control  # type: ignore[attr-defined]
+    k = _FLOW[fc]
+    ips.append(ins.ip)  # type: ignore[attr-defined]
+    ends.append(ins.next_ip)  # type: ignore[attr-defined]
+    if k == NEXT:
+        if fc == 0 and ins.mnemonic == iced_x86.Mnemonic.HLT:  # type: ignore[attr-defined]
+            k = STOP
+        targets.append(0)
+    elif k in (JUMP, COND) or (k == CALL and ins.op0_kind in (  # type: ignore[attr-defined]
+            iced_x86.OpKind.NEAR_BRANCH64, iced_x86.OpKind.NEAR_BRANCH32)):
+        targets.append(ins.near_branch_target)  # type: ignore[attr-defined]
+    else:
+        targets.append(0)
+    kinds.append(k)
+    return k
+
+
+def _decode_iced(raw: bytes, lo: int) -> Code:
+    """Every instruction of ``raw`` (first byte at ``lo``) decoded by iced-x86."""
+    import iced_x86
+
+    code = Code()
+    dec = iced_x86.Decoder(64, raw, ip=lo)
     ins = iced_x86.Instruction()
-    ips, ends, kinds, targets = code.ip, code.end, code.kind, code.target
+    ips, ends, kinds, targets, flows = code.ip, code.end, code.kind, code.target, code.flow
     flow = _FLOW
     hlt = iced_x86.Mnemonic.HLT
     while dec.can_decode:
@@ -62,6 +125,8 @@ def decode(data: SectionBytes, base: int, lo: int, hi: int) -> Code:
             targets.append(ins.near_branch_target)
         else:
             targets.append(0)
+        if k != NEXT:
+            flows.append(len(kinds))
         kinds.append(k)
     return code
 
@@ -85,11 +150,9 @@ def build_cfg(code: Code, lo: int, hi: int,
     if n == 0:
         return Graph([], [], [], [], [])
     leaders = {ips[0]}
-    stops = [False] * n
-    for i in range(n):
+    stops: set[int] = set()
+    for i in code.flow:
         k = kinds[i]
-        if k == NEXT:
-            continue
         if k in (JUMP, COND):
             t = targets[i]
             if lo <= t < hi:
@@ -100,7 +163,7 @@ def build_cfg(code: Code, lo: int, hi: int,
         elif k == CALL:
             t = targets[i]
             if no_return is not None and t and no_return(t):
-                stops[i] = True
+                stops.add(i)
             else:
                 continue
         elif k == ICALL:
@@ -109,9 +172,13 @@ def build_cfg(code: Code, lo: int, hi: int,
             leaders.add(ips[i + 1])
     # Keep only leaders that are instruction boundaries (a target into the middle of an
     # instruction, from overlapping code or data, is ignored).
-    ipset = set(ips)
-    starts = sorted(a for a in leaders if a in ipset)
-    first = [bisect.bisect_left(ips, a) for a in starts]
+    starts: list[int] = []
+    first: list[int] = []
+    for a in sorted(leaders):
+        j = bisect.bisect_left(ips, a)
+        if j < n and ips[j] == a:
+            starts.append(a)
+            first.append(j)
     nb = len(starts)
     last = [(first[b + 1] if b + 1 < nb else n) - 1 for b in range(nb)]
     block_at = dict(zip(starts, range(nb), strict=True))
@@ -122,7 +189,7 @@ def build_cfg(code: Code, lo: int, hi: int,
         s: list[int] = []
         fall = b + 1 if b + 1 < nb and ends[i] == starts[b + 1] else -1
         if k in (NEXT, CALL, ICALL):
-            if not stops[i] and fall >= 0:
+            if i not in stops and fall >= 0:
                 s.append(fall)
         elif k == COND:
             if fall >= 0:

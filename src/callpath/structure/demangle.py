@@ -11,12 +11,13 @@ from typing import Any
 __all__ = ["demangle"]
 
 _cxa: Any = None
+_free: Any = None
 
 
 def demangle(name: str) -> str:
     """A C++ (``_Z``) name demangled by libstdc++'s ``__cxa_demangle`` (what hpcprof's
     ``cplus_demangle`` gives); any other name, or one that fails, unchanged."""
-    global _cxa
+    global _cxa, _free
     if not name.startswith("_Z"):
         return name
     if _cxa is None:
@@ -29,6 +30,10 @@ def demangle(name: str) -> str:
         fn.restype = ctypes.c_void_p
         fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
                        ctypes.POINTER(ctypes.c_int)]
+        # looked up once: a CDLL per call cost 15 us (380k names of libtorch_cpu.so: 6 s)
+        _free = ctypes.CDLL(None).free
+        _free.argtypes = [ctypes.c_void_p]
+        _free.restype = None
         _cxa = fn
     if _cxa is False:
         return name
@@ -39,4 +44,4 @@ def demangle(name: str) -> str:
     try:
         return ctypes.string_at(ptr).decode("utf-8", "replace")
     finally:
-        ctypes.CDLL(None).free(ctypes.c_void_p(ptr))
+        _free(ptr)

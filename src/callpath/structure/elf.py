@@ -7,6 +7,7 @@ Every way a file can fail to be an analysable ELF ends in a :class:`FormatError`
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from dataclasses import dataclass, field
@@ -41,6 +42,17 @@ class MappedBytes:
         if step != 1:
             raise ValueError("MappedBytes: only contiguous slices")
         return self._map[self._lo + start:self._lo + max(start, stop)]
+
+    def release(self) -> None:
+        """Give the pages read so far back (they stay in the page cache and are read again
+        if sliced again): decoding all of libtorch_cpu.so's ``.text`` otherwise keeps its
+        285 MB resident to the end of the analysis."""
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        if advice is None or self._n == 0:
+            return
+        start = self._lo - self._lo % mmap.PAGESIZE
+        with contextlib.suppress(OSError, ValueError):
+            self._map.madvise(advice, start, self._lo + self._n - start)
 
 
 #: A section's bytes: read whole, or mapped.

@@ -1,0 +1,135 @@
+"""Benchmark ``callpath struct`` of one whole large binary (issue 27: libtorch_cpu.so, 446 MB,
+no DWARF; goal <= 60 s with ``-j 2`` and <= 1.5 GB on two cores), and the instruction decoder
+that most of its code goes through.
+
+Prints, in one run: the load average before and after; seconds per million instructions of
+the C decoder (``structure/_callpath_decode.c``) and of iced-x86 alone on slices of the
+library's ``.text``, and their ratio; then wall time, user + system CPU and peak RSS of
+``callpath struct LIBRARY -j 2 --no-cache`` in a child process (the largest process of the
+tree: the analysis forks its helpers). With ``--baseline SRC`` (the ``src`` directory of
+another checkout, e.g. ``git worktree add /tmp/base main``) the same command runs on that code
+too, in the same run, and the two structure files are compared byte for byte (``--compare
+FILE``: with a structure file written before).
+
+    python bench/struct_whole.py [LIBRARY] [--baseline SRC] [--compare FILE] [--no-decode]
+
+Measured 2026-11-27 on the two shared cores (libtorch_cpu.so of torch 2.x CPU, 414 MiB; the
+load average made ``callpath struct`` use one process each time; before = main at f142696,
+timed with ``/usr/bin/time -v`` on the same command):
+
+    before   579 s wall (40% of a core), 234.3 s CPU, peak RSS 2490 MiB, load 2.7 -> ~6
+    after    111.2 s wall, 110.5 s CPU, peak RSS 1496 MiB, load 2.2 -> 1.8; XML identical
+    decoder  C 0.23 s, iced-x86 0.71 s per million instructions (3.1x), same run
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# keep this folder off the path (bench/ has a file named like a standard module)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import argparse  # noqa: E402
+import filecmp  # noqa: E402
+import glob  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+SRC = os.path.join(os.path.dirname(_HERE), "src")
+
+
+def default_library() -> str:
+    got = sorted(glob.glob(os.path.join(sys.prefix, "lib", "python3*", "site-packages", "torch",
+                                        "lib", "libtorch_cpu.so")))
+    got += sorted(glob.glob("/work/torchenv/lib/python3*/site-packages/torch/lib/"
+                            "libtorch_cpu.so"))
+    if not got:
+        raise SystemExit("libtorch_cpu.so not found (pip install torch); pass a library path")
+    return got[0]
+
+
+def decode_rates(lib: str) -> None:
+    """C decoder against iced-x86 on 8 slices of 1 MiB spread over the largest .text."""
+    sys.path.insert(0, SRC)
+    from callpath.structure import cfg
+    from callpath.structure.elf import open_elf
+
+    if cfg._c_decode is None:
+        print("decoder      the C extension is not built: iced-x86 only")
+        return
+    mod = open_elf(lib)
+    sec = max(mod.text_sections, key=lambda s: s.size)
+    part = min(1 << 20, sec.size // 8)
+    tc = ti = 0.0
+    n = 0
+    for k in range(8):
+        lo = sec.addr + k * (sec.size // 8)
+        t = time.perf_counter()
+        a = cfg.decode(sec.data, sec.addr, lo, lo + part)
+        tc += time.perf_counter() - t
+        t = time.perf_counter()
+        b = cfg.decode(sec.data, sec.addr, lo, lo + part, use_c=False)
+        ti += time.perf_counter() - t
+        if (a.ip, a.kind, a.target) != (b.ip, b.kind, b.target):
+            raise SystemExit(f"decoders disagree in {lib} at {lo:#x}")
+        n += len(b.ip)
+    mod.close()
+    print(f"decoder      {n / 1e6:.2f} M instructions: C {tc / n * 1e6:.3f} s/M, iced-x86 "
+          f"{ti / n * 1e6:.3f} s/M ({ti / tc:.1f}x)")
+
+
+def run_struct(src: str, lib: str, out: str) -> tuple[float, float, float]:
+    """(wall s, user+sys CPU s, peak RSS MB) of ``callpath struct lib -j 2`` on ``src``."""
+    env = dict(os.environ, PYTHONPATH=src)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "callpath", "struct", lib, "-j", "2", "--no-cache",
+                    "-o", out], env=env, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, after.ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("library", nargs="?")
+    ap.add_argument("--baseline", help="src directory of the code to compare against")
+    ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--compare", metavar="FILE",
+                    help="a structure file to compare this tree's output with, byte for byte")
+    a = ap.parse_args()
+    lib = a.library or default_library()
+    print(f"library      {lib} ({os.path.getsize(lib) / 2**20:.0f} MiB)")
+    print(f"cores        {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} at start")
+    if not a.no_decode:
+        decode_rates(lib)
+    with tempfile.TemporaryDirectory(prefix="struct-whole-") as d:
+        runs = [("this tree", SRC)] + ([("baseline", a.baseline)] if a.baseline else [])
+        files = []
+        for label, src in runs:
+            out = os.path.join(d, f"{len(files)}.hpcstruct")
+            load = os.getloadavg()[0]
+            wall, cpu, rss = run_struct(src, lib, out)
+            files.append(out)
+            print(f"{label:12} {wall:.1f} s wall, {cpu:.1f} s CPU, peak RSS {rss:.0f} MiB "
+                  f"(largest process; load {load:.2f} -> {os.getloadavg()[0]:.2f}), "
+                  f"{os.path.getsize(out) / 2**20:.0f} MiB of XML")
+            if label == "this tree":
+                print(f"goal         <= 60 s: {'yes' if wall <= 60 else 'NO'}; <= 1.5 GiB: "
+                      f"{'yes' if rss <= 1536 else 'NO'}; <= 1.5e9 bytes: "
+                      f"{'yes' if rss * 2**20 <= 1.5e9 else 'NO'}")
+        if len(files) == 2:
+            same = filecmp.cmp(files[0], files[1], shallow=False)
+            print(f"identical    {'yes' if same else 'NO'} (structure files byte for byte)")
+        if a.compare:
+            same = filecmp.cmp(files[0], a.compare, shallow=False)
+            print(f"identical    {'yes' if same else 'NO'} (to {a.compare}, byte for byte)")
+
+
+if __name__ == "__main__":
+    main()

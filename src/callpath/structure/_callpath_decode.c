@@ -1,0 +1,226 @@
+/* Length and control flow of x86-64 instructions, for callpath struct (structure/cfg.py).
+ *
+ * callpath needs four numbers per instruction (address, end, flow kind, direct target) for
+ * tens of millions of instructions (libtorch_cpu.so: ~70 M); iced-x86 driven from Python costs
+ * about a microsecond and a half each. This decodes the legacy encodings (one-byte, 0F, 0F 38,
+ * 0F 3A maps) and VEX from tables that scripts/gen_x86_table.py reads off iced-x86 itself, and
+ * stops at the first instruction the tables do not vouch for (EVEX, XOP, LOCK, unusual prefix
+ * mixes, anything iced-x86 would call invalid): cfg.decode gives that one to iced-x86 and
+ * resumes here after it, so the rows are iced-x86's on every instruction.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "_x86_table.h"
+
+static unsigned char x86_flags[X86_FLAGS_N], x86_imm[X86_IMM_N];
+static unsigned char vex_flags[VEX_FLAGS_N], vex_imm[VEX_IMM_N];
+
+/* Expand one run-length-encoded table; -1 if its runs do not add up to its size. */
+static int expand(unsigned char *out, size_t n, const unsigned char *rle, size_t len) {
+    size_t k = 0;
+    for (size_t j = 0; j + 1 < len; j += 2) {
+        if (k + rle[j + 1] > n) return -1;
+        memset(out + k, rle[j], rle[j + 1]);
+        k += rle[j + 1];
+    }
+    return k == n ? 0 : -1;
+}
+
+/* ModRM, SIB, displacement and immediate of an instruction whose opcode ends at p[i]:
+ * its full length, or 0 to leave it to iced. */
+static int operands(const unsigned char *p, Py_ssize_t avail, int i, int f, int m, int mem,
+                    int imm) {
+    if (f & 2) {
+        if (m < 0) return 0;
+        i++;
+        if (mem) {
+            int mod = m >> 6, rm = m & 7;
+            if (rm == 4) {
+                if (i >= avail) return 0;
+                if (mod == 0 && (p[i] & 7) == 5) i += 4;
+                i++;
+            }
+            if (mod == 1) i += 1;
+            else if (mod == 2) i += 4;
+            else if (rm == 5) i += 4;
+        }
+    }
+    i += imm;
+    if (i > 15 || i > avail) return 0;
+    return i;
+}
+
+/* A VEX instruction (C4/C5 at p[i], no 66/F2/F3/LOCK/REX before it): its length, or 0. */
+static int vex(const unsigned char *p, Py_ssize_t avail, int i) {
+    int map, pp, lbit, w, vvvv;
+    if (p[i] == 0xC5) {
+        if (i + 2 >= avail) return 0;
+        unsigned char b = p[i + 1];
+        map = 1; w = 0; vvvv = (b >> 3) & 15; lbit = (b >> 2) & 1; pp = b & 3;
+        i += 2;
+    } else {
+        if (i + 3 >= avail) return 0;
+        unsigned char b1 = p[i + 1], b2 = p[i + 2];
+        map = b1 & 0x1F;
+        if (map < 1 || map > 3) return 0;
+        w = b2 >> 7; vvvv = (b2 >> 3) & 15; lbit = (b2 >> 2) & 1; pp = b2 & 3;
+        i += 3;
+    }
+    int op = p[i++];
+    int reg = 0, mem = 0, m = -1;
+    if (i < avail) {
+        m = p[i];
+        reg = (m >> 3) & 7;
+        mem = (m >> 6) != 3;
+    }
+    size_t idx = ((((((size_t)(map - 1) * 4 + pp) * 2 + lbit) * 2 + w) * 256 + op) * 8 + reg)
+                 * 2 + mem;
+    int f = vex_flags[idx];
+    if (!f || ((f & 0x40) && vvvv != 15)) return 0;
+    if (((f >> 2) & 7) != 0) return 0; /* only NEXT rows are expected here */
+    return operands(p, avail, i, f, m, mem, vex_imm[idx]);
+}
+
+/* Decode one instruction at p[0..avail). Returns its length, or 0 to leave it to iced. */
+static int one(const unsigned char *p, Py_ssize_t avail, uint64_t ip, int *kind,
+               uint64_t *target) {
+    int i = 0, has66 = 0, f23 = 0, has67 = 0, rex = 0;
+    Py_ssize_t lim = avail < 15 ? avail : 15;
+    for (; i < lim; i++) {
+        unsigned char b = p[i];
+        if (b == 0x66) has66 = 1;
+        else if (b == 0xF2 || b == 0xF3) f23 = b;
+        else if (b == 0x67) has67 = 1;
+        else if (b == 0x26 || b == 0x2E || b == 0x36 || b == 0x3E || b == 0x64 || b == 0x65) ;
+        else if (b == 0xF0) return 0; /* LOCK: validity depends on the operand: iced decides */
+        else break;
+    }
+    if (i >= lim) return 0;
+    if ((p[i] == 0xC4 || p[i] == 0xC5) && !has66 && !f23) {
+        int len = vex(p, avail, i);
+        if (len) { *kind = 0; *target = 0; }
+        return len;
+    }
+    if ((p[i] & 0xF0) == 0x40) {
+        rex = p[i++];
+        if (i >= lim) return 0;
+        unsigned char b = p[i];
+        /* a prefix after REX cancels it: left to iced */
+        if ((b & 0xF0) == 0x40 || b == 0x66 || b == 0x67 || b == 0xF0 || b == 0xF2 ||
+            b == 0xF3 || b == 0x26 || b == 0x2E || b == 0x36 || b == 0x3E || b == 0x64 ||
+            b == 0x65)
+            return 0;
+    }
+    int map = 0;
+    if (p[i] == 0x0F) {
+        if (++i >= lim) return 0;
+        if (p[i] == 0x38) { map = 2; i++; }
+        else if (p[i] == 0x3A) { map = 3; i++; }
+        else map = 1;
+        if (i >= lim) return 0;
+    }
+    int op = p[i++];
+    if (has66 && f23) return 0;
+    int cls = f23 == 0xF3 ? 2 : f23 == 0xF2 ? 3 : has66 ? 1 : 0;
+    int reg = 0, mem = 0, m = -1;
+    if (i < avail) {
+        m = p[i];
+        reg = (m >> 3) & 7;
+        mem = (m >> 6) != 3;
+    }
+    size_t idx = (((((size_t)(map * 4 + cls) * 2 + ((rex >> 3) & 1)) * 256 + op) * 8 + reg) * 2
+                  + mem);
+    int f = x86_flags[idx];
+    if (!f) return 0;
+    int imm = x86_imm[idx];
+    i = operands(p, avail, i, f, m, mem, imm);
+    if (!i) return 0;
+    int direct = (f >> 5) & 1;
+    if (direct && has67) return 0;
+    *kind = (f >> 2) & 7;
+    *target = 0;
+    if (direct) {
+        int64_t rel;
+        if (imm == 1) rel = (int8_t)p[i - 1];
+        else {
+            int32_t r32;
+            memcpy(&r32, p + i - 4, 4);
+            rel = r32;
+        }
+        *target = ip + (uint64_t)i + (uint64_t)rel;
+    }
+    return i;
+}
+
+static int append_u64(PyObject *list, uint64_t v) {
+    PyObject *o = PyLong_FromUnsignedLongLong(v);
+    if (o == NULL) return -1;
+    int r = PyList_Append(list, o);
+    Py_DECREF(o);
+    return r;
+}
+
+/* decode(buf, start, ip, ips, ends, kinds, targets, flows) -> offset where it stopped
+ * Appends a row per instruction of buf[start:] (buf's first byte is at address ip) to the
+ * four lists, and the row number of each control transfer (kind != NEXT) to flows, up to the
+ * end of buf or the first instruction left to iced-x86. */
+static PyObject *decode(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t start;
+    unsigned long long base;
+    PyObject *ips, *ends, *kinds, *targets, *flows;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*nKO!O!O!O!O!", &buf, &start, &base, &PyList_Type, &ips,
+                          &PyList_Type, &ends, &PyList_Type, &kinds, &PyList_Type, &targets,
+                          &PyList_Type, &flows))
+        return NULL;
+    const unsigned char *p = buf.buf;
+    Py_ssize_t n = buf.len, off = start < 0 ? 0 : start;
+    static PyObject *small[8];
+    for (int k = 0; k < 8; k++)
+        if (small[k] == NULL && (small[k] = PyLong_FromLong(k)) == NULL) goto fail;
+    while (off < n) {
+        int kind;
+        uint64_t target;
+        int len = one(p + off, n - off, base + (uint64_t)off, &kind, &target);
+        if (len == 0) break;
+        if (kind != 0 && append_u64(flows, (uint64_t)PyList_GET_SIZE(ips)) < 0) goto fail;
+        if (append_u64(ips, base + (uint64_t)off) < 0 ||
+            append_u64(ends, base + (uint64_t)off + (uint64_t)len) < 0 ||
+            PyList_Append(kinds, small[kind]) < 0 || append_u64(targets, target) < 0)
+            goto fail;
+        off += len;
+    }
+    PyBuffer_Release(&buf);
+    return PyLong_FromSsize_t(off);
+fail:
+    PyBuffer_Release(&buf);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"decode", decode, METH_VARARGS,
+     "decode(buf, start, ip, ips, ends, kinds, targets, flows) -> offset: append address, end, "
+     "flow kind and direct target of each instruction of buf[start:] (buf[0] at address ip) "
+     "to the lists and the row of each control transfer to flows, stopping at the end or at "
+     "the first instruction to leave to iced-x86."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_callpath_decode",
+                                    "x86-64 instruction lengths and control flow for "
+                                    "callpath struct (see structure/cfg.py).",
+                                    -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__callpath_decode(void) {
+    if (expand(x86_flags, X86_FLAGS_N, x86_flags_rle, sizeof x86_flags_rle) ||
+        expand(x86_imm, X86_IMM_N, x86_imm_rle, sizeof x86_imm_rle) ||
+        expand(vex_flags, VEX_FLAGS_N, vex_flags_rle, sizeof vex_flags_rle) ||
+        expand(vex_imm, VEX_IMM_N, vex_imm_rle, sizeof vex_imm_rle)) {
+        PyErr_SetString(PyExc_ImportError, "_callpath_decode: corrupt opcode tables");
+        return NULL;
+    }
+    return PyModule_Create(&module);
+}
