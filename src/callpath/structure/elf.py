@@ -89,6 +89,17 @@ class ElfModule:
     def close(self) -> None:
         self.stream.close()
 
+    def header_bytes(self, c: Any) -> bytes | None:
+        """The file bytes of the section with header ``c`` as read directly (None where it
+        is compressed or has no bytes in the file)."""
+        if c.flags & 0x800 or c.type == 8:  # SHF_COMPRESSED, SHT_NOBITS
+            return None
+        data = os.pread(self.stream.fileno(), c.size, c.offset)
+        if len(data) != c.size:
+            raise FormatError(self.path, f"section {c.name} cannot be read: {len(data)} of "
+                              f"{c.size} bytes")
+        return data
+
     def section_bytes(self, name: str) -> bytes | None:
         """Decompressed contents of a section, or None when absent.
 
@@ -100,13 +111,7 @@ class ElfModule:
         if h is not None:
             c = h.section(name)
             if c is not None and not c.flags & 0x800:  # not SHF_COMPRESSED: the file's bytes
-                if c.type == 8:  # SHT_NOBITS
-                    return None
-                data = os.pread(self.stream.fileno(), c.size, c.offset)
-                if len(data) != c.size:
-                    raise FormatError(self.path, f"section {name} cannot be read: "
-                                      f"{len(data)} of {c.size} bytes")
-                return data
+                return self.header_bytes(c)
             if c is None and h.section(".z" + name[1:]) is None:
                 return None
         sec = self.elf.get_section_by_name(name)

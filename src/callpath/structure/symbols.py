@@ -219,7 +219,7 @@ def _rela_plt_names(mod: ElfModule) -> dict[int, str] | None:
         sym = h.sections[c.link]
         if sym.type not in (2, 11) or not 0 <= sym.link < len(h.sections):  # SYMTAB, DYNSYM
             return None
-        got = [_header_bytes(mod, x) for x in (c, sym, h.sections[sym.link])]
+        got = [mod.header_bytes(x) for x in (c, sym, h.sections[sym.link])]
         if any(g is None for g in got):
             return None
         raw, sraw, strtab = (g or b"" for g in got)
@@ -495,7 +495,7 @@ def _symbol_tables(mod: ElfModule, elf: Any
                 continue
             else:
                 sc = h.sections[c.link]
-                raw_, strtab_ = _header_bytes(mod, c), _header_bytes(mod, sc)
+                raw_, strtab_ = mod.header_bytes(c), mod.header_bytes(sc)
                 if raw_ is not None and strtab_ is not None:
                     out.append((tab_rank, raw_, strtab_, (mod.path, sc.offset, sc.size)))
                     continue
@@ -510,19 +510,6 @@ def _symbol_tables(mod: ElfModule, elf: Any
             where = (path, int(st["sh_offset"]), int(st["sh_size"]))
         out.append((tab_rank, bytes(sec.data()), bytes(st.data()), where))
     return out
-
-
-def _header_bytes(mod: ElfModule, c: Any) -> bytes | None:
-    """The file bytes of the section with header ``c`` (None: compressed or without bytes)."""
-    if c.flags & 0x800 or c.type == 8:
-        return None
-    import os
-
-    data = os.pread(mod.stream.fileno(), c.size, c.offset)
-    if len(data) != c.size:
-        raise FormatError(mod.path, f"section {c.name} cannot be read: {len(data)} of "
-                          f"{c.size} bytes")
-    return data
 
 
 def _best_symbols_fast(mod: ElfModule, extra: list[Any]) -> SymbolCandidates | None:
