@@ -22,7 +22,8 @@ The result is the model :func:`~callpath.structure.python_ast.structure_of_pytho
 through the same :func:`~callpath.structure.python_ast.build_python_structure`; it is used
 only where the ``.pyc`` is this interpreter's (magic number) and matches the source (its
 recorded size and modification time, or its hash). ``lines``, where given, keeps only the
-statements holding those lines: an on-demand ``prof`` needs no others.
+statements holding those lines: ``prof --no-cache``, which keeps nothing for later runs,
+needs no others.
 """
 
 from __future__ import annotations
