@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from callpath.measure import cfi
@@ -134,13 +135,17 @@ def test_symbols_match_nm(tmp_path: Path) -> None:
     nm = subprocess.run(["nm", "--defined-only", "-S", str(exe)], capture_output=True,
                         text=True, check=True).stdout
     elf = ElfInfo.get(str(exe))
-    seen = 0
+    names = []
     for line in nm.splitlines():
         parts = line.split()
         if len(parts) == 4 and parts[2] in "tT" and int(parts[1], 16) > 0:
             addr, size, name = int(parts[0], 16), int(parts[1], 16), parts[3]
             assert elf.symbolize(addr) == name
             assert elf.symbolize(addr + size - 1) == name
-            seen += 1
-    assert seen >= 6  # kernel_loop, recurse, level1, level2, thread_main, main, ...
+            names.append(name)
+    assert len(names) >= 6  # kernel_loop, recurse, level1, level2, thread_main, main, ...
     assert elf.build_id and len(elf.build_id) == 40
+    # the symbol arrays find procedures by name as nm names them
+    t = elf.symbol_table()
+    want = frozenset(names[:2])
+    assert {t.name(i) for i in np.flatnonzero(t.named(want)).tolist()} == set(want)

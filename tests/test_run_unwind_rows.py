@@ -142,29 +142,6 @@ def test_not_elf_has_no_headers(tmp_path: Path) -> None:
     assert read_headers(__file__) is None
 
 
-def test_symbol_arrays_name_addresses_as_nm(tmp_path: Path) -> None:
-    if shutil.which("gcc") is None or shutil.which("nm") is None:
-        pytest.skip("gcc and nm (binutils) are needed")
-    exe = tmp_path / "callchain"
-    subprocess.run(["gcc", "-O2", "-g", "-pthread", "-o", str(exe),
-                    str(ROOT / "tests" / "programs" / "callchain.c")], check=True)
-    nm = subprocess.run(["nm", "--defined-only", "-S", str(exe)], capture_output=True,
-                        text=True, check=True).stdout
-    elf = ElfInfo.get(str(exe))
-    t = elf.symbol_table()
-    names = {}
-    for line in nm.splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[2] in "tT" and int(parts[1], 16) > 0:
-            names[int(parts[0], 16)] = parts[3]
-    assert len(names) > 3
-    for addr, name in names.items():
-        assert elf.symbolize(addr) == name
-    want = frozenset(list(names.values())[:2])
-    marked = {t.name(i) for i in np.flatnonzero(t.named(want)).tolist()}
-    assert marked == set(want)
-
-
 def test_store_narrows_and_widens(tmp_path: Path) -> None:
     arrays = {"small": (np.arange(10000) % 256).astype(np.uint64),
               "neg": np.array([-1, 5, -30000], dtype=np.int64),
