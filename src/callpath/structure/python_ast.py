@@ -185,11 +185,9 @@ def build_python_structure(p: str, nlines: int, procs: list[PyScope],
                 strings.append(sc.name)
         line[r] = sc.line
     # statement rows: after their node, in line order
-    st_rows = np.repeat(row + 1, n_st) + (np.arange(int(n_st.sum()))
-                                          - np.repeat(np.cumsum(n_st) - n_st, n_st))
-    st_index = np.concatenate([np.arange(a, a + n) for a, n in
-                               zip(lo_st.tolist(), n_st.tolist(), strict=True)]) \
-        if len(nodes) else np.zeros(0, dtype=np.int64)
+    within = np.arange(int(n_st.sum())) - np.repeat(np.cumsum(n_st) - n_st, n_st)
+    st_rows = np.repeat(row + 1, n_st) + within
+    st_index = np.repeat(lo_st, n_st) + within  # each node's statements, in its block
     st_row_of = np.empty(len(st_key), dtype=np.int64)
     st_row_of[st_index] = st_rows
     parent[st_rows] = np.repeat(row, n_st)
