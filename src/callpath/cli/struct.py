@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         cache = [] if args.no_cache or x.endswith(".py") else [
             user_cache_dir() / (cache_key(x, *module_identity(x)) + ".hpcstruct")]
         jobs.append(Job(x, os.path.abspath(x), cache))
-    results = run_jobs(jobs, workers, ProgressBar())
+    results = run_jobs(jobs, workers, ProgressBar(), explicit=args.jobs is not None)
     return _write(results, args.output, per_input_dir=Path.cwd(), verbose=args.verbose)
 
 
@@ -138,7 +138,7 @@ def _run_measdir(d: Path, args: argparse.Namespace, workers: int) -> int:
     if args.output is None:  # only MEASDIR/structs/ is wanted: cache hits need no parsing
         for j in jobs:
             j.need_structure = False
-    results = run_jobs(jobs, workers, ProgressBar())
+    results = run_jobs(jobs, workers, ProgressBar(), explicit=args.jobs is not None)
     write_index(d, results)
     status = _write(results, args.output, per_input_dir=None, verbose=args.verbose)
     ok = sum(1 for r in results if r.error is None)

@@ -201,12 +201,272 @@ fail:
     return NULL;
 }
 
+/* -- Havlak's loop nesting forest (structure/havlak.py's find_loops, the same answer) ------ */
+
+typedef struct {
+    Py_ssize_t *a, n, cap;
+} vec;
+
+static int vpush(vec *v, Py_ssize_t x) {
+    if (v->n == v->cap) {
+        Py_ssize_t c = v->cap ? 2 * v->cap : 4;
+        Py_ssize_t *p = PyMem_Realloc(v->a, (size_t)c * sizeof *p);
+        if (p == NULL) return -1;
+        v->a = p;
+        v->cap = c;
+    }
+    v->a[v->n++] = x;
+    return 0;
+}
+
+static Py_ssize_t uf_find(Py_ssize_t *uf, Py_ssize_t x) {
+    Py_ssize_t root = x;
+    while (uf[root] != root) root = uf[root];
+    while (uf[x] != root) {
+        Py_ssize_t nx = uf[x];
+        uf[x] = root;
+        x = nx;
+    }
+    return root;
+}
+
+static PyObject *int_list(const Py_ssize_t *a, Py_ssize_t n, const Py_ssize_t *map) {
+    PyObject *l = PyList_New(n);
+    if (l == NULL) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *o = PyLong_FromSsize_t(map ? map[a[k]] : a[k]);
+        if (o == NULL) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, k, o);
+    }
+    return l;
+}
+
+/* loops(succ, entry) -> (loops, innermost): succ a list of successor lists; loops a list of
+ * (header, parent, reducible, nodes, back_sources) tuples, inner loops first; innermost the
+ * innermost loop of each node (-1: none or unreachable). Exactly find_loops's steps, on
+ * arrays: nodes by DFS preorder number, union-find, a pool per header. */
+static PyObject *loops(PyObject *self, PyObject *args) {
+    PyObject *succ;
+    Py_ssize_t entry;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!n", &PyList_Type, &succ, &entry)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(succ), ne = 0;
+    if (n == 0) return Py_BuildValue("([][])");
+    if (entry < 0 || entry >= n) {
+        PyErr_SetString(PyExc_ValueError, "entry outside the graph");
+        return NULL;
+    }
+    PyObject *result = NULL, *out = NULL, *inn = NULL;
+    Py_ssize_t *soff = NULL, *sdat = NULL, *ibuf = NULL, *poff = NULL, *pdat = NULL;
+    vec *nonback = NULL, *lnodes = NULL, pool = {0}, work = {0};
+    Py_ssize_t nloops = 0;
+    for (Py_ssize_t v = 0; v < n; v++) {
+        PyObject *l = PyList_GET_ITEM(succ, v);
+        if (!PyList_Check(l)) {
+            PyErr_SetString(PyExc_TypeError, "successors must be lists");
+            return NULL;
+        }
+        ne += PyList_GET_SIZE(l);
+    }
+    soff = PyMem_Malloc((size_t)(n + 1) * sizeof *soff);
+    sdat = PyMem_Malloc((size_t)(ne + 1) * sizeof *sdat);
+    /* number, order, last, stack node, stack index, uf, loop_of_header, inner, mark, lparent,
+     * lhdr, lred, lw (header preorder number of each loop) */
+    ibuf = PyMem_Malloc((size_t)n * 13 * sizeof *ibuf);
+    poff = PyMem_Calloc((size_t)n + 1, sizeof *poff);
+    pdat = PyMem_Malloc((size_t)(ne + 1) * sizeof *pdat);
+    nonback = PyMem_Calloc((size_t)n, sizeof *nonback);
+    lnodes = PyMem_Calloc((size_t)n, sizeof *lnodes);
+    if (!soff || !sdat || !ibuf || !poff || !pdat || !nonback || !lnodes) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t *number = ibuf, *order = ibuf + n, *last = ibuf + 2 * n, *stv = ibuf + 3 * n,
+               *sti = ibuf + 4 * n, *uf = ibuf + 5 * n, *lofh = ibuf + 6 * n,
+               *inner = ibuf + 7 * n, *mark = ibuf + 8 * n, *lparent = ibuf + 9 * n,
+               *lhdr = ibuf + 10 * n, *lred = ibuf + 11 * n, *lw = ibuf + 12 * n;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t v = 0; v < n; v++) {
+        PyObject *l = PyList_GET_ITEM(succ, v);
+        soff[v] = k;
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(l); j++) {
+            Py_ssize_t w = PyLong_AsSsize_t(PyList_GET_ITEM(l, j));
+            if (w == -1 && PyErr_Occurred()) goto done;
+            if (w < 0 || w >= n) {
+                PyErr_SetString(PyExc_ValueError, "successor outside the graph");
+                goto done;
+            }
+            sdat[k++] = w;
+        }
+    }
+    soff[n] = k;
+    for (Py_ssize_t v = 0; v < n; v++) {
+        number[v] = -1;
+        lofh[v] = -1;
+        inner[v] = -1;
+        mark[v] = -1;
+    }
+    /* iterative DFS: preorder numbers and the last preorder number of each subtree */
+    Py_ssize_t m = 1, sp = 1;
+    number[entry] = 0;
+    order[0] = entry;
+    stv[0] = entry;
+    sti[0] = 0;
+    while (sp > 0) {
+        Py_ssize_t v = stv[sp - 1], i = sti[sp - 1];
+        if (i < soff[v + 1] - soff[v]) {
+            sti[sp - 1] = i + 1;
+            Py_ssize_t w = sdat[soff[v] + i];
+            if (number[w] == -1) {
+                number[w] = m;
+                order[m++] = w;
+                stv[sp] = w;
+                sti[sp++] = 0;
+            }
+        } else {
+            sp--;
+            last[number[v]] = m - 1;
+        }
+    }
+    /* predecessors by preorder number, in the order find_loops appends them */
+    for (Py_ssize_t pn = 0; pn < m; pn++) {
+        Py_ssize_t v = order[pn];
+        for (Py_ssize_t j = soff[v]; j < soff[v + 1]; j++) poff[number[sdat[j]] + 1]++;
+    }
+    for (Py_ssize_t w = 0; w < m; w++) poff[w + 1] += poff[w];
+    for (Py_ssize_t w = 0; w < m; w++) sti[w] = poff[w];
+    for (Py_ssize_t pn = 0; pn < m; pn++) {
+        Py_ssize_t v = order[pn];
+        for (Py_ssize_t j = soff[v]; j < soff[v + 1]; j++) pdat[sti[number[sdat[j]]]++] = pn;
+    }
+    /* preds split: back edges stay in pdat (compacted to the front of each row: sti[w] is
+     * their end), the others go to nonback[w] */
+    for (Py_ssize_t w = 0; w < m; w++) {
+        Py_ssize_t e = poff[w];
+        for (Py_ssize_t j = poff[w]; j < poff[w + 1]; j++) {
+            Py_ssize_t v = pdat[j];
+            if (w <= v && v <= last[w])
+                pdat[e++] = v;
+            else if (vpush(&nonback[w], v) < 0) {
+                PyErr_NoMemory();
+                goto done;
+            }
+        }
+        sti[w] = e;
+        uf[w] = w;
+    }
+    for (Py_ssize_t w = m - 1; w >= 0; w--) {
+        int self_loop = 0;
+        pool.n = 0;
+        for (Py_ssize_t j = poff[w]; j < sti[w]; j++) {
+            Py_ssize_t v = pdat[j];
+            if (v != w) {
+                Py_ssize_t r = uf_find(uf, v);
+                if (mark[r] != w) {
+                    mark[r] = w;
+                    if (vpush(&pool, r) < 0) goto nomem;
+                }
+            } else {
+                self_loop = 1;
+            }
+        }
+        if (pool.n == 0 && !self_loop) continue;
+        int reducible = 1;
+        Py_ssize_t lwv = last[w];
+        work.n = 0;
+        for (Py_ssize_t j = 0; j < pool.n; j++)
+            if (vpush(&work, pool.a[j]) < 0) goto nomem;
+        while (work.n > 0) {
+            Py_ssize_t x = work.a[--work.n];
+            for (Py_ssize_t j = 0; j < nonback[x].n; j++) {
+                Py_ssize_t yd = uf_find(uf, nonback[x].a[j]);
+                if (!(w <= yd && yd <= lwv)) {
+                    reducible = 0;
+                    if (vpush(&nonback[w], yd) < 0) goto nomem;
+                } else if (yd != w && mark[yd] != w) {
+                    mark[yd] = w;
+                    if (vpush(&pool, yd) < 0 || vpush(&work, yd) < 0) goto nomem;
+                }
+            }
+        }
+        Py_ssize_t li = nloops++;
+        lhdr[li] = order[w];
+        lparent[li] = -1;
+        lred[li] = reducible;
+        lw[li] = w;
+        if (vpush(&lnodes[li], w) < 0) goto nomem;
+        lofh[w] = li;
+        inner[w] = li;
+        for (Py_ssize_t j = 0; j < pool.n; j++) {
+            Py_ssize_t x = pool.a[j];
+            uf[x] = w;
+            Py_ssize_t sub = lofh[x];
+            if (sub >= 0) {
+                if (lparent[sub] < 0) lparent[sub] = li;
+            } else {
+                if (vpush(&lnodes[li], x) < 0) goto nomem;
+                inner[x] = li;
+            }
+        }
+    }
+    out = PyList_New(nloops);
+    inn = PyList_New(n);
+    if (out == NULL || inn == NULL) goto done;
+    for (Py_ssize_t li = 0; li < nloops; li++) {
+        Py_ssize_t w = lw[li];
+        PyObject *nodes = int_list(lnodes[li].a, lnodes[li].n, order);
+        PyObject *back = nodes ? int_list(pdat + poff[w], sti[w] - poff[w], order) : NULL;
+        PyObject *t = back ? Py_BuildValue("nnONN", lhdr[li], lparent[li],
+                                           lred[li] ? Py_True : Py_False, nodes, back)
+                           : NULL;
+        if (t == NULL) {
+            if (back == NULL) Py_XDECREF(nodes);
+            goto done;
+        }
+        PyList_SET_ITEM(out, li, t);
+    }
+    for (Py_ssize_t v = 0; v < n; v++) {
+        Py_ssize_t pn = number[v];
+        PyObject *o = PyLong_FromSsize_t(pn >= 0 ? inner[pn] : -1);
+        if (o == NULL) goto done;
+        PyList_SET_ITEM(inn, v, o);
+    }
+    result = PyTuple_Pack(2, out, inn);
+    goto done;
+nomem:
+    PyErr_NoMemory();
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(inn);
+    if (nonback)
+        for (Py_ssize_t v = 0; v < n; v++) PyMem_Free(nonback[v].a);
+    if (lnodes)
+        for (Py_ssize_t v = 0; v < n; v++) PyMem_Free(lnodes[v].a);
+    PyMem_Free(nonback);
+    PyMem_Free(lnodes);
+    PyMem_Free(pool.a);
+    PyMem_Free(work.a);
+    PyMem_Free(soff);
+    PyMem_Free(sdat);
+    PyMem_Free(ibuf);
+    PyMem_Free(poff);
+    PyMem_Free(pdat);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS,
      "decode(buf, start, ip, ips, ends, kinds, targets, flows) -> offset: append address, end, "
      "flow kind and direct target of each instruction of buf[start:] (buf[0] at address ip) "
      "to the lists and the row of each control transfer to flows, stopping at the end or at "
      "the first instruction to leave to iced-x86."},
+    {"loops", loops, METH_VARARGS,
+     "loops(succ, entry) -> (loops, innermost): Havlak's loop nesting forest of the graph of "
+     "successor lists, as structure/havlak.py's find_loops gives it (loops as (header, "
+     "parent, reducible, nodes, back_sources) tuples)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_callpath_decode",

@@ -218,10 +218,10 @@ def _complete(path: Path) -> bool:
 
 
 def idle_cores(workers: int) -> int:
-    """How many processes one module's analysis should use, at most ``workers``: splitting
-    pays only with idle cores (measured on two shared cores: 8.1 -> 5.9 s for libpython with
-    one core free, 6.9 -> 9.5 s with none), so the 1-minute load average (which counts this
-    process) bounds it."""
+    """How many processes one module's analysis should use, at most ``workers``, when the
+    user did not ask for a number: splitting pays only with idle cores (measured on two
+    shared cores: 8.1 -> 5.9 s for libpython with one core free, 6.9 -> 9.5 s with none), so
+    the 1-minute load average (which counts this process) bounds it."""
     try:
         load = os.getloadavg()[0]
     except OSError:
@@ -231,16 +231,25 @@ def idle_cores(workers: int) -> int:
 
 
 def run_jobs(jobs: list[Job], workers: int,
-             progress: Callable[[int, int, Result], None] | None = None) -> list[Result]:
+             progress: Callable[[int, int, Result], None] | None = None, *,
+             explicit: bool = False) -> list[Result]:
     """Run ``jobs`` over ``workers`` processes (in-process for one worker or one job).
 
     The biggest files are started first (one large library would otherwise finish alone at the
-    end); results come back in the order of ``jobs``.
+    end); results come back in the order of ``jobs``. A module analysed alone (or bigger than
+    the others together) is split over ``workers`` processes by address range when the user
+    asked for that many (``explicit``: ``struct -j N``), else over the idle cores
+    (:func:`idle_cores`): a number the user gave is honoured whatever the load (under load
+    the split processes share the cores with the others, and the CPU time is the same).
     """
     results: list[Result] = []
     it: Iterable[Result]
+
+    def split(workers: int) -> int:
+        return max(1, workers) if explicit else idle_cores(workers)
+
     if len(jobs) == 1:
-        jobs[0].threads = idle_cores(workers)
+        jobs[0].threads = split(workers)
     if workers <= 1 or len(jobs) <= 1:
         inner = getattr(progress, "procedures", None)
         it = (run_job(j, inner(j) if inner is not None else None) for j in jobs)
@@ -263,7 +272,7 @@ def run_jobs(jobs: list[Job], workers: int,
     sizes = [size(j) for j in jobs]
     big = order[0]
     if sizes[big] > sum(sizes) - sizes[big]:
-        jobs[big].threads = idle_cores(workers)
+        jobs[big].threads = split(workers)
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     # an executor, not a multiprocessing pool: a pool waits forever for a worker that the
     # out-of-memory killer took, an executor says its pool broke
