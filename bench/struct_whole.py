@@ -82,17 +82,66 @@ def decode_rates(lib: str) -> None:
           f"{ti / n * 1e6:.3f} s/M ({ti / tc:.1f}x)")
 
 
-def run_struct(src: str, lib: str, out: str) -> tuple[float, float, float]:
-    """(wall s, user+sys CPU s, peak RSS MB) of ``callpath struct lib -j 2`` on ``src``."""
+def _pss(pid: int) -> int:
+    """Proportional set size of ``pid`` in bytes (pages shared copy-on-write after a fork
+    count once over the processes that share them), 0 where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for ln in f:
+                if ln.startswith("Pss:"):
+                    return int(ln.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _tree_rss(pid: int) -> tuple[int, int, int]:
+    """(resident bytes of ``pid`` and all its descendants together, their proportional set
+    size together, number of processes), from /proc (0 where it cannot be read)."""
+    kids: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kids.setdefault(int(fields[1]), []).append(int(d))
+        rss[int(d)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    total, pss, n, todo = 0, 0, 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += rss.get(p, 0)
+        if p in rss:
+            n += 1
+            pss += _pss(p)
+        todo.extend(kids.get(p, []))
+    return total, pss, n
+
+
+def run_struct(src: str, lib: str, out: str
+               ) -> tuple[float, float, float, float, float, int]:
+    """(wall s, user+sys CPU s, peak RSS MiB of the largest process, peaks of the RSS and of
+    the PSS summed over the process tree in MiB (sampled every 0.1 s), most processes seen at
+    once) of ``callpath struct lib -j 2`` on ``src``."""
     env = dict(os.environ, PYTHONPATH=src)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "callpath", "struct", lib, "-j", "2", "--no-cache",
-                    "-o", out], env=env, check=True, stdout=subprocess.DEVNULL)
+    child = subprocess.Popen([sys.executable, "-m", "callpath", "struct", lib, "-j", "2",
+                              "--no-cache", "-o", out], env=env, stdout=subprocess.DEVNULL)
+    peak_sum, peak_pss, most = 0, 0, 0
+    while child.poll() is None:
+        got, pss, n = _tree_rss(child.pid)
+        peak_sum, peak_pss, most = max(peak_sum, got), max(peak_pss, pss), max(most, n)
+        time.sleep(0.1)
     wall = time.perf_counter() - t
+    if child.returncode:
+        raise SystemExit(f"callpath struct failed ({child.returncode}) on {src}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, after.ru_maxrss / 1024
+    return wall, cpu, after.ru_maxrss / 1024, peak_sum / 2**20, peak_pss / 2**20, most
 
 
 def main() -> None:
@@ -114,10 +163,12 @@ def main() -> None:
         for label, src in runs:
             out = os.path.join(d, f"{len(files)}.hpcstruct")
             load = os.getloadavg()[0]
-            wall, cpu, rss = run_struct(src, lib, out)
+            wall, cpu, rss, rss_sum, pss_sum, procs = run_struct(src, lib, out)
             files.append(out)
             print(f"{label:12} {wall:.1f} s wall, {cpu:.1f} s CPU, peak RSS {rss:.0f} MiB "
-                  f"(largest process; load {load:.2f} -> {os.getloadavg()[0]:.2f}), "
+                  f"(largest process), {rss_sum:.0f} MiB RSS / {pss_sum:.0f} MiB PSS (all "
+                  f"{procs} processes together; "
+                  f"load {load:.2f} -> {os.getloadavg()[0]:.2f}), "
                   f"{os.path.getsize(out) / 2**20:.0f} MiB of XML")
             if label == "this tree":
                 print(f"goal         <= 60 s: {'yes' if wall <= 60 else 'NO'}; <= 1.5 GiB: "

@@ -17,6 +17,7 @@ each (vectorised: one ``searchsorted``); :meth:`Structure.chain` gives the enclo
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -237,7 +238,8 @@ class StructureBuilder:
             map_lo=lo, map_hi=hi, map_scope=sc, has_calls=self.has_calls)
 
 
-def concat_structures(parts: list[Structure], *, join_files: bool = False) -> Structure:
+def concat_structures(parts: list[Structure], *, join_files: bool = False,
+                      consume: bool = False) -> Structure:
     """One structure from ``parts`` built separately for the same module (each with its own
     ROOT and string table), their top-level scopes appended in order under one ROOT.
 
@@ -246,74 +248,86 @@ def concat_structures(parts: list[Structure], *, join_files: bool = False) -> St
     before it continues that FILE (its FILE row is dropped, its children move under the
     earlier one: a FILE group cut between two processes), so the result is exactly what one
     builder would have produced — strings included, since each part's strings are in
-    first-use order. Vectorised per part.
+    first-use order. Vectorised per part, one column at a time; with ``consume`` each part's
+    column is dropped as soon as the result's is made, so the parts and the result are never
+    both whole in memory (libtorch_cpu.so: ~500 MB of columns).
     """
     if not parts:
         raise ValueError("concat_structures needs at least one part")
     first = parts[0]
+    if int(first.range_ptr[1] - first.range_ptr[0]):
+        raise ValueError("a part's ROOT has address ranges")
     sid: dict[str, int] = {}
-    cols: dict[str, list[npt.NDArray[np.generic]]] = {k: [] for k in (
-        "kind", "parent", "name", "link_name", "file", "line", "call_file", "call_line",
-        "target", "nranges", "range_lo", "range_hi", "map_lo", "map_hi", "map_scope")}
     off = 1  # scopes so far, the ROOT included
     last_file, last_name = -1, ""  # the last top-level FILE so far: its index, its name
+    remaps: list[npt.NDArray[np.int32]] = []
+    news: list[npt.NDArray[np.int64]] = []
+    keeps: list[npt.NDArray[np.bool_] | slice] = []
     for p in parts:
         ids = [sid.setdefault(x, len(sid)) for x in p.strings]
-        remap = np.array([*ids, -1], dtype=np.int32)  # remap[-1] == -1 for "no string"
+        remaps.append(np.array([*ids, -1], dtype=np.int32))  # remap[-1] == -1: no string
         # new index of each of the part's scopes (its ROOT -> 0)
         new = np.arange(-1, len(p) - 1, dtype=np.int64) + off
         new[0] = 0
-        keep = np.ones(len(p), dtype=bool)
-        keep[0] = False
+        keep: npt.NDArray[np.bool_] | slice = slice(1, None)
         if (join_files and len(p) > 1 and last_file > 0 and p.kind[1] == Kind.FILE
                 and p.text(int(p.name[1])) == last_name
                 and p.range_ptr[2] == p.range_ptr[1]):
-            keep[1] = False
+            keep = slice(2, None)
             new[2:] -= 1
             new[1] = last_file
         top = np.flatnonzero((p.parent == 0) & (p.kind == Kind.FILE))
         if len(top):
             last_file, last_name = int(new[top[-1]]), p.text(int(p.name[top[-1]]))
-        par = p.parent[keep]
-        cols["kind"].append(p.kind[keep])
-        cols["parent"].append(new[par].astype(np.int32))
-        for k in ("name", "link_name", "file", "call_file"):
-            cols[k].append(remap[getattr(p, k)[keep]])
-        for k in ("line", "call_line", "target"):
-            cols[k].append(getattr(p, k)[keep])
-        for k in ("range_lo", "range_hi", "map_lo", "map_hi"):
-            cols[k].append(getattr(p, k))
-        cols["nranges"].append(np.diff(p.range_ptr)[keep])
-        cols["map_scope"].append(new[p.map_scope].astype(np.int32))
-        off += int(keep.sum())
+        news.append(new)
+        keeps.append(keep)
+        off += len(p) - (2 if keep == slice(2, None) else 1)
     strings = [""] * len(sid)
-    for s, i in sid.items():
-        strings[i] = s
-    root_ranges = int(first.range_ptr[1] - first.range_ptr[0])
-    if root_ranges:
-        raise ValueError("a part's ROOT has address ranges")
-
-    def cat(k: str, dtype: type) -> npt.NDArray[Any]:
-        return np.concatenate(cols[k]).astype(dtype) if cols[k] else np.zeros(0, dtype)
-
-    nr = np.concatenate([[0], cat("nranges", np.int64)])
-    map_lo = cat("map_lo", np.uint64)
-    map_hi = cat("map_hi", np.uint64)
-    map_scope = cat("map_scope", np.int32)
-    order = np.lexsort((map_scope, map_hi, map_lo))  # as the builder sorts its tuples
+    for s_, i in sid.items():
+        strings[i] = s_
     root_name = sid.get(first.path, -1)
+
+    def column(k: str, dtype: type, root: int | None,
+               piece: Callable[[int, Structure], npt.NDArray[Any]]) -> npt.NDArray[Any]:
+        pieces = [] if root is None else [np.array([root], dtype=dtype)]
+        for j, p in enumerate(parts):
+            pieces.append(np.asarray(piece(j, p), dtype=dtype))
+        out = np.concatenate(pieces).astype(dtype, copy=False)
+        del pieces
+        if consume:
+            for p in parts:
+                # a new empty array, not a[:0]: a view would keep the whole buffer alive
+                setattr(p, k, np.zeros(0, getattr(p, k).dtype))
+        return out
+
+    def keep_of(j: int, a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return a[keeps[j]]
+
+    has_calls = all(p.has_calls for p in parts)
+    kind = column("kind", np.uint8, int(Kind.ROOT), lambda j, p: keep_of(j, p.kind))
+    parent = column("parent", np.int32, -1, lambda j, p: news[j][keep_of(j, p.parent)])
+    name = column("name", np.int32, root_name, lambda j, p: remaps[j][keep_of(j, p.name)])
+    link = column("link_name", np.int32, -1, lambda j, p: remaps[j][keep_of(j, p.link_name)])
+    file = column("file", np.int32, -1, lambda j, p: remaps[j][keep_of(j, p.file)])
+    line = column("line", np.int32, 0, lambda j, p: keep_of(j, p.line))
+    cfile = column("call_file", np.int32, -1, lambda j, p: remaps[j][keep_of(j, p.call_file)])
+    cline = column("call_line", np.int32, 0, lambda j, p: keep_of(j, p.call_line))
+    target = column("target", np.uint64, 0, lambda j, p: keep_of(j, p.target))
+    nr = column("range_ptr", np.int64, 0, lambda j, p: np.diff(p.range_ptr)[keeps[j]])
+    rptr = np.concatenate([[0], np.cumsum(nr)])
+    del nr
+    rlo = column("range_lo", np.uint64, None, lambda j, p: p.range_lo)
+    rhi = column("range_hi", np.uint64, None, lambda j, p: p.range_hi)
+    map_scope = column("map_scope", np.int32, None, lambda j, p: news[j][p.map_scope])
+    map_lo = column("map_lo", np.uint64, None, lambda j, p: p.map_lo)
+    map_hi = column("map_hi", np.uint64, None, lambda j, p: p.map_hi)
+    order = np.lexsort((map_scope, map_hi, map_lo))  # as the builder sorts its tuples
+    map_lo = map_lo[order]
+    map_hi = map_hi[order]
+    map_scope = map_scope[order]
+    del order
     return Structure(
-        path=first.path, build_id=first.build_id, strings=strings,
-        kind=np.concatenate([[Kind.ROOT], cat("kind", np.uint8)]).astype(np.uint8),
-        parent=np.concatenate([[-1], cat("parent", np.int32)]).astype(np.int32),
-        name=np.concatenate([[root_name], cat("name", np.int32)]).astype(np.int32),
-        link_name=np.concatenate([[-1], cat("link_name", np.int32)]).astype(np.int32),
-        file=np.concatenate([[-1], cat("file", np.int32)]).astype(np.int32),
-        line=np.concatenate([[0], cat("line", np.int32)]).astype(np.int32),
-        call_file=np.concatenate([[-1], cat("call_file", np.int32)]).astype(np.int32),
-        call_line=np.concatenate([[0], cat("call_line", np.int32)]).astype(np.int32),
-        target=np.concatenate([[0], cat("target", np.uint64)]).astype(np.uint64),
-        range_ptr=np.concatenate([[0], np.cumsum(nr)]).astype(np.int64),
-        range_lo=cat("range_lo", np.uint64), range_hi=cat("range_hi", np.uint64),
-        map_lo=map_lo[order], map_hi=map_hi[order], map_scope=map_scope[order],
-        has_calls=all(p.has_calls for p in parts))
+        path=first.path, build_id=first.build_id, strings=strings, kind=kind, parent=parent,
+        name=name, link_name=link, file=file, line=line, call_file=cfile, call_line=cline,
+        target=target, range_ptr=rptr.astype(np.int64), range_lo=rlo, range_hi=rhi,
+        map_lo=map_lo, map_hi=map_hi, map_scope=map_scope, has_calls=has_calls)

@@ -538,7 +538,8 @@ class PreparedModule:
             # its share done stands for the whole
             return self.build_runs(chunks[k], progress if k == last else None, len(chunks), n)
 
-        return concat_structures(fork_map(run, list(range(len(chunks)))), join_files=True)
+        return concat_structures(fork_map(run, list(range(len(chunks)))), join_files=True,
+                                 consume=True)
 
 
 def _analyze(mod: ElfModule, jobs: int = 1, progress: Progress | None = None) -> Structure:
