@@ -200,6 +200,35 @@ class StructureBuilder:
         self.rptr.append(len(self.rlo))
         return i
 
+    def extend(self, kind: npt.NDArray[Any], parent: npt.NDArray[Any],
+               name: npt.NDArray[Any], link: npt.NDArray[Any], file: npt.NDArray[Any],
+               line: npt.NDArray[Any], target: npt.NDArray[Any], nranges: npt.NDArray[Any],
+               range_lo: npt.NDArray[Any], range_hi: npt.NDArray[Any],
+               map_lo: npt.NDArray[Any], map_hi: npt.NDArray[Any],
+               map_scope: npt.NDArray[Any]) -> None:
+        """Append scopes given as columns (what :meth:`add` and :meth:`map_range` do one at a
+        time; strings already as ids, no call file or line): ``nranges`` ranges each, taken in
+        order from ``range_lo``/``range_hi``."""
+        def put(col: array[int], x: npt.NDArray[Any]) -> None:
+            col.frombytes(np.ascontiguousarray(x, dtype=np.dtype(col.typecode)).tobytes())
+
+        n = len(kind)
+        put(self.kind, kind)
+        put(self.parent, parent)
+        put(self.name, name)
+        put(self.link, link)
+        put(self.file, file)
+        put(self.line, line)
+        put(self.cfile, np.full(n, -1, np.int32))
+        put(self.cline, np.zeros(n, np.int64))
+        put(self.target, target)
+        put(self.rptr, len(self.rlo) + np.cumsum(nranges, dtype=np.int64))
+        put(self.rlo, range_lo)
+        put(self.rhi, range_hi)
+        put(self.map_lo, map_lo)
+        put(self.map_hi, map_hi)
+        put(self.map_scope, map_scope)
+
     def map_range(self, lo: int, hi: int, scope: int) -> None:
         self.map_lo.append(lo)
         self.map_hi.append(hi)

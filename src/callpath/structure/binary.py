@@ -25,12 +25,23 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from callpath.structure.cfg import CALL, COND, ICALL, INDIRECT, JUMP, Code, build_cfg, decode
+from callpath.structure.batch_scopes import Batch, plain_proc
+from callpath.structure.cfg import (
+    CALL,
+    COND,
+    ICALL,
+    INDIRECT,
+    JUMP,
+    Code,
+    Graph,
+    build_cfg,
+    decode,
+)
 from callpath.structure.demangle import demangle
 from callpath.structure.dwarf_info import DebugInfo, DwarfReader, Inlined
 from callpath.structure.dwarf_lines import LineTable, decode_line_tables
 from callpath.structure.elf import ElfModule, find_debug_file, open_elf
-from callpath.structure.havlak import find_loops
+from callpath.structure.havlak import Loop, find_loops
 from callpath.structure.jump_tables import resolve_tables
 from callpath.structure.model import Kind, Structure, StructureBuilder, concat_structures
 from callpath.structure.noreturn import is_no_return
@@ -157,6 +168,9 @@ def analyze_binary(path: str | os.PathLike[str], *, jobs: int = 1,
 
 #: Below this many procedures a module is built in one process (forking costs more).
 PARALLEL_MIN_PROCS = 1000
+
+#: Procedures without inlined code assembled together (structure/batch_scopes.py).
+BATCH = 512
 
 
 class _NoReturn:
@@ -486,22 +500,33 @@ class PreparedModule:
         b = StructureBuilder(mod.path, mod.build_id)
         b.has_calls = True  # every call instruction becomes a C scope
         done = 0
+        batch = Batch(b, lines.files)
         for fname, ids in runs:
-            fscope = b.add(Kind.FILE, 0, name=fname)
+            fscope = batch.fscope = b.add(Kind.FILE, 0, name=fname)
+            pfile = None if fname.startswith("[") else fname
             _pf, pline = _lines_at(lines, self.entry[np.array(ids, dtype=np.int64)])
             for i, pl in zip(ids, pline.tolist(), strict=True):
                 p = procs[i]
                 name = p.name if self.demangled else demangle(p.name)
                 display = self.sub_names.get(p.entry, name) if p.origin != "plt" else name
-                _build_proc(b, fscope, p, display, int(pl), fname, lines, self.inlined,
-                            self.inl_by_proc.get(i, []), self.reader,
-                            self.noreturn_for(p.entry),
-                            self.base)
+                flow = _flow(p, self.reader, self.noreturn_for(p.entry))
+                inl = self.inl_by_proc.get(i)
+                plain = None if inl else plain_proc(display, p.link_name, pfile, int(pl),
+                                                    p.entry, p.end, *flow, lines)
+                if plain is not None:  # no inlined code: assembled with others, as arrays
+                    batch.add(plain)
+                    if len(batch) >= BATCH:
+                        batch.flush()
+                else:
+                    batch.flush()
+                    _build_proc(b, fscope, p, display, int(pl), fname, lines, self.inlined,
+                                inl or [], flow)
                 done += 1
                 if progress is not None and done % 256 == 0:
                     progress(min(done * scale, total), total)
                 if done % 8192 == 0:
                     self.reader.release_text()
+            batch.flush()
         if progress is not None:
             progress(min(done * scale, total), total)
         return b.build()
@@ -670,9 +695,10 @@ def _has_back_branch(code: Code) -> bool:
     return False
 
 
-def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pline: int,
-                fname: str, lines: LineTable, inlined: list[Inlined], inl_ids: list[int],
-                reader: _SectionReader, noret: _NoReturn, base: str) -> None:
+def _flow(p: Procedure, reader: _SectionReader, noret: _NoReturn
+          ) -> tuple[Code, Graph, list[Loop], list[int]]:
+    """The procedure's instructions, control flow graph and loops (and innermost loop of each
+    block)."""
     lo, hi = p.entry, p.end
     sec = next(s for s in reader.mod.text_sections if s.addr <= lo < s.addr + s.size)
     code = decode(sec.data, sec.addr, lo, hi)
@@ -685,6 +711,14 @@ def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pl
     # libtorch_cpu.so's 380k procedures; its result would be empty).
     loops, innermost = (find_loops(graph.succ) if graph.start and _has_back_branch(code)
                         else ([], []))
+    return code, graph, loops, innermost
+
+
+def _build_proc(b: StructureBuilder, fscope: int, p: Procedure, display: str, pline: int,
+                fname: str, lines: LineTable, inlined: list[Inlined], inl_ids: list[int],
+                flow: tuple[Code, Graph, list[Loop], list[int]]) -> None:
+    lo, hi = p.entry, p.end
+    code, graph, loops, innermost = flow
 
     # Elementary segments.
     bounds: list[int] = [lo, hi]
