@@ -457,12 +457,280 @@ done:
     return result;
 }
 
+/* -- basic blocks and successors (structure/cfg.py's build_cfg, the same answer) ---------- */
+
+enum { K_NEXT, K_JUMP, K_COND, K_INDIRECT, K_RETURN, K_CALL, K_ICALL, K_STOP };
+
+typedef struct {
+    uint64_t *a;
+    Py_ssize_t n, cap;
+} u64vec;
+
+static int upush(u64vec *v, uint64_t x) {
+    if (v->n == v->cap) {
+        Py_ssize_t c = v->cap ? 2 * v->cap : 16;
+        uint64_t *p = PyMem_Realloc(v->a, (size_t)c * sizeof *p);
+        if (p == NULL) return -1;
+        v->a = p;
+        v->cap = c;
+    }
+    v->a[v->n++] = x;
+    return 0;
+}
+
+static int cmp_u64(const void *x, const void *y) {
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* item k of a list of ints as uint64; sets *err on failure */
+static uint64_t u64_at(PyObject *list, Py_ssize_t k, int *err) {
+    uint64_t v = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(list, k));
+    if (v == (uint64_t)-1 && PyErr_Occurred()) *err = 1;
+    return v;
+}
+
+/* first index of a sorted list of ints whose value is >= x */
+static Py_ssize_t lower_bound(PyObject *list, Py_ssize_t n, uint64_t x, int *err) {
+    Py_ssize_t a = 0, b = n;
+    while (a < b) {
+        Py_ssize_t m = a + (b - a) / 2;
+        if (u64_at(list, m, err) < x)
+            a = m + 1;
+        else
+            b = m;
+        if (*err) return -1;
+    }
+    return a;
+}
+
+/* the block starting at x (starts sorted), or -1 */
+static Py_ssize_t block_at(const uint64_t *starts, Py_ssize_t nb, uint64_t x) {
+    Py_ssize_t a = 0, b = nb;
+    while (a < b) {
+        Py_ssize_t m = a + (b - a) / 2;
+        if (starts[m] < x)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a < nb && starts[a] == x ? a : -1;
+}
+
+/* cfg(ips, ends, kinds, targets, flow, tables, lo, hi, no_return, memo)
+ *   -> (starts, ends, first, last, succ) */
+static PyObject *cfg(PyObject *self, PyObject *args) {
+    PyObject *ips, *ends, *kinds, *targets, *flow, *tables, *noret, *memo;
+    unsigned long long lo, hi;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!KKOO", &PyList_Type, &ips, &PyList_Type, &ends,
+                          &PyList_Type, &kinds, &PyList_Type, &targets, &PyList_Type, &flow,
+                          &PyDict_Type, &tables, &lo, &hi, &noret, &memo))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(ips);
+    if (PyList_GET_SIZE(ends) != n || PyList_GET_SIZE(kinds) != n ||
+        PyList_GET_SIZE(targets) != n) {
+        PyErr_SetString(PyExc_ValueError, "instruction columns of different lengths");
+        return NULL;
+    }
+    if (n == 0) return Py_BuildValue("([][][][][])");
+    if (memo != Py_None && !PyDict_Check(memo)) {
+        PyErr_SetString(PyExc_TypeError, "memo must be a dict or None");
+        return NULL;
+    }
+    int err = 0;
+    PyObject *result = NULL, *o_starts = NULL, *o_ends = NULL, *o_first = NULL,
+             *o_last = NULL, *o_succ = NULL;
+    u64vec lead = {0}, starts = {0}, first = {0};
+    unsigned char *stop = PyMem_Calloc((size_t)n, 1);
+    if (stop == NULL) return PyErr_NoMemory();
+    if (upush(&lead, u64_at(ips, 0, &err)) < 0) goto nomem;
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(flow); j++) {
+        PyObject *fi = PyList_GET_ITEM(flow, j);
+        Py_ssize_t i = PyLong_AsSsize_t(fi);
+        if (i == -1 && PyErr_Occurred()) goto done;
+        if (i < 0 || i >= n) {
+            PyErr_SetString(PyExc_ValueError, "flow row outside the instructions");
+            goto done;
+        }
+        long k = PyLong_AsLong(PyList_GET_ITEM(kinds, i));
+        if (k == -1 && PyErr_Occurred()) goto done;
+        if (k == K_JUMP || k == K_COND) {
+            uint64_t t = u64_at(targets, i, &err);
+            if (err) goto done;
+            if (lo <= t && t < hi && upush(&lead, t) < 0) goto nomem;
+        } else if (k == K_INDIRECT) {
+            PyObject *tl = PyDict_GetItemWithError(tables, fi);
+            if (tl == NULL && PyErr_Occurred()) goto done;
+            if (tl != NULL) {
+                PyObject *seq = PySequence_Fast(tl, "jump table targets must be a sequence");
+                if (seq == NULL) goto done;
+                for (Py_ssize_t q = 0; q < PySequence_Fast_GET_SIZE(seq); q++) {
+                    uint64_t t = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, q));
+                    if (t == (uint64_t)-1 && PyErr_Occurred()) {
+                        Py_DECREF(seq);
+                        goto done;
+                    }
+                    if (upush(&lead, t) < 0) {
+                        Py_DECREF(seq);
+                        goto nomem;
+                    }
+                }
+                Py_DECREF(seq);
+            }
+        } else if (k == K_CALL) {
+            PyObject *to = PyList_GET_ITEM(targets, i);
+            int never = 0;
+            if (noret != Py_None && PyObject_IsTrue(to)) {
+                PyObject *got = memo != Py_None ? PyDict_GetItemWithError(memo, to) : NULL;
+                if (got == NULL && PyErr_Occurred()) goto done;
+                if (got != NULL) {
+                    never = PyObject_IsTrue(got);
+                } else {
+                    PyObject *r = PyObject_CallOneArg(noret, to);
+                    if (r == NULL) goto done;
+                    never = PyObject_IsTrue(r);
+                    Py_DECREF(r);
+                }
+                if (never < 0) goto done;
+            }
+            if (!never) continue;
+            stop[i] = 1;
+        } else if (k == K_ICALL) {
+            continue;
+        }
+        if (i + 1 < n && upush(&lead, u64_at(ips, i + 1, &err)) < 0) goto nomem;
+        if (err) goto done;
+    }
+    if (err) goto done;
+    qsort(lead.a, (size_t)lead.n, sizeof *lead.a, cmp_u64);
+    for (Py_ssize_t q = 0; q < lead.n; q++) {
+        uint64_t a = lead.a[q];
+        if (q > 0 && a == lead.a[q - 1]) continue;
+        Py_ssize_t j = lower_bound(ips, n, a, &err);
+        if (err) goto done;
+        if (j < n && u64_at(ips, j, &err) == a) {
+            if (upush(&starts, a) < 0 || upush(&first, (uint64_t)j) < 0) goto nomem;
+        }
+        if (err) goto done;
+    }
+    Py_ssize_t nb = starts.n;
+    o_starts = PyList_New(nb);
+    o_ends = PyList_New(nb);
+    o_first = PyList_New(nb);
+    o_last = PyList_New(nb);
+    o_succ = PyList_New(nb);
+    if (!o_starts || !o_ends || !o_first || !o_last || !o_succ) goto done;
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        Py_ssize_t i = (b + 1 < nb ? (Py_ssize_t)first.a[b + 1] : n) - 1;
+        PyObject *e = PyList_GET_ITEM(ends, i);
+        uint64_t end = u64_at(ends, i, &err);
+        if (err) goto done;
+        long k = PyLong_AsLong(PyList_GET_ITEM(kinds, i));
+        if (k == -1 && PyErr_Occurred()) goto done;
+        Py_ssize_t fall = b + 1 < nb && end == starts.a[b + 1] ? b + 1 : -1;
+        Py_ssize_t s[2], ns = 0;
+        PyObject *sl = NULL;
+        if (k == K_NEXT || k == K_CALL || k == K_ICALL) {
+            if (!stop[i] && fall >= 0) s[ns++] = fall;
+        } else if (k == K_COND || k == K_JUMP) {
+            if (k == K_COND && fall >= 0) s[ns++] = fall;
+            uint64_t t = u64_at(targets, i, &err);
+            if (err) goto done;
+            Py_ssize_t tb = block_at(starts.a, nb, t);
+            if (tb >= 0 && !(ns == 1 && s[0] == tb)) s[ns++] = tb;
+        } else if (k == K_INDIRECT) {
+            PyObject *key = PyLong_FromSsize_t(i);
+            if (key == NULL) goto done;
+            PyObject *tl = PyDict_GetItemWithError(tables, key);
+            Py_DECREF(key);
+            if (tl == NULL && PyErr_Occurred()) goto done;
+            sl = PyList_New(0);
+            if (sl == NULL) goto done;
+            if (tl != NULL) {
+                PyObject *seq = PySequence_Fast(tl, "jump table targets must be a sequence");
+                if (seq == NULL) {
+                    Py_DECREF(sl);
+                    goto done;
+                }
+                for (Py_ssize_t q = 0; q < PySequence_Fast_GET_SIZE(seq); q++) {
+                    uint64_t t = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, q));
+                    if (t == (uint64_t)-1 && PyErr_Occurred()) {
+                        Py_DECREF(seq);
+                        Py_DECREF(sl);
+                        goto done;
+                    }
+                    Py_ssize_t tb = block_at(starts.a, nb, t);
+                    if (tb < 0) continue;
+                    PyObject *tbo = PyLong_FromSsize_t(tb);
+                    int has = tbo ? PySequence_Contains(sl, tbo) : -1;
+                    if (has < 0 || (!has && PyList_Append(sl, tbo) < 0)) {
+                        Py_XDECREF(tbo);
+                        Py_DECREF(seq);
+                        Py_DECREF(sl);
+                        goto done;
+                    }
+                    Py_DECREF(tbo);
+                }
+                Py_DECREF(seq);
+            }
+        }
+        if (sl == NULL) {
+            sl = PyList_New(ns);
+            if (sl == NULL) goto done;
+            for (Py_ssize_t q = 0; q < ns; q++) {
+                PyObject *x = PyLong_FromSsize_t(s[q]);
+                if (x == NULL) {
+                    Py_DECREF(sl);
+                    goto done;
+                }
+                PyList_SET_ITEM(sl, q, x);
+            }
+        }
+        PyList_SET_ITEM(o_succ, b, sl);
+        Py_INCREF(e);
+        PyList_SET_ITEM(o_ends, b, e);
+        PyObject *x1 = PyLong_FromUnsignedLongLong(starts.a[b]);
+        PyObject *x2 = PyLong_FromSsize_t((Py_ssize_t)first.a[b]);
+        PyObject *x3 = PyLong_FromSsize_t(i);
+        if (!x1 || !x2 || !x3) {
+            Py_XDECREF(x1);
+            Py_XDECREF(x2);
+            Py_XDECREF(x3);
+            goto done;
+        }
+        PyList_SET_ITEM(o_starts, b, x1);
+        PyList_SET_ITEM(o_first, b, x2);
+        PyList_SET_ITEM(o_last, b, x3);
+    }
+    result = PyTuple_Pack(5, o_starts, o_ends, o_first, o_last, o_succ);
+    goto done;
+nomem:
+    PyErr_NoMemory();
+done:
+    Py_XDECREF(o_starts);
+    Py_XDECREF(o_ends);
+    Py_XDECREF(o_first);
+    Py_XDECREF(o_last);
+    Py_XDECREF(o_succ);
+    PyMem_Free(stop);
+    PyMem_Free(lead.a);
+    PyMem_Free(starts.a);
+    PyMem_Free(first.a);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS,
      "decode(buf, start, ip, ips, ends, kinds, targets, flows) -> offset: append address, end, "
      "flow kind and direct target of each instruction of buf[start:] (buf[0] at address ip) "
      "to the lists and the row of each control transfer to flows, stopping at the end or at "
      "the first instruction to leave to iced-x86."},
+    {"cfg", cfg, METH_VARARGS,
+     "cfg(ips, ends, kinds, targets, flow, tables, lo, hi, no_return, memo) -> (starts, ends, "
+     "first, last, succ): basic blocks and successors of one procedure's decoded rows, as "
+     "structure/cfg.py's build_cfg gives them (no_return: a callable or None; memo: a dict "
+     "of its answers by target, or None)."},
     {"loops", loops, METH_VARARGS,
      "loops(succ, entry) -> (loops, innermost): Havlak's loop nesting forest of the graph of "
      "successor lists, as structure/havlak.py's find_loops gives it (loops as (header, "

@@ -705,7 +705,7 @@ def _flow(p: Procedure, reader: _SectionReader, noret: _NoReturn
     if INDIRECT in code.kind:
         code.tables = resolve_tables(sec.data, sec.addr, lo, hi, code.ip, code.kind,
                                      reader.read, INDIRECT)
-    graph = build_cfg(code, lo, hi, lambda t: t in noret)
+    graph = build_cfg(code, lo, hi, noret.__contains__, memo=noret.memo)
     # A cycle needs an edge to an address at or before its branch (fall-through only goes
     # forward): without one there is no loop and Havlak's analysis is skipped (most of
     # libtorch_cpu.so's 380k procedures; its result would be empty).

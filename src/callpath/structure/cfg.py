@@ -143,8 +143,17 @@ class Graph:
 
 
 def build_cfg(code: Code, lo: int, hi: int,
-              no_return: Callable[[int], bool] | None = None) -> Graph:
-    """Basic blocks and edges of the procedure ``[lo, hi)`` from its decoded ``code``."""
+              no_return: Callable[[int], bool] | None = None, *,
+              memo: dict[int, bool] | None = None, use_c: bool = True) -> Graph:
+    """Basic blocks and edges of the procedure ``[lo, hi)`` from its decoded ``code``.
+
+    ``no_return(target)`` says whether a call to ``target`` never returns; ``memo``, if given,
+    holds answers it already gave (looked up first). With the C extension built, its ``cfg``
+    does the work (the same steps; ``use_c=False`` runs the Python below).
+    """
+    if use_c and _c_decode is not None:
+        return Graph(*_c_decode.cfg(code.ip, code.end, code.kind, code.target, code.flow,
+                                    code.tables, lo, hi, no_return, memo))
     ips, kinds, targets, ends = code.ip, code.kind, code.target, code.end
     n = len(ips)
     if n == 0:
