@@ -568,7 +568,10 @@ class PreparedModule:
 
 
 def _analyze(mod: ElfModule, jobs: int = 1, progress: Progress | None = None) -> Structure:
-    prep = PreparedModule(mod)
+    # names demangled as procedures are built, in the processes that build them: all 385k of
+    # libtorch_cpu.so's demangled up front were ~250 MB of objects in the parent (and, with
+    # every page the children touched copied, in each child), and seconds done serially
+    prep = PreparedModule(mod, demangle_all=False)
     order, groups = prep.groups()
     return prep.build_parallel(order, groups, jobs, progress=progress)
 

@@ -14,6 +14,7 @@ caller makes of them). Half of libtorch_cpu.so's structure is ~250 MB.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import signal
@@ -37,6 +38,21 @@ def fork_map(fn: Callable[[T], R], items: list[T]) -> list[R]:
     for. Falls back to running in this process if ``fork`` fails.
     """
     children: list[tuple[int, int]] = []  # (pid, read end)
+    # The cyclic garbage collector writes into every object it scans: in a child that copies
+    # each page of the parent's objects (libtorch_cpu.so's procedure table and line data).
+    # Frozen, the objects that exist at the fork are never scanned, in the children or here.
+    frozen = len(items) > 1 and not gc.get_freeze_count()
+    if frozen:
+        gc.freeze()
+    try:
+        return _fork_map(fn, items, children)
+    finally:
+        if frozen:
+            gc.unfreeze()
+
+
+def _fork_map(fn: Callable[[T], R], items: list[T], children: list[tuple[int, int]]
+              ) -> list[R]:
     for x in items[:-1]:
         try:
             r, w = os.pipe()
