@@ -318,10 +318,10 @@ def concat_structures(parts: list[Structure], *, join_files: bool = False,
 
     def column(k: str, dtype: type, root: int | None,
                piece: Callable[[int, Structure], npt.NDArray[Any]]) -> npt.NDArray[Any]:
-        pieces = [] if root is None else [np.array([root], dtype=dtype)]
+        pieces: list[npt.NDArray[Any]] = [] if root is None else [np.array([root], dtype=dtype)]
         for j, p in enumerate(parts):
             pieces.append(np.asarray(piece(j, p), dtype=dtype))
-        out = np.concatenate(pieces).astype(dtype, copy=False)
+        out: npt.NDArray[Any] = np.concatenate(pieces).astype(dtype, copy=False)
         del pieces
         if consume:
             for p in parts:

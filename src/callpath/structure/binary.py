@@ -538,9 +538,16 @@ class PreparedModule:
         about equal code size (cut inside a FILE group where needed: a library without DWARF
         is one group); the concatenation, with a FILE cut in two joined again, is exactly the
         one-process result."""
+        return join_parts(self.build_parts(order, groups, jobs, min_procs, progress))
+
+    def build_parts(self, order: list[str], groups: dict[str, list[int]],
+                    jobs: int, min_procs: int = PARALLEL_MIN_PROCS,
+                    progress: Progress | None = None) -> list[Structure]:
+        """:meth:`build_parallel`'s parts, before :func:`join_parts` (a caller done with this
+        module's tables drops them first: libtorch_cpu.so's are ~240 MB)."""
         n = sum(len(groups[f]) for f in order)
         if jobs <= 1 or n < min_procs or not hasattr(os, "fork"):
-            return self.build_runs([(f, groups[f]) for f in order], progress, 1, n)
+            return [self.build_runs([(f, groups[f]) for f in order], progress, 1, n)]
         size = (self.end - self.entry).astype(np.int64)
         flat = [(f, i) for f in order for i in groups[f]]
         w = np.cumsum(size[np.array([i for _, i in flat], dtype=np.int64)])
@@ -563,8 +570,14 @@ class PreparedModule:
             # its share done stands for the whole
             return self.build_runs(chunks[k], progress if k == last else None, len(chunks), n)
 
-        return concat_structures(fork_map(run, list(range(len(chunks)))), join_files=True,
-                                 consume=True)
+        return fork_map(run, list(range(len(chunks))))
+
+
+def join_parts(parts: list[Structure]) -> Structure:
+    """The module's structure from :meth:`PreparedModule.build_parts`' parts (consumed)."""
+    if len(parts) == 1:
+        return parts[0]
+    return concat_structures(parts, join_files=True, consume=True)
 
 
 def _analyze(mod: ElfModule, jobs: int = 1, progress: Progress | None = None) -> Structure:
@@ -573,7 +586,9 @@ def _analyze(mod: ElfModule, jobs: int = 1, progress: Progress | None = None) ->
     # every page the children touched copied, in each child), and seconds done serially
     prep = PreparedModule(mod, demangle_all=False)
     order, groups = prep.groups()
-    return prep.build_parallel(order, groups, jobs, progress=progress)
+    parts = prep.build_parts(order, groups, jobs, progress=progress)
+    del prep, order, groups
+    return join_parts(parts)
 
 
 class _SectionReader:

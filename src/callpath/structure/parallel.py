@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import os
 import pickle
 import signal
 import struct
 from collections.abc import Callable
-from typing import BinaryIO, TypeVar
+from typing import TypeVar
 
 from callpath.errors import CallpathError
 
@@ -63,7 +64,7 @@ def _fork_map(fn: Callable[[T], R], items: list[T], children: list[tuple[int, in
             status = 0
             try:
                 os.close(r)
-                bufs: list[pickle.PickleBuffer] = []
+                bufs: list[pickle.PickleBuffer | None] = []
                 try:
                     payload = pickle.dumps(("ok", fn(x)), protocol=5,
                                            buffer_callback=bufs.append)
@@ -71,13 +72,19 @@ def _fork_map(fn: Callable[[T], R], items: list[T], children: list[tuple[int, in
                     payload, bufs = pickle.dumps(("user", str(e))), []
                 except BaseException as e:
                     payload, bufs = pickle.dumps(("bug", f"{type(e).__name__}: {e}")), []
-                raws = [b.raw() for b in bufs]
+                sizes = [b.raw().nbytes for b in bufs if b is not None]
                 with os.fdopen(w, "wb") as f:
-                    f.write(struct.pack(f"<{len(raws) + 2}Q", len(payload), len(raws),
-                                        *(r.nbytes for r in raws)))
+                    f.write(struct.pack(f"<{len(sizes) + 2}Q", len(payload), len(sizes),
+                                        *sizes))
                     f.write(payload)
-                    for r in raws:
-                        f.write(r)
+                    for k, b in enumerate(bufs):
+                        assert b is not None
+                        with b.raw() as raw:
+                            f.write(raw)
+                        # the array goes as soon as it is sent: the parent's copy grows as
+                        # this one shrinks
+                        b.release()
+                        bufs[k] = b = None
             except BaseException:
                 status = 1
             finally:
@@ -118,7 +125,7 @@ def _fork_map(fn: Callable[[T], R], items: list[T], children: list[tuple[int, in
     return out + tail
 
 
-def _receive(f: BinaryIO) -> tuple[str, object] | None:
+def _receive(f: io.BufferedReader) -> tuple[str, object] | None:
     """A child's result from its pipe (header, pickle, out-of-band buffers; see the module
     docstring), or None where the child died before writing all of it."""
     head = _read_exact(f, 16)
@@ -144,6 +151,6 @@ def _receive(f: BinaryIO) -> tuple[str, object] | None:
     return got
 
 
-def _read_exact(f: BinaryIO, n: int) -> bytes | None:
+def _read_exact(f: io.BufferedReader, n: int) -> bytes | None:
     data = f.read(n)
     return data if len(data) == n else None
