@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
             user_cache_dir() / (cache_key(x, *module_identity(x)) + ".hpcstruct")]
         jobs.append(Job(x, os.path.abspath(x), cache))
     results = run_jobs(jobs, workers, ProgressBar(), explicit=args.jobs is not None)
-    return _write(results, args.output, per_input_dir=Path.cwd(), verbose=args.verbose)
+    return _write(results, args.output, per_input_dir=Path.cwd(), verbose=args.verbose,
+                  jobs=_write_jobs(args, workers))
 
 
 def _refuse_overwriting_inputs(output: str, inputs: Sequence[str]) -> None:
@@ -97,8 +98,16 @@ def _refuse_overwriting_inputs(output: str, inputs: Sequence[str]) -> None:
                                 "the structure")
 
 
+def _write_jobs(args: argparse.Namespace, workers: int) -> int:
+    """Processes that may write one large structure file: as many as ``-j`` asked for, else
+    the idle cores (as for the analysis, driver.run_jobs)."""
+    from callpath.structure.driver import idle_cores
+
+    return workers if args.jobs is not None else idle_cores(workers)
+
+
 def _write(results: Sequence[object], output: str | None, per_input_dir: Path | None,
-           verbose: bool = False) -> int:
+           verbose: bool = False, jobs: int = 1) -> int:
     from callpath.formats.hpcstruct import write_hpcstruct, write_hpcstruct_file
     from callpath.structure.driver import Result
 
@@ -118,15 +127,17 @@ def _write(results: Sequence[object], output: str | None, per_input_dir: Path | 
                 how = "from the cache" if r.cached else "analysed"
                 sys.stderr.write(f"callpath struct: {r.job.name}: {how}\n")
     if output == "-":
-        write_hpcstruct([r.structure for r in good if r.structure is not None], sys.stdout)
+        write_hpcstruct([r.structure for r in good if r.structure is not None], sys.stdout,
+                        jobs=jobs)
     elif output is not None:
         if good:
-            write_hpcstruct_file([r.structure for r in good if r.structure is not None], output)
+            write_hpcstruct_file([r.structure for r in good if r.structure is not None], output,
+                                 jobs=jobs)
     elif per_input_dir is not None:
         for r in good:
             assert r.structure is not None
             dest = per_input_dir / (os.path.basename(r.job.path) + ".hpcstruct")
-            write_hpcstruct_file([r.structure], dest)
+            write_hpcstruct_file([r.structure], dest, jobs=jobs)
             sys.stderr.write(f"wrote {dest}\n") if sys.stderr.isatty() else None
     return status
 
@@ -140,7 +151,8 @@ def _run_measdir(d: Path, args: argparse.Namespace, workers: int) -> int:
             j.need_structure = False
     results = run_jobs(jobs, workers, ProgressBar(), explicit=args.jobs is not None)
     write_index(d, results)
-    status = _write(results, args.output, per_input_dir=None, verbose=args.verbose)
+    status = _write(results, args.output, per_input_dir=None, verbose=args.verbose,
+                    jobs=_write_jobs(args, workers))
     ok = sum(1 for r in results if r.error is None)
     if sys.stderr.isatty() or args.verbose:
         sys.stderr.write(f"callpath struct: {ok} of {len(results)} modules in "
