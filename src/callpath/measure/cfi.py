@@ -144,9 +144,15 @@ class RowCache:
         a = data[1]
         if ivals is not None and "ilo" in a and "ihi" in a and "irows" in a \
                 and a["irows"].size == len(a["ilo"]) * _NCOL == len(a["ihi"]) * _NCOL:
-            for lo, hi, r in zip(a["ilo"].tolist(), a["ihi"].tolist(),
-                                 a["irows"].reshape(-1, _NCOL).tolist(), strict=True):
-                ivals.add(lo, hi, tuple(r))
+            los, his = a["ilo"].tolist(), a["ihi"].tolist()
+            keys = list(map(tuple, a["irows"].reshape(-1, _NCOL).tolist()))
+            if not ivals.lo and all(x < y for x, y in zip(los, los[1:])):
+                # as ``save`` wrote them, sorted: taken whole (60k ranges in a PyTorch run's
+                # libtorch_cpu.so, an insertion each cost 0.1 s)
+                ivals.lo, ivals.hi, ivals.key = los, his, keys
+            else:
+                for lo, hi, key in zip(los, his, keys, strict=True):
+                    ivals.add(lo, hi, key)
         try:
             if a["rows"].size != len(a["pc"]) * _NCOL or \
                     a["rrows"].size != len(a["rpc"]) * _NCOL or len(a["src"]) != len(a["pc"]):
