@@ -241,6 +241,11 @@ def _start_structure_ahead(out_dir: Path) -> tuple[int, int] | None:
     units = sorted(out_dir.glob("process-*.cpm"))
     if not units:
         return None
+    import select
+
+    # imported before the fork: a child importing while another thread of this process held
+    # the import lock would wait for it forever
+    from callpath.structure.ondemand import cache_python_sources
     try:
         r, w = os.pipe()
         pid = os.fork()
@@ -250,9 +255,6 @@ def _start_structure_ahead(out_dir: Path) -> tuple[int, int] | None:
         code = 0
         try:
             os.close(w)
-            import select
-
-            from callpath.structure.ondemand import cache_python_sources
 
             def stop() -> bool:
                 return bool(select.select([r], [], [], 0)[0])
@@ -266,12 +268,31 @@ def _start_structure_ahead(out_dir: Path) -> tuple[int, int] | None:
     return pid, w
 
 
+#: how long the structure child may take to finish its current source once told to stop
+#: (one source from bytecode is milliseconds; a large one through ``ast`` up to a second)
+AHEAD_GRACE_S = 10.0
+
+
 def _stop_child(child: tuple[int, int]) -> None:
-    """Tell the structure child to stop after its current source, and wait for it."""
+    """Tell the structure child to stop after its current source, and wait for it (killed
+    after ``AHEAD_GRACE_S``: what it left unbuilt, ``prof`` builds)."""
     pid, w = child
     os.close(w)
-    with contextlib.suppress(ChildProcessError, InterruptedError):
-        os.waitpid(pid, 0)
+    deadline = time.monotonic() + AHEAD_GRACE_S
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        if time.monotonic() > deadline:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            return
+        time.sleep(0.002)
 
 
 def _header_summary(out_dir: Path) -> dict[str, object]:
