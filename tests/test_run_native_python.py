@@ -190,6 +190,45 @@ def test_profile_gives_native_structure_below_python_lines(capture_ok: None,
     assert float(phases["merge"]) == pytest.approx(header["native_merge_s"], abs=0.006)
 
 
+def test_profile_builds_python_structure_beside_the_merge(capture_ok: None,
+                                                          tmp_path: Path) -> None:
+    """``callpath profile --native``: the sampled Python sources' structure is built into the
+    user's cache while the native stacks are merged, before ``prof`` starts (the entries are
+    older than the header written after the merge), and ``prof`` uses it (the imported
+    module's loop, from its bytecode, in the report)."""
+    import py_compile
+
+    (tmp_path / "helper.py").write_text(
+        "def spin(n):\n"
+        "    total = 0\n"
+        "    for i in range(n):\n"
+        "        total += i * i % 7\n"
+        "    return total\n")
+    py_compile.compile(str(tmp_path / "helper.py"), doraise=True)
+    (tmp_path / "main.py").write_text(
+        "import helper\n"
+        "t = 0\n"
+        "while t < 30_000_000:\n"
+        "    t += helper.spin(2_000_000)\n"
+        "print(t)\n")
+    cache = tmp_path / "cache"
+    r = callpath("profile", "--native", "-m", str(tmp_path / "m"), "-o", str(tmp_path / "db"),
+                 "-d", "12", "--", sys.executable, str(tmp_path / "main.py"),
+                 env={"XDG_CACHE_HOME": str(cache)}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "loop at helper.py:3" in r.stdout, r.stdout
+    header_file = tmp_path / "m" / "measurement.json"
+    assert "structure_ahead_s" in json.loads(header_file.read_text())
+    from callpath.structure import store
+    built = {}
+    for f in (cache / "callpath").rglob("*.cpstruct"):
+        got = store.load(f)
+        if got is not None:
+            built[Path(got[0].path).name] = f.stat().st_mtime
+    assert "helper.py" in built, sorted(built)
+    assert built["helper.py"] <= header_file.stat().st_mtime
+
+
 def _blas(module: str) -> bool:
     return "blas" in module.lower()
 

@@ -69,7 +69,7 @@ def test_cached_rows_are_the_compiled_rows(tmp_path: Path) -> None:
     others = []
     for start in plain._fde_starts[::5]:
         fde = plain.fde_for(start)
-        end = start + int(fde.header["address_range"]) if fde is not None else start
+        end = fde.hi if fde is not None else start
         others += [start + d for d in (1, 6, 11, 17) if start + d < end]
     # those whose rows come from CFI (not a PLT stub's, a signal frame's or a recipe)
     others = [pc for pc in others if (got := ref.row_source(plain, pc))[1] == cfi.SRC_CFI

@@ -115,9 +115,9 @@ def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Name
             return status
         raise CallpathError(f"{meas}: the measurement was not written (the program could not "
                             "be measured)")
-    merge = _merge_seconds(meas)
+    merge, ahead = _merge_seconds(meas)
     if merge is not None:  # --native of Python: its stacks merged after the program
-        phases["measure"] = max(phases["measure"] - merge, 0.0)
+        phases["measure"] = max(phases["measure"] - merge - ahead, 0.0)
         phases["merge"] = merge
     from callpath.attribute.prof_measdir import prof_measdir
     from callpath.attribute.reduce import workers_default
@@ -128,6 +128,8 @@ def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Name
 
     exp = prof_measdir([meas], [], workers=workers_default(), notify=note, phases=phases)
     assert exp is not None  # None only for MPI ranks other than 0
+    if ahead:  # the Python sources' structure, built beside the merge, waited for after it
+        phases["structure"] = phases.get("structure", 0.0) + ahead
     t1 = time.perf_counter()
     write_v4(exp, db)
     phases["write"] = time.perf_counter() - t1
@@ -146,16 +148,19 @@ def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Name
     return status
 
 
-def _merge_seconds(meas: Path) -> float | None:
+def _merge_seconds(meas: Path) -> tuple[float | None, float]:
     """How long the Python sampler's ``--native`` merge took after the program
-    (``native_merge_s`` in measurement.json), None where there was none."""
+    (``native_merge_s`` in measurement.json; None where there was none), and how long it then
+    waited for the Python sources' structure built beside it (``structure_ahead_s``)."""
     import json
 
     try:
-        got = json.loads((meas / "measurement.json").read_text()).get("native_merge_s")
+        head = json.loads((meas / "measurement.json").read_text())
+        got, ahead = head.get("native_merge_s"), head.get("structure_ahead_s", 0.0)
     except (OSError, ValueError, AttributeError):
-        return None
-    return float(got) if isinstance(got, (int, float)) else None
+        return None, 0.0
+    return (float(got) if isinstance(got, (int, float)) else None,
+            float(ahead) if isinstance(ahead, (int, float)) else 0.0)
 
 
 def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool) -> int:
@@ -164,7 +169,7 @@ def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool)
         if args.trace:
             argv.append("-t")
         if args.native:
-            argv.append("--native")
+            argv += ["--native", "--structure-ahead"]
         if args.keep_interpreter_frames:
             argv.append("--keep-interpreter-frames")
         if args.frequency is not None:  # 0 too: the sampler says why it is refused
@@ -201,6 +206,8 @@ def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool)
         ns = parser.parse_args(argv)
         return int(ns.func(ns))
     ns = parser.parse_args([*argv, "--", *cmd])
+    # a Python program's --native merge: its Python sources' structure built beside it
+    ns.structure_ahead = bool(args.native)
     return int(ns.func(ns))
 
 

@@ -264,7 +264,9 @@ def _run_python(cmd: list[str], module: bool, args: argparse.Namespace) -> int:
     return run_python(cmd, module=module, out_dir=out, frequency=frequency, trace=args.trace,
                       native=bool(getattr(args, "native", False)),
                       native_stack=max(args.stack_size, DEFAULT_NATIVE_STACK),
-                      keep_interpreter=bool(getattr(args, "keep_interpreter_frames", False)))
+                      keep_interpreter=bool(getattr(args, "keep_interpreter_frames", False)),
+                      # set by ``callpath profile``, which reads the structure right after
+                      structure_ahead=bool(getattr(args, "structure_ahead", False)))
 
 
 def _shell_status(status: int) -> int:

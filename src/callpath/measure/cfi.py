@@ -4,7 +4,7 @@ A *row* says, for one pc, how to find the canonical frame address (CFA = registe
 and where the return address and the callee-saved registers rbx, rbp, r12–r15 were saved
 (CFA + offset), or that they keep their value, or are undefined. Rows are deduplicated in a
 ``RowTable`` (numpy arrays) and memoised per (module, pc), so the DWARF interpreter of
-pyelftools runs once per function, not once per sample.
+``eh_frame`` runs once per function, not once per sample.
 
 Two kinds of frame are not described by plain rows and get a kind of their own: signal
 trampolines (FDEs with the ``S`` augmentation: registers come from the kernel's ``ucontext``)
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from callpath.measure.eh_frame import EXPRESSION, OFFSET, SAME_VALUE, UNDEFINED, CfiError, Line
 from callpath.measure.elfinfo import ElfInfo
 from callpath.structure.dwarf_info import sleb
 
@@ -104,7 +105,7 @@ _NCOL = 3 + 2 * len(TRACKED)
 class RowCache:
     """What earlier post-mortems found per (module, pc), kept on disk per module identity.
 
-    Compiling a pc's row reads the module's CFI with pyelftools (its section table, the FDE,
+    Compiling a pc's row reads the module's CFI (its section table, the FDE,
     the DWARF row program) or analyses its procedure's instructions (recipes): about a
     millisecond per function, seconds for the thousands of functions a PyTorch run's stacks
     pass through, and the same again at every run of the same program. The final answer for a
@@ -122,7 +123,7 @@ class RowCache:
         self._mods: dict[str, tuple[Path, dict[int, tuple[tuple[int, ...], int]],
                                     dict[int, tuple[int, ...]], list[bool]]] = {}
         #: per module path: CFI rows by address range (every row of each FDE compiled), so
-        #: that a pc no run has seen in a function some run has seen costs no pyelftools
+        #: that a pc no run has seen in a function some run has seen costs no CFI decoding
         #: (each run of a PyTorch loop samples new pcs in the same MKL kernels)
         self._ivals: dict[str, _Intervals] = {}
 
@@ -143,9 +144,15 @@ class RowCache:
         a = data[1]
         if ivals is not None and "ilo" in a and "ihi" in a and "irows" in a \
                 and a["irows"].size == len(a["ilo"]) * _NCOL == len(a["ihi"]) * _NCOL:
-            for lo, hi, r in zip(a["ilo"].tolist(), a["ihi"].tolist(),
-                                 a["irows"].reshape(-1, _NCOL).tolist(), strict=True):
-                ivals.add(lo, hi, tuple(r))
+            los, his = a["ilo"].tolist(), a["ihi"].tolist()
+            keys = list(map(tuple, a["irows"].reshape(-1, _NCOL).tolist()))
+            if not ivals.lo and bool(np.all(np.diff(a["ilo"].astype(np.int64)) > 0)):
+                # as ``save`` wrote them, sorted: taken whole (60k ranges in a PyTorch run's
+                # libtorch_cpu.so, an insertion each cost 0.1 s)
+                ivals.lo, ivals.hi, ivals.key = los, his, keys
+            else:
+                for lo, hi, key in zip(los, his, keys, strict=True):
+                    ivals.add(lo, hi, key)
         try:
             if a["rows"].size != len(a["pc"]) * _NCOL or \
                     a["rrows"].size != len(a["rpc"]) * _NCOL or len(a["src"]) != len(a["pc"]):
@@ -279,7 +286,6 @@ class Compiler:
         self._recipe_rows: dict[tuple[int, ...], int] = {}
         self._proc_memo: dict[tuple[str, int], list[tuple[int, tuple[int, ...]]]] = {}
         self._coverage: dict[str, bool] = {}
-        self._decoded: dict[int, tuple[list[int], list[Any], bool]] = {}
         self.recipes = recipes if mode != "cfi-only" else None
         self.mode = mode
         self.signal_row = table.add(KIND_SIGNAL, RSP, 0, (RULE_UNKNOWN,) * len(TRACKED),
@@ -353,8 +359,7 @@ class Compiler:
     def _procedure_recipe_row(self, elf: ElfInfo, vaddr: int, key: tuple[str, int]) -> int:
         fde = elf.fde_for(vaddr)
         if fde is not None:
-            lo = int(fde.header["initial_location"])
-            hi = lo + int(fde.header["address_range"])
+            lo, hi = fde.lo, fde.hi
         else:
             t = elf.symbol_table()
             i = int(t.starts.searchsorted(vaddr, side="right")) - 1
@@ -445,26 +450,15 @@ class Compiler:
         fde = elf.fde_for(vaddr)
         if fde is None:
             return 0
-        fid = id(fde)
-        dec = self._decoded.get(fid)
-        if dec is None:
-            # DW_CFA_GNU_args_size (0x2e, C++/-fasynchronous-unwind-tables code that pushes
-            # arguments) only matters to landing pads; pyelftools' row decoder rejects it
-            fde.instructions = [i for i in fde.instructions if int(i.opcode) != 0x2E]
-            table = fde.get_decoded().table
-            aug = fde.cie.header["augmentation"]
-            is_signal = b"S" in aug if isinstance(aug, bytes) else "S" in str(aug)
-            dec = ([int(r["pc"]) for r in table], table, is_signal)
-            self._decoded[fid] = dec
-        pcs, table, is_signal = dec
-        if is_signal:
+        if fde.signal:
             return self.signal_row
         if plt == ".plt":
             return self._plt_row(elf, vaddr, plt)
-        i = bisect.bisect_right(pcs, vaddr) - 1
+        lines = fde.lines()  # raises on malformed CFI: no row for this pc (``row``)
+        i = bisect.bisect_right([ln.pc for ln in lines], vaddr) - 1
         if i < 0:
             return 0
-        return self._table_row(table[i])
+        return self._table_row(lines[i])
 
     def fde_intervals(self, elf: ElfInfo, vaddr: int) -> list[tuple[int, int, int]]:
         """(lo, hi, row) of every row of the FDE around a pc whose row was compiled from CFI
@@ -472,56 +466,56 @@ class Compiler:
         :class:`RowCache` keeps so that a later run finds the other pcs of the function
         without decoding its FDE again."""
         fde = elf.fde_for(vaddr)
-        dec = self._decoded.get(id(fde)) if fde is not None else None
-        if fde is None or dec is None or dec[2]:
+        if fde is None or fde.signal:
             return []
-        pcs, table, _ = dec
-        end = int(fde.header["initial_location"]) + int(fde.header["address_range"])
+        try:
+            lines = fde.lines()
+        except CfiError:
+            return []
         out = []
-        for k, row in enumerate(table):
-            hi = pcs[k + 1] if k + 1 < len(pcs) else end
-            if hi <= pcs[k]:
+        for k, line in enumerate(lines):
+            hi = lines[k + 1].pc if k + 1 < len(lines) else fde.hi
+            if hi <= line.pc:
                 continue
             try:
-                r = self._table_row(row)
+                r = self._table_row(line)
             except Exception:  # as in row(): malformed CFI is no information
                 r = 0
             if r:
-                out.append((pcs[k], hi, r))
+                out.append((line.pc, hi, r))
         return out
 
-    def _table_row(self, row: Any) -> int:
-        """The row id of one row of pyelftools' decoded table (0: not usable)."""
-        cfa = row["cfa"]
+    def _table_row(self, row: Line) -> int:
+        """The row id of one decoded CFI row (0: not usable)."""
         kind = KIND_CFA
-        if cfa.expr is not None:
-            got = _breg(cfa.expr, deref=True)
+        if row.cfa_expr is not None:
+            got = _breg(row.cfa_expr, deref=True)
             if got is None:
                 return 0
             kind, cfa_reg, cfa_off = KIND_CFA_DEREF, *got
-        elif cfa.reg is None:
+        elif row.cfa_reg is None:
             return 0
         else:
-            cfa_reg, cfa_off = int(cfa.reg), int(cfa.offset)
+            cfa_reg, cfa_off = row.cfa_reg, row.cfa_off
         if cfa_reg not in (RSP, *SAVED):
             return 0  # a register the unwinder does not recover
         rules: list[int] = []
         offs: list[int] = []
         for reg in TRACKED:
-            rr = row.get(reg)
+            rr = row.rules.get(reg)
             if rr is None:
                 rules.append(RULE_SAME)
                 offs.append(0)
-            elif rr.type == "OFFSET":
+            elif rr[0] == OFFSET:
                 rules.append(RULE_OFFSET)
-                offs.append(int(rr.arg))
-            elif rr.type == "UNDEFINED":
+                offs.append(int(rr[1]))
+            elif rr[0] == UNDEFINED:
                 rules.append(RULE_UNDEF)
                 offs.append(0)
-            elif rr.type == "SAME_VALUE":
+            elif rr[0] == SAME_VALUE:
                 rules.append(RULE_SAME)
                 offs.append(0)
-            elif rr.type == "EXPRESSION" and reg != RA and (b := _breg(rr.arg)) is not None \
+            elif rr[0] == EXPRESSION and reg != RA and (b := _breg(rr[1])) is not None \
                     and b[0] == RBP:
                 rules.append(RULE_AT_RBP)
                 offs.append(b[1])
@@ -543,7 +537,7 @@ class Compiler:
         return self.table.add(KIND_CFA, RSP, off, rules, (0,) * len(SAVED) + (-8,))
 
 
-def _breg(expr: Any, deref: bool = False) -> tuple[int, int] | None:
+def _breg(expr: bytes, deref: bool = False) -> tuple[int, int] | None:
     """(register, offset) of a DWARF expression ``DW_OP_bregN offset`` (followed by
     ``DW_OP_deref`` when ``deref``); None for any other expression."""
     ops = list(expr)

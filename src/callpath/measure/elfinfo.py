@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from callpath.measure.eh_frame import CfiError, Fde, from_pyelftools, parse_fde
+
 DEBUG_ROOTS = ["/usr/lib/debug"]
 
 
@@ -36,7 +38,7 @@ class ElfInfo:
     error: str = ""
     _fde_starts: list[int] | None = None
     _fde_ends: list[int] = field(default_factory=list)
-    _fdes: list[Any] = field(default_factory=list)
+    _fdes: list[Fde] = field(default_factory=list)
     _symbols: tuple[list[int], list[int], list[str]] | None = None
     _progbits: list[tuple[int, int, int]] | None = None  # (address, size, file offset)
 
@@ -204,11 +206,7 @@ class ElfInfo:
         self._load_all_cfi([self])
 
     def _load_eh_frame_hdr(self) -> bool:
-        import io
-
         import numpy as np
-        from elftools.dwarf.callframe import CallFrameInfo
-        from elftools.dwarf.structs import DWARFStructs
         got_hdr = self._section_data(".eh_frame_hdr")
         got_eh = self._section_data(".eh_frame")
         if got_hdr is None or got_eh is None:
@@ -228,12 +226,10 @@ class ElfInfo:
         order = np.argsort(starts, kind="stable")
         self._fde_starts = starts[order].tolist()
         self._hdr_offsets = offsets[order].tolist()
-        # what pyelftools' get_dwarf_info() builds for .eh_frame, without reading every
-        # section of the file to find the DWARF ones
-        structs = DWARFStructs(little_endian=True, dwarf_format=32, address_size=8)
-        self._cfi_parser = CallFrameInfo(stream=io.BytesIO(eh), size=len(eh), address=eh_addr,
-                                         base_structs=structs, for_eh_frame=True)
-        self._fde_cache: dict[int, Any] = {}
+        # each FDE is parsed when a pc falls in it (``eh_frame.parse_fde``), its CIE once
+        self._eh = (eh_addr, eh)
+        self._cies: dict[int, Any] = {}
+        self._fde_cache: dict[int, Fde | bool] = {}
         return True
 
     def _load_all_cfi(self, sources: list[ElfInfo]) -> None:
@@ -258,10 +254,10 @@ class ElfInfo:
         order = sorted(seen)
         self._fde_starts = order
         self._hdr_offsets = None
-        self._fdes = [seen[k] for k in order]
+        self._fdes = [from_pyelftools(seen[k]) for k in order]
         self._fde_ends = [k + int(seen[k].header["address_range"]) for k in order]
 
-    def fde_for(self, vaddr: int) -> Any | None:
+    def fde_for(self, vaddr: int) -> Fde | None:
         """The FDE covering ``vaddr``: from this file, else (when the file has no .eh_frame
         index) from the .debug_frame of its separate debug file."""
         if self._fde_starts is None:
@@ -274,14 +270,14 @@ class ElfInfo:
                     return self._fdes[i]
             else:
                 off = self._hdr_offsets[i]
-                fde: Any = self._fde_cache.get(off)
+                fde = self._fde_cache.get(off)
                 if fde is None:
                     try:
-                        fde = self._cfi_parser._parse_entry_at(off)
-                    except Exception:
+                        fde = parse_fde(self._eh[1], self._eh[0], off, self._cies)
+                    except CfiError:
                         fde = False
                     self._fde_cache[off] = fde
-                if fde and vaddr < self._fde_starts[i] + int(fde.header["address_range"]):
+                if isinstance(fde, Fde) and vaddr < fde.hi:
                     return fde
         if self._hdr_offsets is not None:
             # the file has a complete .eh_frame index: a pc it does not cover has no CFI

@@ -404,14 +404,36 @@ def python_structures(files: Sequence[str] | Mapping[str, npt.NDArray[np.int64]]
     return out
 
 
-def _python_structure(items: list[tuple[str, npt.NDArray[np.int64] | None, Path | None]]
-                      ) -> list[tuple[str, Structure]]:
+def cache_python_sources(units: Sequence[Path], stop: Callable[[], bool] | None = None) -> int:
+    """Build and cache (per user) the structure of every Python source whose code the process
+    files ``units`` sampled, in this process, until ``stop()`` says so; return how many were
+    built.
+
+    ``callpath profile --native`` runs this in a child beside the merge of the native stacks:
+    the merge only rewrites the native part of each path, so the Python sources are known
+    before it, and their structure (~11 ms each from bytecode; a warm run of the PyTorch loop
+    meets ~60 sources no earlier run sampled) is then ready when ``prof`` asks for it. When
+    the merge ends first (a cold cache: ~900 sources), the child stops after its current
+    source and ``prof`` builds the rest on every core."""
+    _reqs, pyfiles = measurement_requests(units, skip=set(), user_cache=True)
+    todo: list[tuple[str, npt.NDArray[np.int64] | None, Path | None]] = []
+    for f in pyfiles:
+        c = user_cache_dir() / (cache_key(f, None) + ".cpstruct")
+        if store.load_arrays(c, _expect_py()) is None:
+            todo.append((f, None, c))
+    return len(_python_structure(todo, stop))
+
+
+def _python_structure(items: list[tuple[str, npt.NDArray[np.int64] | None, Path | None]],
+                       stop: Callable[[], bool] | None = None) -> list[tuple[str, Structure]]:
     """Structures from bytecode, else from ``ast``; saved where a cache path is given."""
     from callpath.structure.python_ast import structure_of_python
     from callpath.structure.python_code import structure_from_bytecode
 
     out = []
     for f, lines, c in items:
+        if stop is not None and stop():
+            break
         s = structure_from_bytecode(f, lines)
         if s is None:
             try:

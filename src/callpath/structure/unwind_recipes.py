@@ -392,24 +392,44 @@ class Recipes:
 
 
 def _eh_frame_ranges(mod: ElfModule) -> list[tuple[int, int]]:
-    """(start, size) of every FDE, from the sorted table of ``.eh_frame_hdr`` (its usual
+    """(start, size) of every FDE (:func:`_eh_frame_arrays`) as a list."""
+    starts, sizes = _eh_frame_arrays(mod)
+    return list(zip(starts.tolist(), sizes.tolist(), strict=True))
+
+
+def _section(mod: ElfModule, name: str) -> tuple[int, bytes] | None:
+    """(address, file bytes) of a section: through the headers read directly where they
+    were (pyelftools parses every GNU hash table to find a section by name: 0.2 s in
+    libtorch_cpu.so), else through pyelftools."""
+    h = mod.headers
+    if h is not None:
+        c = h.section(name)
+        data = mod.header_bytes(c) if c is not None else None
+        return (c.addr, data) if c is not None and data is not None else None
+    sec = mod.elf.get_section_by_name(name)
+    return None if sec is None else (int(sec["sh_addr"]), bytes(sec.data()))
+
+
+def _eh_frame_arrays(mod: ElfModule) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Start and size of every FDE, from the sorted table of ``.eh_frame_hdr`` (its usual
     encoding) and each FDE's own pc range (read where it is encoded as 4 bytes, pc-relative
-    start then size, as ld and gcc write it: checked against the table's start)."""
-    sec = mod.elf.get_section_by_name(".eh_frame_hdr")
-    eh = mod.elf.get_section_by_name(".eh_frame")
-    if sec is None or eh is None:
-        return []
-    data = sec.data()
+    start then size, as ld and gcc write it: checked against the table's start; 0 where
+    not)."""
+    none = np.zeros(0, dtype=np.int64)
+    hdr, eh = _section(mod, ".eh_frame_hdr"), _section(mod, ".eh_frame")
+    if hdr is None or eh is None:
+        return none, none
+    base, data = hdr
+    eh_addr, eh_data = eh
     if len(data) < 12 or data[0] != 1 or data[3] != 0x3B or data[2] != 0x03:
-        return []
+        return none, none
     count = int.from_bytes(data[8:12], "little")
     if len(data) < 12 + 8 * count:
-        return []
+        return none, none
     table = np.frombuffer(data, dtype="<i4", count=2 * count, offset=12).reshape(-1, 2)
-    base = int(sec["sh_addr"])
     starts = table[:, 0].astype(np.int64) + base
-    fde_at = table[:, 1].astype(np.int64) + base - int(eh["sh_addr"])
-    ehd = np.frombuffer(eh.data(), dtype=np.uint8)
+    fde_at = table[:, 1].astype(np.int64) + base - eh_addr
+    ehd = np.frombuffer(eh_data, dtype=np.uint8)
     sizes = np.zeros(count, dtype=np.int64)
     ok = (fde_at >= 0) & (fde_at + 16 <= len(ehd))
     at = np.where(ok, fde_at, 0)
@@ -420,11 +440,10 @@ def _eh_frame_ranges(mod: ElfModule) -> list[tuple[int, int]]:
         signed: npt.NDArray[np.int64] = np.where(v >= 1 << 31, v - (1 << 32), v)
         return signed
 
-    pc_begin = i32(at + 8) + at + 8 + int(eh["sh_addr"])
+    pc_begin = i32(at + 8) + at + 8 + eh_addr
     good = ok & (pc_begin == starts)
     sizes[good] = i32(at + 12)[good]
-    out: list[tuple[int, int]] = list(zip(starts.tolist(), sizes.tolist(), strict=True))
-    return out
+    return starts, sizes
 
 
 def _symbols(mod: ElfModule) -> list[tuple[int, int]]:
@@ -600,7 +619,7 @@ def cfi_coverage(path: str | os.PathLike[str]) -> float:
     mod = open_elf(path)
     try:
         code = sum(s.size for s in mod.text_sections if not s.name.startswith(".plt"))
-        covered = sum(n for _a, n in _eh_frame_ranges(mod))
+        covered = int(_eh_frame_arrays(mod)[1].sum())
     finally:
         mod.close()
     return covered / code if code else 0.0

@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-interpreter-frames", action="store_true",
                    help="with --native: keep the interpreter's call machinery and a "
                    "library's trampolines (elided by default)")
+    # callpath profile's: build the Python sources' structure beside the --native merge
+    p.add_argument("--structure-ahead", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     p.add_argument("program", nargs=argparse.REMAINDER,
                    help="SCRIPT ARGS, or a python command line")
@@ -51,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_python(target, module=bool(args.module), out_dir=out,
                           frequency=args.frequency, trace=args.trace, summary=not args.quiet,
-                          native=args.native, keep_interpreter=args.keep_interpreter_frames)
+                          native=args.native, keep_interpreter=args.keep_interpreter_frames,
+                          structure_ahead=args.structure_ahead and args.native)
     except CallpathError as e:
         sys.stderr.write(f"callpath: error: {e}\n")
         return 2
