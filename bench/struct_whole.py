@@ -172,8 +172,10 @@ def main() -> None:
                   f"{os.path.getsize(out) / 2**20:.0f} MiB of XML")
             if label == "this tree":
                 print(f"goal         <= 60 s: {'yes' if wall <= 60 else 'NO'}; <= 1.5 GiB: "
-                      f"{'yes' if rss <= 1536 else 'NO'}; <= 1.5e9 bytes: "
-                      f"{'yes' if rss * 2**20 <= 1.5e9 else 'NO'}")
+                      f"{'yes' if rss <= 1536 else 'NO'} (largest), "
+                      f"{'yes' if pss_sum <= 1536 else 'NO'} (PSS sum); <= 1.5e9 bytes: "
+                      f"{'yes' if rss * 2**20 <= 1.5e9 else 'NO'} (largest), "
+                      f"{'yes' if pss_sum * 2**20 <= 1.5e9 else 'NO'} (PSS sum)")
         if len(files) == 2:
             same = filecmp.cmp(files[0], files[1], shallow=False)
             print(f"identical    {'yes' if same else 'NO'} (structure files byte for byte)")

@@ -29,7 +29,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="write every module into this file ('-' for standard output); by "
                    "default each BINARY goes to ./<name>.hpcstruct")
     p.add_argument("-j", "--jobs", type=int, default=None,
-                   help="parallel workers (default: the number of cores)")
+                   help="parallel workers, also within one large module and for writing "
+                   "its structure file (default: the number of cores, of which a single "
+                   "module uses the idle ones)")
     p.add_argument("--no-cache", action="store_true",
                    help="do not read or write the per-user structure cache")
     p.add_argument("--debug-root", action="append", default=[], metavar="DIR",

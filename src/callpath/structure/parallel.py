@@ -21,7 +21,7 @@ import pickle
 import signal
 import struct
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from callpath.errors import CallpathError
 
@@ -77,14 +77,16 @@ def _fork_map(fn: Callable[[T], R], items: list[T], children: list[tuple[int, in
                     f.write(struct.pack(f"<{len(sizes) + 2}Q", len(payload), len(sizes),
                                         *sizes))
                     f.write(payload)
+                    del payload
                     for k, b in enumerate(bufs):
                         assert b is not None
                         with b.raw() as raw:
                             f.write(raw)
-                        # the array goes as soon as it is sent: the parent's copy grows as
-                        # this one shrinks
+                        # the array goes as soon as it is sent, and its memory back to the
+                        # system: the parent's copy grows as this one shrinks
                         b.release()
                         bufs[k] = b = None
+                        _trim()
             except BaseException:
                 status = 1
             finally:
@@ -154,3 +156,22 @@ def _receive(f: io.BufferedReader) -> tuple[str, object] | None:
 def _read_exact(f: io.BufferedReader, n: int) -> bytes | None:
     data = f.read(n)
     return data if len(data) == n else None
+
+
+def _trim() -> None:
+    """Give freed heap memory back to the system (glibc's ``malloc_trim``; nothing elsewhere):
+    arrays under glibc's mmap threshold (which rises to 32 MiB as large blocks are freed)
+    live on the heap, whose freed pages a process otherwise keeps."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
