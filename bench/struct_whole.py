@@ -4,22 +4,32 @@ that most of its code goes through.
 
 Prints, in one run: the load average before and after; seconds per million instructions of
 the C decoder (``structure/_callpath_decode.c``) and of iced-x86 alone on slices of the
-library's ``.text``, and their ratio; then wall time, user + system CPU and peak RSS of
-``callpath struct LIBRARY -j 2 --no-cache`` in a child process (the largest process of the
-tree: the analysis forks its helpers). With ``--baseline SRC`` (the ``src`` directory of
-another checkout, e.g. ``git worktree add /tmp/base main``) the same command runs on that code
-too, in the same run, and the two structure files are compared byte for byte (``--compare
-FILE``: with a structure file written before).
+library's ``.text``, and their ratio; then wall time, user + system CPU, the peak RSS of the
+largest process and the peaks of RSS and PSS summed over the process tree (sampled every
+0.1 s from /proc: the analysis forks one child per extra process, and another to write the
+second half of the XML; RSS counts the pages they share copy-on-write once per process, PSS
+once in all) of ``callpath struct LIBRARY -j 2 --no-cache`` in a child process. With
+``--baseline SRC`` (the ``src`` directory of another checkout, e.g. ``git worktree add
+/tmp/base main``) the same command runs on that code too, in the same run, and the two
+structure files are compared byte for byte (``--compare FILE``: with a structure file
+written before).
 
     python bench/struct_whole.py [LIBRARY] [--baseline SRC] [--compare FILE] [--no-decode]
 
-Measured 2026-11-27 on the two shared cores (libtorch_cpu.so of torch 2.x CPU, 414 MiB; the
-load average made ``callpath struct`` use one process each time; before = main at f142696,
-timed with ``/usr/bin/time -v`` on the same command):
+Measured 2026-11-28 on the two shared cores (libtorch_cpu.so of torch 2.13.0+cpu, 414 MiB;
+before = main at b18cada, which at these loads ran one process; after = this tree, which
+runs the two that ``-j 2`` asks for; both in the same run, other sessions' tests running):
 
-    before   579 s wall (40% of a core), 234.3 s CPU, peak RSS 2490 MiB, load 2.7 -> ~6
-    after    111.2 s wall, 110.5 s CPU, peak RSS 1496 MiB, load 2.2 -> 1.8; XML identical
-    decoder  C 0.23 s, iced-x86 0.71 s per million instructions (3.1x), same run
+    after    43.0 s wall, 67.6 s CPU, largest process 1143 MiB, all processes 1976 MiB RSS /
+             1439 MiB PSS, load 2.00 -> 1.86
+    before   108.9 s wall, 102.2 s CPU, 1283 MiB (one process), load 1.86 -> 1.92
+    XML      identical (607,091,247 bytes)
+    decoder  C 0.214 s, iced-x86 0.729 s per million instructions (3.4x), same run
+
+and once more after the child's memory is given back as it is sent (load 1.65 -> 2.42, so
+61.2 s wall): 66.6 s CPU, largest process 1160 MiB, all processes 1389 MiB PSS (1.46e9
+bytes). The first round (2026-11-27, one process at every load): 579 s, 234.3 s CPU, 2490
+MiB before it; 111.2 s, 110.5 s CPU, 1496 MiB after.
 """
 
 from __future__ import annotations
