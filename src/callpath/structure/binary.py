@@ -11,6 +11,10 @@ become one scope. Each call instruction is a segment and a CALL scope of its own
 address maps to the call site and the static call graph can be read off the structure.
 Loops carry the line of their back-edge branch: gcc rotates loops, so the header's own line is
 often the loop's exit test or the first body statement instead.
+
+Procedures without inlined code (every procedure of a library without DWARF) take a shorter
+road to the same scopes: their segments are collected and assembled a batch at a time as
+numpy columns (:mod:`callpath.structure.batch_scopes`).
 """
 
 from __future__ import annotations
@@ -541,10 +545,9 @@ class PreparedModule:
                        jobs: int, min_procs: int = PARALLEL_MIN_PROCS,
                        progress: Progress | None = None) -> Structure:
         """:meth:`build` in ``jobs`` forked processes, each a run of consecutive procedures of
-        about equal cost (code size plus :data:`PROC_COST` each; cut inside a FILE group
-        where needed: a library without DWARF
-        is one group); the concatenation, with a FILE cut in two joined again, is exactly the
-        one-process result."""
+        about equal cost (code size plus :data:`PROC_COST` each), cut inside a FILE group
+        where needed (a library without DWARF is one group); the concatenation, with a FILE
+        cut in two joined again, is exactly the one-process result."""
         return join_parts(self.build_parts(order, groups, jobs, min_procs, progress))
 
     def build_parts(self, order: list[str], groups: dict[str, list[int]],
@@ -589,8 +592,8 @@ def join_parts(parts: list[Structure]) -> Structure:
 
 def _analyze(mod: ElfModule, jobs: int = 1, progress: Progress | None = None) -> Structure:
     # names demangled as procedures are built, in the processes that build them: all 385k of
-    # libtorch_cpu.so's demangled up front were ~250 MB of objects in the parent (and, with
-    # every page the children touched copied, in each child), and seconds done serially
+    # libtorch_cpu.so's demangled up front were ~190 MB of objects in the parent (and, with
+    # every page the children touched copied, in each child) and 2 s done serially
     prep = PreparedModule(mod, demangle_all=False)
     order, groups = prep.groups()
     parts = prep.build_parts(order, groups, jobs, progress=progress)
