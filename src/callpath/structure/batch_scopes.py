@@ -21,6 +21,8 @@ would have added (tests compare whole structure files byte for byte).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -35,25 +37,24 @@ _TOP = np.uint64(np.iinfo(np.uint64).max)
 
 @dataclass
 class PlainProc:
-    """One procedure's segments and loops, ready for :meth:`Batch.flush`."""
+    """One procedure's blocks, calls and loops as Python lists, ready for
+    :meth:`Batch.flush` (which cuts the segments of a whole batch at once)."""
 
     name: str  # display name
     link: str | None
     file: str | None
     line: int
     lo: int
-    seg_lo: npt.NDArray[np.uint64]
-    seg_hi: npt.NDArray[np.uint64]
-    seg_file: npt.NDArray[np.int32]
-    seg_line: npt.NDArray[np.int32]
-    seg_node: npt.NDArray[np.int64]  # 0: the procedure itself, k + 1: loop k
-    seg_call: npt.NDArray[np.bool_]
-    seg_target: npt.NDArray[np.uint64]
-    pre: npt.NDArray[np.int64]  # preorder number of each node (0 the procedure)
-    node_parent: npt.NDArray[np.int64]  # parent node of each node (-1 for 0)
-    loop_head: npt.NDArray[np.uint64]  # address of each loop's header
-    loop_file: npt.NDArray[np.int32]
-    loop_line: npt.NDArray[np.int32]
+    hi: int
+    #: block starts, block ends, call instructions' addresses, their ends
+    bounds: list[int]
+    nb: int  # blocks
+    nc: int  # calls
+    targets: list[int]  # each call's direct target (0: none)
+    inner: list[int]  # innermost loop of each block (-1: none); empty without loops
+    parent: list[int]  # parent node of each node (0: the procedure, k + 1: loop k; -1 for 0)
+    head: list[int]  # each loop's header address
+    latch: list[int]  # the address of each loop's latest back-edge branch
 
 
 def _lines_at(lines: LineTable, addrs: npt.NDArray[np.uint64]) -> tuple[
@@ -66,102 +67,33 @@ def _lines_at(lines: LineTable, addrs: npt.NDArray[np.uint64]) -> tuple[
 def plain_proc(name: str, link: str | None, file: str | None, line: int, lo: int, hi: int,
                code: Code, graph: Graph, loops: list[Loop], innermost: list[int],
                lines: LineTable) -> PlainProc | None:
-    """The segments of the procedure ``[lo, hi)`` (no inlined code) from its decoded code,
-    control flow graph and loops, as ``_build_proc`` cuts them; None where a loop holds no
-    segment (``_build_proc`` makes no scope for it: left to it)."""
+    """What :meth:`Batch.flush` needs of the procedure ``[lo, hi)`` (no inlined code) from
+    its decoded code, control flow graph and loops; None where a loop holds no block
+    (``_build_proc`` makes no scope for a loop without segments: left to it)."""
     ips, ends, kinds, targets = code.ip, code.end, code.kind, code.target
     calls = [i for i in code.flow if kinds[i] in (CALL, ICALL)]
-    nb, nc = len(graph.start), len(calls)
-    # every bound in one array (one conversion: a numpy call costs ~1 us, and this runs for
-    # each of libtorch_cpu.so's 385k procedures): the procedure's, its blocks', its calls'
-    allb = np.array([lo, hi, *graph.start, *graph.end, *[ips[i] for i in calls],
-                     *[ends[i] for i in calls]], np.uint64)
-    b_start, b_end = allb[2:2 + nb], allb[2 + nb:2 + 2 * nb]
-    ca, ce = allb[2 + 2 * nb:2 + 2 * nb + nc], allb[2 + 2 * nb + nc:]
-    la = lines.address
-    if len(la):
-        i0 = int(la.searchsorted(np.uint64(lo), side="left"))
-        i1 = int(la.searchsorted(np.uint64(hi), side="left"))
-        bnd = np.concatenate((allb, la[i0:i1]))
-    else:
-        bnd = allb.copy()
-    bnd.sort()
-    bnd = bnd[bnd.searchsorted(np.uint64(lo)):bnd.searchsorted(np.uint64(hi), side="right")]
-    if len(bnd) > 1:
-        bnd = bnd[np.concatenate(([True], bnd[1:] != bnd[:-1]))]
-    seg_lo = bnd[:-1]
-    seg_hi = bnd[1:]
-    nseg = len(seg_lo)
-    seg_file, seg_line = _lines_at(lines, seg_lo)
-    node = np.zeros(nseg, np.int64)
+    starts = graph.start
     nl = len(loops)
-    if nl:
-        bs = bnd.searchsorted(b_start).tolist()
-        be = bnd.searchsorted(b_end).tolist()
-        for blk, lp in enumerate(innermost):
-            if lp >= 0:
-                node[bs[blk]:be[blk]] = lp + 1
-    # a segment is a call site where it is exactly a call instruction
-    if nc:
-        k = ca.searchsorted(seg_lo)
-        kk = np.minimum(k, nc - 1)
-        seg_call = (k < nc) & (ca[kk] == seg_lo) & (ce[kk] == seg_hi)
-        ct = np.array([targets[i] for i in calls], np.uint64)
-        seg_target = np.where(seg_call, ct[kk], np.uint64(0))
-    else:
-        seg_call = np.zeros(nseg, bool)
-        seg_target = np.zeros(nseg, np.uint64)
-    parent = [-1] + [lp.parent + 1 for lp in loops]
-    pre = [0] * (nl + 1)
-    if nl:
-        # a loop's first address: of the first segment of its subtree (inner loops come
-        # before the loops holding them)
-        first = np.full(nl + 1, _TOP, np.uint64)
-        u, idx = np.unique(node, return_index=True)
-        first[u] = seg_lo[idx]
-        fl = first.tolist()
-        top = int(_TOP)
-        for j in range(1, nl + 1):
-            if fl[j] == top:
-                return None
-            pj = parent[j]
-            if fl[j] < fl[pj]:
-                fl[pj] = fl[j]
-        children: list[list[int]] = [[] for _ in range(nl + 1)]
-        for j in range(1, nl + 1):
-            children[parent[j]].append(j)
-        stack, n = [0], 0
-        while stack:
-            v = stack.pop()
-            pre[v] = n
-            n += 1
-            kids = children[v]
-            if kids:
-                stack.extend(sorted(kids, key=fl.__getitem__, reverse=True))
-        starts = graph.start
-        head = np.array([starts[lp.header] for lp in loops], np.uint64)
-        # the line of the branch at the end of the latest back-edge source block, else the
-        # header's (_build_proc's loop lines)
-        latch = [code.ip[graph.last[max(lp.back_sources or [lp.header],
-                                        key=starts.__getitem__)]] for lp in loops]
-        lf, ll = _lines_at(lines, np.concatenate([np.array(latch, np.uint64), head]))
-        use = ll[:nl] > 0
-        loop_file = np.where(use, lf[:nl], lf[nl:]).astype(np.int32)
-        loop_line = np.where(use, ll[:nl], ll[nl:]).astype(np.int32)
-    else:
-        head = np.zeros(0, np.uint64)
-        loop_file = loop_line = np.zeros(0, np.int32)
-    return PlainProc(name, link, file, line, lo, seg_lo, seg_hi, seg_file, seg_line, node,
-                     seg_call, seg_target, np.array(pre, np.int64),
-                     np.array(parent, np.int64), head, loop_file, loop_line)
+    if nl and len(set(innermost)) - (-1 in innermost) < nl:
+        return None
+    return PlainProc(
+        name, link, file, line, lo, hi,
+        [*starts, *graph.end, *[ips[i] for i in calls], *[ends[i] for i in calls]],
+        len(starts), len(calls), [targets[i] for i in calls], innermost if nl else [],
+        [-1, *[lp.parent + 1 for lp in loops]], [starts[lp.header] for lp in loops],
+        # the branch at the end of the latest back-edge source block (_build_proc's loop
+        # lines: that line, else the header's)
+        [ips[graph.last[max(lp.back_sources or [lp.header], key=starts.__getitem__)]]
+         for lp in loops])
 
 
 class Batch:
     """Procedures of one FILE scope collected and then added to the builder together."""
 
-    def __init__(self, b: StructureBuilder, files: list[str]) -> None:
+    def __init__(self, b: StructureBuilder, lines: LineTable) -> None:
         self.b = b
-        self.files = files
+        self.lines = lines
+        self.files = files = lines.files
         #: builder string id of each source file (-1: not asked for yet), last entry for -1
         self.fsid = np.full(len(files) + 1, -1, np.int64)
         self.procs: list[PlainProc] = []
@@ -178,21 +110,21 @@ class Batch:
         procs, self.procs = self.procs, []
         if not procs:
             return
+        plo = np.array([p.lo for p in procs], np.uint64)
+        phi = np.array([p.hi for p in procs], np.uint64)
+        if len(procs) > 1 and not (plo[1:] >= phi[:-1]).all():
+            # the segments are cut for the whole batch by address: procedures must come in
+            # address order without overlapping (as a run of the procedure table does)
+            for p in procs:
+                self.procs = [p]
+                self.flush()
+            return
         b = self.b
         base = len(b.kind)
-        nn = np.array([len(p.pre) for p in procs], np.int64)
+        s_lo, s_hi, s_f, s_l, s_g, s_call, s_t, pre, npar, heads, loop_f, loop_l = \
+            self._segments(procs, plo, phi)
+        nn = np.array([len(p.parent) for p in procs], np.int64)
         nb = np.concatenate([[0], np.cumsum(nn)[:-1]])  # first global node of each procedure
-        pre = np.concatenate([p.pre for p in procs]) + np.repeat(nb, nn)
-        npar = np.concatenate([p.node_parent for p in procs])
-        npar = np.where(npar >= 0, npar + np.repeat(nb, nn), -1)
-        nseg = np.array([len(p.seg_lo) for p in procs], np.int64)
-        s_lo = np.concatenate([p.seg_lo for p in procs])
-        s_hi = np.concatenate([p.seg_hi for p in procs])
-        s_f = np.concatenate([p.seg_file for p in procs]).astype(np.int64)
-        s_l = np.concatenate([p.seg_line for p in procs]).astype(np.int64)
-        s_g = np.concatenate([p.seg_node for p in procs]) + np.repeat(nb, nseg)
-        s_call = np.concatenate([p.seg_call for p in procs])
-        s_t = np.concatenate([p.seg_target for p in procs])
         # statement ranges: maximal runs of non-call segments of one node, file and line
         nc = ~s_call
         same = np.zeros(len(s_lo), bool)
@@ -234,16 +166,12 @@ class Batch:
         parent = np.concatenate([np.full(nproc, self.fscope, np.int64),
                                  base + head_pos[npar[loop_g]],
                                  base + head_pos[r_g[gfirst]], base + head_pos[s_g[ci]]])
-        loop_f = np.concatenate([p.loop_file for p in procs]).astype(np.int64)
-        loop_l = np.concatenate([p.loop_line for p in procs]).astype(np.int64)
         fidx = np.concatenate([np.full(nproc, -1, np.int64), loop_f, r_f[gfirst], s_f[ci]])
         line = np.concatenate([np.array([p.line for p in procs], np.int64), loop_l,
                                r_l[gfirst], s_l[ci]])
         target = np.concatenate([np.zeros(nproc + nloop + nstmt, np.uint64), s_t[ci]])
         # ranges, each with its row: the procedure's entry, a loop's header, statements',
         # calls'
-        heads = np.concatenate([p.loop_head for p in procs])
-        plo = np.array([p.lo for p in procs], np.uint64)
         x_row = np.concatenate([np.arange(nproc), nproc + np.arange(nloop),
                                 nproc + nloop + r_stmt, nproc + nloop + nstmt + np.arange(ncall)])
         x_lo = np.concatenate([plo, heads, r_lo, s_lo[ci]])
@@ -279,3 +207,112 @@ class Batch:
         b.extend(kind[order], parent[order], names[order], links[order], file[order],
                  line[order], target[order], nranges, x_lo[xo], x_hi[xo], x_lo[mapped],
                  x_hi[mapped], base + pos[x_row[mapped]])
+
+    def _segments(self, procs: list[PlainProc], plo: npt.NDArray[np.uint64],
+                  phi: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[Any], ...]:
+        """The batch's segments (address, end, file, line, node, call or not, call target;
+        the global node numbering), each node's preorder number and parent node, and each
+        loop's header address, file and line, as ``_build_proc`` would cut them one
+        procedure at a time: bounds at the procedure's ends, its blocks' ends, its calls'
+        ends and line-table rows, inside ``[lo, hi]``."""
+        n = len(procs)
+        lines = self.lines
+        cnt = np.array([2 + len(p.bounds) for p in procs], np.int64)
+        a = np.array(list(chain.from_iterable([p.lo, p.hi, *p.bounds] for p in procs)),
+                     np.uint64)
+        pid = np.repeat(np.arange(n), cnt)
+        la = lines.address
+        if len(la):
+            i0 = la.searchsorted(plo, side="left")
+            nla = la.searchsorted(phi, side="left") - i0
+            tot = int(nla.sum())
+            at = np.repeat(i0 - (np.cumsum(nla) - nla), nla) + np.arange(tot)
+            a = np.concatenate([a, la[at]])
+            pid = np.concatenate([pid, np.repeat(np.arange(n), nla)])
+        keep = (a >= plo[pid]) & (a <= phi[pid])
+        a, pid = a[keep], pid[keep]
+        o = np.lexsort((a, pid))
+        a, pid = a[o], pid[o]
+        first = np.ones(len(a), bool)
+        first[1:] = (a[1:] != a[:-1]) | (pid[1:] != pid[:-1])
+        a, pid = a[first], pid[first]
+        sk = np.flatnonzero(pid[:-1] == pid[1:])
+        s_lo, s_hi, s_p = a[sk], a[sk + 1], pid[sk]
+        seg_end = np.cumsum(np.bincount(s_p, minlength=n))  # one past each one's last
+        s_f, s_l = _lines_at(lines, s_lo)
+        nn = np.array([len(p.parent) for p in procs], np.int64)
+        nbase = np.concatenate([[0], np.cumsum(nn)[:-1]])
+        # nodes: blocks painted with their innermost loop (blocks are disjoint, so a running
+        # sum of +node at a block's first segment and -node after its last paints them)
+        lp = [p for p in procs if p.inner]
+        lpj = np.array([j for j, p in enumerate(procs) if p.inner], np.int64)
+        s_g = nbase[s_p]
+        total = int(nn.sum())
+        fl = [int(_TOP)] * total
+        if lp:
+            nbk = np.array([p.nb for p in lp], np.int64)
+            bst = np.array(list(chain.from_iterable(p.bounds[:p.nb] for p in lp)), np.uint64)
+            ben = np.array(list(chain.from_iterable(p.bounds[p.nb:2 * p.nb] for p in lp)),
+                           np.uint64)
+            inner = np.array(list(chain.from_iterable(p.inner for p in lp)), np.int64)
+            bj = np.repeat(lpj, nbk)
+            sel = inner >= 0
+            g = nbase[bj[sel]] + inner[sel] + 1
+            bs = s_lo.searchsorted(bst[sel])
+            be = np.minimum(s_lo.searchsorted(ben[sel]), seg_end[bj[sel]])
+            diff = np.zeros(len(s_lo) + 1, np.int64)
+            val = g - nbase[bj[sel]]
+            np.add.at(diff, bs, val)
+            np.add.at(diff, be, -val)
+            s_g = s_g + np.cumsum(diff)[:-1]
+            # a loop's first address: its first block's (blocks come by address), then the
+            # least over the loops inside it (inner loops come first)
+            u, idx = np.unique(g, return_index=True)
+            first_at = np.full(total, _TOP, np.uint64)
+            first_at[u] = bst[sel][idx]
+            fl = first_at.tolist()
+        pre = list(range(total))  # procedures without loops: their one node
+        npar = np.full(total, -1, np.int64)
+        for j, p in zip(lpj.tolist(), lp, strict=True):
+            b0 = int(nbase[j])
+            par = p.parent
+            k = len(par)
+            for x in range(1, k):
+                px = b0 + par[x]
+                if fl[b0 + x] < fl[px]:
+                    fl[px] = fl[b0 + x]
+            children: list[list[int]] = [[] for _ in range(k)]
+            for x in range(1, k):
+                children[par[x]].append(x)
+            stack, m = [0], b0
+            while stack:
+                v = stack.pop()
+                pre[b0 + v] = m
+                m += 1
+                kids = children[v]
+                if kids:
+                    stack.extend(sorted(kids, key=lambda y: fl[b0 + y], reverse=True))
+            npar[b0 + 1:b0 + k] = np.array(par[1:], np.int64) + b0
+        # call sites: segments that are exactly a call instruction
+        ca = np.array(list(chain.from_iterable(p.bounds[2 * p.nb:2 * p.nb + p.nc]
+                                               for p in procs)), np.uint64)
+        if len(ca):
+            ce = np.array(list(chain.from_iterable(p.bounds[2 * p.nb + p.nc:]
+                                                   for p in procs)), np.uint64)
+            ct = np.array(list(chain.from_iterable(p.targets for p in procs)), np.uint64)
+            kc = ca.searchsorted(s_lo)
+            kk = np.minimum(kc, len(ca) - 1)
+            s_call = (kc < len(ca)) & (ca[kk] == s_lo) & (ce[kk] == s_hi)
+            s_t = np.where(s_call, ct[kk], np.uint64(0))
+        else:
+            s_call = np.zeros(len(s_lo), bool)
+            s_t = np.zeros(len(s_lo), np.uint64)
+        heads = np.array(list(chain.from_iterable(p.head for p in procs)), np.uint64)
+        latch = np.array(list(chain.from_iterable(p.latch for p in procs)), np.uint64)
+        nl = len(heads)
+        lf, ll = _lines_at(lines, np.concatenate([latch, heads]))
+        use = ll[:nl] > 0
+        loop_f = np.where(use, lf[:nl], lf[nl:]).astype(np.int64)
+        loop_l = np.where(use, ll[:nl], ll[nl:]).astype(np.int64)
+        return (s_lo, s_hi, s_f.astype(np.int64), s_l.astype(np.int64), s_g, s_call, s_t,
+                np.array(pre, np.int64), npar, heads, loop_f, loop_l)

@@ -510,7 +510,7 @@ class PreparedModule:
         b = StructureBuilder(mod.path, mod.build_id)
         b.has_calls = True  # every call instruction becomes a C scope
         done = 0
-        batch = Batch(b, lines.files)
+        batch = Batch(b, lines)
         for fname, ids in runs:
             fscope = batch.fscope = b.add(Kind.FILE, 0, name=fname)
             pfile = None if fname.startswith("[") else fname
