@@ -3,7 +3,7 @@ as numpy columns.
 
 ``structure/binary.py``'s ``_build_proc`` builds a procedure's scope tree segment by segment
 in Python (a trie of inlined-frame and loop paths, then one ``StructureBuilder.add`` per
-scope): for libtorch_cpu.so (no DWARF: 385k procedures, ~14M segments, ~6M scopes) that was
+scope): for libtorch_cpu.so (no DWARF: 385k procedures, ~14M segments, 5.1M scopes) that was
 half of ``callpath struct``. Without inlined code a segment's scope path is just its loop's
 chain, so the tree is the loop forest, and everything else is sorting:
 
@@ -14,8 +14,15 @@ chain, so the tree is the loop forest, and everything else is sorting:
   a row belongs to, header row / statements / calls, address), the loops' preorder taken with
   siblings by their first address, as ``_build_proc`` emits them.
 
+The segments themselves are cut for the whole batch at once: a batch's procedures come in
+address order without overlapping, so one sort of all their bounds (ends, blocks, calls,
+line-table rows) by procedure and address gives every procedure's segments, and a block's
+first segment is found by one search over all of them. Per procedure only Python lists are
+made (a numpy call costs ~1 us; ~15 per procedure were a third of the build).
+
 The rows, their ranges, the address map and the string ids are exactly what ``_build_proc``
-would have added (tests compare whole structure files byte for byte).
+would have added (``tests/test_struct_batch.py`` compares every column; whole structure
+files were compared byte for byte).
 """
 
 from __future__ import annotations
