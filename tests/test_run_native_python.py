@@ -27,6 +27,7 @@ from callpath.measure.elfinfo import ElfInfo
 from callpath.measure.python import native_merge as merge
 from callpath.measure.python import sampler
 from callpath.measure.python.native_summary import finish_native
+from callpath.structure import store
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "tests" / "native_python"
@@ -721,6 +722,42 @@ def test_torn_capture_files_merge_what_is_whole(capture_ok: None, libs: dict[str
         lines = finish_native(out)
     assert "warning" not in err.getvalue(), err.getvalue()
     assert lines and f"{kept} samples merged" in lines[0], lines
+
+
+def test_merge_unwinding_in_two_processes_as_in_one(capture_ok: None, libs: dict[str, Path],
+                                                     tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The merge unwinds a large capture in two processes (``PARALLEL_MIN`` samples and
+    more; here every capture): the merged process file is byte for byte the one a single
+    process writes, and the rows the worker compiled are in the row cache afterwards."""
+    if "kernels" not in libs:
+        pytest.skip("gcc cannot build a shared library here")
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: the merge never splits its unwinding")
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src" / "callpath" / "measure" / "python" /
+                                          "shim"),
+               CALLPATH_PY_OUT=str(raw), CALLPATH_PY_FREQ="1000", CALLPATH_PY_NATIVE="32768")
+    r = subprocess.run([sys.executable, str(PROGRAMS / "two_callers.py"), str(libs["kernels"]),
+                        "10"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    got = {}
+    for label, threshold in (("one", 1 << 40), ("two", 1)):
+        out = tmp_path / label
+        shutil.copytree(raw, out)
+        cache = tmp_path / f"cache-{label}"
+        monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+        monkeypatch.setattr(merge, "PARALLEL_MIN", threshold)
+        finish_native(out)
+        (pfile,) = out.glob("process-*.cpm")
+        got[label] = pfile.read_bytes()
+        rows = sorted(cache.rglob("*.rows"))
+        assert rows, "no unwind rows were cached"
+        kept = [store.load_arrays(f) for f in rows]
+        got[label + " rows"] = sum(len(k[1]["pc"]) + len(k[1]["ilo"]) for k in kept if k)
+    assert got["one"] == got["two"]
+    assert got["two rows"] == got["one rows"]
 
 
 def test_interpreter_frames_elided_between_python_frames(capture_ok: None,

@@ -524,6 +524,11 @@ def _compiler() -> cfi.Compiler:
         return cfi.Compiler(cfi.RowTable())
 
 
+#: samples from which the merge unwinds in two processes (a PyTorch loop's 26k samples of ~20
+#: native frames each: 0.45 s of unwinding in one)
+PARALLEL_MIN = 8192
+
+
 def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -> ProcessMerge:
     """Merge one process image's capture into its process file (rewritten in place); the
     interpreter's frames between Python frames are elided unless ``keep_interpreter``
@@ -546,9 +551,10 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False) -
     mm, mods = _module_map(notes["maps"], out)
     compiler = _compiler()
     saved = rec.regs[:, [3, 2, 4, 5, 6, 7]]  # rbx rbp r12 r13 r14 r15
-    fr = unwind.unwind(rec.words, rec.regs[:, 0].copy(), rec.regs[:, 1].copy(), saved,
-                       rec.stack0, rec.nwords, mm, compiler,
-                       high=(rec.high_at, rec.high_n, rec.high0))
+    fr = unwind.unwind_parallel(rec.words, rec.regs[:, 0].copy(), rec.regs[:, 1].copy(),
+                                saved, rec.stack0, rec.nwords, mm, compiler,
+                                high=(rec.high_at, rec.high_n, rec.high0),
+                                min_samples=PARALLEL_MIN)
     if compiler.cache is not None:
         compiler.cache.save()
     is_eval, is_gil = _eval_frames(fr, mm)
