@@ -43,6 +43,7 @@ from callpath.structure.driver import (
     module_identity,
     user_cache_dir,
 )
+from callpath.structure.dwarf_lines import LineCache
 from callpath.structure.model import Structure, StructureBuilder, concat_structures
 
 #: Bumped whenever the entry's layout changes (the analysis version is checked too).
@@ -150,9 +151,12 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
                     return PreparedModule(mod, demangle_all=False, state=got_state[1])
                 except (ValueError, KeyError, IndexError, TypeError, zlib.error):
                     pass  # a damaged entry: read the file
-        p = PreparedModule(mod, demangle_all=False, near=addrs)
+        lines = LineCache(_lines_path(req.state)) if req.state is not None else None
+        p = PreparedModule(mod, demangle_all=False, near=addrs, line_cache=lines)
         if req.state is not None and not p.partial:
             store.save_arrays(req.state, _expect_state(), p.state())
+        if lines is not None and p.partial:  # a whole read keeps its state instead
+            lines.save()
         return p
 
     def locate(entry: npt.NDArray[np.uint64], end: npt.NDArray[np.uint64]
@@ -206,6 +210,11 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
         if len(missing) or grown or found < 0 or n < found:  # new, grown, or only later
             store.save(c, s, head, extra_out)
     return OnDemandResult(req, s, None, analysed=len(missing), known=known, procedures=len(lo))
+
+
+def _lines_path(state: Path) -> Path:
+    """Where a module's decoded line programs are kept: beside its state entry."""
+    return state.with_name(state.name.replace(".prep.cpstruct", ".lines.cpstruct"))
 
 
 def _merge(lo: npt.NDArray[np.uint64], hi: npt.NDArray[np.uint64],
