@@ -29,6 +29,11 @@ extensions in place first, ``make lint``).
 module: the way ``profile`` worked before issue 27) and ``prof`` with those files. It takes
 minutes and gigabytes on libtorch_cpu.so: that is the point of comparison.
 
+Each ``profile`` line also gives the time after the program (the phases after measure,
+summed) and whether structure was built beside the merge ("structure children": only when a
+core is free as the merge starts; ``CALLPATH_STRUCTURE_AHEAD=on|off`` in the environment
+decides instead, for a comparison on a machine shared with other work).
+
 Goals (issue 27, two cores): after the program ≤ 15 s cold, ≤ 3 s warm; ``prof`` ≤ 1 GB;
 measurement directory + cache ≤ 100 MB. Prints figures; asserts nothing.
 """
@@ -36,6 +41,7 @@ measurement directory + cache ≤ 100 MB. Prints figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -145,10 +151,18 @@ def measure(label: str, py: Path, src: Path | None, work: Path, args: argparse.N
         wall, _, out = timed([*cp, "profile", "--native", "-m", str(meas), "-o", str(db),
                               "--", str(py), str(train), str(args.seconds)], env)
         phases = re.search(r"^Time:\s+(.*)$", out, re.M)
+        after = sum(float(v) for k, v in re.findall(r"(\w+) ([\d.]+) s", phases.group(1))
+                    if k != "measure") if phases else float("nan")
+        try:
+            head = json.loads((meas / "measurement.json").read_text())
+        except (OSError, ValueError):
+            head = {}
+        children = "yes" if "structure_ahead_s" in head else "no"
         print(f"[{label}] profile --native ({kind} cache): {wall:.2f} s, {wall - alone:.2f} s "
               f"more than the loop alone (CPU {CPU['last']:.2f} s, "
-              f"{CPU['last'] - alone_cpu:.2f} s more); phases: "
-              f"{phases.group(1) if phases else '?'}; load average {os.getloadavg()[0]:.1f}")
+              f"{CPU['last'] - alone_cpu:.2f} s more); after the program {after:.2f} s; "
+              f"phases: {phases.group(1) if phases else '?'}; structure children: {children}; "
+              f"load average {os.getloadavg()[0]:.1f}")
         print(f"[{label}]   measurement directory {du(meas) / 2**20:.1f} MiB, callpath's cache "
               f"{du(cache / 'callpath') / 2**20:.1f} MiB (structure "
               f"{du(cache / 'callpath' / 'structs') / 2**20:.1f} MiB), together "

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from callpath.measure.elfinfo import ElfInfo
 from callpath.measure.python import native_merge as merge
 from callpath.measure.python import sampler
 from callpath.measure.python.native_summary import finish_native
+from callpath.structure import store
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "tests" / "native_python"
@@ -214,7 +216,9 @@ def test_profile_builds_python_structure_beside_the_merge(capture_ok: None,
     cache = tmp_path / "cache"
     r = callpath("profile", "--native", "-m", str(tmp_path / "m"), "-o", str(tmp_path / "db"),
                  "-d", "12", "--", sys.executable, str(tmp_path / "main.py"),
-                 env={"XDG_CACHE_HOME": str(cache)}, timeout=300)
+                 # on whatever else runs beside the test (the default asks for a free core)
+                 env={"XDG_CACHE_HOME": str(cache), "CALLPATH_STRUCTURE_AHEAD": "on"},
+                 timeout=300)
     assert r.returncode == 0, r.stderr
     assert "loop at helper.py:3" in r.stdout, r.stdout
     header_file = tmp_path / "m" / "measurement.json"
@@ -721,6 +725,86 @@ def test_torn_capture_files_merge_what_is_whole(capture_ok: None, libs: dict[str
         lines = finish_native(out)
     assert "warning" not in err.getvalue(), err.getvalue()
     assert lines and f"{kept} samples merged" in lines[0], lines
+
+
+def test_merge_unwinding_in_two_processes_as_in_one(capture_ok: None, libs: dict[str, Path],
+                                                     tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The merge unwinds a large capture in two processes (``PARALLEL_MIN`` samples and
+    more; here every capture): the merged process file is byte for byte the one a single
+    process writes, and the rows the worker compiled are in the row cache afterwards."""
+    if "kernels" not in libs:
+        pytest.skip("gcc cannot build a shared library here")
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: the merge never splits its unwinding")
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src" / "callpath" / "measure" / "python" /
+                                          "shim"),
+               CALLPATH_PY_OUT=str(raw), CALLPATH_PY_FREQ="1000", CALLPATH_PY_NATIVE="32768")
+    r = subprocess.run([sys.executable, str(PROGRAMS / "two_callers.py"), str(libs["kernels"]),
+                        "10"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    got = {}
+    for label, threshold in (("one", 1 << 40), ("two", 1)):
+        out = tmp_path / label
+        shutil.copytree(raw, out)
+        cache = tmp_path / f"cache-{label}"
+        monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+        monkeypatch.setattr(merge, "PARALLEL_MIN", threshold)
+        finish_native(out)
+        (pfile,) = out.glob("process-*.cpm")
+        got[label] = pfile.read_bytes()
+        rows = sorted(cache.rglob("*.rows"))
+        assert rows, "no unwind rows were cached"
+        kept = [store.load_arrays(f) for f in rows]
+        got[label + " rows"] = sum(len(k[1]["pc"]) + len(k[1]["ilo"]) for k in kept if k)
+    assert got["one"] == got["two"]
+    assert got["two rows"] == got["one rows"]
+
+
+def test_structure_child_asks_for_every_procedure_prof_asks_for(
+        capture_ok: None, libs: dict[str, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``callpath profile --native`` analyses the procedures of the unwound frames in a child
+    beside the rest of the merge: its requests cover every module and address that ``prof``
+    then asks for from the merged file (with the same cache entries), and a child stopped in
+    the middle of an analysis leaves no partial file in either cache."""
+    from callpath.measure.python.structure_ahead import Ahead
+    from callpath.structure.ondemand import frame_requests, measurement_requests
+
+    if "kernels" not in libs:
+        pytest.skip("gcc cannot build a shared library here")
+    out = tmp_path / "m"
+    out.mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src" / "callpath" / "measure" / "python" /
+                                          "shim"),
+               CALLPATH_PY_OUT=str(out), CALLPATH_PY_FREQ="1000", CALLPATH_PY_NATIVE="32768")
+    r = subprocess.run([sys.executable, str(PROGRAMS / "two_callers.py"), str(libs["kernels"]),
+                        "10"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    seen: list[tuple[object, ...]] = []
+    finish_native(out, on_frames=lambda *frames: seen.append(frames))
+    assert len(seen) == 1
+    ahead_reqs = {q.name: q for q in frame_requests(*seen[0], out)}
+    prof_reqs, _py = measurement_requests(sorted(out.glob("process-*.cpm")))
+    assert prof_reqs
+    for q in prof_reqs:
+        a = ahead_reqs.get(q.name)
+        assert a is not None, q.name
+        assert (a.path, a.cache, a.state, a.error) == (q.path, q.cache, q.state, q.error)
+        assert np.isin(q.addrs, a.addrs).all(), q.name
+    ahead = Ahead(out)
+    ahead.native_frames(*seen[0])
+    assert ahead.children, "no child started"
+    time.sleep(0.3)  # into its analysis (libpython's procedures take seconds on a cold cache)
+    ahead.stop()
+    entries = [*(out / "structs").glob("*"), *(tmp_path / "cache").rglob("*")]
+    assert not [e for e in entries if e.name.endswith(".tmp")], entries
+    for e in entries:
+        if e.name.endswith(".cpstruct") and ".prep." not in e.name and ".lines." not in e.name:
+            assert store.load(e) is not None, e
 
 
 def test_interpreter_frames_elided_between_python_frames(capture_ok: None,

@@ -18,6 +18,7 @@ import pytest
 import callpath
 from callpath.structure import store
 from callpath.structure.binary import PreparedModule, analyze_binary, read_debug
+from callpath.structure.dwarf_lines import LineCache
 from callpath.structure.elf import open_elf
 from callpath.structure.model import Kind, Structure
 from callpath.structure.ondemand import ModuleRequest, structure_for
@@ -166,11 +167,16 @@ def test_dwarf_read_around_few_procedures_gives_whole_answer(
     assert len(part.info.subprograms) < len(full.info.subprograms)
     whole_trees = _subtrees(whole)
     cache = [tmp_path / "lib.cpstruct"]
+    # the per-user state path: its line programs are kept beside it (.lines.cpstruct), and
+    # the second round reads the units the first decoded from there
+    state = tmp_path / "lib.prep.cpstruct"
     seen: set[int] = set()
     for first in (procs[3::251], procs[100::163]):
         addrs = np.array([a for p in first for a in (p.entry, (p.entry + p.end) // 2)],
                          np.uint64)
-        r = structure_for(ModuleRequest(str(lib), str(lib), np.unique(addrs), list(cache)))
+        r = structure_for(ModuleRequest(str(lib), str(lib), np.unique(addrs), list(cache),
+                                        state=state))
+        assert (tmp_path / "lib.lines.cpstruct").is_file()
         assert r.error is None and r.structure is not None
         new = {p.entry for p in first} - seen
         assert r.analysed == len(new)
@@ -182,6 +188,27 @@ def test_dwarf_read_around_few_procedures_gives_whole_answer(
     # nothing new: the cache answers without reading the file
     r = structure_for(ModuleRequest(str(lib), str(lib), np.unique(addrs), list(cache)))
     assert r.analysed == 0
+    # the kept line programs give the table that decoding gives, and hold only the units
+    # read around the requested procedures
+    mod = open_elf(lib)
+    try:
+        first_units = len(LineCache(tmp_path / "lib.lines.cpstruct")._read())
+        assert first_units > 0
+        decoded = read_debug(mod, (prep.span_lo, prep.span_hi))
+        kept = LineCache(tmp_path / "lib.lines.cpstruct")
+        assert read_debug(mod, (prep.span_lo, prep.span_hi), kept) is not None
+        kept.save()
+        kept = LineCache(tmp_path / "lib.lines.cpstruct")  # as the next run reads it
+        cached = read_debug(mod, (prep.span_lo, prep.span_hi), kept)
+    finally:
+        mod.close()
+    assert decoded is not None and cached is not None
+    assert not kept._new, "a unit kept on disk was decoded again"
+    for k in ("address", "file", "line"):
+        assert np.array_equal(getattr(decoded.lines, k), getattr(cached.lines, k)), k
+    assert decoded.lines.files == cached.lines.files
+    assert decoded.lines.unit_files == cached.lines.unit_files
+    assert len(kept._read()) < len(full.info.units)
 
 
 def test_damaged_cache_entry_is_recomputed(library: tuple[Path, Structure],

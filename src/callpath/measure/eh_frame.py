@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from callpath.errors import CallpathError
+from callpath.structure.dwarf_info import sleb, uleb
 
 #: register rule kinds, by pyelftools' names (``RegisterRule``)
 OFFSET, VAL_OFFSET, REGISTER, EXPRESSION, VAL_EXPRESSION = (
@@ -83,34 +84,11 @@ class Fde:
                 self._lines = _pyelftools_lines(self.source)
             else:
                 assert self.cie is not None
-                self._lines = _run(self.code, self.cie, self.lo)
+                try:
+                    self._lines = _run(self.code, self.cie, self.lo)
+                except IndexError:
+                    raise CfiError("an instruction runs past its FDE") from None
         return self._lines
-
-
-def _uleb(b: bytes, i: int) -> tuple[int, int]:
-    v = shift = 0
-    while True:
-        if i >= len(b):
-            raise CfiError("a LEB128 number runs past its entry")
-        x = b[i]
-        i += 1
-        v |= (x & 0x7F) << shift
-        shift += 7
-        if x < 0x80:
-            return v, i
-
-
-def _sleb(b: bytes, i: int) -> tuple[int, int]:
-    v = shift = 0
-    while True:
-        if i >= len(b):
-            raise CfiError("a LEB128 number runs past its entry")
-        x = b[i]
-        i += 1
-        v |= (x & 0x7F) << shift
-        shift += 7
-        if x < 0x80:
-            return (v - (1 << shift) if x & 0x40 else v), i
 
 
 def _pointer(b: bytes, i: int, enc: int, here: int) -> tuple[int, int]:
@@ -122,10 +100,10 @@ def _pointer(b: bytes, i: int, enc: int, here: int) -> tuple[int, int]:
     if fmt == 0x00:
         n, signed = 8, False
     elif fmt == 0x01:
-        v, j = _uleb(b, i)
+        v, j = uleb(b, i)
         return v + (here if app == 0x10 else 0), j
     elif fmt == 0x09:
-        v, j = _sleb(b, i)
+        v, j = sleb(b, i)
         return v + (here if app == 0x10 else 0), j
     else:
         size = {0x02: 2, 0x03: 4, 0x04: 8, 0x0A: 2, 0x0B: 4, 0x0C: 8}.get(fmt)
@@ -153,15 +131,15 @@ def _cie_at(eh: bytes, off: int) -> Cie:
     z = eh.index(b"\0", i, end)
     aug = eh[i:z].decode("ascii", "replace")
     i = z + 1
-    code_align, i = _uleb(eh, i)
-    data_align, i = _sleb(eh, i)
+    code_align, i = uleb(eh, i)
+    data_align, i = sleb(eh, i)
     if version == 1:
         ra, i = eh[i], i + 1
     else:
-        ra, i = _uleb(eh, i)
+        ra, i = uleb(eh, i)
     enc = 0x00
     if aug.startswith("z"):
-        n, i = _uleb(eh, i)
+        n, i = uleb(eh, i)
         j, stop = i, i + n
         for c in aug[1:]:
             if c == "R":
@@ -183,6 +161,13 @@ def _cie_at(eh: bytes, off: int) -> Cie:
 def parse_fde(eh: bytes, eh_addr: int, off: int, cies: dict[int, Cie]) -> Fde:
     """The FDE at offset ``off`` of ``.eh_frame`` (``eh``, loaded at ``eh_addr``); its CIE is
     read once into ``cies`` (by offset). Raises :class:`CfiError` where it is malformed."""
+    try:
+        return _parse_fde(eh, eh_addr, off, cies)
+    except (IndexError, ValueError) as e:  # a number or a string cut by the entry's end
+        raise CfiError(f"FDE at {off:#x}: cut short ({e})") from None
+
+
+def _parse_fde(eh: bytes, eh_addr: int, off: int, cies: dict[int, Cie]) -> Fde:
     if off < 0 or off + 8 > len(eh):
         raise CfiError(f"FDE offset {off:#x} is outside .eh_frame")
     length = int.from_bytes(eh[off:off + 4], "little")
@@ -200,7 +185,7 @@ def parse_fde(eh: bytes, eh_addr: int, off: int, cies: dict[int, Cie]) -> Fde:
     lo, i = _pointer(eh, i, cie.fde_encoding, eh_addr + i)
     size, i = _pointer(eh, i, cie.fde_encoding & 0x0F, 0)
     if cie.sized_augmentation:  # the LSDA pointer: not needed to unwind
-        n, i = _uleb(eh, i)
+        n, i = uleb(eh, i)
         i += n
     if i > end:
         raise CfiError(f"FDE at {off:#x}: its header runs past its end")
@@ -264,7 +249,7 @@ def _program(code: bytes, cie: Cie, cur: Line, initial: Line | None) -> list[Lin
             cur.pc += (op & 0x3F) * ca
             continue
         if hi2 == 0x80:  # DW_CFA_offset
-            off, i = _uleb(code, i)
+            off, i = uleb(code, i)
             cur.rules[op & 0x3F] = (OFFSET, off * da)
             continue
         if hi2 == 0xC0:  # DW_CFA_restore
@@ -283,25 +268,25 @@ def _program(code: bytes, cie: Cie, cur: Line, initial: Line | None) -> list[Lin
             table.append(cur.copy())
             cur.pc, i = _pointer(code, i, cie.fde_encoding & 0x0F, 0)
         elif op in (0x05, 0x11, 0x14, 0x15):  # offset_extended(_sf), val_offset(_sf)
-            reg, i = _uleb(code, i)
+            reg, i = uleb(code, i)
             if op in (0x05, 0x14):
-                v, i = _uleb(code, i)
+                v, i = uleb(code, i)
             else:
-                v, i = _sleb(code, i)
+                v, i = sleb(code, i)
             cur.rules[reg] = (OFFSET if op in (0x05, 0x11) else VAL_OFFSET, v * da)
         elif op == 0x2F:  # GNU_negative_offset_extended
-            reg, i = _uleb(code, i)
-            v, i = _uleb(code, i)
+            reg, i = uleb(code, i)
+            v, i = uleb(code, i)
             cur.rules[reg] = (OFFSET, -v * da)
         elif op == 0x06:  # restore_extended
-            reg, i = _uleb(code, i)
+            reg, i = uleb(code, i)
             _restore(cur, reg, initial)
         elif op in (0x07, 0x08):  # undefined, same_value
-            reg, i = _uleb(code, i)
+            reg, i = uleb(code, i)
             cur.rules[reg] = (UNDEFINED if op == 0x07 else SAME_VALUE, None)
         elif op == 0x09:  # register
-            reg, i = _uleb(code, i)
-            other, i = _uleb(code, i)
+            reg, i = uleb(code, i)
+            other, i = uleb(code, i)
             cur.rules[reg] = (REGISTER, other)
         elif op == 0x0A:  # remember_state
             stack.append(cur.copy())
@@ -312,34 +297,34 @@ def _program(code: bytes, cie: Cie, cur: Line, initial: Line | None) -> list[Lin
             cur = stack.pop()
             cur.pc = pc
         elif op == 0x0C:  # def_cfa
-            reg, i = _uleb(code, i)
-            off, i = _uleb(code, i)
+            reg, i = uleb(code, i)
+            off, i = uleb(code, i)
             cur.cfa_reg, cur.cfa_off, cur.cfa_expr = reg, off, None
         elif op == 0x12:  # def_cfa_sf
-            reg, i = _uleb(code, i)
-            off, i = _sleb(code, i)
+            reg, i = uleb(code, i)
+            off, i = sleb(code, i)
             cur.cfa_reg, cur.cfa_off, cur.cfa_expr = reg, off * da, None
         elif op == 0x0D:  # def_cfa_register
-            reg, i = _uleb(code, i)
+            reg, i = uleb(code, i)
             cur.cfa_reg, cur.cfa_expr = reg, None
         elif op == 0x0E:  # def_cfa_offset
-            cur.cfa_off, i = _uleb(code, i)
+            cur.cfa_off, i = uleb(code, i)
             cur.cfa_expr = None
         elif op == 0x13:  # def_cfa_offset_sf
-            off, i = _sleb(code, i)
+            off, i = sleb(code, i)
             cur.cfa_off, cur.cfa_expr = off * da, None
         elif op == 0x0F:  # def_cfa_expression
-            k, i = _uleb(code, i)
+            k, i = uleb(code, i)
             cur.cfa_reg, cur.cfa_off, cur.cfa_expr = None, 0, bytes(code[i:i + k])
             i += k
         elif op in (0x10, 0x16):  # expression, val_expression
-            reg, i = _uleb(code, i)
-            k, i = _uleb(code, i)
+            reg, i = uleb(code, i)
+            k, i = uleb(code, i)
             cur.rules[reg] = (EXPRESSION if op == 0x10 else VAL_EXPRESSION,
                               bytes(code[i:i + k]))
             i += k
         elif op == 0x2E:  # GNU_args_size: only landing pads need it
-            _v, i = _uleb(code, i)
+            _v, i = uleb(code, i)
         else:
             raise CfiError(f"unknown CFI opcode {op:#04x}")
         if i > n:

@@ -347,34 +347,45 @@ _SHARED: dict[str, Any] = {}
 PARALLEL_MIN = 65536  # below this, forking a worker cost more than it saved (measured)
 
 
-def _unwind_part(lo: int, hi: int) -> Frames:
+def _unwind_part(lo: int, hi: int, save: bool = True) -> Frames:
     a = _SHARED
+    h = a["high"]
     fr = unwind(a["words"], a["pc0"][lo:hi], a["sp0"][lo:hi], a["saved0"][lo:hi],
-                a["stack0"][lo:hi], a["nwords"][lo:hi], a["mm"], a["compiler"])
-    if a["compiler"].cache is not None:  # a worker's rows would die with it
+                a["stack0"][lo:hi], a["nwords"][lo:hi], a["mm"], a["compiler"],
+                high=None if h is None else (h[0][lo:hi], h[1][lo:hi], h[2][lo:hi]))
+    if save and a["compiler"].cache is not None:  # a worker's rows would die with it
         a["compiler"].cache.save()
     return fr
 
 
 def unwind_parallel(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64,
-                    mm: ModuleMap, compiler: cfi.Compiler, workers: int = 2) -> Frames:
+                    mm: ModuleMap, compiler: cfi.Compiler, workers: int = 2,
+                    high: tuple[I64, I64, I64] | None = None,
+                    min_samples: int = PARALLEL_MIN) -> Frames:
     """``unwind`` with the samples split between this process and forked workers (which see
-    the memory-mapped raw data and the compiled rows without copying them)."""
+    the memory-mapped raw data and the compiled rows without copying them), in consecutive
+    runs of about equal stack words (a run's depth follows what the program was doing: the
+    first half of a PyTorch loop's samples held three quarters of its frames)."""
     n = len(pc0)
     workers = min(workers, os.cpu_count() or 1)
-    if workers < 2 or n < PARALLEL_MIN:
-        return unwind(words, pc0, sp0, saved0, stack0, nwords, mm, compiler)
+    if workers < 2 or n < max(min_samples, workers):
+        return unwind(words, pc0, sp0, saved0, stack0, nwords, mm, compiler, high=high)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     _SHARED.update(words=words, pc0=pc0, sp0=sp0, saved0=saved0, stack0=stack0,
-                   nwords=nwords, mm=mm, compiler=compiler)
-    bounds = [n * i // workers for i in range(workers + 1)]
+                   nwords=nwords, mm=mm, compiler=compiler, high=high)
+    work = np.cumsum(nwords.astype(np.int64) + 1)
+    cuts = np.searchsorted(work, work[-1] * np.arange(1, workers) / workers).tolist()
+    bounds = [0, *(min(max(int(c), 1), n - 1) for c in cuts), n]
     try:
         with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("fork")) \
                 as pool:
             futures = [pool.submit(_unwind_part, bounds[i], bounds[i + 1])
                        for i in range(1, workers)]
-            parts = [_unwind_part(bounds[0], bounds[1])] + [f.result() for f in futures]
+            # this process's rows are saved by the caller, after the workers saved theirs
+            # (two saves at once would each keep only what they read and added)
+            parts = [_unwind_part(bounds[0], bounds[1], save=False)] + \
+                [f.result() for f in futures]
     finally:
         _SHARED.clear()
     for p in parts[1:]:  # the workers' counts stayed in their processes

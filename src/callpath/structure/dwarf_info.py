@@ -195,7 +195,8 @@ class _Unit:
         self.ranges_base = 0  # DWARF 4 split units: DW_AT_GNU_ranges_base of the skeleton
 
 
-def _uleb(d: bytes, pos: int) -> tuple[int, int]:
+def uleb(d: bytes, pos: int) -> tuple[int, int]:
+    """An unsigned LEB128 number at ``pos``: (value, position after it); IndexError when cut."""
     result = shift = 0
     while True:
         b = d[pos]
@@ -230,17 +231,17 @@ def _abbrevs(sec: _Sections, off: int, addr_size: int, offsz: int) -> dict[int, 
     pos = off
     try:
         while True:
-            code, pos = _uleb(d, pos)
+            code, pos = uleb(d, pos)
             if code == 0:
                 break
-            tag, pos = _uleb(d, pos)
+            tag, pos = uleb(d, pos)
             children = d[pos] != 0
             pos += 1
             attrs: list[tuple[int, int, int]] = []
             size: int | None = 0
             while True:
-                name, pos = _uleb(d, pos)
-                form, pos = _uleb(d, pos)
+                name, pos = uleb(d, pos)
+                form, pos = uleb(d, pos)
                 if name == 0 and form == 0:
                     break
                 const = 0
@@ -270,7 +271,7 @@ def _read_attrs(u: _Unit, pos: int, ab: _Abbrev,
     addr_size, offsz = u.addr_size, u.offsz
     for name, form, const in ab.attrs:
         while form == 0x16:  # indirect
-            form, pos = _uleb(d, pos)
+            form, pos = uleb(d, pos)
         fs = _FIXED.get(form)
         keep = want is None or name in want
         val: object = None
@@ -288,11 +289,11 @@ def _read_attrs(u: _Unit, pos: int, ab: _Abbrev,
                 val = d[pos:end].decode("utf-8", "replace")
             pos = end + 1
         elif form in (0x0F, 0x15, 0x1A, 0x1B, 0x22, 0x23, 0x1F01, 0x1F02):
-            val, pos = _uleb(d, pos)
+            val, pos = uleb(d, pos)
         elif form == 0x0D:
             val, pos = sleb(d, pos)
         elif form in (0x09, 0x18):
-            n, pos = _uleb(d, pos)
+            n, pos = uleb(d, pos)
             pos += n
         elif form == 0x0A:
             pos += 1 + d[pos]
@@ -411,17 +412,17 @@ class DwarfReader:
                 if kind == 0:
                     break
                 if kind == 1:
-                    x, pos = _uleb(d, pos)
+                    x, pos = uleb(d, pos)
                     base = self._address(u, 0x1B, x)
                 elif kind in (2, 3):
-                    x, pos = _uleb(d, pos)
-                    y, pos = _uleb(d, pos)
+                    x, pos = uleb(d, pos)
+                    y, pos = uleb(d, pos)
                     lo = self._address(u, 0x1B, x)
                     hi = self._address(u, 0x1B, y) if kind == 2 else lo + y
                     out.append((lo, hi))
                 elif kind == 4:
-                    x, pos = _uleb(d, pos)
-                    y, pos = _uleb(d, pos)
+                    x, pos = uleb(d, pos)
+                    y, pos = uleb(d, pos)
                     out.append((base + x, base + y))
                 elif kind == 5:
                     base = int.from_bytes(d[pos:pos + asz], "little")
@@ -434,7 +435,7 @@ class DwarfReader:
                 elif kind == 7:
                     lo = int.from_bytes(d[pos:pos + asz], "little")
                     pos += asz
-                    y, pos = _uleb(d, pos)
+                    y, pos = uleb(d, pos)
                     out.append((lo, lo + y))
                 else:
                     raise FormatError(sec.path, f"unknown range list entry kind {kind}", pos - 1)
@@ -472,7 +473,7 @@ class DwarfReader:
 
     def _unit_base_attrs(self, u: _Unit) -> dict[int, tuple[int, object]]:
         d = u.sec.info
-        code, pos = _uleb(d, u.die_start)
+        code, pos = uleb(d, u.die_start)
         ab = u.abbrevs.get(code)
         if ab is None:
             raise FormatError(u.sec.path, f"unknown abbreviation code {code}", u.die_start)
@@ -506,7 +507,7 @@ class DwarfReader:
             u = self._unit_at(alt, off)
             d = u.sec.info
             try:
-                code, pos = _uleb(d, off)
+                code, pos = uleb(d, off)
                 ab = u.abbrevs.get(code)
                 if ab is None:
                     raise FormatError(u.sec.path, f"unknown abbreviation code {code}", off)
@@ -711,7 +712,7 @@ class DwarfReader:
             code = d[pos]
             pos += 1
             if code >= 0x80:
-                code, pos = _uleb(d, pos - 1)
+                code, pos = uleb(d, pos - 1)
             if code == 0:
                 if stack:
                     ctx = stack.pop()

@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.errors import CallpathError
+from callpath.formats import measdir as md
 from callpath.structure import store
 from callpath.structure.driver import (
     ANALYSIS_VERSION,
@@ -43,6 +44,7 @@ from callpath.structure.driver import (
     module_identity,
     user_cache_dir,
 )
+from callpath.structure.dwarf_lines import LineCache
 from callpath.structure.model import Structure, StructureBuilder, concat_structures
 
 #: Bumped whenever the entry's layout changes (the analysis version is checked too).
@@ -150,9 +152,12 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
                     return PreparedModule(mod, demangle_all=False, state=got_state[1])
                 except (ValueError, KeyError, IndexError, TypeError, zlib.error):
                     pass  # a damaged entry: read the file
-        p = PreparedModule(mod, demangle_all=False, near=addrs)
+        lines = LineCache(_lines_path(req.state)) if req.state is not None else None
+        p = PreparedModule(mod, demangle_all=False, near=addrs, line_cache=lines)
         if req.state is not None and not p.partial:
             store.save_arrays(req.state, _expect_state(), p.state())
+        if lines is not None and p.partial:  # a whole read keeps its state instead
+            lines.save()
         return p
 
     def locate(entry: npt.NDArray[np.uint64], end: npt.NDArray[np.uint64]
@@ -208,6 +213,11 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
     return OnDemandResult(req, s, None, analysed=len(missing), known=known, procedures=len(lo))
 
 
+def _lines_path(state: Path) -> Path:
+    """Where a module's decoded line programs are kept: beside its state entry."""
+    return state.with_name(state.name.replace(".prep.cpstruct", ".lines.cpstruct"))
+
+
 def _merge(lo: npt.NDArray[np.uint64], hi: npt.NDArray[np.uint64],
            lo2: npt.NDArray[np.uint64], hi2: npt.NDArray[np.uint64]
            ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
@@ -235,8 +245,6 @@ def measurement_requests(files: Sequence[Path], *, skip: set[str] | None = None,
     ``base:<file name>`` as ``-S`` files are matched), and the Python sources of its code
     tables with the lines its Python frames were at. Vectorised per thread; modules are
     deduplicated by path across processes, their addresses merged."""
-    from callpath.formats import measdir as md
-
     skip = skip or set()
     native_kind = int(md.NodeKind.NATIVE)
     exact_flag = int(md.NodeFlag.EXACT_PC)
@@ -277,17 +285,50 @@ def measurement_requests(files: Sequence[Path], *, skip: set[str] | None = None,
         m, a = m[ok], a[ok]
         if len(m) == 0:  # only Python frames (the Python sampler without --native)
             continue
-        order = np.argsort(m, kind="stable")
-        m, a = m[order], a[order]
-        ks, starts = np.unique(m, return_index=True)
-        for k, part in zip(ks.tolist(), np.split(a, starts[1:]), strict=True):
-            mod = proc.modules[k]
-            if (not mod.path or mod.path in skip or "base:" + os.path.basename(mod.path) in skip
-                    or (mod.path.startswith("[") and not mod.saved)):
-                continue
-            addrs.setdefault(mod.path, []).append(np.unique(part))
-            where.setdefault(mod.path, (str(d / mod.saved) if mod.saved else mod.path,
-                                        mod.build_id, d))
+        _module_addrs(proc.modules, m, a, d, skip, addrs, where)
+    lines = {f: np.unique(np.concatenate(v)) if v else np.zeros(0, dtype=np.int64)
+             for f, v in pyfiles.items()
+             if f.endswith(".py") and f not in skip and os.path.isfile(f)}
+    return _requests(addrs, where, user_cache), lines
+
+
+def frame_requests(modules: Sequence[md.Module], module: npt.NDArray[np.int64],
+                   address: npt.NDArray[np.uint64], exact: npt.NDArray[np.bool_],
+                   measdir: Path) -> list[ModuleRequest]:
+    """:func:`measurement_requests` of unwound native frames (``module`` indices into
+    ``modules``, link-time ``address``, ``exact`` for a sampled pc rather than a return
+    address) before they are written: what ``callpath profile --native`` analyses beside the
+    rest of the merge."""
+    a = np.where(exact | (address == 0), address, address - np.uint64(1))
+    ok = (module >= 0) & (module < len(modules))
+    addrs: dict[str, list[npt.NDArray[np.uint64]]] = {}
+    where: dict[str, tuple[str, str, Path]] = {}
+    if ok.any():
+        _module_addrs(modules, module[ok], a[ok], measdir, set(), addrs, where)
+    return _requests(addrs, where, True)
+
+
+def _module_addrs(modules: Sequence[md.Module], m: npt.NDArray[np.int64],
+                  a: npt.NDArray[np.uint64], d: Path, skip: set[str],
+                  addrs: dict[str, list[npt.NDArray[np.uint64]]],
+                  where: dict[str, tuple[str, str, Path]]) -> None:
+    """Add the addresses ``a`` of modules ``m`` (indices into ``modules`` of a process file of
+    measurement directory ``d``) to ``addrs`` and ``where`` (by module path)."""
+    order = np.argsort(m, kind="stable")
+    m, a = m[order], a[order]
+    ks, starts = np.unique(m, return_index=True)
+    for k, part in zip(ks.tolist(), np.split(a, starts[1:]), strict=True):
+        mod = modules[k]
+        if (not mod.path or mod.path in skip or "base:" + os.path.basename(mod.path) in skip
+                or (mod.path.startswith("[") and not mod.saved)):
+            continue
+        addrs.setdefault(mod.path, []).append(np.unique(part))
+        where.setdefault(mod.path, (str(d / mod.saved) if mod.saved else mod.path,
+                                    mod.build_id, d))
+
+
+def _requests(addrs: dict[str, list[npt.NDArray[np.uint64]]],
+              where: dict[str, tuple[str, str, Path]], user_cache: bool) -> list[ModuleRequest]:
     out = []
     for name, parts in addrs.items():
         path, recorded, d = where[name]
@@ -308,10 +349,17 @@ def measurement_requests(files: Sequence[Path], *, skip: set[str] | None = None,
             req.cache.append(user_cache_dir() / key)
             req.state = user_cache_dir() / key.replace(".cpstruct", ".prep.cpstruct")
         out.append(req)
-    lines = {f: np.unique(np.concatenate(v)) if v else np.zeros(0, dtype=np.int64)
-             for f, v in pyfiles.items()
-             if f.endswith(".py") and f not in skip and os.path.isfile(f)}
-    return out, lines
+    return out
+
+
+def request_cost(r: ModuleRequest) -> float:
+    """Seconds, roughly: reading a module's tables grows with its file (libtorch_cpu.so's
+    446 MB: ~1 s), building with the procedures touched (~1-3 ms each)."""
+    try:
+        size = os.path.getsize(r.path)
+    except OSError:
+        size = 0
+    return size * 2e-9 + len(r.addrs) * 1e-3
 
 
 def structures_for(reqs: list[ModuleRequest], workers: int,
@@ -320,15 +368,7 @@ def structures_for(reqs: list[ModuleRequest], workers: int,
     """:func:`structure_for` of every request: in this process when there is one (it then
     gets the idle cores), else in ``workers`` processes, the costliest first. Results in the
     order of ``reqs``."""
-    def cost(r: ModuleRequest) -> float:
-        """Seconds, roughly: reading a module's tables grows with its file (libtorch_cpu.so's
-        446 MB: ~1 s), building with the procedures touched (~1-3 ms each)."""
-        try:
-            size = os.path.getsize(r.path)
-        except OSError:
-            size = 0
-        return size * 2e-9 + len(r.addrs) * 1e-3
-
+    cost = request_cost
     if workers <= 1 or len(reqs) <= 1:
         res = []
         for r in reqs:

@@ -96,6 +96,10 @@ def save_arrays(path: str | os.PathLike[str], meta: dict[str, Any],
         with contextlib.suppress(OSError):
             tmp.unlink()
         return False
+    except BaseException:  # interrupted (a structure child told to stop): no file left
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     return True
 
 

@@ -16,15 +16,16 @@ from callpath.measure.python import native_merge as merge
 from callpath.structure.demangle import demangle
 
 
-def finish_native(out: Path, top: int = 5, keep_interpreter: bool = False) -> list[str]:
+def finish_native(out: Path, top: int = 5, keep_interpreter: bool = False,
+                  on_frames: merge.FramesHook | None = None) -> list[str]:
     """Merge the captures in ``out``; returns the summary's lines. Reasons for falling back to
     Python-only paths go to standard error at once, one line per distinct reason. The
     interpreter's frames between Python frames are elided unless ``keep_interpreter``
-    (``merge.readable_path``)."""
+    (``merge.readable_path``). ``on_frames`` sees each process's unwound frames."""
     results: list[merge.ProcessMerge] = []
     for notes in sorted(out.glob("native-*.json")):
         try:
-            results.append(merge.merge_process(out, notes, keep_interpreter))
+            results.append(merge.merge_process(out, notes, keep_interpreter, on_frames))
         except Exception as e:  # the program ran: its exit status and Python paths stay
             sys.stderr.write(f"callpath: warning: {notes.name}: native paths not merged "
                              f"({type(e).__name__}: {e}); that process keeps Python-only call "

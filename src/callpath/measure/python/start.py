@@ -180,8 +180,8 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
     paths are merged after the run (``callpath run --native``; ``merge.py``), the
     interpreter's own frames between two Python frames elided unless ``keep_interpreter``;
     with ``structure_ahead`` (``callpath profile``, which reads the structure next) the
-    sampled Python sources' structure is built into the user's cache by a child process
-    meanwhile (:func:`~callpath.structure.ondemand.cache_python_sources`).
+    sampled Python sources' and native procedures' structure is built into the caches by
+    child processes meanwhile (:mod:`~callpath.measure.python.structure_ahead`).
     """
     out_dir = Path(out_dir)
     cmd = command_line(argv, module=module)
@@ -207,16 +207,22 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
     if native:
         from callpath.measure.python.native_summary import finish_native
         merge_started = time.monotonic()
-        ahead = _start_structure_ahead(out_dir) if structure_ahead else None
+        ahead = None
+        if structure_ahead:
+            from callpath.measure.python.structure_ahead import Ahead, spare_core
+            if spare_core():
+                ahead = Ahead(out_dir)
+                ahead.python_sources()
         try:
-            notes = finish_native(out_dir, keep_interpreter=keep_interpreter)
+            notes = finish_native(out_dir, keep_interpreter=keep_interpreter,
+                                  on_frames=ahead.native_frames if ahead else None)
         finally:
             # after the program, before the database: what ``callpath profile`` reports as
-            # the merge phase, and the wait for the structure beyond it as structure
+            # the merge phase, and the wait for the structure children beyond it as structure
             merged = time.monotonic()
             fields["native_merge_s"] = round(merged - merge_started, 3)
             if ahead is not None:
-                _stop_child(ahead)
+                ahead.stop()
                 fields["structure_ahead_s"] = round(time.monotonic() - merged, 3)
     try:
         measdir.write_header(out_dir, metrics, status="complete", exit_status=exit_status,
@@ -231,68 +237,6 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
         # the program ran: its exit status matters more than our summary of its data
         sys.stderr.write(f"callpath: warning: {e}\n")
     return status
-
-
-def _start_structure_ahead(out_dir: Path) -> tuple[int, int] | None:
-    """Fork the child that caches the sampled Python sources' structure; its pid and the
-    write end of the pipe whose closing tells it to stop after its current source, or None
-    where it could not start (then ``prof`` builds them as usual). The child never raises
-    into this process: whatever it did not build, ``prof`` builds or reports."""
-    units = sorted(out_dir.glob("process-*.cpm"))
-    if not units:
-        return None
-    import select
-
-    # imported before the fork: a child importing while another thread of this process held
-    # the import lock would wait for it forever
-    from callpath.structure.ondemand import cache_python_sources
-    try:
-        r, w = os.pipe()
-        pid = os.fork()
-    except OSError:
-        return None
-    if pid == 0:
-        code = 0
-        try:
-            os.close(w)
-
-            def stop() -> bool:
-                return bool(select.select([r], [], [], 0)[0])
-
-            cache_python_sources(units, stop)
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(r)
-    return pid, w
-
-
-#: how long the structure child may take to finish its current source once told to stop
-#: (one source from bytecode is milliseconds; a large one through ``ast`` up to a second)
-AHEAD_GRACE_S = 10.0
-
-
-def _stop_child(child: tuple[int, int]) -> None:
-    """Tell the structure child to stop after its current source, and wait for it (killed
-    after ``AHEAD_GRACE_S``: what it left unbuilt, ``prof`` builds)."""
-    pid, w = child
-    os.close(w)
-    deadline = time.monotonic() + AHEAD_GRACE_S
-    while True:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if done:
-            return
-        if time.monotonic() > deadline:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-            return
-        time.sleep(0.002)
 
 
 def _header_summary(out_dir: Path) -> dict[str, object]:
