@@ -18,18 +18,20 @@ written before).
 
 Measured 2026-11-28 on the two shared cores (libtorch_cpu.so of torch 2.13.0+cpu, 414 MiB;
 before = main at b18cada, which at these loads ran one process; after = this tree, which
-runs the two that ``-j 2`` asks for; both in the same run, other sessions' tests running):
+runs the two that ``-j 2`` asks for; both in the same run, other sessions' work holding most
+of a core):
 
-    after    43.0 s wall, 67.6 s CPU, largest process 1143 MiB, all processes 1976 MiB RSS /
-             1439 MiB PSS, load 2.00 -> 1.86
-    before   108.9 s wall, 102.2 s CPU, 1283 MiB (one process), load 1.86 -> 1.92
+    after    32.8 s wall, 51.6 s CPU, largest process 1194 MiB, all processes 2084 MiB RSS /
+             1335 MiB PSS (1.40e9 bytes), load 2.31 -> 2.30
+    before   120.4 s wall, 101.3 s CPU, 1260 MiB (one process), load 2.30 -> 2.77
     XML      identical (607,091,247 bytes)
-    decoder  C 0.214 s, iced-x86 0.729 s per million instructions (3.4x), same run
+    decoder  C 0.216 s, iced-x86 0.767 s per million instructions (3.6x), same run
 
-and once more after the child's memory is given back as it is sent (load 1.65 -> 2.42, so
-61.2 s wall): 66.6 s CPU, largest process 1160 MiB, all processes 1389 MiB PSS (1.46e9
-bytes). The first round (2026-11-27, one process at every load): 579 s, 234.3 s CPU, 2490
-MiB before it; 111.2 s, 110.5 s CPU, 1496 MiB after.
+An earlier run of the same kind (before the segments were cut a batch at a time, load 0.64
+-> 1.96): after 46.0 s wall, 49.0 s CPU, 1202 MiB largest, 1383 MiB PSS; before 107.0 s,
+100.4 s CPU, 1279 MiB. ``-j 1`` of the final code: 48.2 s wall, 48.0 s CPU, 1200 MiB. The
+first round (2026-11-27, one process at every load): 579 s, 234.3 s CPU, 2490 MiB before
+it; 111.2 s, 110.5 s CPU, 1496 MiB after.
 """
 
 from __future__ import annotations
