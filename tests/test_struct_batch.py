@@ -97,3 +97,25 @@ def test_split_writer_without_fork_writes_the_same_file(tmp_path: Path,
     two = tmp_path / "two.hpcstruct"
     hpcstruct.write_hpcstruct_file([s], two, jobs=2)
     assert two.read_bytes() == one.read_bytes()
+
+
+def test_batches_out_of_address_order_are_the_per_procedure_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose procedures are not in address order (the segments of a batch are cut
+    together by address) still gives the per-procedure scopes."""
+    if not LIBS:
+        pytest.skip("no library to analyse")
+    from callpath.structure.binary import PreparedModule
+    from callpath.structure.elf import open_elf
+
+    mod = open_elf(LIBS[-1])
+    try:
+        prep = PreparedModule(mod, demangle_all=False)
+        ids = list(range(0, len(prep.procs), 3))[::-1][:2000]
+        batched = prep.build_runs([("a.cc", ids[:700]), ("b.cc", ids[700:])])
+        monkeypatch.setattr(binary_mod, "plain_proc", lambda *a: None)
+        single = prep.build_runs([("a.cc", ids[:700]), ("b.cc", ids[700:])])
+    finally:
+        mod.close()
+    assert (single.kind == Kind.PROC).sum() == len(ids) > 700
+    _identical(batched, single)
