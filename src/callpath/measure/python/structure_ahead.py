@@ -99,7 +99,11 @@ class Ahead:
                       exact: Any) -> None:
         """Start the child that analyses the procedures of unwound frames (``module`` indices
         into the process's ``modules``, link-time ``address``, ``exact`` for sampled pcs),
-        module after module, the costliest first."""
+        module after module, the costliest first. One such child per merge: a program of
+        several processes has its first merged process's frames analysed ahead (they share
+        most modules with the others), the rest by ``prof``."""
+        if any(native for _pid, _w, native in self.children):
+            return
         # imported before the fork (as above), with what the analysis imports
         import callpath.structure.binary
         import callpath.structure.elf  # noqa: F401
