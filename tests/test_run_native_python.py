@@ -511,9 +511,30 @@ def test_forward_cache_answers_as_the_machine_code_does(tmp_path: Path) -> None:
     later.save()  # the odd addresses' pointer answers added to the file's
     again = forwarding.ForwardCache(tmp_path)._module(elf)
     assert again is not None and all(f & 4 for f in again[1].values())
+    # the evaluation-loop and take_gil ranges: kept beside the answers, as named_ranges
+    # reads them from the symbols (libc has neither: empty ranges, a known answer)
+    # this interpreter's evaluation loop: in libpython, or in a statically linked python
+    pys = [ElfInfo.get(p) for p in sorted({line.split()[-1] for line in maps
+                                           if os.path.basename(line.split()[-1])
+                                           .startswith(("libpython", "python"))})]
+    py = next(e for e in pys if len(forwarding.named_ranges(e)["eval"][0]))
+    for e in (elf, py):
+        want = forwarding.named_ranges(e)
+        assert {k: [list(x) for x in v] for k, v in forwarding.ForwardCache(tmp_path)
+                .named_ranges(e).items()} == {k: [list(x) for x in v] for k, v in want.items()}
+    keep = forwarding.ForwardCache(tmp_path)
+    keep.named_ranges(elf)
+    keep.named_ranges(py)
+    keep.save()
+    for e in (elf, py):
+        m = forwarding.ForwardCache(tmp_path)._module(e)
+        assert m is not None and m[3][0] is not None, e.path  # read back, not recomputed
+        want = forwarding.named_ranges(e)
+        assert all(np.array_equal(m[3][0][k][j], want[k][j]) for k in want for j in (0, 1))
+    assert len(forwarding.named_ranges(py)["eval"][0]) == 1  # _PyEval_EvalFrameDefault
     meta, arrays = store.load_arrays(file) or ({}, {})
     store.save_arrays(file, {**meta, "stub": forwarding.STUB_BYTES + 1}, arrays)
-    assert forwarding.ForwardCache(tmp_path)._module(elf) == (file, {}, [False])
+    assert forwarding.ForwardCache(tmp_path)._module(elf) == (file, {}, [False], [None])
 
 
 def test_mark_gil_wait_cuts_below_take_gil() -> None:

@@ -52,8 +52,6 @@ MAGIC = 0x4E4D5043
 HEAD_WORDS = 14          # sizeof(Head) / 8 in _callpath_native.c
 REPEAT = 8               # Head.flags: the thread has not run since its previous sample
 CODE_NOTE_SLACK_NS = 3_000_000_000  # a code object is noted within ~1 s of being seen
-EVAL_SYMBOLS = frozenset({"_PyEval_EvalFrameDefault"})
-GIL_SYMBOLS = frozenset({"take_gil"})  # where a thread waits for the GIL (3.11 to 3.13)
 IDLE_CPU_SHARE = 20      # as the Python sampler: IDLE when the thread used under 5% of a CPU
 STAGING = ".merging"
 _NATIVE, _PYTHON, _PARTIAL, _UNKNOWN, _PLACEHOLDER = (
@@ -234,35 +232,29 @@ def _python_frames(rec: Records, notes: dict[str, Any], pycode: list[md.PyCode])
     return sample, ci, line, fl & 1, incomplete
 
 
-def _eval_frames(fr: unwind.Frames, mm: unwind.ModuleMap) -> tuple[npt.NDArray[np.bool_],
-                                                                  npt.NDArray[np.bool_]]:
+def _eval_frames(fr: unwind.Frames, mm: unwind.ModuleMap,
+                 cache: forwarding.ForwardCache | None = None
+                 ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
     """Which unwound frames are activations of CPython's evaluation loop, and which are its
-    ``take_gil`` (a thread waiting for the GIL; the symbol may carry a compiler suffix such
-    as ``take_gil.lto_priv.0``)."""
+    ``take_gil`` (a thread waiting for the GIL): by the ranges of those symbols in each
+    module (``forwarding.named_ranges``, kept per module by ``cache``)."""
     ok = fr.module >= 0
     addr = fr.address.astype(np.int64) - (~fr.exact).astype(np.int64)
     key = np.where(ok, (fr.module << 48) | (addr & ((1 << 48) - 1)), -1)
     uk, inv = np.unique(key, return_inverse=True)
     is_eval = np.zeros(len(uk), dtype=bool)
     is_gil = np.zeros(len(uk), dtype=bool)
-    um, ua = uk >> 48, uk & ((1 << 48) - 1)
+    um, ua = uk >> 48, (uk & ((1 << 48) - 1)).astype(np.uint64)
     for mod in np.unique(um[uk >= 0]).tolist():
         elf = mm.elves[mod]
         if elf is None:
             continue
-        # the symbols named like the loop or take_gil, then a range test of every address at
-        # once (as ``symbolize`` would name them, without naming the module's other symbols)
-        t = elf.symbol_table()
-        named = t.named(EVAL_SYMBOLS)
-        gil_named = t.named(GIL_SYMBOLS, dotted=True)
-        if not (named.any() or gil_named.any()):
+        got = cache.named_ranges(elf) if cache is not None else forwarding.named_ranges(elf)
+        if not (len(got["eval"][0]) or len(got["gil"][0])):
             continue
         sel = np.nonzero(um == mod)[0]
-        i = t.starts.searchsorted(ua[sel], side="right") - 1
-        ic = np.maximum(i, 0)
-        inside = (i >= 0) & (ua[sel] < t.ends[ic])
-        is_eval[sel] = inside & named[ic]
-        is_gil[sel] = inside & gil_named[ic] & ~named[ic]
+        is_eval[sel] = forwarding.in_ranges(ua[sel], got["eval"])
+        is_gil[sel] = forwarding.in_ranges(ua[sel], got["gil"])
     if not len(key):
         return np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
     return is_eval[inv.reshape(-1)], is_gil[inv.reshape(-1)]
@@ -569,7 +561,8 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False,
         compiler.cache.save()
     if on_frames is not None:
         on_frames(mods, fr.module, fr.address, fr.exact)
-    is_eval, is_gil = _eval_frames(fr, mm)
+    fwd_cache = _forward_cache()
+    is_eval, is_gil = _eval_frames(fr, mm, fwd_cache)
     gil = frozenset(zip(fr.module[is_gil].tolist(), fr.address[is_gil].astype(np.int64).tolist(),
                         strict=True))
     if int(rec.npy.sum()) and not is_eval.any():
@@ -585,7 +578,7 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False,
     own_modules = frozenset(m.index for m in mods
                             if os.path.basename(m.path).startswith(OWN_MODULES))
     own_codes = frozenset(i for i, c in enumerate(proc.pycode) if own_code(c.file))
-    forwards = Forwarding(mm, _forward_cache())
+    forwards = Forwarding(mm, fwd_cache)
     # native frames per sample, leaf first
     order = np.lexsort((fr.depth, fr.sample))
     fs = fr.sample[order]
