@@ -169,7 +169,7 @@ def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool)
         if args.trace:
             argv.append("-t")
         if args.native:
-            argv += ["--native", "--structure-ahead"]
+            argv += ["--native", "--structure-ahead", "--native-top", "0"]
         if args.keep_interpreter_frames:
             argv.append("--keep-interpreter-frames")
         if args.frequency is not None:  # 0 too: the sampler says why it is refused

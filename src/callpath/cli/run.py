@@ -266,7 +266,9 @@ def _run_python(cmd: list[str], module: bool, args: argparse.Namespace) -> int:
                       native_stack=max(args.stack_size, DEFAULT_NATIVE_STACK),
                       keep_interpreter=bool(getattr(args, "keep_interpreter_frames", False)),
                       # set by ``callpath profile``, which reads the structure right after
-                      structure_ahead=bool(getattr(args, "structure_ahead", False)))
+                      structure_ahead=bool(getattr(args, "structure_ahead", False)),
+                      # --top 0 (callpath profile's): no hottest native procedures either
+                      native_top=0 if getattr(args, "top", 10) == 0 else 5)
 
 
 def _shell_status(status: int) -> int:

@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
                    "library's trampolines (elided by default)")
     # callpath profile's: build the Python sources' structure beside the --native merge
     p.add_argument("--structure-ahead", action="store_true", help=argparse.SUPPRESS)
+    # callpath profile's too: its report follows, the summary names no native procedure
+    p.add_argument("--native-top", type=int, default=5, help=argparse.SUPPRESS)
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     p.add_argument("program", nargs=argparse.REMAINDER,
                    help="SCRIPT ARGS, or a python command line")
@@ -54,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_python(target, module=bool(args.module), out_dir=out,
                           frequency=args.frequency, trace=args.trace, summary=not args.quiet,
                           native=args.native, keep_interpreter=args.keep_interpreter_frames,
-                          structure_ahead=args.structure_ahead and args.native)
+                          structure_ahead=args.structure_ahead and args.native,
+                          native_top=args.native_top)
     except CallpathError as e:
         sys.stderr.write(f"callpath: error: {e}\n")
         return 2

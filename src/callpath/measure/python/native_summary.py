@@ -74,7 +74,10 @@ def finish_native(out: Path, top: int = 5, keep_interpreter: bool = False,
 
 
 def hottest_native(out: Path, top: int) -> list[tuple[str, str, float]]:
-    """Procedures whose code was running at the samples (native leaves), by CPU time."""
+    """Procedures whose code was running at the samples (native leaves), by CPU time; none
+    asked for (``callpath profile``, whose report follows) reads no symbol table."""
+    if top <= 0:
+        return []
     acc: dict[tuple[str, str], float] = {}
     for f in sorted(out.glob(md.PROCESS_GLOB)):
         try:

@@ -167,7 +167,8 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
                trace: bool = False, summary: bool = True, env: dict[str, str] | None = None,
                summary_file: TextIO | None = None, linger: float = 5.0,
                native: bool = False, native_stack: int = DEFAULT_NATIVE_STACK,
-               keep_interpreter: bool = False, structure_ahead: bool = False) -> int:
+               keep_interpreter: bool = False, structure_ahead: bool = False,
+               native_top: int = 5) -> int:
     """Run a Python program measured into ``out_dir``; return the program's exit status.
 
     ``argv`` is a command line (``["python3", "app.py", "x"]``), a script and its arguments
@@ -214,7 +215,7 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
                 ahead = Ahead(out_dir)
                 ahead.python_sources()
         try:
-            notes = finish_native(out_dir, keep_interpreter=keep_interpreter,
+            notes = finish_native(out_dir, native_top, keep_interpreter=keep_interpreter,
                                   on_frames=ahead.native_frames if ahead else None)
         finally:
             # after the program, before the database: what ``callpath profile`` reports as
