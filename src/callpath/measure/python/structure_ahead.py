@@ -52,6 +52,7 @@ class Ahead:
 
     def _fork(self, work: Callable[[Callable[[], bool]], Any], native: bool,
               keep: int | None = None) -> None:
+        parent = os.getpid()
         try:
             r, w = os.pipe()
             pid = os.fork()
@@ -65,6 +66,7 @@ class Ahead:
                 os.close(w)
                 if native:
                     signal.signal(signal.SIGTERM, _raise_stop)
+                _die_with_parent(parent)
 
                 def stop() -> bool:
                     return bool(select.select([r], [], [], 0)[0])
@@ -158,6 +160,21 @@ class Ahead:
 
 def _raise_stop(_signum: int, _frame: Any) -> None:
     raise _Stop
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGTERM when the merge's process dies (killed, not stopping the child itself), so
+    that no analysis outlives it (Linux prctl; elsewhere the child runs to its end)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the request
+        raise _Stop
 
 
 def spare_core() -> bool:
