@@ -148,6 +148,15 @@ def test_flame_click_zoom_and_tree_selection(page: Any, server: Any) -> None:  #
     # not drawn) when the pane is short, as with the share bar above it
     pg.evaluate("() => { const t = window.__callpath.tree; t.scroller.scrollTop = 0; "
                 "t.scroller.dispatchEvent(new Event('scroll')); }")
+    # the rows are drawn for the new scroll position on a later frame: clicked before, the
+    # row found could be one of the old position's, below the tree pane, where the flame
+    # pane takes the click (a CI run: 20 s of retries)
+    pg.wait_for_function(
+        "() => { const s = window.__callpath.tree.scroller.getBoundingClientRect(); "
+        "const r = [...document.querySelectorAll('.tv-row')]"
+        ".find(e => e.textContent.includes('main thread')); if (!r) return false; "
+        "const b = r.getBoundingClientRect(); return b.top >= s.top && b.bottom <= s.bottom; }")
+    settle(pg)
     row = pg.locator(".tv-row", has_text="main thread").first
     row.click()
     key = row.get_attribute("data-key")
