@@ -718,6 +718,16 @@ def test_other_cpython_frames_merged(minor: int, libs: dict[str, Path],
         p.threads[0].stats
 
 
+def _capture_two_callers(libs: dict[str, Path], out: Path) -> None:
+    """A ``--native`` capture of ``two_callers.py`` (10 rounds) in ``out``, not yet merged."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src" / "callpath" / "measure" / "python" /
+                                          "shim"),
+               CALLPATH_PY_OUT=str(out), CALLPATH_PY_FREQ="1000", CALLPATH_PY_NATIVE="32768")
+    r = subprocess.run([sys.executable, str(PROGRAMS / "two_callers.py"), str(libs["kernels"]),
+                        "10"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+
+
 def test_torn_capture_files_merge_what_is_whole(capture_ok: None, libs: dict[str, Path],
                                                 tmp_path: Path) -> None:
     """A process killed while writing (here: its capture files cut short by hand, the last
@@ -726,12 +736,7 @@ def test_torn_capture_files_merge_what_is_whole(capture_ok: None, libs: dict[str
         pytest.skip("gcc cannot build a shared library here")
     out = tmp_path / "m"
     out.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src" / "callpath" / "measure" / "python" /
-                                          "shim"),
-               CALLPATH_PY_OUT=str(out), CALLPATH_PY_FREQ="1000", CALLPATH_PY_NATIVE="32768")
-    r = subprocess.run([sys.executable, str(PROGRAMS / "two_callers.py"), str(libs["kernels"]),
-                        "10"], env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert r.returncode == 0, r.stderr
+    _capture_two_callers(libs, out)
     (samples,) = out.glob("native-*.samples")
     whole = len(merge.read_records(samples).tid)
     data = samples.read_bytes()
@@ -760,12 +765,7 @@ def test_merge_unwinding_in_two_processes_as_in_one(capture_ok: None, libs: dict
         pytest.skip("one CPU: the merge never splits its unwinding")
     raw = tmp_path / "raw"
     raw.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src" / "callpath" / "measure" / "python" /
-                                          "shim"),
-               CALLPATH_PY_OUT=str(raw), CALLPATH_PY_FREQ="1000", CALLPATH_PY_NATIVE="32768")
-    r = subprocess.run([sys.executable, str(PROGRAMS / "two_callers.py"), str(libs["kernels"]),
-                        "10"], env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert r.returncode == 0, r.stderr
+    _capture_two_callers(libs, raw)
     got = {}
     for label, threshold in (("one", 1 << 40), ("two", 1)):
         out = tmp_path / label
@@ -799,12 +799,7 @@ def test_structure_child_asks_for_every_procedure_prof_asks_for(
     out = tmp_path / "m"
     out.mkdir()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src" / "callpath" / "measure" / "python" /
-                                          "shim"),
-               CALLPATH_PY_OUT=str(out), CALLPATH_PY_FREQ="1000", CALLPATH_PY_NATIVE="32768")
-    r = subprocess.run([sys.executable, str(PROGRAMS / "two_callers.py"), str(libs["kernels"]),
-                        "10"], env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert r.returncode == 0, r.stderr
+    _capture_two_callers(libs, out)
     seen: list[tuple[object, ...]] = []
     finish_native(out, on_frames=lambda *frames: seen.append(frames))
     assert len(seen) == 1

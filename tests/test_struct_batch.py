@@ -11,25 +11,15 @@ import ctypes.util
 import io
 import os
 import sysconfig
-from dataclasses import fields
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import callpath.structure.binary as binary_mod
 from callpath.formats import hpcstruct
 from callpath.structure.binary import analyze_binary
-from callpath.structure.model import Kind, Structure
-
-
-def _identical(a: Structure, b: Structure) -> None:
-    for f in fields(a):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if isinstance(x, np.ndarray):
-            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
-        else:
-            assert x == y, f.name
+from callpath.structure.model import Kind
+from struct_compare import assert_identical
 
 
 def _libs() -> list[Path]:
@@ -62,7 +52,7 @@ def test_batched_scopes_are_the_per_procedure_ones(lib: Path,
     single = analyze_binary(lib)
     assert len(used) > 1000  # procedures without inlined code were there to batch
     assert (single.kind == Kind.LOOP).sum() > 100 and (single.kind == Kind.CALL).sum() > 1000
-    _identical(batched, single)
+    assert_identical(batched, single)
 
 
 @pytest.mark.parametrize("lib", LIBS, ids=lambda p: p.name)
@@ -118,4 +108,4 @@ def test_batches_out_of_address_order_are_the_per_procedure_ones(
     finally:
         mod.close()
     assert (single.kind == Kind.PROC).sum() == len(ids) > 700
-    _identical(batched, single)
+    assert_identical(batched, single)

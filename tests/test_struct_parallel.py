@@ -7,28 +7,17 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import fields
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import callpath.structure.binary as binary_mod
 from callpath.errors import CallpathError
 from callpath.structure.binary import analyze_binary
-from callpath.structure.model import Structure
 from callpath.structure.parallel import fork_map
+from struct_compare import assert_identical
 
 SRC = Path(__file__).parent / "struct_programs" / "calls.c"
-
-
-def _identical(a: Structure, b: Structure) -> None:
-    for f in fields(a):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if isinstance(x, np.ndarray):
-            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
-        else:
-            assert x == y, f.name
 
 
 def _modules(tmp: Path) -> list[Path]:
@@ -47,12 +36,12 @@ def _modules(tmp: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("jobs", [2, 3])
-def test_parallel_build_is_identical(tmp_path: Path, jobs: int,
+def test_parallel_build_isassert_identical(tmp_path: Path, jobs: int,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(binary_mod, "PARALLEL_MIN_PROCS", 0)  # split even small modules
     for path in _modules(tmp_path):
         one = analyze_binary(path)
-        _identical(analyze_binary(path, jobs=jobs), one)
+        assert_identical(analyze_binary(path, jobs=jobs), one)
 
 
 def _fails_on_two(x: int) -> int:

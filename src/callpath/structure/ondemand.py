@@ -425,7 +425,7 @@ def python_structures(files: Sequence[str] | Mapping[str, npt.NDArray[np.int64]]
     todo: list[tuple[str, npt.NDArray[np.int64] | None, Path | None]] = []
     lines = files if isinstance(files, Mapping) else None
     for f in files:
-        c = user_cache_dir() / (cache_key(f, None) + ".cpstruct") if user_cache else None
+        c = _python_cache_path(f) if user_cache else None
         got = store.load(c, _expect_py()) if c is not None else None
         if got is not None:
             s = got[0]
@@ -458,7 +458,7 @@ def cache_python_sources(units: Sequence[Path], stop: Callable[[], bool] | None 
     _reqs, pyfiles = measurement_requests(units, skip=set(), user_cache=True)
     todo: list[tuple[str, npt.NDArray[np.int64] | None, Path | None]] = []
     for f in pyfiles:
-        c = user_cache_dir() / (cache_key(f, None) + ".cpstruct")
+        c = _python_cache_path(f)
         if store.load_arrays(c, _expect_py()) is None:
             todo.append((f, None, c))
     return len(_python_structure(todo, stop))
@@ -485,6 +485,11 @@ def _python_structure(items: list[tuple[str, npt.NDArray[np.int64] | None, Path 
             store.save(c, s, _expect_py())
         out.append((f, s))
     return out
+
+
+def _python_cache_path(f: str) -> Path:
+    """A Python source's entry in the per-user cache (key: path, size, modification time)."""
+    return user_cache_dir() / (cache_key(f, None) + ".cpstruct")
 
 
 def _expect_py() -> dict[str, object]:
