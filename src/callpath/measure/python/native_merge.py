@@ -651,12 +651,11 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False,
     cpu_of = np.empty(n, dtype=np.int64)
     wall_of[order_t] = wall
     cpu_of[order_t] = np.maximum(cpu, 0)
-    idle = (cpu_of * IDLE_CPU_SHARE < wall_of).tolist()
+    idle_a = cpu_of * IDLE_CPU_SHARE < wall_of
     # threads: the main thread first, then in order of their first sample
     main_tid = int(notes["start"].get("main_tid", proc.pid))
     tids_by_first = [int(t) for t in tid_sorted[first][np.argsort(t_sorted[first])].tolist()]
     tids = [main_tid] + [t for t in tids_by_first if t != main_tid]
-    slot_of = {t: i for i, t in enumerate(tids)}
     names = {int(t.info.get("tid", -1)): str(t.info.get("name", "")) for t in proc.threads}
     for tid, comm in notes["comm"].items():  # native-only threads: the kernel's name
         if not names.get(tid):
@@ -665,16 +664,11 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False,
     nodes: list[list[tuple[int, Key]]] = [[] for _ in tids]
     stats = [{"samples": 0, "idle_samples": 0, "cpu_time_ns": 0, "wall_time_ns": 0,
               "partial": 0, "unmatched": 0, "python_samples": 0} for _ in tids]
-    path_memo: dict[tuple[Any, ...], tuple[list[Key], str, bool]] = {}
 
     def fresh(s: int) -> tuple[list[Key], str, bool]:
         """Sample ``s``'s merged path, its state and whether it has Python frames."""
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         plo, phi = int(pbounds[s]), int(pbounds[s + 1])
-        memo_key = (nat_ids[lo:hi].tobytes(), py_ids[plo:phi].tobytes(), complete[s])
-        got = path_memo.get(memo_key)
-        if got is not None:
-            return got
         groups: list[list[Key]] = [[]]
         for key, entry, inc in pitems[plo:phi]:
             if not inc:
@@ -695,65 +689,92 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False,
             path = mark_gil_wait(path, gil)
         path = readable_path(path, interpreter, own_modules, own_codes, keep_interpreter,
                              forwards, forwards.through_pointer, classes)
-        got = path_memo[memo_key] = (path, state, phi > plo)
-        return got
+        return path, state, phi > plo
 
-    tid_l = rec.tid.tolist()
-    repeat = ((rec.flags & REPEAT) != 0).tolist()
-    previous: dict[int, tuple[list[Key], str, bool]] = {}  # per thread: its last sample's
-    leaf_memo: dict[tuple[int, int, bool], int] = {}
-    partial_s = [False] * n
+    # samples with the same frames (native ids, Python records, completeness) have the same
+    # merged path: one class per distinct frames, its path made once (a PyTorch loop's 26k
+    # samples have ~4k); a repeat sample (the thread has not run since its previous sample:
+    # same pc and sp, no CPU time, the record did not copy the stack again) takes the class
+    # of its thread's last sample that was not a repeat, and is lost without one
+    repeat = (rec.flags & REPEAT) != 0
+    fresh_s = np.flatnonzero(~repeat)
+    nb, pb = nat_ids.tobytes(), py_ids.tobytes()
+    b8, p8 = (bounds * 8).tolist(), (pbounds * 8).tolist()
+    first_of: dict[tuple[bytes, bytes, bool], int] = {}
+    cls_fresh = [first_of.setdefault((nb[b8[i]:b8[i + 1]], pb[p8[i]:p8[i + 1]], complete[i]),
+                                     len(first_of)) for i in fresh_s.tolist()]
+    cls = np.full(n, -1, dtype=np.int64)
+    cls[fresh_s] = cls_fresh
+    by_thread = np.argsort(rec.tid, kind="stable")
+    start_t = np.ones(n, dtype=bool)
+    start_t[1:] = rec.tid[by_thread][1:] != rec.tid[by_thread][:-1]
+    group_start = np.maximum.accumulate(np.where(start_t, np.arange(n), 0))
+    last_fresh = np.maximum.accumulate(np.where(~repeat[by_thread], np.arange(n), -1))
+    found = last_fresh >= group_start
+    took = np.full(n, -1, dtype=np.int64)
+    took[by_thread[found]] = cls[by_thread[last_fresh[found]]]
+    res.lost += int((took < 0).sum())
+    # each class's path from its first sample
+    reps = np.full(len(first_of), -1, dtype=np.int64)
+    reps[np.array(cls_fresh, dtype=np.int64)[::-1]] = fresh_s[::-1]
+    state_code = {"": 0, "partial": 1, "unmatched": 2}
+    paths: list[list[Key]] = []
+    cstate = np.zeros(len(reps), dtype=np.int64)
+    cpython = np.zeros(len(reps), dtype=bool)
+    cempty = np.zeros(len(reps), dtype=bool)
+    for c, r in enumerate(reps.tolist()):
+        path, state, has_python = fresh(r)
+        paths.append(path)
+        cstate[c] = state_code[state]
+        cpython[c] = has_python
+        cempty[c] = not path
+    ok = took >= 0
+    hidden = ok.copy()
+    hidden[ok] = cempty[took[ok]]  # the profiler's own code only (its flush, its exit)
+    res.hidden += int(hidden.sum())
+    kept = np.flatnonzero(ok & ~hidden)
+    partial_mask = np.zeros(n, dtype=bool)
+    partial_mask[fresh_s] = (cstate[cls[fresh_s]] == 1) & ~np.array(complete, dtype=bool)[fresh_s]
     # per sample: its thread's slot and leaf node (-1: lost or hidden), its state (1
     # partial, 2 unmatched) and whether it has Python frames; the counts, the statistics
-    # and the traces are then sums over these arrays, not a dictionary step per sample
-    slot_s = [-1] * n
-    node_s = [-1] * n
-    state_s = [0] * n
-    python_s = [False] * n
-    state_code = {"": 0, "partial": 1, "unmatched": 2}
-    for s in range(n):
-        if repeat[s]:
-            # the thread has not run since its previous sample (same pc and sp, no CPU time):
-            # that sample's path, which the record did not copy again
-            got = previous.get(tid_l[s])
-            if got is None:
-                res.lost += 1
-                continue
-        else:
-            got = previous[tid_l[s]] = fresh(s)
-            partial_s[s] = got[1] == "partial" and not complete[s]
-        path, state, has_python = got
-        if not path:  # the profiler's own code only (its flush, its exit): never shown
-            res.hidden += 1
-            continue
-        th = slot_of[tid_l[s]]
-        # the same path (the memo's own list) inserted again ends at the same node
-        leaf_key = (th, id(path), idle[s])
-        node = leaf_memo.get(leaf_key, -1)
-        if node < 0:
-            tree, nl = trees[th], nodes[th]
-            node = 0
-            last = len(path) - 1
-            for d, key in enumerate(path):
-                if d == last and idle[s]:
-                    key = (key[0], key[1], key[2], key[3] | md.NodeFlag.IDLE)
-                child = tree.get((node, key))
-                if child is None:
-                    child = len(nl) + 1
-                    tree[(node, key)] = child
-                    nl.append((node, key))
-                node = child
-            leaf_memo[leaf_key] = node
-        slot_s[s] = th
-        node_s[s] = node
-        state_s[s] = state_code[state]
-        python_s[s] = has_python
-    counts, traces = _sums(tids, stats, np.array(slot_s, dtype=np.int64),
-                           np.array(node_s, dtype=np.int64), np.array(state_s, dtype=np.int64),
-                           np.array(python_s, dtype=bool), np.array(idle, dtype=bool),
+    # and the traces are sums over these arrays
+    tid_order = np.array(tids, dtype=np.int64)
+    slot_sorted = np.argsort(tid_order)
+    slot_all = slot_sorted[np.searchsorted(tid_order[slot_sorted], rec.tid)]
+    # one tree insertion per distinct (thread, class, idle), in the order of first samples
+    # (the order of the nodes in the process file)
+    combo = (slot_all[kept] * len(reps) + took[kept]) * 2 + idle_a[kept]
+    ucombo, cfirst, cinv = np.unique(combo, return_index=True, return_inverse=True)
+    cnode = np.zeros(len(ucombo), dtype=np.int64)
+    for u in np.argsort(cfirst, kind="stable").tolist():
+        v = int(ucombo[u])
+        th, c, is_idle = v // 2 // len(reps), v // 2 % len(reps), v % 2
+        path = paths[c]
+        tree, nl = trees[th], nodes[th]
+        node = 0
+        last = len(path) - 1
+        for d, key in enumerate(path):
+            if d == last and is_idle:
+                key = (key[0], key[1], key[2], key[3] | md.NodeFlag.IDLE)
+            child = tree.get((node, key))
+            if child is None:
+                child = len(nl) + 1
+                tree[(node, key)] = child
+                nl.append((node, key))
+            node = child
+        cnode[u] = node
+    slot_s = np.full(n, -1, dtype=np.int64)
+    node_s = np.full(n, -1, dtype=np.int64)
+    state_s = np.zeros(n, dtype=np.int64)
+    python_s = np.zeros(n, dtype=bool)
+    slot_s[kept] = slot_all[kept]
+    node_s[kept] = cnode[cinv.reshape(-1)]
+    state_s[kept] = cstate[took[kept]]
+    python_s[kept] = cpython[took[kept]]
+    counts, traces = _sums(tids, stats, slot_s, node_s, state_s, python_s, idle_a,
                            cpu_of, wall_of, rec.time)
     # why the unwinding stopped, for the samples whose merged path is partial
-    for code, cnt in zip(*np.unique(fr.reason[np.array(partial_s, dtype=bool)],
+    for code, cnt in zip(*np.unique(fr.reason[partial_mask],
                                     return_counts=True), strict=True):
         name = unwind.REASONS.get(int(code), "other")
         res.reasons[name] = res.reasons.get(name, 0) + int(cnt)
