@@ -17,8 +17,9 @@ import pytest
 
 import callpath
 from callpath.structure import store
-from callpath.structure.binary import PreparedModule, analyze_binary, read_debug
+from callpath.structure.binary import Debug, PreparedModule, analyze_binary, read_debug
 from callpath.structure.dwarf_lines import LineCache
+from callpath.structure.dwarf_units import UnitCache
 from callpath.structure.elf import open_elf
 from callpath.structure.model import Kind, Structure
 from callpath.structure.ondemand import ModuleRequest, structure_for
@@ -209,6 +210,55 @@ def test_dwarf_read_around_few_procedures_gives_whole_answer(
     assert decoded.lines.files == cached.lines.files
     assert decoded.lines.unit_files == cached.lines.unit_files
     assert len(kept._read()) < len(full.info.units)
+
+
+def _debug_rows(dbg: Debug) -> tuple[object, ...]:
+    """What a DWARF read found, field by field (an inlined record's origin is where its
+    name came from, not kept by the unit cache)."""
+    info = dbg.info
+    return (info.units, sorted(info.noreturn_names),
+            sorted((k, sorted(v)) for k, v in info.unit_noreturn.items()),
+            [(x.offset, x.ranges, x.decl_file, x.decl_line, x.noreturn, x.name, x.link_name)
+             for x in info.subprograms],
+            [(x.sub, x.parent, x.ranges, x.call_file, x.call_line, x.name)
+             for x in info.inlined])
+
+
+def test_kept_dwarf_units_give_what_a_walk_gives(library: tuple[Path, Structure],
+                                                 tmp_path: Path) -> None:
+    """The records of DWARF units kept between runs (``dwarf_units.UnitCache``): walked
+    whole the first time a unit is needed, a later read around other addresses takes from
+    them exactly what a walk limited to those addresses finds (the subtrees such a walk
+    skips left out), and a read of every unit through them equals the plain whole read."""
+    lib, _whole = library
+    mod = open_elf(lib)
+    try:
+        procs = procedures(mod)
+        probe = PreparedModule(mod, demangle_all=False,
+                               near=np.array([procs[len(procs) // 2].entry], np.uint64))
+        if not probe.partial:
+            pytest.skip(f"{lib.name} has no DWARF or no symbols here")
+        path = tmp_path / "lib.units.cpstruct"
+        rounds = [procs[3::251], procs[100::163], procs[7::97]]
+        for k, chosen in enumerate(rounds):
+            addrs = np.unique(np.array([p.entry for p in chosen], np.uint64))
+            prep = PreparedModule(mod, demangle_all=False, near=addrs)
+            spans = (prep.span_lo, prep.span_hi)
+            cache = UnitCache(path)
+            kept = read_debug(mod, spans, None, cache)
+            walked = cache._new  # the units this round walked (the others were kept)
+            cache.save()
+            plain = read_debug(mod, spans)
+            assert kept is not None and plain is not None
+            assert _debug_rows(kept) == _debug_rows(plain), k
+            if k:
+                assert len(walked) < len(plain.info.units), "every unit was walked again"
+        everything = read_debug(mod, None, None, UnitCache(path))
+        plain_all = read_debug(mod)
+    finally:
+        mod.close()
+    assert everything is not None and plain_all is not None
+    assert _debug_rows(everything) == _debug_rows(plain_all)
 
 
 def test_damaged_cache_entry_is_recomputed(library: tuple[Path, Structure],

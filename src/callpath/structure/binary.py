@@ -44,6 +44,7 @@ from callpath.structure.cfg import (
 from callpath.structure.demangle import demangle
 from callpath.structure.dwarf_info import DebugInfo, DwarfReader, Inlined
 from callpath.structure.dwarf_lines import LineCache, LineTable, decode_line_tables
+from callpath.structure.dwarf_units import UnitCache
 from callpath.structure.elf import ElfModule, find_debug_file, open_elf
 from callpath.structure.havlak import Loop, find_loops
 from callpath.structure.jump_tables import resolve_tables
@@ -76,13 +77,15 @@ def _empty_lines() -> LineTable:
 
 
 def read_debug(mod: ElfModule, near: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]
-               | None = None, line_cache: LineCache | None = None) -> Debug | None:
+               | None = None, line_cache: LineCache | None = None,
+               unit_cache: UnitCache | None = None) -> Debug | None:
     """DWARF lines and inlining of ``mod``, from itself or its separate debug file: of every
     unit, or, with ``near`` (sorted disjoint ``[lo, hi)`` address ranges), only of the units
     whose code meets them (and those of unknown extent), and in those only the subprograms
     whose code does: libpython's and libc's DWARF whole was seconds for a few hundred
     procedures. ``line_cache`` gives the units' line programs decoded by earlier runs and
-    receives those decoded here."""
+    receives those decoded here; ``unit_cache`` the same for the units' subprograms and
+    inlined code (:mod:`~callpath.structure.dwarf_units`)."""
     src: ElfModule | None = mod if mod.has_dwarf() else None
     opened: list[ElfModule] = []
     try:
@@ -121,11 +124,11 @@ def read_debug(mod: ElfModule, near: tuple[npt.NDArray[np.uint64], npt.NDArray[n
             sel = _overlaps(cu_lo, cu_hi, *near)
             only = set(cu_key[sel].tolist()) | set(unknown)
             reader.near = (near[0].tolist(), near[1].tolist())
-        units = reader.units(only)
+        units = reader.units(only, unit_cache)
         lines = decode_line_tables(get(".debug_line") or b"", units, path=src.path,
                                    debug_str=get(".debug_str"),
                                    debug_line_str=get(".debug_line_str"), cache=line_cache)
-        info = reader.read(lines.file_of, only)
+        info = reader.read(lines.file_of, only, unit_cache)
         return Debug(lines, info, src.path, cu_lo, cu_hi, cu_key)
     finally:
         for m in opened:
@@ -242,7 +245,8 @@ class PreparedModule:
     def __init__(self, mod: ElfModule, *, demangle_all: bool = True,
                  state: dict[str, npt.NDArray[Any]] | None = None,
                  near: npt.NDArray[np.uint64] | None = None,
-                 line_cache: LineCache | None = None) -> None:
+                 line_cache: LineCache | None = None,
+                 unit_cache: UnitCache | None = None) -> None:
         self.mod = mod
         #: read only the DWARF units that hold code near ``near`` (:meth:`covers`)
         self.partial = False
@@ -268,7 +272,7 @@ class PreparedModule:
                 around = _around(base.entry, np.unique(np.asarray(near, dtype=np.uint64)))
                 self.partial = True
                 self.span_lo, self.span_hi = around
-            dbg = read_debug(mod, around, line_cache)
+            dbg = read_debug(mod, around, line_cache, unit_cache)
             dwarf_entries = []
             if dbg is not None:
                 for s in dbg.info.subprograms:

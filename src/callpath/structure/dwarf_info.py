@@ -16,8 +16,14 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from callpath.errors import FormatError
+
+if TYPE_CHECKING:
+    from callpath.structure.dwarf_units import UnitCache, UnitRecords
 
 TAG_compile_unit = 0x11
 TAG_partial_unit = 0x3C
@@ -113,6 +119,16 @@ class DebugInfo:
     #: The same per unit (by the offset of its unit in the main file's ``.debug_info``): a
     #: call is taken as never returning where the caller's own unit says so.
     unit_noreturn: dict[int, set[str]] = field(default_factory=dict)
+
+
+@dataclass
+class _Recorder:
+    """What a whole walk of a unit notes for :mod:`~callpath.structure.dwarf_units`: each
+    subtree a limited walk may skip, ``(ranges, DIE offset, end offset)``, and the DIE
+    offset of each inlined record."""
+
+    skips: list[tuple[list[tuple[int, int]], int, int]] = field(default_factory=list)
+    inl_offs: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -550,13 +566,19 @@ class DwarfReader:
                             if length == 0xFFFFFFFF else length)
         return sec.unit_starts
 
-    def units(self, only: set[int] | None = None) -> list[tuple[int, str]]:
+    def units(self, only: set[int] | None = None, cache: UnitCache | None = None
+              ) -> list[tuple[int, str]]:
         """``(DW_AT_stmt_list, DW_AT_comp_dir)`` of every unit (or of the units at the
-        offsets ``only``), from the unit DIEs alone."""
+        offsets ``only``), from the unit DIEs alone (or ``cache``'s records of them)."""
         out: list[tuple[int, str]] = []
         sec = self.main
         for pos in self.unit_offsets():
             if only is not None and pos not in only:
+                continue
+            kept = cache.get(pos) if cache is not None else None
+            if kept is not None:
+                if kept.stmt >= 0:
+                    out.append((kept.stmt, kept.comp_dir))
                 continue
             u = _Unit(sec, pos)
             try:
@@ -607,16 +629,30 @@ class DwarfReader:
 
     # -- the walk --------------------------------------------------------------------------
 
-    def read(self, file_of: Callable[[int, int], int], only: set[int] | None = None
-             ) -> DebugInfo:
+    def read(self, file_of: Callable[[int, int], int], only: set[int] | None = None,
+             cache: UnitCache | None = None) -> DebugInfo:
         """Walk every unit (or the units at the offsets ``only``). ``file_of(stmt_list,
         index)`` maps a unit's file number to a global file id (the line tables are decoded
-        first, so their file tables are known)."""
+        first, so their file tables are known). With ``cache``, a unit is walked whole the
+        first time and its records kept there; what a walk limited to :attr:`near` would
+        find is then taken from them (:mod:`callpath.structure.dwarf_units`)."""
         out = DebugInfo()
         sec = self.main
+        walked_s: list[tuple[int, int]] = []  # spans of records whose names are to resolve
+        walked_i: list[tuple[int, int]] = []
         for pos in self.unit_offsets():
             if only is not None and pos not in only:
                 continue
+            if cache is not None:
+                kept = cache.get(pos)
+                if kept is None:
+                    kept = self._walk_whole(pos)
+                    if kept is not None:
+                        cache.put(pos, kept)
+                if kept is not None:
+                    self._add_kept(pos, kept, out, file_of)
+                    continue
+            s0, i0 = len(out.subprograms), len(out.inlined)
             u = _Unit(sec, pos)
             self._unit_cache[(0, pos)] = u
             try:
@@ -626,11 +662,80 @@ class DwarfReader:
                                   u.offset) from None
             if u.unit_type == 4 or (u.version < 5 and u.dwo_name_seen):
                 self._walk_split(u, out, file_of)  # a skeleton: the DIEs are in a .dwo file
-        for s in out.subprograms:
-            s.name, s.link_name = self.name_of(s.name_ref)
-        for i in out.inlined:
-            i.name = self.name_of(i.origin)[0]
+            walked_s.append((s0, len(out.subprograms)))
+            walked_i.append((i0, len(out.inlined)))
+        for a, b in walked_s:
+            for s in out.subprograms[a:b]:
+                s.name, s.link_name = self.name_of(s.name_ref)
+        for a, b in walked_i:
+            for i in out.inlined[a:b]:
+                i.name = self.name_of(i.origin)[0]
         return out
+
+    def _walk_whole(self, pos: int) -> UnitRecords | None:
+        """The records of the unit at ``pos``, walked whole, for the cache (None for a
+        skeleton unit, whose DIEs are in a ``.dwo`` file: not kept)."""
+        from callpath.structure.dwarf_units import records_of
+
+        u = _Unit(self.main, pos)
+        self._unit_cache[(0, pos)] = u
+        tmp = DebugInfo()
+        rec = _Recorder()
+        near, self.near = self.near, None
+        try:
+            self._walk_unit(u, tmp, lambda _stmt, index: index, rec=rec)
+        except IndexError:
+            raise FormatError(self.main.path, "truncated or corrupt DIE in .debug_info",
+                              u.offset) from None
+        finally:
+            self.near = near
+        if u.unit_type == 4 or (u.version < 5 and u.dwo_name_seen):
+            return None
+        stmt, comp_dir = tmp.units[0] if tmp.units else (-1, "")
+        sub_offs = [s.offset for s in tmp.subprograms]
+        subs = [(s.offset, s.ranges, *self.name_of(s.name_ref), s.decl_file, s.decl_line,
+                 s.noreturn) for s in tmp.subprograms]
+        inls = [(i.sub, i.parent, i.ranges, i.call_file, i.call_line,
+                 self.name_of(i.origin)[0]) for i in tmp.inlined]
+        skips = [(rng, bisect.bisect_left(sub_offs, d0), bisect.bisect_left(sub_offs, end),
+                  bisect.bisect_left(rec.inl_offs, d0), bisect.bisect_left(rec.inl_offs, end))
+                 for rng, d0, end in rec.skips]
+        return records_of(stmt, comp_dir, sorted(tmp.unit_noreturn.get(pos, set())),
+                          sorted(tmp.noreturn_names), subs, inls, skips)
+
+    def _add_kept(self, pos: int, kept: UnitRecords, out: DebugInfo,
+                  file_of: Callable[[int, int], int]) -> None:
+        """Add to ``out`` what a walk of the unit at ``pos`` limited to :attr:`near` finds,
+        from its records (file numbers mapped by ``file_of``)."""
+        stmt = kept.stmt
+        if stmt >= 0:
+            out.units.append((stmt, kept.comp_dir))
+        out.unit_noreturn.setdefault(pos, set()).update(kept.unit_noreturn)
+        out.noreturn_names.update(kept.noreturn)
+        ks, ki = kept.near(self.near)
+        c, names = kept.cols, kept.names
+
+        def file(f: int) -> int:
+            return file_of(stmt, f) if f >= 0 and stmt >= 0 else -1
+
+        first = len(out.subprograms)
+        sub_at = np.full(len(c["s_off"]), -1, dtype=np.int64)
+        sub_at[ks] = np.arange(first, first + len(ks))
+        for k, off, nm, ln, f, line, nr in zip(
+                ks.tolist(), c["s_off"][ks].tolist(), c["s_name"][ks].tolist(),
+                c["s_link"][ks].tolist(), c["s_file"][ks].tolist(), c["s_line"][ks].tolist(),
+                c["s_noret"][ks].tolist(), strict=True):
+            out.subprograms.append(Subprogram(off, kept.ranges("s", k), (0, off), file(f),
+                                              line, bool(nr), names[nm], names[ln]))
+        first = len(out.inlined)
+        inl_at = np.full(len(c["i_sub"]), -1, dtype=np.int64)
+        inl_at[ki] = np.arange(first, first + len(ki))
+        for k, sub, par, f, line, nm in zip(
+                ki.tolist(), sub_at[c["i_sub"][ki]].tolist(), c["i_parent"][ki].tolist(),
+                c["i_file"][ki].tolist(), c["i_line"][ki].tolist(), c["i_name"][ki].tolist(),
+                strict=True):
+            out.inlined.append(Inlined(sub, int(inl_at[par]) if par >= 0 else -1,
+                                       kept.ranges("i", k), (0, 0), file(f), line, names[nm]))
 
     def _walk_split(self, skel: _Unit, out: DebugInfo,
                     file_of: Callable[[int, int], int]) -> None:
@@ -685,7 +790,8 @@ class DwarfReader:
 
     def _walk_unit(self, u: _Unit, out: DebugInfo,
                    file_of: Callable[[int, int], int],
-                   stmt_of_skeleton: int | None = None, key: int | None = None) -> None:
+                   stmt_of_skeleton: int | None = None, key: int | None = None,
+                   rec: _Recorder | None = None) -> None:
         near = self.near
         d = u.sec.info
         unit_nr = out.unit_noreturn.setdefault(u.offset if key is None else key, set())
@@ -756,6 +862,12 @@ class DwarfReader:
                         if pos <= target <= end:
                             pos = target
                             continue
+                if rec is not None and ab.children:  # a subtree such a walk may skip
+                    sib = attrs.get(AT_sibling)
+                    if sib is not None and sib[0] in _REF_LOCAL:
+                        target = u.offset + int(sib[1])  # type: ignore[call-overload]
+                        if pos <= target <= end:
+                            rec.skips.append((rng, die_off, target))
                 if AT_declaration not in attrs:
                     if rng:
                         df = -1
@@ -778,6 +890,8 @@ class DwarfReader:
                     cl = int(attrs[AT_call_line][1]) if AT_call_line in attrs else 0  # type: ignore[call-overload]
                     origin = self._ref(u, alt, *attrs[AT_abstract_origin])
                     inls.append(Inlined(ctx[0], ctx[1], rng, origin, cf, cl))
+                    if rec is not None:
+                        rec.inl_offs.append(die_off)
                     new = (ctx[0], len(inls) - 1, ctx[2])
             if ab.children:
                 stack.append(ctx)

@@ -45,6 +45,7 @@ from callpath.structure.driver import (
     user_cache_dir,
 )
 from callpath.structure.dwarf_lines import LineCache
+from callpath.structure.dwarf_units import UnitCache
 from callpath.structure.model import Structure, StructureBuilder, concat_structures
 
 #: Bumped whenever the entry's layout changes (the analysis version is checked too).
@@ -153,11 +154,15 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
                 except (ValueError, KeyError, IndexError, TypeError, zlib.error):
                     pass  # a damaged entry: read the file
         lines = LineCache(_lines_path(req.state)) if req.state is not None else None
-        p = PreparedModule(mod, demangle_all=False, near=near, line_cache=lines)
+        units = UnitCache(_units_path(req.state)) if req.state is not None else None
+        p = PreparedModule(mod, demangle_all=False, near=near, line_cache=lines,
+                           unit_cache=units)
         if req.state is not None and not p.partial:
             store.save_arrays(req.state, _expect_state(), p.state())
-        if lines is not None and p.partial:  # a whole read keeps its state instead
+        if lines is not None and units is not None and p.partial:
+            # a whole read keeps its state instead
             lines.save()
+            units.save()
         return p
 
     def locate(entry: npt.NDArray[np.uint64], end: npt.NDArray[np.uint64]
@@ -221,6 +226,11 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
 def _lines_path(state: Path) -> Path:
     """Where a module's decoded line programs are kept: beside its state entry."""
     return state.with_name(state.name.replace(".prep.cpstruct", ".lines.cpstruct"))
+
+
+def _units_path(state: Path) -> Path:
+    """Where the records of a module's DWARF units are kept: beside its state entry."""
+    return state.with_name(state.name.replace(".prep.cpstruct", ".units.cpstruct"))
 
 
 def _merge(lo: npt.NDArray[np.uint64], hi: npt.NDArray[np.uint64],
