@@ -113,11 +113,15 @@ static void map_free(Map *m) {
 }
 
 /* ---- a session: the two maps and the frames written so far, in the order found ---- */
+typedef struct {  /* one frame, its fields together: finish() reads each frame once */
+    int64_t sample, depth, module, source;
+    uint64_t address;
+    uint8_t exact;
+} Frame;
+
 typedef struct {
     Map rows, recipes;
-    int64_t *sample, *depth, *module, *source;
-    uint64_t *address;
-    uint8_t *exact;
+    Frame *log;
     size_t n, cap;
 } Session;
 
@@ -126,8 +130,7 @@ static void session_free(PyObject *cap) {
     if (!s) return;
     map_free(&s->rows);
     map_free(&s->recipes);
-    free(s->sample); free(s->depth); free(s->module); free(s->source);
-    free(s->address); free(s->exact);
+    free(s->log);
     free(s);
 }
 
@@ -137,10 +140,9 @@ static Session *session_of(PyObject *cap) {
 
 static int log_grow(Session *s) {
     size_t cap = s->cap ? s->cap * 2 : 65536;
-#define GROW(f) do { void *p = realloc(s->f, cap * sizeof *s->f); if (!p) return -1; \
-                     s->f = p; } while (0)
-    GROW(sample); GROW(depth); GROW(module); GROW(source); GROW(address); GROW(exact);
-#undef GROW
+    Frame *p = realloc(s->log, cap * sizeof *p);
+    if (!p) return -1;
+    s->log = p;
     s->cap = cap;
     return 0;
 }
@@ -200,7 +202,11 @@ static int in_module(const Walk *w, uint64_t p) {
     return lo > 0 && q < w->ends[lo - 1] && p > 0;
 }
 
-static Py_ssize_t module_of(const Walk *w, uint64_t look) {
+static Py_ssize_t module_of(const Walk *w, uint64_t look, Py_ssize_t hint) {
+    /* the caller is often in the callee's module: searchsorted's answer if so, in 3 tests */
+    if (hint >= 0 && w->starts[hint] <= look && look < w->ends[hint]
+            && (hint + 1 == w->nm || w->starts[hint + 1] > look))
+        return hint;
     Py_ssize_t lo = 0, hi = w->nm;
     while (lo < hi) {
         Py_ssize_t mid = (lo + hi) / 2;
@@ -249,10 +255,12 @@ static void step(Walk *w, Py_ssize_t i, const int64_t *row, Step *o) {
     root |= st == 0 && ra == 0;
     for (int c = 0; c < NSAVED; c++) {
         int64_t rule = ru[c];
-        uint64_t addr = cfa + (uint64_t)ro[c], v;
-        int ok = load(w, i, addr, &v);
+        uint64_t addr = cfa + (uint64_t)ro[c], v = 0;
+        int ok = 0;
         int is_off = rule == RULE_OFFSET;
-        if (rule == RULE_AT_RBP) {  /* saved relative to the frame's own rbp */
+        if (is_off) {  /* (unwind.py reads the word of every rule; only these use it) */
+            ok = load(w, i, addr, &v);
+        } else if (rule == RULE_AT_RBP) {  /* saved relative to the frame's own rbp */
             addr = old_s[COL_RBP] + (uint64_t)ro[c];
             ok = load(w, i, addr, &v) && old_v[COL_RBP];
             is_off = 1;
@@ -272,13 +280,13 @@ static void step(Walk *w, Py_ssize_t i, const int64_t *row, Step *o) {
 static int emit(Session *s, Py_ssize_t i, int64_t d, int64_t m, uint64_t addr, uint8_t ex,
                 int64_t src) {
     if (s->n == s->cap && log_grow(s) < 0) return -1;
-    s->sample[s->n] = i;
-    s->depth[s->n] = d;
-    s->module[s->n] = m;
-    s->address[s->n] = addr;
-    s->exact[s->n] = ex;
-    s->source[s->n] = src;
-    s->n++;
+    Frame *f = &s->log[s->n++];
+    f->sample = i;
+    f->depth = d;
+    f->module = m;
+    f->address = addr;
+    f->exact = ex;
+    f->source = src;
     return 0;
 }
 
@@ -286,12 +294,14 @@ static int emit(Session *s, Py_ssize_t i, int64_t d, int64_t m, uint64_t addr, u
 
 /* Unwind sample i from its current frame until it ends or is parked. -1: out of memory. */
 static int walk_one(Session *se, Walk *w, Py_ssize_t i) {
+    Py_ssize_t hint = -1;
     for (;;) {
         int64_t d = w->nframes[i];
         uint64_t p = w->pc[i];
         uint8_t ex = w->exact[i];
         uint64_t look = p - (ex ? 0 : 1);
-        Py_ssize_t m = module_of(w, look);
+        Py_ssize_t m = module_of(w, look, hint);
+        hint = m;
         int inmod = m >= 0;
         int64_t bias = inmod ? w->bias[m] : 0;
         uint64_t link = inmod ? p + (uint64_t)bias : p;
@@ -548,49 +558,58 @@ static PyObject *finish(PyObject *self, PyObject *args) {
     uint8_t *o_x = o_a ? buf(&bs, t, 5, 1, 1, total, NULL) : NULL;
     int64_t *o_src = o_x ? buf(&bs, t, 6, 1, 8, total, NULL) : NULL;
     if (!o_src) { release(&bs); return NULL; }
-    int64_t maxd = 0, sum = 0;
+    int64_t sum = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (nf[i] < 0 || nf[i] > MAX_DEPTH) { sum = -1; break; }
         sum += nf[i];
-        if (nf[i] > maxd) maxd = nf[i];
     }
     if (sum != total) {
         release(&bs);
         PyErr_SetString(PyExc_ValueError, "finish: frame counts do not match the frames");
         return NULL;
     }
-    int64_t *start = calloc((size_t)maxd + 1, sizeof *start);
+    /* at[base[i] + d]: where sample i's frame d is in the log (sample-major) */
     int64_t *base = malloc(((size_t)n + 1) * sizeof *base);
-    int64_t *dest = malloc(((size_t)total + 1) * sizeof *dest);
-    if (!start || !base || !dest) {
-        free(start); free(base); free(dest);
+    int64_t *at = malloc(((size_t)total + 1) * sizeof *at);
+    Py_ssize_t *alive = malloc(((size_t)n + 1) * sizeof *alive);
+    if (!base || !at || !alive) {
+        free(base); free(at); free(alive);
         release(&bs);
         return PyErr_NoMemory();
     }
-    /* start[d]: the first frame of depth d (samples with more than d frames come before) */
-    for (Py_ssize_t i = 0; i < n; i++)
-        for (int64_t d = 0; d < nf[i]; d++) start[d + 1]++;
-    for (int64_t d = 1; d <= maxd; d++) start[d] += start[d - 1];
-    /* dest of sample i's frame d, at base[i] + d; the samples in order within each depth */
+    memset(at, 0xff, ((size_t)total + 1) * sizeof *at);  /* -1: no frame there yet */
     int64_t b = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         base[i] = b;
-        for (int64_t d = 0; d < nf[i]; d++) dest[b + d] = start[d]++;
         b += nf[i];
     }
     int bad = 0;
     for (size_t k = 0; k < se->n; k++) {
-        int64_t i = se->sample[k], d = se->depth[k];
-        if (i < 0 || i >= n || d < 0 || d >= nf[i]) { bad = 1; break; }
-        int64_t j = dest[base[i] + d];
-        o_s[j] = i;
-        o_d[j] = d;
-        o_m[j] = se->module[k];
-        o_a[j] = se->address[k];
-        o_x[j] = se->exact[k];
-        o_src[j] = se->source[k];
+        int64_t i = se->log[k].sample, d = se->log[k].depth;
+        if (i < 0 || i >= n || d < 0 || d >= nf[i] || at[base[i] + d] >= 0) { bad = 1; break; }
+        at[base[i] + d] = (int64_t)k;
     }
-    free(start); free(base); free(dest);
+    /* depth by depth, the samples that reach it in order (as unwind.py's active set) */
+    Py_ssize_t na = 0, j = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (nf[i] > 0) alive[na++] = i;
+    for (int64_t d = 0; !bad && na; d++) {
+        Py_ssize_t keep = 0;
+        for (Py_ssize_t a = 0; a < na; a++) {
+            Py_ssize_t i = alive[a];
+            const Frame *f = &se->log[at[base[i] + d]];
+            o_s[j] = i;
+            o_d[j] = d;
+            o_m[j] = f->module;
+            o_a[j] = f->address;
+            o_x[j] = f->exact;
+            o_src[j] = f->source;
+            j++;
+            if (nf[i] > d + 1) alive[keep++] = i;
+        }
+        na = keep;
+    }
+    free(base); free(at); free(alive);
     release(&bs);
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "finish: a frame outside its sample's count");

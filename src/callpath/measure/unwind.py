@@ -223,7 +223,8 @@ def _fileless_c(a: I64, depth: int, want_m: I64, reason: I64, status: npt.NDArra
     status[a] = _ST_DONE
     deep = ac[nframes[ac] >= MAX_DEPTH]
     reason[deep] = PARTIAL_DEPTH
-    return ac[nframes[ac] < MAX_DEPTH]
+    go_on: I64 = ac[nframes[ac] < MAX_DEPTH]
+    return go_on
 
 
 def unwind_numpy(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64,
