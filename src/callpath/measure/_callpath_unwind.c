@@ -42,8 +42,12 @@ static const int greg[NSAVED + 2] = {11, 10, 4, 5, 6, 7, 15, 16};
 
 /* ---- (file id, pc) key -> row contents: open addressing, values in a dense array ---- */
 typedef struct {
-    uint64_t *keys;
-    int64_t *slot;   /* value index + 1, 0 for an empty slot */
+    uint64_t key;
+    int64_t val;     /* value index + 1, 0 for an empty slot */
+} Slot;
+
+typedef struct {
+    Slot *slot;      /* key and value index side by side: one cache line per probe */
     size_t cap;      /* a power of two */
     int64_t *vals;   /* NVAL per entry */
     size_t n, vcap;
@@ -59,26 +63,22 @@ static size_t hash(uint64_t k) {
 static const int64_t *map_get(const Map *m, uint64_t key) {
     if (!m->cap) return NULL;
     for (size_t i = hash(key) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
-        if (!m->slot[i]) return NULL;
-        if (m->keys[i] == key) return m->vals + (size_t)(m->slot[i] - 1) * NVAL;
+        if (!m->slot[i].val) return NULL;
+        if (m->slot[i].key == key) return m->vals + (size_t)(m->slot[i].val - 1) * NVAL;
     }
 }
 
 static int map_grow(Map *m) {
     size_t cap = m->cap ? m->cap * 2 : 1024;
-    uint64_t *keys = calloc(cap, sizeof *keys);
-    int64_t *slot = calloc(cap, sizeof *slot);
-    if (!keys || !slot) { free(keys); free(slot); return -1; }
+    Slot *slot = calloc(cap, sizeof *slot);
+    if (!slot) return -1;
     for (size_t i = 0; i < m->cap; i++) {
-        if (!m->slot[i]) continue;
-        size_t j = hash(m->keys[i]) & (cap - 1);
-        while (slot[j]) j = (j + 1) & (cap - 1);
-        keys[j] = m->keys[i];
+        if (!m->slot[i].val) continue;
+        size_t j = hash(m->slot[i].key) & (cap - 1);
+        while (slot[j].val) j = (j + 1) & (cap - 1);
         slot[j] = m->slot[i];
     }
-    free(m->keys);
     free(m->slot);
-    m->keys = keys;
     m->slot = slot;
     m->cap = cap;
     return 0;
@@ -87,10 +87,8 @@ static int map_grow(Map *m) {
 static int map_put(Map *m, uint64_t key, const int64_t *val) {
     if ((m->n + 1) * 2 > m->cap && map_grow(m) < 0) return -1;
     size_t i = hash(key) & (m->cap - 1);
-    while (m->slot[i]) {
-        if (m->keys[i] == key) {  /* the same key again: keep the first contents */
-            return 0;
-        }
+    while (m->slot[i].val) {
+        if (m->slot[i].key == key) return 0;  /* the same key again: the first contents */
         i = (i + 1) & (m->cap - 1);
     }
     if (m->n == m->vcap) {
@@ -101,21 +99,22 @@ static int map_put(Map *m, uint64_t key, const int64_t *val) {
         m->vcap = vcap;
     }
     memcpy(m->vals + m->n * NVAL, val, NVAL * sizeof *val);
-    m->keys[i] = key;
-    m->slot[i] = (int64_t)++m->n;
+    m->slot[i].key = key;
+    m->slot[i].val = (int64_t)++m->n;
     return 0;
 }
 
 static void map_free(Map *m) {
-    free(m->keys);
     free(m->slot);
     free(m->vals);
 }
 
 /* ---- a session: the two maps and the frames written so far, in the order found ---- */
-typedef struct {  /* one frame, its fields together: finish() reads each frame once */
-    int64_t sample, depth, module, source;
+typedef struct {  /* one frame, its fields together in 24 bytes: finish() reads it once */
     uint64_t address;
+    int32_t sample, module;
+    int16_t depth;   /* < MAX_DEPTH */
+    int8_t source;   /* cfi.SRC_* */
     uint8_t exact;
 } Frame;
 
@@ -190,18 +189,8 @@ static int load(Walk *w, Py_ssize_t i, uint64_t addr, uint64_t *out) {
     return ok;
 }
 
-/* unwind.py's in_module(): whether a return address follows a call in a mapped module */
-static int in_module(const Walk *w, uint64_t p) {
-    if (!w->nm) return 0;
-    uint64_t q = p - 1;
-    Py_ssize_t lo = 0, hi = w->nm;  /* searchsorted(starts, q, "right") */
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        if (w->starts[mid] <= q) lo = mid + 1; else hi = mid;
-    }
-    return lo > 0 && q < w->ends[lo - 1] && p > 0;
-}
-
+/* The mapping holding look (-1: none), as unwind.py finds it (searchsorted(starts, look,
+ * "right") - 1, then look < its end); hint, the mapping of the frame below, is tried first. */
 static Py_ssize_t module_of(const Walk *w, uint64_t look, Py_ssize_t hint) {
     /* the caller is often in the callee's module: searchsorted's answer if so, in 3 tests */
     if (hint >= 0 && w->starts[hint] <= look && look < w->ends[hint]
@@ -213,6 +202,12 @@ static Py_ssize_t module_of(const Walk *w, uint64_t look, Py_ssize_t hint) {
         if (w->starts[mid] <= look) lo = mid + 1; else hi = mid;
     }
     return lo > 0 && look < w->ends[lo - 1] ? lo - 1 : -1;
+}
+
+/* unwind.py's in_module(): whether a return address follows a call in a mapped module (its
+ * pc - 1 in one: the caller's own lookup, when it is not exact) */
+static int in_module(const Walk *w, uint64_t p, Py_ssize_t hint) {
+    return p > 0 && module_of(w, p - 1, hint) >= 0;
 }
 
 typedef struct {
@@ -281,12 +276,12 @@ static int emit(Session *s, Py_ssize_t i, int64_t d, int64_t m, uint64_t addr, u
                 int64_t src) {
     if (s->n == s->cap && log_grow(s) < 0) return -1;
     Frame *f = &s->log[s->n++];
-    f->sample = i;
-    f->depth = d;
-    f->module = m;
+    f->sample = (int32_t)i;
+    f->depth = (int16_t)d;
+    f->module = (int32_t)m;
     f->address = addr;
     f->exact = ex;
-    f->source = src;
+    f->source = (int8_t)src;
     return 0;
 }
 
@@ -332,7 +327,7 @@ static int walk_one(Session *se, Walk *w, Py_ssize_t i) {
         if (stop == 0 && (kind == KIND_CFA || kind == KIND_CFA_DEREF)) {
             step(w, i, row, &o);
             if (w->recipes && src == SRC_CFI && o.st != PARTIAL_STACK
-                    && (o.st != 0 || (!o.root && !in_module(w, o.pc)))) {
+                    && (o.st != 0 || (!o.root && !in_module(w, o.pc, m)))) {
                 /* CFI that finds no return address in any module: the recipe's frame */
                 const int64_t *rr = map_get(&se->recipes, key);
                 if (!rr) {
@@ -344,7 +339,7 @@ static int walk_one(Session *se, Walk *w, Py_ssize_t i) {
                 if (rr[0] != KIND_NONE) {
                     Step o2;
                     step(w, i, rr, &o2);
-                    if (o2.st == 0 && (o2.root || in_module(w, o2.pc))) {
+                    if (o2.st == 0 && (o2.root || in_module(w, o2.pc, m))) {
                         o = o2;
                         src = SRC_RECIPE_FIX;
                     }
@@ -506,6 +501,10 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             && (w.bias = buf(&bs, ro, 9, 0, 8, w.nm, NULL)) != NULL
             && (w.fids = buf(&bs, ro, 10, 0, 8, w.nm, NULL)) != NULL
             && (w.noelf = buf(&bs, ro, 11, 0, 1, w.nm, NULL)) != NULL;
+    }
+    if (ok && (n > INT32_MAX || w.nm > INT32_MAX)) {  /* (Frame's 32-bit fields) */
+        PyErr_SetString(PyExc_ValueError, "walk: more than 2**31 samples or mappings");
+        ok = 0;
     }
     w.high = high;
     w.recipes = recipes;
