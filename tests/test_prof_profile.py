@@ -83,3 +83,38 @@ def test_profile_leaves_no_empty_database_when_nothing_was_measured(tmp_path: Pa
                 sys.executable, str(tmp_path / "missing.py"))
     assert r.returncode != 0 and "no execution contexts" in r.stderr, r.stderr
     assert not (tmp_path / "d").exists() and (tmp_path / "m" / "measurement.json").exists()
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_ctrl_c_ends_the_program_and_profile_writes_its_database(tmp_path: Path,
+                                                                 native: bool) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group) ends the program; profile then writes
+    the database and prints the report of what was measured, as ``perf record`` does, and
+    exits with the program's status (130). Before, profile itself died of the interrupt and
+    killed the launcher a quarter of a second later: no database, and a ``--native`` merge
+    cut short."""
+    import os
+    import signal
+
+    from conftest import interruptible, kill_group
+
+    meas, db = tmp_path / "m", tmp_path / "d"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
+    prog = ROOT / "tests" / "python_programs" / "ending.py"
+    p = subprocess.Popen([sys.executable, "-m", "callpath", "profile", "-m", str(meas),
+                          "-o", str(db), *(["--native"] if native else []), "--", str(prog),
+                          "wait"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True, preexec_fn=interruptible)
+    try:
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "ready"
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        kill_group(p)
+    assert p.returncode == 130, err
+    assert "interrupted" not in err and f"callpath view {db}" in out, err
+    assert "» work" in out  # the report of the measured program
+    exp = _check(meas, db)
+    assert find(exp, NodeKind.FUNCTION, name="work")

@@ -245,6 +245,24 @@ def test_sources_are_copied(tmp_path: Path) -> None:
     assert d.files[0].path == str(srcdir / "a.c") and not d.files[0].copied
 
 
+def test_a_source_that_cannot_be_copied_fails_the_write_and_leaves_no_database(
+        tmp_path: Path) -> None:
+    """A copy that fails (the directory for it is taken by a file) is one error naming
+    that path, and no database file or temporary file is left."""
+    srcdir = tmp_path / "sources"
+    srcdir.mkdir()
+    (srcdir / "a.c").write_text("int main(void) { return 0; }\n")
+    out = tmp_path / "db.d"
+    blocker = out / ("src" + str(srcdir))
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("not a directory")
+    with pytest.raises(CallpathError, match="cannot write the database") as e:
+        write_v4(small_experiment(srcdir), out)
+    assert str(blocker) in str(e.value)
+    left = sorted(p.name for p in out.iterdir())
+    assert not [n for n in left if n.endswith((".db", ".tmp"))], left
+
+
 def test_overwrite_in_place(tmp_path: Path) -> None:
     """Writing an experiment back into the directory it was read from (values still mapped
     from the old files) works: files are replaced only when all new ones are complete."""

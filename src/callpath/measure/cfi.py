@@ -126,6 +126,9 @@ class RowCache:
         #: that a pc no run has seen in a function some run has seen costs no CFI decoding
         #: (each run of a PyTorch loop samples new pcs in the same MKL kernels)
         self._ivals: dict[str, _Intervals] = {}
+        #: per module path: the entry's (inode, size, mtime) when read; ``save`` merges what
+        #: the file holds only when another process replaced it since
+        self._seen: dict[str, tuple[int, int, int] | None] = {}
 
     def _expect(self) -> dict[str, object]:
         return {"format": _ROWS_FORMAT, "version": ROWS_VERSION, "mode": self.mode}
@@ -173,6 +176,7 @@ class RowCache:
             return got
         file = self._file(elf)
         ivals = self._ivals[elf.path] = _Intervals()
+        self._seen[elf.path] = _identity(file)
         src, rec = self._read(file, ivals)
         got = self._mods[elf.path] = (file, src, rec, [False])
         return got
@@ -218,11 +222,12 @@ class RowCache:
             if not new[0]:
                 continue
             ivals = self._ivals[path]
-            disk_src, disk_rec = self._read(file, ivals)
-            for k, v in disk_src.items():
-                src.setdefault(k, v)
-            for k, r in disk_rec.items():
-                rec.setdefault(k, r)
+            if _identity(file) != self._seen.get(path):
+                disk_src, disk_rec = self._read(file, ivals)
+                for k, v in disk_src.items():
+                    src.setdefault(k, v)
+                for k, r in disk_rec.items():
+                    rec.setdefault(k, r)
             pcs = sorted(src)
             rpcs = sorted(rec)
             store.save_arrays(file, self._expect(), {
@@ -235,6 +240,17 @@ class RowCache:
                 "ihi": np.array(ivals.hi, dtype=np.uint64),
                 "irows": np.array(ivals.key, dtype=np.int64).reshape(-1)})
             new[0] = False
+            self._seen[path] = _identity(file)
+
+
+def _identity(file: Path) -> tuple[int, int, int] | None:
+    """A file's (inode, size, modification time), None where it does not exist: entries are
+    replaced by a rename, so an unchanged identity means no other process wrote one."""
+    try:
+        st = file.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 class _Intervals:

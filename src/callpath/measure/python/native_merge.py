@@ -238,26 +238,54 @@ def _eval_frames(fr: unwind.Frames, mm: unwind.ModuleMap,
     """Which unwound frames are activations of CPython's evaluation loop, and which are its
     ``take_gil`` (a thread waiting for the GIL): by the ranges of those symbols in each
     module (``forwarding.named_ranges``, kept per module by ``cache``)."""
+    if not len(fr.module):
+        return np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
     ok = fr.module >= 0
     addr = fr.address.astype(np.int64) - (~fr.exact).astype(np.int64)
     key = np.where(ok, (fr.module << 48) | (addr & ((1 << 48) - 1)), -1)
     uk, inv = np.unique(key, return_inverse=True)
-    is_eval = np.zeros(len(uk), dtype=bool)
-    is_gil = np.zeros(len(uk), dtype=bool)
-    um, ua = uk >> 48, (uk & ((1 << 48) - 1)).astype(np.uint64)
-    for mod in np.unique(um[uk >= 0]).tolist():
+    um = np.where(uk >= 0, uk >> 48, -1)
+    is_eval, is_gil = _eval_ranges(um, (uk & ((1 << 48) - 1)).astype(np.uint64), mm, cache)
+    return is_eval[inv.reshape(-1)], is_gil[inv.reshape(-1)]
+
+
+def _eval_ranges(module: npt.NDArray[np.int64], lookup: npt.NDArray[np.uint64],
+                 mm: unwind.ModuleMap, cache: forwarding.ForwardCache | None
+                 ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """Whether each (module, link-time address looked up) lies in the evaluation loop, and
+    whether in ``take_gil`` (module -1: in neither)."""
+    is_eval = np.zeros(len(module), dtype=bool)
+    is_gil = np.zeros(len(module), dtype=bool)
+    for mod in np.unique(module[module >= 0]).tolist():
         elf = mm.elves[mod]
         if elf is None:
             continue
         got = cache.named_ranges(elf) if cache is not None else forwarding.named_ranges(elf)
         if not (len(got["eval"][0]) or len(got["gil"][0])):
             continue
-        sel = np.nonzero(um == mod)[0]
-        is_eval[sel] = forwarding.in_ranges(ua[sel], got["eval"])
-        is_gil[sel] = forwarding.in_ranges(ua[sel], got["gil"])
-    if not len(key):
-        return np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
-    return is_eval[inv.reshape(-1)], is_gil[inv.reshape(-1)]
+        sel = np.nonzero(module == mod)[0]
+        is_eval[sel] = forwarding.in_ranges(lookup[sel], got["eval"])
+        is_gil[sel] = forwarding.in_ranges(lookup[sel], got["gil"])
+    return is_eval, is_gil
+
+
+def _native_ids(fr: unwind.Frames) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                                            npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """Each frame's index among the distinct (module, address, exact) of all frames, and
+    those distinct frames' module (-1: in none; the address is then the raw pc), address and
+    exactness. One sort of one packed integer per frame where the values fit in 63 bits (a
+    lexsort of the three columns over a PyTorch loop's half a million frames took 0.1 s)."""
+    mod, addr = fr.module, fr.address
+    if len(mod) and int(mod.max()) < (1 << 13) and int(addr.max()) < (1 << 48):
+        key = ((mod + 1) << 49) | (addr.astype(np.int64) << 1) | fr.exact.astype(np.int64)
+        uk, inv = np.unique(key, return_inverse=True)
+        return (inv.reshape(-1).astype(np.int64), (uk >> 49) - 1,
+                (uk >> 1) & ((1 << 48) - 1), (uk & 1).astype(bool))
+    rows = np.stack([mod, addr.astype(np.int64), fr.exact.astype(np.int64)], axis=1)
+    ids = _row_ids(rows)
+    urows = np.zeros((int(ids.max()) + 1 if len(ids) else 0, 3), dtype=np.int64)
+    urows[ids] = rows
+    return ids, urows[:, 0], urows[:, 1], urows[:, 2].astype(bool)
 
 
 def mark_gil_wait(path: list[Key], gil: frozenset[tuple[int, int]]) -> list[Key]:
@@ -562,9 +590,13 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False,
     if on_frames is not None:
         on_frames(mods, fr.module, fr.address, fr.exact)
     fwd_cache = _forward_cache()
-    is_eval, is_gil = _eval_frames(fr, mm, fwd_cache)
-    gil = frozenset(zip(fr.module[is_gil].tolist(), fr.address[is_gil].astype(np.int64).tolist(),
-                        strict=True))
+    # one small integer per distinct native frame: a sample's frames as the bytes of a slice
+    # of these are the key of its merged path (a tuple of tuples built per sample cost more
+    # than the merge it saved); the evaluation loop's frames found per distinct frame
+    frame_ids, umod, uaddr, uexact = _native_ids(fr)
+    ueval, ugil = _eval_ranges(umod, (uaddr - (~uexact)).astype(np.uint64), mm, fwd_cache)
+    is_eval = ueval[frame_ids]
+    gil = frozenset(zip(umod[ugil].tolist(), uaddr[ugil].tolist(), strict=True))
     if int(rec.npy.sum()) and not is_eval.any():
         # no activation of the evaluation loop named in any native stack (a stripped or
         # unknown interpreter build): nothing says where the Python frames belong
@@ -574,39 +606,39 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False,
         notes_path.unlink()
         return res
     # the interpreter's modules: those that hold its evaluation loop; the profiler's own
-    interpreter = frozenset(int(m) for m in np.unique(fr.module[is_eval]).tolist() if m >= 0)
+    interpreter = frozenset(int(m) for m in np.unique(umod[ueval]).tolist() if m >= 0)
     own_modules = frozenset(m.index for m in mods
                             if os.path.basename(m.path).startswith(OWN_MODULES))
     own_codes = frozenset(i for i, c in enumerate(proc.pycode) if own_code(c.file))
     forwards = Forwarding(mm, fwd_cache)
-    # native frames per sample, leaf first
-    order = np.lexsort((fr.depth, fr.sample))
-    fs = fr.sample[order]
-    bounds = np.searchsorted(fs, np.arange(n + 1))
+    # native frames per sample, leaf first: each sample's frames are depths 0 .. nframes-1,
+    # so a frame's place is its sample's first place plus its depth (no sort)
+    bounds = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(fr.nframes, out=bounds[1:])
+    order = np.empty(len(fr.sample), dtype=np.int64)
+    order[bounds[fr.sample] + fr.depth] = np.arange(len(fr.sample), dtype=np.int64)
     feval = is_eval[order].tolist()
     complete = fr.complete.tolist()
     # Python frames per sample, grouped by evaluation activation
     ps, pci, pline, pentry, pinc = _python_frames(rec, notes, proc.pycode)
     pbounds = np.searchsorted(ps, np.arange(n + 1))
-    pkeys = [(_PYTHON, c, ln, 0) if c >= 0 else (_UNKNOWN, -1, ln, 0)
-             for c, ln in zip(pci.tolist(), pline.tolist(), strict=True)]
-    pentry_l, pinc_l = pentry.tolist(), pinc.tolist()
-    # one small integer per distinct native frame and per distinct Python frame record: a
-    # sample's frames as the bytes of a slice of these are the key of its merged path (a
-    # tuple of tuples built per sample cost more than the merge it saved)
-    nat_rows = np.stack([np.where(fr.module >= 0, _NATIVE, _UNKNOWN), fr.module,
-                         fr.address.astype(np.int64), fr.exact.astype(np.int64)], axis=1)[order]
-    nat_ids = _row_ids(nat_rows)
+    py_rows = np.stack([pci, pline, pentry, pinc], axis=1)
+    py_ids = _row_ids(py_rows)
+    # each distinct Python frame record's (key, is_entry, incomplete) made once
+    upy = np.zeros((int(py_ids.max()) + 1 if len(py_ids) else 0, 4), dtype=np.int64)
+    upy[py_ids] = py_rows
+    uitems = [((_PYTHON, c, ln, 0) if c >= 0 else (_UNKNOWN, -1, ln, 0), e, i)
+              for c, ln, e, i in upy.tolist()]
+    pitems = list(map(uitems.__getitem__, py_ids.tolist()))
+    nat_ids = frame_ids[order]
     # each distinct native frame's key made once, and every frame a reference to it: a
     # sample's native keys are then a slice of ``fkeys`` (a copy in C), not a tuple built
     # per frame
-    urows = np.zeros((int(nat_ids.max()) + 1 if len(nat_ids) else 0, 4), dtype=np.int64)
-    urows[nat_ids] = nat_rows
     exact_flag = int(md.NodeFlag.EXACT_PC)
-    ukeys = [(k, m, a, exact_flag if x else 0) for k, m, a, x in urows.tolist()]
+    ukeys = [(_NATIVE if m >= 0 else _UNKNOWN, m, a, exact_flag if x else 0)
+             for m, a, x in zip(umod.tolist(), uaddr.tolist(), uexact.tolist(), strict=True)]
     fkeys = list(map(ukeys.__getitem__, nat_ids.tolist()))
     classes = PathClasses(interpreter, own_modules, own_codes)
-    py_ids = _row_ids(np.stack([pci, pline, pentry, pinc], axis=1))
     # weights: per thread, the time and CPU time since its previous sample
     period = int(notes["start"].get("period_ns", 1_000_000))
     order_t = np.lexsort((rec.time, rec.tid))
@@ -619,12 +651,11 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False,
     cpu_of = np.empty(n, dtype=np.int64)
     wall_of[order_t] = wall
     cpu_of[order_t] = np.maximum(cpu, 0)
-    idle = (cpu_of * IDLE_CPU_SHARE < wall_of).tolist()
+    idle_a = cpu_of * IDLE_CPU_SHARE < wall_of
     # threads: the main thread first, then in order of their first sample
     main_tid = int(notes["start"].get("main_tid", proc.pid))
     tids_by_first = [int(t) for t in tid_sorted[first][np.argsort(t_sorted[first])].tolist()]
     tids = [main_tid] + [t for t in tids_by_first if t != main_tid]
-    slot_of = {t: i for i, t in enumerate(tids)}
     names = {int(t.info.get("tid", -1)): str(t.info.get("name", "")) for t in proc.threads}
     for tid, comm in notes["comm"].items():  # native-only threads: the kernel's name
         if not names.get(tid):
@@ -633,18 +664,13 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False,
     nodes: list[list[tuple[int, Key]]] = [[] for _ in tids]
     stats = [{"samples": 0, "idle_samples": 0, "cpu_time_ns": 0, "wall_time_ns": 0,
               "partial": 0, "unmatched": 0, "python_samples": 0} for _ in tids]
-    path_memo: dict[tuple[Any, ...], tuple[list[Key], str, bool]] = {}
 
     def fresh(s: int) -> tuple[list[Key], str, bool]:
         """Sample ``s``'s merged path, its state and whether it has Python frames."""
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         plo, phi = int(pbounds[s]), int(pbounds[s + 1])
-        memo_key = (nat_ids[lo:hi].tobytes(), py_ids[plo:phi].tobytes(), complete[s])
-        got = path_memo.get(memo_key)
-        if got is not None:
-            return got
         groups: list[list[Key]] = [[]]
-        for key, entry, inc in zip(pkeys[plo:phi], pentry_l[plo:phi], pinc_l[plo:phi], strict=True):
+        for key, entry, inc in pitems[plo:phi]:
             if not inc:
                 groups[-1].append(key)
             if entry:
@@ -663,65 +689,92 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False,
             path = mark_gil_wait(path, gil)
         path = readable_path(path, interpreter, own_modules, own_codes, keep_interpreter,
                              forwards, forwards.through_pointer, classes)
-        got = path_memo[memo_key] = (path, state, phi > plo)
-        return got
+        return path, state, phi > plo
 
-    tid_l = rec.tid.tolist()
-    repeat = ((rec.flags & REPEAT) != 0).tolist()
-    previous: dict[int, tuple[list[Key], str, bool]] = {}  # per thread: its last sample's
-    leaf_memo: dict[tuple[int, int, bool], int] = {}
-    partial_s = [False] * n
+    # samples with the same frames (native ids, Python records, completeness) have the same
+    # merged path: one class per distinct frames, its path made once (a PyTorch loop's 26k
+    # samples have ~4k); a repeat sample (the thread has not run since its previous sample:
+    # same pc and sp, no CPU time, the record did not copy the stack again) takes the class
+    # of its thread's last sample that was not a repeat, and is lost without one
+    repeat = (rec.flags & REPEAT) != 0
+    fresh_s = np.flatnonzero(~repeat)
+    nb, pb = nat_ids.tobytes(), py_ids.tobytes()
+    b8, p8 = (bounds * 8).tolist(), (pbounds * 8).tolist()
+    first_of: dict[tuple[bytes, bytes, bool], int] = {}
+    cls_fresh = [first_of.setdefault((nb[b8[i]:b8[i + 1]], pb[p8[i]:p8[i + 1]], complete[i]),
+                                     len(first_of)) for i in fresh_s.tolist()]
+    cls = np.full(n, -1, dtype=np.int64)
+    cls[fresh_s] = cls_fresh
+    by_thread = np.argsort(rec.tid, kind="stable")
+    start_t = np.ones(n, dtype=bool)
+    start_t[1:] = rec.tid[by_thread][1:] != rec.tid[by_thread][:-1]
+    group_start = np.maximum.accumulate(np.where(start_t, np.arange(n), 0))
+    last_fresh = np.maximum.accumulate(np.where(~repeat[by_thread], np.arange(n), -1))
+    found = last_fresh >= group_start
+    took = np.full(n, -1, dtype=np.int64)
+    took[by_thread[found]] = cls[by_thread[last_fresh[found]]]
+    res.lost += int((took < 0).sum())
+    # each class's path from its first sample
+    reps = np.full(len(first_of), -1, dtype=np.int64)
+    reps[np.array(cls_fresh, dtype=np.int64)[::-1]] = fresh_s[::-1]
+    state_code = {"": 0, "partial": 1, "unmatched": 2}
+    paths: list[list[Key]] = []
+    cstate = np.zeros(len(reps), dtype=np.int64)
+    cpython = np.zeros(len(reps), dtype=bool)
+    cempty = np.zeros(len(reps), dtype=bool)
+    for c, r in enumerate(reps.tolist()):
+        path, state, has_python = fresh(r)
+        paths.append(path)
+        cstate[c] = state_code[state]
+        cpython[c] = has_python
+        cempty[c] = not path
+    ok = took >= 0
+    hidden = ok.copy()
+    hidden[ok] = cempty[took[ok]]  # the profiler's own code only (its flush, its exit)
+    res.hidden += int(hidden.sum())
+    kept = np.flatnonzero(ok & ~hidden)
+    partial_mask = np.zeros(n, dtype=bool)
+    partial_mask[fresh_s] = (cstate[cls[fresh_s]] == 1) & ~np.array(complete, dtype=bool)[fresh_s]
     # per sample: its thread's slot and leaf node (-1: lost or hidden), its state (1
     # partial, 2 unmatched) and whether it has Python frames; the counts, the statistics
-    # and the traces are then sums over these arrays, not a dictionary step per sample
-    slot_s = [-1] * n
-    node_s = [-1] * n
-    state_s = [0] * n
-    python_s = [False] * n
-    state_code = {"": 0, "partial": 1, "unmatched": 2}
-    for s in range(n):
-        if repeat[s]:
-            # the thread has not run since its previous sample (same pc and sp, no CPU time):
-            # that sample's path, which the record did not copy again
-            got = previous.get(tid_l[s])
-            if got is None:
-                res.lost += 1
-                continue
-        else:
-            got = previous[tid_l[s]] = fresh(s)
-            partial_s[s] = got[1] == "partial" and not complete[s]
-        path, state, has_python = got
-        if not path:  # the profiler's own code only (its flush, its exit): never shown
-            res.hidden += 1
-            continue
-        th = slot_of[tid_l[s]]
-        # the same path (the memo's own list) inserted again ends at the same node
-        leaf_key = (th, id(path), idle[s])
-        node = leaf_memo.get(leaf_key, -1)
-        if node < 0:
-            tree, nl = trees[th], nodes[th]
-            node = 0
-            last = len(path) - 1
-            for d, key in enumerate(path):
-                if d == last and idle[s]:
-                    key = (key[0], key[1], key[2], key[3] | md.NodeFlag.IDLE)
-                child = tree.get((node, key))
-                if child is None:
-                    child = len(nl) + 1
-                    tree[(node, key)] = child
-                    nl.append((node, key))
-                node = child
-            leaf_memo[leaf_key] = node
-        slot_s[s] = th
-        node_s[s] = node
-        state_s[s] = state_code[state]
-        python_s[s] = has_python
-    counts, traces = _sums(tids, stats, np.array(slot_s, dtype=np.int64),
-                           np.array(node_s, dtype=np.int64), np.array(state_s, dtype=np.int64),
-                           np.array(python_s, dtype=bool), np.array(idle, dtype=bool),
+    # and the traces are sums over these arrays
+    tid_order = np.array(tids, dtype=np.int64)
+    slot_sorted = np.argsort(tid_order)
+    slot_all = slot_sorted[np.searchsorted(tid_order[slot_sorted], rec.tid)]
+    # one tree insertion per distinct (thread, class, idle), in the order of first samples
+    # (the order of the nodes in the process file)
+    combo = (slot_all[kept] * len(reps) + took[kept]) * 2 + idle_a[kept]
+    ucombo, cfirst, cinv = np.unique(combo, return_index=True, return_inverse=True)
+    cnode = np.zeros(len(ucombo), dtype=np.int64)
+    for u in np.argsort(cfirst, kind="stable").tolist():
+        v = int(ucombo[u])
+        th, c, is_idle = v // 2 // len(reps), v // 2 % len(reps), v % 2
+        path = paths[c]
+        tree, nl = trees[th], nodes[th]
+        node = 0
+        last = len(path) - 1
+        for d, key in enumerate(path):
+            if d == last and is_idle:
+                key = (key[0], key[1], key[2], key[3] | md.NodeFlag.IDLE)
+            child = tree.get((node, key))
+            if child is None:
+                child = len(nl) + 1
+                tree[(node, key)] = child
+                nl.append((node, key))
+            node = child
+        cnode[u] = node
+    slot_s = np.full(n, -1, dtype=np.int64)
+    node_s = np.full(n, -1, dtype=np.int64)
+    state_s = np.zeros(n, dtype=np.int64)
+    python_s = np.zeros(n, dtype=bool)
+    slot_s[kept] = slot_all[kept]
+    node_s[kept] = cnode[cinv.reshape(-1)]
+    state_s[kept] = cstate[took[kept]]
+    python_s[kept] = cpython[took[kept]]
+    counts, traces = _sums(tids, stats, slot_s, node_s, state_s, python_s, idle_a,
                            cpu_of, wall_of, rec.time)
     # why the unwinding stopped, for the samples whose merged path is partial
-    for code, cnt in zip(*np.unique(fr.reason[np.array(partial_s, dtype=bool)],
+    for code, cnt in zip(*np.unique(fr.reason[partial_mask],
                                     return_counts=True), strict=True):
         name = unwind.REASONS.get(int(code), "other")
         res.reasons[name] = res.reasons.get(name, 0) + int(cnt)
