@@ -148,13 +148,16 @@ class RowCache:
         if ivals is not None and "ilo" in a and "ihi" in a and "irows" in a \
                 and a["irows"].size == len(a["ilo"]) * _NCOL == len(a["ihi"]) * _NCOL:
             los, his = a["ilo"].tolist(), a["ihi"].tolist()
-            keys = list(map(tuple, a["irows"].reshape(-1, _NCOL).tolist()))
+            irows = a["irows"].astype(np.int64).reshape(-1, _NCOL)
             if not ivals.lo and bool(np.all(np.diff(a["ilo"].astype(np.int64)) > 0)):
                 # as ``save`` wrote them, sorted: taken whole (60k ranges in a PyTorch run's
-                # libtorch_cpu.so, an insertion each cost 0.1 s)
-                ivals.lo, ivals.hi, ivals.key = los, his, keys
+                # libtorch_cpu.so, an insertion each cost 0.1 s), their rows made tuples only
+                # when found (all of them cost 0.03 s more per warm merge)
+                ivals.lo, ivals.hi = los, his
+                ivals.base = irows
+                ivals.key = list(range(len(los)))
             else:
-                for lo, hi, key in zip(los, his, keys, strict=True):
+                for lo, hi, key in zip(los, his, map(tuple, irows.tolist()), strict=True):
                     ivals.add(lo, hi, key)
         try:
             if a["rows"].size != len(a["pc"]) * _NCOL or \
@@ -238,7 +241,7 @@ class RowCache:
                 "rrows": np.array([rec[p] for p in rpcs], dtype=np.int64).reshape(-1),
                 "ilo": np.array(ivals.lo, dtype=np.uint64),
                 "ihi": np.array(ivals.hi, dtype=np.uint64),
-                "irows": np.array(ivals.key, dtype=np.int64).reshape(-1)})
+                "irows": ivals.rows().reshape(-1)})
             new[0] = False
             self._seen[path] = _identity(file)
 
@@ -259,11 +262,30 @@ class _Intervals:
     def __init__(self) -> None:
         self.lo: list[int] = []
         self.hi: list[int] = []
-        self.key: list[tuple[int, ...]] = []
+        #: a row key, or the index of its row in ``base`` (the rows read from the cache)
+        self.key: list[tuple[int, ...] | int] = []
+        self.base: npt.NDArray[np.int64] = np.zeros((0, _NCOL), dtype=np.int64)
+
+    def _key(self, i: int) -> tuple[int, ...]:
+        k = self.key[i]
+        if isinstance(k, int):
+            k = self.key[i] = tuple(self.base[k].tolist())
+        return k
 
     def find(self, pc: int) -> tuple[int, ...] | None:
         i = bisect.bisect_right(self.lo, pc) - 1
-        return self.key[i] if i >= 0 and pc < self.hi[i] else None
+        return self._key(i) if i >= 0 and pc < self.hi[i] else None
+
+    def rows(self) -> npt.NDArray[np.int64]:
+        """The row keys as an (n, 17) array, in range order (what ``save`` writes)."""
+        out = np.zeros((len(self.key), _NCOL), dtype=np.int64)
+        at = [i for i, k in enumerate(self.key) if isinstance(k, int)]
+        if at:
+            out[at] = self.base[[self.key[i] for i in at]]
+        own = [i for i, k in enumerate(self.key) if not isinstance(k, int)]
+        if own:
+            out[own] = np.array([self.key[i] for i in own], dtype=np.int64)
+        return out
 
     def add(self, lo: int, hi: int, key: tuple[int, ...]) -> None:
         i = bisect.bisect_left(self.lo, lo)
