@@ -36,6 +36,7 @@ enum { ST_ACTIVE = 0, ST_DONE = 1, ST_NEED_ROW = 2, ST_NEED_RECIPE = 3, ST_FILEL
 #define COL_RBP 1
 #define UC_GREGS 40
 #define MAX_DEPTH 2048
+#define LANES 8     /* samples unwound in turn */
 static const int saved_reg[NSAVED] = {3, 6, 12, 13, 14, 15};  /* DWARF numbers */
 /* ucontext greg index of rbx rbp r12 r13 r14 r15, then rsp and rip (cfi.GREG) */
 static const int greg[NSAVED + 2] = {11, 10, 4, 5, 6, 7, 15, 16};
@@ -287,16 +288,39 @@ static int emit(Session *s, Py_ssize_t i, int64_t d, int64_t m, uint64_t addr, u
 
 #define MASK48 ((1ULL << 48) - 1)
 
-/* Unwind sample i from its current frame until it ends or is parked. -1: out of memory. */
-static int walk_one(Session *se, Walk *w, Py_ssize_t i) {
-    Py_ssize_t hint = -1;
-    for (;;) {
+enum { STEP_ON = 0, STEP_PARKED = 1, STEP_ENDED = 2 };
+
+/* Start reading what sample i's next frame needs: the words just above its new sp (the
+ * caller's return address and saves lie there) and the hash slot of its row. The stack
+ * copies are read once, sparsely, so nearly every frame's first word is a cache miss; walk()
+ * steps several samples in turn, so the miss is served while the others' frames run. */
+static void prefetch_next(const Session *se, const Walk *w, Py_ssize_t i, Py_ssize_t hint) {
+    int64_t k = (int64_t)(w->sp[i] - w->sp0[i]);
+    if (k >= 0) {
+        int64_t q = k >> 3;
+        for (int64_t a = q; a < q + 32; a += 8)
+            if (a < w->nwords[i] && w->stack0[i] + a < w->nw)
+                __builtin_prefetch(w->words + w->stack0[i] + a);
+    }
+    uint64_t look = w->pc[i] - (w->exact[i] ? 0 : 1);
+    Py_ssize_t m = module_of(w, look, hint);
+    if (m >= 0 && !w->noelf[m] && se->rows.cap) {
+        uint64_t lk = look + (uint64_t)w->bias[m];
+        uint64_t key = ((uint64_t)w->fids[m] << 48) | (lk & MASK48);
+        __builtin_prefetch(&se->rows.slot[hash(key) & (se->rows.cap - 1)]);
+    }
+}
+
+/* One frame of sample i: STEP_ON (the caller's registers are set), STEP_PARKED (status says
+ * why), STEP_ENDED, or -1 (out of memory). hint: the module of the frame below, updated. */
+static int frame_step(Session *se, Walk *w, Py_ssize_t i, Py_ssize_t *hintp) {
+    {
         int64_t d = w->nframes[i];
         uint64_t p = w->pc[i];
         uint8_t ex = w->exact[i];
         uint64_t look = p - (ex ? 0 : 1);
-        Py_ssize_t m = module_of(w, look, hint);
-        hint = m;
+        Py_ssize_t m = module_of(w, look, *hintp);
+        *hintp = m;
         int inmod = m >= 0;
         int64_t bias = inmod ? w->bias[m] : 0;
         uint64_t link = inmod ? p + (uint64_t)bias : p;
@@ -311,7 +335,7 @@ static int walk_one(Session *se, Walk *w, Py_ssize_t i) {
                 w->want_m[i] = m;
                 w->want_lk[i] = lk;
                 w->status[i] = ST_NEED_ROW;
-                return 1;
+                return STEP_PARKED;
             }
             kind = row[0];
             src = row[NVAL - 1];
@@ -334,7 +358,7 @@ static int walk_one(Session *se, Walk *w, Py_ssize_t i) {
                     w->want_m[i] = m;
                     w->want_lk[i] = lk;
                     w->status[i] = ST_NEED_RECIPE;
-                    return 1;
+                    return STEP_PARKED;
                 }
                 if (rr[0] != KIND_NONE) {
                     Step o2;
@@ -369,17 +393,17 @@ static int walk_one(Session *se, Walk *w, Py_ssize_t i) {
             w->want_m[i] = inmod ? m : -1;
             w->reason[i] = stop;
             w->status[i] = ST_FILELESS;
-            return 1;
+            return STEP_PARKED;
         }
         if (stop) {
             w->reason[i] = stop;
             w->status[i] = ST_DONE;
-            return 0;
+            return STEP_ENDED;
         }
         if (done_ok) {
             w->complete[i] = 1;
             w->status[i] = ST_DONE;
-            return 0;
+            return STEP_ENDED;
         }
         w->pc[i] = o.pc;
         w->sp[i] = o.sp;
@@ -390,8 +414,10 @@ static int walk_one(Session *se, Walk *w, Py_ssize_t i) {
         if (d + 1 >= MAX_DEPTH) {
             w->reason[i] = PARTIAL_DEPTH;
             w->status[i] = ST_DONE;
-            return 0;
+            return STEP_ENDED;
         }
+        prefetch_next(se, w, i, m);
+        return STEP_ON;
     }
 }
 
@@ -511,13 +537,26 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     Py_ssize_t np_ = 0;
     int err = 0;
     if (ok) {
-        for (Py_ssize_t k = 0; k < ntodo; k++) {
-            int64_t i = todo[k];
-            if (i < 0 || i >= n) { err = 2; break; }
-            w.status[i] = ST_ACTIVE;
-            int r = walk_one(se, &w, i);
-            if (r < 0) { err = 1; break; }
-            if (r > 0) parked[np_++] = i;
+        /* LANES samples in turn, a frame each (see prefetch_next) */
+        Py_ssize_t lane[LANES], hint[LANES], nl = 0, k = 0;
+        for (;;) {
+            while (nl < LANES && k < ntodo) {
+                int64_t i = todo[k++];
+                if (i < 0 || i >= n) { err = 2; break; }
+                w.status[i] = ST_ACTIVE;
+                lane[nl] = i;
+                hint[nl++] = -1;
+            }
+            if (err || !nl) break;
+            for (Py_ssize_t l = 0; l < nl;) {
+                int r = frame_step(se, &w, lane[l], &hint[l]);
+                if (r == STEP_ON) { l++; continue; }
+                if (r < 0) { err = 1; break; }
+                if (r == STEP_PARKED) parked[np_++] = lane[l];
+                lane[l] = lane[nl - 1];  /* ended: the lane goes to the last one */
+                hint[l] = hint[--nl];
+            }
+            if (err) break;
         }
     }
     release(&bs);

@@ -79,6 +79,9 @@ class RowTable:
 
     def add_key(self, key: tuple[int, ...]) -> int:
         """The id of a row given as :meth:`key` returns it (from a :class:`RowCache`)."""
+        i = self._index.get(key)  # (the key is ``add``'s: most rows of a run are known)
+        if i is not None:
+            return i
         k = len(TRACKED)
         return self.add(key[0], key[1], key[2], key[3:3 + k], key[3 + k:3 + 2 * k])
 
