@@ -444,7 +444,8 @@ static void *buf(Bufs *bs, PyObject *t, Py_ssize_t k, int writable, Py_ssize_t s
         return NULL;
     }
     if (len) *len = b->len / size;
-    return b->buf;
+    static int64_t none[1];  /* an empty array may have no data pointer: NULL means failure */
+    return b->buf ? b->buf : (void *)none;
 }
 
 static PyObject *new_session(PyObject *self, PyObject *args) {
