@@ -186,15 +186,18 @@ def _rows_for(ask: I64, want_m: I64, want_lk: I64, mm: ModuleMap, compiler: cfi.
     m, lk = want_m[ask], want_lk[ask]
     key = (mm.file_ids[m].astype(np.int64) << 48) | (lk & _KEY_MASK)
     uk, first = np.unique(key, return_index=True)
-    vals = []
-    for f0 in first.tolist():
-        elf = mm.elves[int(m[f0])]
+    fm, flk = m[first], lk[first]
+    vals: list[tuple[int, ...]] = [()] * len(uk)
+    for mi in np.unique(fm).tolist():  # per mapping, its pcs at once
+        at = np.flatnonzero(fm == mi)
+        elf = mm.elves[mi]
         assert elf is not None  # C asks only for modules with a file
-        if recipe:
-            row, src = compiler.procedure_recipe_row(elf, int(lk[f0])), 0
-        else:
-            row, src = compiler.row_source(elf, int(lk[f0]))
-        vals.append((*compiler.table.key(row), src))
+        pcs = flk[at].tolist()
+        got = ([(compiler.procedure_recipe_row(elf, v), 0) for v in pcs] if recipe
+               else compiler.row_sources(elf, pcs))
+        key_of = compiler.table.key
+        for j, (row, src) in zip(at.tolist(), got, strict=True):
+            vals[j] = (*key_of(row), src)
     return uk.astype(np.int64), np.array(vals, dtype=np.int64).reshape(len(uk), -1)
 
 
