@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -815,12 +815,40 @@ def test_structure_child_asks_for_every_procedure_prof_asks_for(
     ahead.native_frames(*seen[0])
     assert ahead.children, "no child started"
     time.sleep(0.3)  # into its analysis (libpython's procedures take seconds on a cold cache)
-    ahead.stop()
+    ahead.stop(finish_s=0)
     entries = [*(out / "structs").glob("*"), *(tmp_path / "cache").rglob("*")]
     assert not [e for e in entries if e.name.endswith(".tmp")], entries
     for e in entries:
         if e.name.endswith(".cpstruct") and ".prep." not in e.name and ".lines." not in e.name:
             assert store.load(e) is not None, e
+
+
+@pytest.mark.parametrize(("finish_s", "finished"), [(30.0, True), (0.0, False)])
+def test_native_child_ends_its_module_when_it_can(tmp_path: Path, finish_s: float,
+                                                  finished: bool) -> None:
+    """When the merge ends, the native structure child is told to stop between modules, and
+    the module it is in the middle of is let finish for up to ``finish_s`` (its work would
+    otherwise be lost and done again by ``prof``); past that it is ended at once. The
+    child's work here is a module that takes 0.5 s and then leaves its entry."""
+    from callpath.measure.python.structure_ahead import Ahead
+
+    entry = tmp_path / "entry"
+    begun = tmp_path / "begun"
+
+    def module(stop: Callable[[], bool]) -> None:
+        begun.write_text("")
+        time.sleep(0.5)
+        entry.write_text("whole")
+
+    ahead = Ahead(tmp_path)
+    ahead._fork(module, native=True)
+    deadline = time.monotonic() + 30
+    while not begun.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert begun.exists()
+    ahead.stop(finish_s=finish_s)
+    assert not ahead.children
+    assert entry.exists() == finished
 
 
 def test_interpreter_frames_elided_between_python_frames(capture_ok: None,

@@ -12,8 +12,9 @@ ends, and a child process builds each into the caches ``prof`` reads, on the oth
   ~1 s of analysis, the rest of the merge ~0.9 s).
 
 When the merge ends, each child is told to stop: the Python child after its current source,
-the native one at once (a module can take seconds on a cold cache; a killed analysis leaves
-no partial entry, since entries are renamed into place). What a child did not build, ``prof``
+the native one after its current module when that ends within :data:`FINISH_S`, else at once
+(a module can take seconds on a cold cache; a killed analysis leaves no partial entry, since
+entries are renamed into place, but its work is lost). What a child did not build, ``prof``
 builds as it always did, so a child that fails or is slow costs nothing but its CPU. A child's
 frames include the interpreter's own that the merge then elides: their structure is cached
 and never read.
@@ -33,6 +34,11 @@ from typing import Any
 #: how long a child may take to stop once told (the Python one finishes its source: ms from
 #: bytecode, up to a second through ``ast``); then it is killed
 GRACE_S = 10.0
+#: how long the native child may go on with the module it is analysing when the merge ends
+#: (a warm run's modules take 0.1-0.5 s, libpython's the longest): stopped in the middle,
+#: its work is lost and ``prof`` analyses that module again from the start; a module that
+#: takes longer (a cold cache's libtorch_cpu) is left to ``prof``, beside the others
+FINISH_S = 0.6
 
 
 class _Stop(BaseException):
@@ -129,11 +135,14 @@ class Ahead:
         if reqs:
             self._fork(work, native=True)
 
-    def stop(self) -> None:
-        """Tell every child to stop, and wait for each (killed after :data:`GRACE_S`)."""
-        for pid, w, native in self.children:
+    def stop(self, finish_s: float = FINISH_S) -> None:
+        """Tell every child to stop, and wait for each: the Python child after its current
+        source, the native one after its current module if that ends within ``finish_s``,
+        else at once (killed after :data:`GRACE_S`)."""
+        for _pid, w, _native in self.children:
             os.close(w)
-            if native:
+        for pid, _w, native in self.children:
+            if native and not _exited(pid, time.monotonic() + finish_s):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_S
@@ -156,6 +165,20 @@ class Ahead:
         if self._python_done is not None:
             os.close(self._python_done)
             self._python_done = None
+
+
+def _exited(pid: int, until: float) -> bool:
+    """Whether child ``pid`` has exited (reaped here) by the monotonic time ``until``."""
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if done:
+            return True
+        if time.monotonic() >= until:
+            return False
+        time.sleep(0.002)
 
 
 def _raise_stop(_signum: int, _frame: Any) -> None:
