@@ -9,7 +9,7 @@ Python-only call paths and says so. ``_callpath_decode`` (``src/callpath/structu
 _callpath_decode.c``) decodes x86-64 instruction lengths and control flow for ``callpath struct``;
 without it every instruction is decoded by iced-x86 (same rows, several times slower).
 ``_callpath_unwind`` (``src/callpath/measure/_callpath_unwind.c``) is the post-mortem unwinder's
-level loop; without it ``measure/unwind.py`` unwinds in numpy (same frames, 4-5x slower on a
+level loop; without it ``measure/unwind.py`` unwinds in numpy (same frames, 3-4x slower on a
 PyTorch run's 278-frame stacks).
 """
 
