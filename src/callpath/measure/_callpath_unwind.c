@@ -659,17 +659,10 @@ static PyObject *finish(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *frames(PyObject *self, PyObject *cap) {
-    (void)self;
-    Session *se = session_of(cap);
-    return se ? PyLong_FromSize_t(se->n) : NULL;
-}
-
 static PyMethodDef methods[] = {
     {"new_session", new_session, METH_NOARGS, "An empty session: no rows, no frames."},
     {"add_rows", add_rows, METH_VARARGS, "Add row contents per key (0: rows, 1: recipes)."},
     {"walk", walk, METH_VARARGS, "Unwind samples until they end or need Python."},
-    {"frames", frames, METH_O, "How many frames the session has written."},
     {"finish", finish, METH_VARARGS, "The frames in unwind.py's order."},
     {NULL, NULL, 0, NULL}};
 

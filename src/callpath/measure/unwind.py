@@ -84,7 +84,7 @@ def _extension() -> Any:
     use, so that it is loaded only by a post-mortem, never into a program being measured."""
     if not _EXT:
         try:
-            from callpath.measure import _callpath_unwind  # type: ignore[attr-defined]
+            from callpath.measure import _callpath_unwind
             _EXT.append(_callpath_unwind)
         except ImportError:
             _EXT.append(None)
