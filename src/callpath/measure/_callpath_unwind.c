@@ -298,7 +298,7 @@ static void prefetch_next(const Session *se, const Walk *w, Py_ssize_t i, Py_ssi
     int64_t k = (int64_t)(w->sp[i] - w->sp0[i]);
     if (k >= 0) {
         int64_t q = k >> 3;
-        for (int64_t a = q; a < q + 32; a += 8)
+        for (int64_t a = q; a < q + 64; a += 8)
             if (a < w->nwords[i] && w->stack0[i] + a < w->nw)
                 __builtin_prefetch(w->words + w->stack0[i] + a);
     }
