@@ -66,7 +66,175 @@ REASONS = {PARTIAL_NO_INFO: "no unwind information", PARTIAL_STACK: "stack copy 
 def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64,
            mm: ModuleMap, compiler: cfi.Compiler,
            high: tuple[I64, I64, I64] | None = None) -> Frames:
-    """Unwind every sample. ``saved0`` is (n, 6): rbx rbp r12 r13 r14 r15 at the sample.
+    """Unwind every sample (arguments as :func:`unwind_numpy`): in C where the extension
+    ``_callpath_unwind`` is built for this interpreter (:func:`unwind_c`), else in numpy; the
+    two give the same frames, field by field, and the same ``compiler.frame_sources``."""
+    if len(pc0) and _extension() is not None:
+        return unwind_c(words, pc0, sp0, saved0, stack0, nwords, mm, compiler, high=high)
+    return unwind_numpy(words, pc0, sp0, saved0, stack0, nwords, mm, compiler, high=high)
+
+
+_EXT: list[Any] = []
+
+
+def _extension() -> Any:
+    """The C level loop (``_callpath_unwind.c``), or None where it is not built for this
+    interpreter (no compiler at install time; the merge runs in the measured program's
+    interpreter, which may not be the one callpath was installed with). Imported on first
+    use, so that it is loaded only by a post-mortem, never into a program being measured."""
+    if not _EXT:
+        try:
+            from callpath.measure import _callpath_unwind
+            _EXT.append(_callpath_unwind)
+        except ImportError:
+            _EXT.append(None)
+    return _EXT[0]
+
+
+def implementation() -> str:
+    """Which unwinder :func:`unwind` runs here: ``"c"`` or ``"numpy"``."""
+    return "c" if _extension() is not None else "numpy"
+
+
+# a sample's status in the C walk (``_callpath_unwind.c``): ended, or parked for Python
+_ST_DONE, _ST_NEED_ROW, _ST_NEED_RECIPE, _ST_FILELESS = 1, 2, 3, 4
+_KEY_MASK = (1 << 48) - 1
+
+
+def unwind_c(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64,
+             mm: ModuleMap, compiler: cfi.Compiler,
+             high: tuple[I64, I64, I64] | None = None) -> Frames:
+    """:func:`unwind_numpy`'s frames from the C extension, which unwinds each sample to its
+    end in one call instead of a hundred numpy calls per stack level (a PyTorch run's stacks
+    are 278 levels deep: that overhead was the whole cost).
+
+    Rows stay compiled here, in Python: C parks a sample whose (file, pc) it has no row for
+    (or no recipe row, where CFI fails), this asks ``compiler`` for the rows of every parked
+    key at once, hands their contents to C and resumes the parked samples; each distinct key
+    is asked for once, as the numpy loop asks once per key and level. Frames in code without
+    a file come back here too, for :func:`_leave_fileless_code`."""
+    ext = _extension()
+    if ext is None:
+        raise RuntimeError("the C unwinder (_callpath_unwind) is not built for this interpreter")
+    n = len(pc0)
+
+    def i64(x: Any) -> I64:
+        return np.ascontiguousarray(x, dtype=np.int64)
+
+    def u64(x: Any) -> U64:
+        return np.ascontiguousarray(x, dtype=np.uint64)
+
+    words_c = u64(words)  # the memory-mapped words are not copied
+    stack0_c, nwords_c, sp_start = i64(stack0), i64(nwords), u64(sp0)
+    hi = (i64(high[0]), i64(high[1]), i64(high[2])) if high is not None else \
+        (np.zeros(0, np.int64),) * 3
+    noelf = np.array([e is None for e in mm.elves], dtype=np.uint8)
+    ro = (words_c, stack0_c, nwords_c, sp_start, *hi, u64(mm.starts), u64(mm.ends),
+          i64(mm.bias), i64(mm.file_ids), noelf)
+    pc = pc0.astype(np.uint64)
+    sp = sp0.astype(np.uint64)
+    saved = np.ascontiguousarray(saved0, dtype=np.uint64).reshape(n, len(cfi.SAVED)).copy()
+    valid = np.ones((n, len(cfi.SAVED)), dtype=bool)
+    exact = np.ones(n, dtype=bool)
+    complete = np.zeros(n, dtype=bool)
+    found = np.zeros(n, dtype=np.int64)
+    reason = np.zeros(n, dtype=np.int64)
+    nframes = np.zeros(n, dtype=np.int64)
+    want_m = np.zeros(n, dtype=np.int64)
+    want_lk = np.zeros(n, dtype=np.int64)
+    status = np.zeros(n, dtype=np.int8)
+    parked = np.zeros(n, dtype=np.int64)
+    rw = (pc, sp, saved, valid, exact, complete, found, reason, nframes, want_m, want_lk,
+          status, parked)
+    load = _loader(words_c, sp_start.astype(np.int64), stack0_c, nwords_c,
+                   None if high is None else hi)
+    session = ext.new_session()
+    todo = np.arange(n, dtype=np.int64)
+    while len(todo):
+        k = ext.walk(session, todo, ro, rw, high is not None, compiler.recipes is not None)
+        p = parked[:k].copy()
+        st = status[p]
+        need_row, need_recipe = p[st == _ST_NEED_ROW], p[st == _ST_NEED_RECIPE]
+        for which, ask in ((0, need_row), (1, need_recipe)):
+            if len(ask):
+                keys, vals = _rows_for(ask, want_m, want_lk, mm, compiler, which == 1)
+                ext.add_rows(session, which, (keys, vals))
+        fileless = p[st == _ST_FILELESS]
+        go_on = [need_row, need_recipe]
+        for at_top in (True, False):
+            a = fileless[(nframes[fileless] == 1) == at_top]
+            if len(a):
+                go_on.append(_fileless_c(a, 0 if at_top else 1, want_m, reason, status, pc, sp,
+                                         saved, valid, exact, found, nframes, load, mm))
+        todo = np.sort(np.concatenate(go_on))
+    total = int(nframes.sum())
+    out_s, out_d, out_m = (np.empty(total, dtype=np.int64) for _ in range(3))
+    out_a = np.empty(total, dtype=np.uint64)
+    out_x = np.empty(total, dtype=bool)
+    out_src = np.empty(total, dtype=np.int64)
+    ext.finish(session, (nframes, out_s, out_d, out_m, out_a, out_x, out_src))
+    fr = Frames(out_s, out_d, out_m, out_a, out_x, complete, nframes, reason, out_src)
+    count_sources(compiler, fr)
+    return fr
+
+
+def _rows_for(ask: I64, want_m: I64, want_lk: I64, mm: ModuleMap, compiler: cfi.Compiler,
+              recipe: bool) -> tuple[I64, I64]:
+    """The keys the parked samples ``ask`` wait for and their rows' contents (kind, CFA rule,
+    rules, offsets, source), as ``_callpath_unwind.add_rows`` takes them: the row
+    ``compiler.row_source`` gives, or with ``recipe`` the recipe row (0 where none)."""
+    m, lk = want_m[ask], want_lk[ask]
+    key = (mm.file_ids[m].astype(np.int64) << 48) | (lk & _KEY_MASK)
+    uk, first = np.unique(key, return_index=True)
+    fm, flk = m[first], lk[first]
+    vals: list[tuple[int, ...]] = [()] * len(uk)
+    for mi in np.unique(fm).tolist():  # per mapping, its pcs at once
+        at = np.flatnonzero(fm == mi)
+        elf = mm.elves[mi]
+        assert elf is not None  # C asks only for modules with a file
+        pcs = flk[at].tolist()
+        got = ([(compiler.procedure_recipe_row(elf, v), 0) for v in pcs] if recipe
+               else compiler.row_sources(elf, pcs))
+        key_of = compiler.table.key
+        for j, (row, src) in zip(at.tolist(), got, strict=True):
+            vals[j] = (*key_of(row), src)
+    return uk.astype(np.int64), np.array(vals, dtype=np.int64).reshape(len(uk), -1)
+
+
+def _fileless_c(a: I64, depth: int, want_m: I64, reason: I64, status: npt.NDArray[np.int8],
+                pc: U64, sp: U64, saved: U64, valid: npt.NDArray[np.bool_],
+                exact: npt.NDArray[np.bool_], found: I64, nframes: I64, load: Any,
+                mm: ModuleMap) -> I64:
+    """The samples ``a`` that C parked after a frame in code without a file (its stop code
+    in ``reason``): the numpy loop's :func:`_leave_fileless_code` on them, its callers set as
+    the numpy loop sets them; the samples that go on (to resume in C)."""
+    m = want_m[a]
+    inmod = m >= 0
+    stop = reason[a].copy()
+    new_pc = np.zeros(len(a), dtype=np.uint64)
+    new_sp, new_saved, new_valid = sp[a].copy(), saved[a].copy(), valid[a].copy()
+    src = np.zeros(len(a), dtype=np.int64)
+    _leave_fileless_code(a, m, inmod, stop, depth, sp, saved, valid, load, mm, new_pc, new_sp,
+                         new_saved, new_valid, src)
+    cont = stop == 0
+    ac = a[cont]
+    pc[ac], sp[ac], saved[ac], valid[ac] = new_pc[cont], new_sp[cont], new_saved[cont], \
+        new_valid[cont]
+    exact[ac] = False
+    found[ac] = src[cont]
+    reason[a] = stop
+    status[a] = _ST_DONE
+    deep = ac[nframes[ac] >= MAX_DEPTH]
+    reason[deep] = PARTIAL_DEPTH
+    go_on: I64 = ac[nframes[ac] < MAX_DEPTH]
+    return go_on
+
+
+def unwind_numpy(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64,
+                 mm: ModuleMap, compiler: cfi.Compiler,
+                 high: tuple[I64, I64, I64] | None = None) -> Frames:
+    """Unwind every sample (numpy, one step per stack level: ``unwind`` without the C
+    extension). ``saved0`` is (n, 6): rbx rbp r12 r13 r14 r15 at the sample.
 
     Each sample's stack copy is ``nwords`` words from its sp, at ``words[stack0]``; ``high``,
     when given, is a second window per sample (its start in words above sp, its length in
@@ -88,31 +256,10 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
     out_m: list[I64] = []
     out_a: list[U64] = []
     out_x: list[npt.NDArray[np.bool_]] = []
-    nw = len(words)
     sp_start = sp0.astype(np.uint64)
-
     sp_start_i = sp_start.astype(np.int64)
 
-    def load(idx: I64, addr: Any) -> tuple[Any, Any]:
-        """Words at ``addr`` (shape (n,) or (n, k)) from the stack copies, and validity."""
-        a = addr.astype(np.int64)
-        base, lim, first = sp_start_i[idx], nwords[idx], stack0[idx]
-        if a.ndim == 2:
-            base, lim, first = base[:, None], lim[:, None], first[:, None]
-        k = a - base
-        ok = (k >= 0) & ((k & 7) == 0) & ((k >> 3) < lim)
-        w = np.where(ok, first + (k >> 3), 0)
-        if high is not None:
-            at, hn, hfirst = high[0][idx], high[1][idx], high[2][idx]
-            if a.ndim == 2:
-                at, hn, hfirst = at[:, None], hn[:, None], hfirst[:, None]
-            kh = (k >> 3) - at
-            okh = ~ok & (k >= 0) & ((k & 7) == 0) & (kh >= 0) & (kh < hn)
-            w = np.where(okh, hfirst + kh, w)
-            ok = ok | okh
-        if not nw:
-            return np.zeros(a.shape, dtype=np.uint64), ok & False
-        return words[w], ok
+    load = _loader(words, sp_start_i, stack0, nwords, high)
 
     def in_module(p: U64) -> npt.NDArray[np.bool_]:
         """Whether return addresses fall in a mapped module (the call before them does)."""
@@ -301,6 +448,35 @@ def unwind(words: U64, pc0: U64, sp0: U64, saved0: U64, stack0: I64, nwords: I64
                     z.copy())
     count_sources(compiler, fr)
     return fr
+
+
+def _loader(words: U64, sp_start_i: I64, stack0: I64, nwords: I64,
+            high: tuple[I64, I64, I64] | None) -> Any:
+    """``load(idx, addr)``: the words at ``addr`` (shape (n,) or (n, k)) in the stack copies
+    of the samples ``idx``, and whether each is there (a word not there reads as ``words[0]``,
+    and the C unwinder reads it the same way)."""
+    nw = len(words)
+
+    def load(idx: I64, addr: Any) -> tuple[Any, Any]:
+        a = addr.astype(np.int64)
+        base, lim, first = sp_start_i[idx], nwords[idx], stack0[idx]
+        if a.ndim == 2:
+            base, lim, first = base[:, None], lim[:, None], first[:, None]
+        k = a - base
+        ok = (k >= 0) & ((k & 7) == 0) & ((k >> 3) < lim)
+        w = np.where(ok, first + (k >> 3), 0)
+        if high is not None:
+            at, hn, hfirst = high[0][idx], high[1][idx], high[2][idx]
+            if a.ndim == 2:
+                at, hn, hfirst = at[:, None], hn[:, None], hfirst[:, None]
+            kh = (k >> 3) - at
+            okh = ~ok & (k >= 0) & ((k & 7) == 0) & (kh >= 0) & (kh < hn)
+            w = np.where(okh, hfirst + kh, w)
+            ok = ok | okh
+        if not nw:
+            return np.zeros(a.shape, dtype=np.uint64), ok & False
+        return words[w], ok
+    return load
 
 
 def _leave_fileless_code(a: I64, m: I64, inmod: npt.NDArray[np.bool_], stop: I64, depth: int,
