@@ -151,8 +151,11 @@ def measure(label: str, py: Path, src: Path | None, work: Path, args: argparse.N
         wall, _, out = timed([*cp, "profile", "--native", "-m", str(meas), "-o", str(db),
                               "--", str(py), str(train), str(args.seconds)], env)
         phases = re.search(r"^Time:\s+(.*)$", out, re.M)
-        after = sum(float(v) for k, v in re.findall(r"(\w+) ([\d.]+) s", phases.group(1))
-                    if k != "measure") if phases else float("nan")
+        # from the program's end to the report's (profile says it), else the phases' sum
+        told = re.search(r"\(([\d.]+) s after the program\)", out)
+        after = float(told.group(1)) if told else sum(
+            float(v) for k, v in re.findall(r"(\w+) ([\d.]+) s", phases.group(1))
+            if k != "measure") if phases else float("nan")
         try:
             head = json.loads((meas / "measurement.json").read_text())
         except (OSError, ValueError):

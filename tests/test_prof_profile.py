@@ -52,6 +52,13 @@ def test_profile_python_program(tmp_path: Path) -> None:
     assert "» work" in r.stdout and "loop at pyloops.py:12" in r.stdout
     exp = _check(meas, db)
     assert find(exp, NodeKind.FUNCTION, name="helper")
+    # the time from the program's end to the report's covers every phase after the program
+    import re
+    line = re.search(r"^Time:\s+(.*) \(([\d.]+) s after the program\)$", r.stdout, re.M)
+    assert line is not None, r.stdout
+    later = sum(float(v) for k, v in re.findall(r"(\w+) ([\d.]+) s", line.group(1))
+                if k != "measure")
+    assert float(line.group(2)) >= later - 0.02, line.group(0)
 
 
 def test_profile_needs_a_command() -> None:

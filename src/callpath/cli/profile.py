@@ -116,6 +116,7 @@ def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Name
         raise CallpathError(f"{meas}: the measurement was not written (the program could not "
                             "be measured)")
     merge, ahead = _merge_seconds(meas)
+    ended = _program_end(meas)
     if merge is not None:  # --native of Python: its stacks merged after the program
         phases["measure"] = max(phases["measure"] - merge - ahead, 0.0)
         phases["merge"] = merge
@@ -143,8 +144,9 @@ def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Name
     phases["report"] = time.perf_counter() - t2
     q = shlex.quote(str(db))
     sys.stdout.write(f"\nFull report:  callpath report {q}\nViewer:       callpath view {q}\n")
+    after = f" ({time.time() - ended:.2f} s after the program)" if ended is not None else ""
     sys.stdout.write("Time:         " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items())
-                     + "\n")
+                     + after + "\n")
     return status
 
 
@@ -161,6 +163,18 @@ def _merge_seconds(meas: Path) -> tuple[float | None, float]:
         return None, 0.0
     return (float(got) if isinstance(got, (int, float)) else None,
             float(ahead) if isinstance(ahead, (int, float)) else 0.0)
+
+
+def _program_end(meas: Path) -> float | None:
+    """When the Python sampler's program ended (``program_end_time`` in measurement.json,
+    the epoch), None where it is not recorded."""
+    import json
+
+    try:
+        got = json.loads((meas / "measurement.json").read_text()).get("program_end_time")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(got) if isinstance(got, (int, float)) else None
 
 
 def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool) -> int:

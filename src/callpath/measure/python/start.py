@@ -202,6 +202,8 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
     except OSError as e:
         raise CallpathError(f"{cmd[0]}: cannot start the program: {e.strerror}") from None
     rc = _wait(proc, linger)
+    # when the program (and what it left running) ended: profile counts what follows from it
+    fields["program_end_time"] = time.time()
     status = 128 - rc if rc < 0 else rc
     exit_status = rc  # the format's convention: negative for a fatal signal
     notes: list[str] = []
