@@ -34,6 +34,9 @@ summed) and whether structure was built beside the merge ("structure children": 
 core is free as the merge starts; ``CALLPATH_STRUCTURE_AHEAD=on|off`` in the environment
 decides instead, for a comparison on a machine shared with other work).
 
+``--warm N`` repeats the warm run N times (each with the cache the runs before it left) and
+prints the median of their time after the program.
+
 Goals (issue 27, two cores): after the program ≤ 15 s cold, ≤ 3 s warm; ``prof`` ≤ 1 GB;
 measurement directory + cache ≤ 100 MB. Prints figures; asserts nothing.
 """
@@ -45,6 +48,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -146,8 +150,10 @@ def measure(label: str, py: Path, src: Path | None, work: Path, args: argparse.N
     env = dict(os.environ, XDG_CACHE_HOME=str(cache))
     if src is not None:
         env["PYTHONPATH"] = str(src) + os.pathsep + env.get("PYTHONPATH", "")
-    for kind in ("cold", "warm"):
-        meas, db = work / f"{label}-{kind}.m", work / f"{label}-{kind}.d"
+    afters: list[float] = []
+    for k, kind in enumerate(["cold"] + ["warm"] * args.warm):
+        tag = kind if k < 2 else f"warm{k}"
+        meas, db = work / f"{label}-{tag}.m", work / f"{label}-{tag}.d"
         wall, _, out = timed([*cp, "profile", "--native", "-m", str(meas), "-o", str(db),
                               "--", str(py), str(train), str(args.seconds)], env)
         phases = re.search(r"^Time:\s+(.*)$", out, re.M)
@@ -161,6 +167,8 @@ def measure(label: str, py: Path, src: Path | None, work: Path, args: argparse.N
         except (OSError, ValueError):
             head = {}
         children = "yes" if "structure_ahead_s" in head else "no"
+        if kind == "warm":
+            afters.append(after)
         print(f"[{label}] profile --native ({kind} cache): {wall:.2f} s, {wall - alone:.2f} s "
               f"more than the loop alone (CPU {CPU['last']:.2f} s, "
               f"{CPU['last'] - alone_cpu:.2f} s more); after the program {after:.2f} s; "
@@ -171,6 +179,10 @@ def measure(label: str, py: Path, src: Path | None, work: Path, args: argparse.N
               f"{du(cache / 'callpath' / 'structs') / 2**20:.1f} MiB), together "
               f"{(du(meas) + du(cache / 'callpath')) / 1e6:.1f} MB; database "
               f"{du(db) / 2**20:.1f} MiB")
+    if len(afters) > 1:
+        print(f"[{label}] warm, after the program: "
+              f"{', '.join(f'{a:.2f}' for a in sorted(afters))} s; median "
+              f"{statistics.median(afters):.2f} s")
     meas = work / f"{label}-warm.m"
     wall, rss, _ = timed([*cp, "prof", str(meas), "-o", str(work / f"{label}-p.d")], env)
     print(f"[{label}] prof alone (warm): {wall:.2f} s, CPU {CPU['last']:.2f} s, peak RSS "
@@ -202,6 +214,9 @@ def main() -> None:
                     help="an interpreter that has torch (callpath from this checkout's src) "
                     "instead of the bench's own venv")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--warm", type=int, default=1, metavar="N",
+                    help="warm runs (each with the cache the runs before it left; the median "
+                    "of their time after the program is printed)")
     args = ap.parse_args()
     py = Path(args.python) if args.python else ensure_env(args.torch, args.index_url)
     this = ROOT / "src" if args.python else None
