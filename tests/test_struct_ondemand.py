@@ -20,10 +20,10 @@ from callpath.structure import store
 from callpath.structure.binary import Debug, PreparedModule, analyze_binary, read_debug
 from callpath.structure.dwarf_lines import LineCache
 from callpath.structure.dwarf_units import UnitCache
-from callpath.structure.elf import open_elf
+from callpath.structure.elf import ElfModule, open_elf
 from callpath.structure.model import Kind, Structure
 from callpath.structure.ondemand import ModuleRequest, structure_for
-from callpath.structure.symbols import procedures
+from callpath.structure.symbols import Procedure, procedures
 from conftest import ROOT, perf_reason, run_cli
 from prof_compare import matched_nodes, scoped_values
 
@@ -145,6 +145,17 @@ def test_on_demand_procedures_equal_whole_binary(library: tuple[Path, Structure]
     assert _subtrees(r3.structure) == got2b
 
 
+def _read_around_one(mod: ElfModule, lib: Path) -> tuple[list[Procedure], PreparedModule]:
+    """The library's procedures, and it prepared around one of them; skips the test where
+    the library has no DWARF or no symbols (then there is nothing to read around)."""
+    procs = procedures(mod)
+    prep = PreparedModule(mod, demangle_all=False,
+                          near=np.array([procs[len(procs) // 2].entry], np.uint64))
+    if not prep.partial:
+        pytest.skip(f"{lib.name} has no DWARF or no symbols here")
+    return procs, prep
+
+
 def test_dwarf_read_around_few_procedures_gives_whole_answer(
         library: tuple[Path, Structure], tmp_path: Path) -> None:
     """A few procedures of a library with symbols and DWARF: only the DWARF units (and in them
@@ -154,11 +165,7 @@ def test_dwarf_read_around_few_procedures_gives_whole_answer(
     lib, whole = library
     mod = open_elf(lib)
     try:
-        procs = procedures(mod)
-        prep = PreparedModule(mod, demangle_all=False,
-                              near=np.array([procs[len(procs) // 2].entry], np.uint64))
-        if not prep.partial:
-            pytest.skip(f"{lib.name} has no DWARF or no symbols here")
+        procs, prep = _read_around_one(mod, lib)
         full = read_debug(mod)
         part = read_debug(mod, (prep.span_lo, prep.span_hi))
     finally:
@@ -233,11 +240,7 @@ def test_kept_dwarf_units_give_what_a_walk_gives(library: tuple[Path, Structure]
     lib, _whole = library
     mod = open_elf(lib)
     try:
-        procs = procedures(mod)
-        probe = PreparedModule(mod, demangle_all=False,
-                               near=np.array([procs[len(procs) // 2].entry], np.uint64))
-        if not probe.partial:
-            pytest.skip(f"{lib.name} has no DWARF or no symbols here")
+        procs, _prep = _read_around_one(mod, lib)
         path = tmp_path / "lib.units.cpstruct"
         rounds = [procs[3::251], procs[100::163], procs[7::97]]
         for k, chosen in enumerate(rounds):
