@@ -115,8 +115,7 @@ def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Name
             return status
         raise CallpathError(f"{meas}: the measurement was not written (the program could not "
                             "be measured)")
-    merge, ahead = _merge_seconds(meas)
-    ended = _program_end(meas)
+    merge, ahead, ended = _after_program(meas)
     if merge is not None:  # --native of Python: its stacks merged after the program
         phases["measure"] = max(phases["measure"] - merge - ahead, 0.0)
         phases["merge"] = merge
@@ -150,31 +149,21 @@ def _measure_and_write(cmd: list[str], meas: Path, db: Path, args: argparse.Name
     return status
 
 
-def _merge_seconds(meas: Path) -> tuple[float | None, float]:
-    """How long the Python sampler's ``--native`` merge took after the program
-    (``native_merge_s`` in measurement.json; None where there was none), and how long it then
-    waited for the Python sources' structure built beside it (``structure_ahead_s``)."""
+def _after_program(meas: Path) -> tuple[float | None, float, float | None]:
+    """From the Python sampler's measurement.json: how long its ``--native`` merge took after
+    the program (``native_merge_s``; None where there was none), how long it then waited for
+    the structure built beside it (``structure_ahead_s``), and when the program ended
+    (``program_end_time``, the epoch; None where it is not recorded)."""
     import json
 
     try:
         head = json.loads((meas / "measurement.json").read_text())
-        got, ahead = head.get("native_merge_s"), head.get("structure_ahead_s", 0.0)
+        got = [head.get("native_merge_s"), head.get("structure_ahead_s"),
+               head.get("program_end_time")]
     except (OSError, ValueError, AttributeError):
-        return None, 0.0
-    return (float(got) if isinstance(got, (int, float)) else None,
-            float(ahead) if isinstance(ahead, (int, float)) else 0.0)
-
-
-def _program_end(meas: Path) -> float | None:
-    """When the Python sampler's program ended (``program_end_time`` in measurement.json,
-    the epoch), None where it is not recorded."""
-    import json
-
-    try:
-        got = json.loads((meas / "measurement.json").read_text()).get("program_end_time")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return float(got) if isinstance(got, (int, float)) else None
+        return None, 0.0, None
+    merge, ahead, ended = (float(v) if isinstance(v, (int, float)) else None for v in got)
+    return merge, ahead or 0.0, ended
 
 
 def _measure(cmd: list[str], meas: Path, args: argparse.Namespace, python: bool) -> int:

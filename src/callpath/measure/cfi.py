@@ -464,29 +464,6 @@ class Compiler:
             return got
         return got if got is not None else self._row_source(elf, vaddr, key)
 
-    def row_sources(self, elf: ElfInfo, vaddrs: list[int]) -> list[tuple[int, int]]:
-        """``[row_source(elf, v) for v in vaddrs]``, with the two answers a warm run mostly
-        gets (this run's memo, the row cache's pc or address range) found without a call per
-        pc (the C unwinder asks for thousands of distinct pcs at once: 5,184 in a PyTorch
-        loop's merge, 5 us each through ``row_source``)."""
-        out = []
-        path, memo = elf.path, self._src
-        cache = self.cache
-        mod = cache._module(elf) if cache is not None else None
-        ivals = cache._ivals.get(path) if cache is not None and mod is not None else None
-        ranges = ivals if ivals is not None and self.mode != "recipes" else None
-        add_key = self.table.add_key
-        for v in vaddrs:
-            got = memo.get((path, v))
-            if got is None and mod is not None:
-                hit = mod[1].get(v)
-                if hit is not None:
-                    got = memo[(path, v)] = (add_key(hit[0]), hit[1])
-                elif ranges is not None and (rk := ranges.find(v)) is not None:
-                    got = memo[(path, v)] = (add_key(rk), SRC_CFI)
-            out.append(got if got is not None else self.row_source(elf, v))
-        return out
-
     def _row_source(self, elf: ElfInfo, vaddr: int, key: tuple[str, int]) -> tuple[int, int]:
         got = None
         if self.mode == "recipes" and elf.plt_section(vaddr) is None:

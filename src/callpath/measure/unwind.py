@@ -194,7 +194,7 @@ def _rows_for(ask: I64, want_m: I64, want_lk: I64, mm: ModuleMap, compiler: cfi.
         assert elf is not None  # C asks only for modules with a file
         pcs = flk[at].tolist()
         got = ([(compiler.procedure_recipe_row(elf, v), 0) for v in pcs] if recipe
-               else compiler.row_sources(elf, pcs))
+               else [compiler.row_source(elf, v) for v in pcs])
         key_of = compiler.table.key
         for j, (row, src) in zip(at.tolist(), got, strict=True):
             vals[j] = (*key_of(row), src)

@@ -715,8 +715,8 @@ class DwarfReader:
         ks, ki = kept.near(self.near)
         c, names = kept.cols, kept.names
 
-        def file(f: int) -> int:
-            return file_of(stmt, f) if f >= 0 and stmt >= 0 else -1
+        def file(f: int) -> int:  # -1 where the unit has no line table, as the walk gives
+            return file_of(stmt, f) if f >= 0 else -1
 
         first = len(out.subprograms)
         sub_at = np.full(len(c["s_off"]), -1, dtype=np.int64)
@@ -854,20 +854,20 @@ class DwarfReader:
                     if not ctx[2]:  # declared at file scope (not inside a function)
                         unit_nr.add(nm)
                 rng = self._ranges(u, attrs) if AT_declaration not in attrs else []
-                if near is not None and ab.children and not _meets(rng, *near):
-                    # no code near the addresses asked for: its subtree is skipped whole
+                skip_to = -1  # where its subtree ends, when it can be skipped
+                if ab.children:
                     sib = attrs.get(AT_sibling)
                     if sib is not None and sib[0] in _REF_LOCAL:
                         target = u.offset + int(sib[1])  # type: ignore[call-overload]
                         if pos <= target <= end:
-                            pos = target
-                            continue
-                if rec is not None and ab.children:  # a subtree such a walk may skip
-                    sib = attrs.get(AT_sibling)
-                    if sib is not None and sib[0] in _REF_LOCAL:
-                        target = u.offset + int(sib[1])  # type: ignore[call-overload]
-                        if pos <= target <= end:
-                            rec.skips.append((rng, die_off, target))
+                            skip_to = target
+                if skip_to >= 0:
+                    if near is not None and not _meets(rng, *near):
+                        # no code near the addresses asked for: its subtree is skipped whole
+                        pos = skip_to
+                        continue
+                    if rec is not None:  # a subtree that such a walk may skip
+                        rec.skips.append((rng, die_off, skip_to))
                 if AT_declaration not in attrs:
                     if rng:
                         df = -1

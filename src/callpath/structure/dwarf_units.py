@@ -28,7 +28,6 @@ import numpy.typing as npt
 
 Ranges = list[tuple[int, int]]
 I64 = npt.NDArray[np.int64]
-U64 = npt.NDArray[np.uint64]
 
 #: per-record columns (prefix s: subprograms, i: inlined records, k: skippable subtrees) and
 #: each kind's range columns (``<p>_rptr`` into ``<p>_rlo``/``<p>_rhi``)
@@ -266,7 +265,7 @@ def _append(a: dict[str, npt.NDArray[Any]], names: list[str],
     for k, vs in parts.items():
         dt = np.uint64 if k.endswith(("_rlo", "_rhi")) else np.int64
         out[k] = np.concatenate(vs).astype(dt) if vs else np.zeros(0, dtype=dt)
-    for k in ("n_name", "g_name", *_UNIT_COLS):
+    for k in (*_LISTS, *_UNIT_COLS):
         out.setdefault(k, np.zeros(0, dtype=np.int64))
     out["names"] = store.strings_to_array(pool)
     return out, pool

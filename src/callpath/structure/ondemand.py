@@ -153,8 +153,8 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
                     return PreparedModule(mod, demangle_all=False, state=got_state[1])
                 except (ValueError, KeyError, IndexError, TypeError, zlib.error):
                     pass  # a damaged entry: read the file
-        lines = LineCache(_lines_path(req.state)) if req.state is not None else None
-        units = UnitCache(_units_path(req.state)) if req.state is not None else None
+        lines = LineCache(_beside(req.state, "lines")) if req.state is not None else None
+        units = UnitCache(_beside(req.state, "units")) if req.state is not None else None
         p = PreparedModule(mod, demangle_all=False, near=near, line_cache=lines,
                            unit_cache=units)
         if req.state is not None and not p.partial:
@@ -223,14 +223,10 @@ def _structure_for(req: ModuleRequest, jobs: int) -> OnDemandResult:
     return OnDemandResult(req, s, None, analysed=len(missing), known=known, procedures=len(lo))
 
 
-def _lines_path(state: Path) -> Path:
-    """Where a module's decoded line programs are kept: beside its state entry."""
-    return state.with_name(state.name.replace(".prep.cpstruct", ".lines.cpstruct"))
-
-
-def _units_path(state: Path) -> Path:
-    """Where the records of a module's DWARF units are kept: beside its state entry."""
-    return state.with_name(state.name.replace(".prep.cpstruct", ".units.cpstruct"))
+def _beside(state: Path, what: str) -> Path:
+    """Where a module's decoded line programs (``lines``) or the records of its DWARF units
+    (``units``) are kept: beside its state entry."""
+    return state.with_name(state.name.replace(".prep.cpstruct", f".{what}.cpstruct"))
 
 
 def _merge(lo: npt.NDArray[np.uint64], hi: npt.NDArray[np.uint64],

@@ -716,7 +716,7 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False,
     res.lost += int((took < 0).sum())
     # each class's path from its first sample
     reps = np.full(len(first_of), -1, dtype=np.int64)
-    reps[np.array(cls_fresh, dtype=np.int64)[::-1]] = fresh_s[::-1]
+    reps[cls[fresh_s][::-1]] = fresh_s[::-1]
     state_code = {"": 0, "partial": 1, "unmatched": 2}
     paths: list[list[Key]] = []
     cstate = np.zeros(len(reps), dtype=np.int64)
@@ -734,7 +734,7 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False,
     res.hidden += int(hidden.sum())
     kept = np.flatnonzero(ok & ~hidden)
     partial_mask = np.zeros(n, dtype=bool)
-    partial_mask[fresh_s] = (cstate[cls[fresh_s]] == 1) & ~np.array(complete, dtype=bool)[fresh_s]
+    partial_mask[fresh_s] = (cstate[cls[fresh_s]] == 1) & ~fr.complete[fresh_s]
     # per sample: its thread's slot and leaf node (-1: lost or hidden), its state (1
     # partial, 2 unmatched) and whether it has Python frames; the counts, the statistics
     # and the traces are sums over these arrays

@@ -147,20 +147,11 @@ class Ahead:
                     os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_S
         for pid, _w, _native in self.children:
-            while True:
-                try:
-                    done, _ = os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if done:
-                    break
-                if time.monotonic() > deadline:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGKILL)
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(pid, 0)
-                    break
-                time.sleep(0.002)
+            if not _exited(pid, deadline):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
         self.children = []
         if self._python_done is not None:
             os.close(self._python_done)
