@@ -8,6 +8,14 @@ an inner ``A`` with the callee's name and its own file and line. The reader acce
 ``hpcstruct`` and from us and folds those pairs back into one ALIEN scope of the model; an outer
 alien named ``<inline>`` (hpcstruct's guess for lines outside the procedure) stays as is.
 
+A statement or call site whose source file is not its scope's (code of a header or another
+``.c`` file without inlining records: glibc's ``__brk`` at ``brk.c`` inside a procedure of
+``brk_call.h``) cannot say so itself: ``S`` and ``C`` carry no file, and a reader gives them
+the file of the procedure or inlined scope around them. The writer wraps each such scope in
+HPCToolkit's guard alien (``<A n="<inline>" f=FILE>``, as ``hpcstruct`` writes it), and the
+reader folds a guard that holds only statements and call sites, in a file other than the
+scope around it, back into those scopes' own file: what is written reads back as it was.
+
 Parsing a large file costs a Python step per scope (libc's 27,000 scopes: 0.7 s, serial work
 before ``callpath prof`` can fork its workers), so the parsed arrays of files of at least
 :data:`CACHE_MIN_BYTES` are kept in ``$XDG_CACHE_HOME/callpath/parsed`` (default
@@ -141,6 +149,10 @@ _CHUNK = 1 << 18
 #: forking and copying the second half's text cost more than they save).
 _SPLIT_MIN = 1 << 20
 
+#: The name of HPCToolkit's guard aliens, as written (see the module docstring).
+GUARD = "<inline>"
+_GUARD_Q = quoteattr(GUARD)
+
 _CLOSE = {int(Kind.FILE): "</F>\n", int(Kind.PROC): "</P>\n", int(Kind.ALIEN): "</A>\n</A>\n",
           int(Kind.LOOP): "</L>\n"}
 
@@ -161,10 +173,11 @@ def _write_lm(s: Structure, out: IO[str], ident: list[int], jobs: int = 1) -> No
     open_: list[tuple[int, str]] = []  # (scope, its closing tags), innermost last
     mid = (total // 2) if jobs > 1 and total >= _SPLIT_MIN and hasattr(os, "fork") else 0
     fileno = _fileno(out) if mid else None
+    guarded = _guarded(s)
     if fileno is None:
-        n = _write_scopes(s, w, 1, total, open_, n)
+        n = _write_scopes(s, guarded, w, 1, total, open_, n)
     else:
-        n = _write_split(s, out, mid, open_, n)
+        n = _write_split(s, guarded, out, mid, open_, n)
     while open_:
         w(open_.pop()[1])
     ident[0] = n
@@ -178,11 +191,60 @@ def _fileno(out: IO[str]) -> int | None:
         return None
 
 
-def _elements(kind: npt.NDArray[np.uint8]) -> int:
-    """How many XML elements (and so ``i`` numbers) scopes of these kinds write."""
+def _elements(kind: npt.NDArray[np.uint8], guarded: npt.NDArray[np.bool_]) -> int:
+    """How many XML elements (and so ``i`` numbers) scopes of these kinds write, ``guarded``
+    marking those written inside a guard alien of their own."""
     k = kind.astype(np.int64)
     return int(np.isin(k, (Kind.FILE, Kind.PROC, Kind.LOOP, Kind.STMT, Kind.CALL)).sum()
-               + 2 * (k == Kind.ALIEN).sum())
+               + 2 * (k == Kind.ALIEN).sum() + guarded.sum())
+
+
+def _guarded(s: Structure) -> npt.NDArray[np.bool_]:
+    """Per scope: a statement or call site whose file is not the one a reader gives it (the
+    file of the nearest ``F`` or alien around it, none for a pseudo file ``[module]``), and
+    so written inside a guard alien (see the module docstring). Linear numpy passes: the
+    nearest such ancestor by pointer jumping over the parent column."""
+    n = len(s.kind)
+    out = np.zeros(n, np.bool_)
+    if n < 2:
+        return out
+    kind = s.kind.astype(np.int64)
+    leaf = (kind == Kind.STMT) | (kind == Kind.CALL)
+    if not leaf.any():
+        return out
+    # the file each scope gives the scopes inside it, for the scopes that set it
+    canon = _canonical_ids(s.strings)
+    setter = (kind == Kind.FILE) | (kind == Kind.ALIEN)
+    setter[0] = True
+    given = np.full(n, -1, np.int64)
+    fid = s.file.astype(np.int64)
+    alien = kind == Kind.ALIEN
+    given[alien] = np.where(fid[alien] >= 0, canon[np.maximum(fid[alien], 0)], -1)
+    files = np.flatnonzero(kind == Kind.FILE)
+    for j in files.tolist():  # one per source file: few
+        nm = int(s.name[j])
+        if nm >= 0 and not s.strings[nm].startswith("["):
+            given[j] = canon[nm]
+    up = np.where(setter, np.arange(n), np.maximum(s.parent.astype(np.int64), 0))
+    while True:
+        nxt = up[up]
+        if np.array_equal(nxt, up):
+            break
+        up = nxt
+    idx = np.flatnonzero(leaf)
+    ctx = given[up[np.maximum(s.parent[idx].astype(np.int64), 0)]]
+    own = np.where(fid[idx] >= 0, canon[np.maximum(fid[idx], 0)], -1)
+    out[idx] = own != ctx
+    return out
+
+
+def _canonical_ids(strings: list[str]) -> npt.NDArray[np.int64]:
+    """Each string id mapped to the first id of the same text (a structure's table may hold
+    a text twice)."""
+    first: dict[str, int] = {}
+    canon = np.fromiter((first.setdefault(x, i) for i, x in enumerate(strings)), np.int64,
+                        len(strings))
+    return canon if len(canon) else np.zeros(1, np.int64)
 
 
 def _open_after(s: Structure, j: int) -> list[tuple[int, str]]:
@@ -196,13 +258,13 @@ def _open_after(s: Structure, j: int) -> list[tuple[int, str]]:
     return chain[::-1]
 
 
-def _write_split(s: Structure, out: IO[str], mid: int, open_: list[tuple[int, str]],
-                 n: int) -> int:
+def _write_split(s: Structure, guarded: npt.NDArray[np.bool_], out: IO[str], mid: int,
+                 open_: list[tuple[int, str]], n: int) -> int:
     """Scopes ``[1, mid)`` here and ``[mid, end)`` in a forked child (see :func:`_write_lm`);
     the element number after all of them. Where the fork or the child fails, this process
     writes the second half too."""
     total = len(s.kind)
-    n_mid = n + _elements(s.kind[1:mid])
+    n_mid = n + _elements(s.kind[1:mid], guarded[1:mid])
     stack = _open_after(s, mid - 1)
     out.flush()
     with tempfile.TemporaryFile("w+", encoding="utf-8") as tmp:
@@ -214,14 +276,14 @@ def _write_split(s: Structure, out: IO[str], mid: int, open_: list[tuple[int, st
             status = 1
             try:
                 own = list(stack)
-                _write_scopes(s, tmp.write, mid, total, own, n_mid)
+                _write_scopes(s, guarded, tmp.write, mid, total, own, n_mid)
                 while own:
                     tmp.write(own.pop()[1])
                 tmp.flush()
                 status = 0
             finally:
                 os._exit(status)
-        got = _write_scopes(s, out.write, 1, mid, open_, n)
+        got = _write_scopes(s, guarded, out.write, 1, mid, open_, n)
         if got != n_mid or open_ != stack:
             raise AssertionError("structure writer: the halves do not meet")
         ok = False
@@ -229,17 +291,18 @@ def _write_split(s: Structure, out: IO[str], mid: int, open_: list[tuple[int, st
             _, status = os.waitpid(pid, 0)
             ok = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
         if not ok:
-            return _write_scopes(s, out.write, mid, total, open_, n_mid)
+            return _write_scopes(s, guarded, out.write, mid, total, open_, n_mid)
         tmp.seek(0)
         shutil.copyfileobj(tmp, out, 1 << 20)
     open_.clear()
-    return n_mid + _elements(s.kind[mid:])
+    return n_mid + _elements(s.kind[mid:], guarded[mid:])
 
 
-def _write_scopes(s: Structure, w: Callable[[str], object], start: int, stop: int,
-                  open_: list[tuple[int, str]], n: int) -> int:
+def _write_scopes(s: Structure, guarded: npt.NDArray[np.bool_], w: Callable[[str], object],
+                  start: int, stop: int, open_: list[tuple[int, str]], n: int) -> int:
     """Scopes ``[start, stop)`` with ``open_`` the stack of scopes open before them (left
     with those open after them) and ``n`` the next element number; the next element number.
+    A scope marked in ``guarded`` goes inside a guard alien naming its file.
 
     Columns are read as ``array.array`` (8 bytes per entry) rather than lists: enum
     comparisons and numpy scalar access per scope cost more than the formatting itself, and
@@ -276,6 +339,7 @@ def _write_scopes(s: Structure, w: Callable[[str], object], start: int, stop: in
         file, line = col(s.file[c0:c1]), col(s.line[c0:c1])
         cfile, cline = col(s.call_file[c0:c1]), col(s.call_line[c0:c1])
         target = col(s.target[c0:c1], "Q")
+        guard = col(guarded[c0:c1])
         rptr = col(s.range_ptr[c0:c1 + 1])
         r0 = rptr[0]
         rlo, rhi = col(s.range_lo[r0:rptr[-1]], "Q"), col(s.range_hi[r0:rptr[-1]], "Q")
@@ -290,15 +354,23 @@ def _write_scopes(s: Structure, w: Callable[[str], object], start: int, stop: in
             while open_ and open_[-1][0] != p:
                 w(open_.pop()[1])
             k = kind[j]
+            if guard[j]:
+                w(f'<A i="{n}" l="{line[j]}" f={qs(file[j], "<unknown>")} n={_GUARD_Q} '
+                  'v="{}">\n')
+                n += 1
             if k == STMT:
                 w(f'<S i="{n}" l="{line[j]}" v="{vset(j)}"/>\n')
                 n += 1
+                if guard[j]:
+                    w("</A>\n")
                 continue
             if k == CALL:
                 t = target[j]
                 ts = f' t="{t:#x}"' if t else ""
                 w(f'<C i="{n}" l="{line[j]}" v="{vset(j)}"{ts}/>\n')
                 n += 1
+                if guard[j]:
+                    w("</A>\n")
                 continue
             if k == FILE:
                 w(f'<F i="{n}" n={qs(name[j])}>\n')
@@ -399,7 +471,7 @@ def read_hpcstruct(path: str | os.PathLike[str], *, cache: bool = True) -> list[
 
 CACHE_MIN_BYTES = 1 << 18  # smaller files parse in well under 10 ms: not worth an entry
 CACHE_MAX_BYTES = 1 << 28  # the directory's bound (libc's entry: 12 MB)
-_CACHE_VERSION = 2  # bumped whenever the reader's result changes
+_CACHE_VERSION = 3  # bumped whenever the reader's result changes
 _ARRAYS = ("kind", "parent", "name", "link_name", "file", "line", "call_file", "call_line",
            "target", "range_ptr", "range_lo", "range_hi", "map_lo", "map_hi", "map_scope")
 
@@ -548,7 +620,13 @@ def _read_lm(lm: ET.Element, path: str) -> Structure:
             elif tag == "A":
                 kids = list(c)
                 inner = kids[0] if len(kids) == 1 and kids[0].tag == "A" else None
-                if not c.get("n") and inner is not None:
+                f = c.get("f")
+                f = None if f == "<unknown>" else f
+                if (c.get("n") == GUARD and f != file and kids
+                        and all(k.tag in ("S", "C") for k in kids)):
+                    # a guard alien naming its statements' own file: fold it back into them
+                    walk(c, parent, f)
+                elif not c.get("n") and inner is not None:
                     # hpcstruct's pair: call site outside, callee inside.
                     cf = c.get("f")
                     f = inner.get("f")
@@ -558,11 +636,9 @@ def _read_lm(lm: ET.Element, path: str) -> Structure:
                                call_file=None if cf in (None, "<unknown>") else cf,
                                call_line=_int_attr(c, "l", path),
                                ranges=_parse_vset(inner.get("v"), path))
-                    walk(inner, sc, f)
+                    walk(inner, sc, None if f in (None, "<unknown>") else f)
                 else:
-                    f = c.get("f")
-                    sc = b.add(Kind.ALIEN, parent, name=c.get("n", ""),
-                               file=None if f in (None, "<unknown>") else f,
+                    sc = b.add(Kind.ALIEN, parent, name=c.get("n", ""), file=f,
                                line=_int_attr(c, "l", path), call_file=file,
                                call_line=_int_attr(c, "l", path), ranges=rs)
                     walk(c, sc, f)
