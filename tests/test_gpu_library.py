@@ -138,3 +138,56 @@ def test_launch_to_database_without_a_gpu(lib: ctypes.CDLL, tmp_path: Path) -> N
     # the statement that launched it, in its function, called from this test
     assert names[2:4] == [("", line), ("_launch_from_python", 0)]
     assert names[5][0] == "test_launch_to_database_without_a_gpu"
+
+
+def _kernel_path(db: Path) -> list[tuple[str, int, str]]:
+    """(function, line, module's file name) from the kernel's node up to the root."""
+    exp = callpath.open(db)
+    (leaf,) = np.flatnonzero(exp.exclusive(exp.metric("GKER (sec)")))
+    cct = exp.cct
+    out = []
+    n = int(leaf)
+    while n > 0:
+        f = int(cct.function[n])
+        fn = exp.functions[f] if f >= 0 else None
+        mod = exp.modules[fn.module].path if fn is not None and fn.module >= 0 else ""
+        out.append((fn.name if fn else "", int(cct.line[n]), Path(mod).name))
+        n = int(cct.parent[n])
+    return out
+
+
+class Layer:
+    def forward(self, lib: ctypes.CDLL, raw: Path) -> int:
+        return _launch_from_python(lib, raw)
+
+
+def test_native_launch_paths_merge_python_and_native(lib: ctypes.CDLL, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --native (CALLPATH_GPU_NATIVE=1) a launch from Python records its native frames
+    too, and the conversion merges them as run --native merges a sample: the Python frames
+    in place of the evaluation loop's activations, the native code between (here ctypes and
+    libffi, as PyTorch's dispatcher in a training loop) below the Python line that called
+    it, and no interpreter frames at the root or between Python frames."""
+    paths = {}
+    for native in ("0", "1"):
+        monkeypatch.setenv("CALLPATH_GPU_NATIVE", native)
+        meas = tmp_path / f"m{native}"
+        md.write_header(meas, [], command=["pytest"], status="complete")
+        line = Layer().forward(lib, meas / "gpu-4242.raw")
+        (pcs,) = [a[4] for a in cv.read_raw(meas / "gpu-4242.raw").apis]
+        assert bool(pcs) == (native == "1")
+        cv.convert_all(meas, trace=False)
+        run_cli("prof", str(meas), "-o", str(tmp_path / f"db{native}"), check=True)
+        paths[native] = _kernel_path(tmp_path / f"db{native}")
+    python_only, merged = paths["0"], paths["1"]
+    assert python_only[:2] == merged[:2] and merged[1][0] == "<gpu kernel>"
+    assert python_only[2][1] == line  # the Python-only path: the launching line, then Python
+    at = merged.index(python_only[2])
+    # from the launching line to the root, the merged path is the Python one: no interpreter
+    # frames between Python frames, none at the root (the interpreter's entry left out)
+    assert merged[at:] == python_only[2:]
+    # between <gpu kernel> and that line, the native code it called: ctypes, then libffi
+    native = [(f, m) for f, _, m in merged[2:at] if f]
+    assert native and all(m.startswith(("libffi", "_ctypes")) for _, m in native)
+    assert native[0][1].startswith("libffi") and native[-1][1].startswith("_ctypes")
+    assert "_ctypes_callproc" in [f for f, _ in native]

@@ -59,6 +59,10 @@ else
   python3 -m callpath report "$W/db-py-fast" -m 'GKER (sec)' -d 40 -t 5 > "$OUT/py-report.txt" 2>&1
 fi
 python3 -m callpath report "$W/db-py-fast" --contexts >> "$OUT/py-report.txt" 2>&1
+t "torch run --native (launch paths through Python and native code)"
+timeout "$(left 60 90)" python3 -m callpath run --native -e gpu=nvidia -o "$W/m-nat" --top 0 -- python3 "$SRC/tests/gpu_programs/train.py" --steps 20 2>&1 | tail -6
+timeout "$(left 45 60)" python3 -m callpath prof "$W/m-nat" -o "$W/db-nat" && \
+  python3 -m callpath report "$W/db-nat" -m 'GKER (sec)' -d 90 -t 5 > "$OUT/native-report.txt" 2>&1
 t "pack"
 python3 - "$W" "$OUT/summary.json" <<'PY'
 import json, sys, pathlib
@@ -72,6 +76,7 @@ for k in ("cu-check", "py-check", "py-check-fast", "bench", "ref"):
 pathlib.Path(sys.argv[2]).write_text(json.dumps(out, indent=1))
 PY
 (cd "$W" && tar czf "$OUT/fixture.tar.gz" m-py/measurement.json m-py/gpu-*.cpm m-py/process-*.cpm m-cu)
+[ -d "$W/m-nat" ] && (cd "$W" && tar czf "$OUT/native-fixture.tar.gz" m-nat/measurement.json m-nat/gpu-*.cpm m-nat/process-*.cpm)
 (cd "$W" && tar czf "$OUT/db-cu.tar.gz" db-cu)
 ls -la "$OUT"
 t "done"

@@ -232,11 +232,12 @@ def _run_with_gpu(args: argparse.Namespace, out: Path | None) -> int:
     from callpath.formats.measdir import check_new_directory
 
     check_new_directory(out)
-    gpu_session.prepare(out)
+    gpu_session.prepare(out, native=bool(getattr(args, "native", False)))
     try:
         status = run(args)
     finally:
-        for line in gpu_session.finish(out, bool(args.trace)):
+        for line in gpu_session.finish(
+                out, bool(args.trace), bool(getattr(args, "keep_interpreter_frames", False))):
             sys.stderr.write(f"callpath: {line}\n")
     return status
 

@@ -13,8 +13,13 @@ of the API call with the same correlation id. The result is written as
 Native paths are cut at the driver: the frames inside this library, libcupti and libcuda are
 dropped, so the innermost frame is the runtime's (or the program's) call into the driver, as
 hpcprof shows ``cudaLaunchKernel`` above ``<gpu kernel>``. A thread that holds the GIL of a
-Python interpreter gets its Python frames as its path (with ``CALLPATH_GPU_NATIVE`` they were
-recorded too, but merging them into one path is ``--native``'s work and is not done here).
+Python interpreter gets its Python frames as its path. With ``--native``
+(``CALLPATH_GPU_NATIVE=1``) its native frames were recorded too, and the two are merged as
+``run --native`` merges a sample's (``native_merge.merge_paths``, then ``readable_path``): each
+activation of CPython's evaluation loop among the native frames is replaced by the Python
+frames it ran (the library marks where each activation begins), so the launch sits under the
+Python line that called into the library, the library's own frames (PyTorch's operator
+dispatch, cuBLAS) between them.
 """
 
 from __future__ import annotations
@@ -144,10 +149,18 @@ class _Tree:
         return md.make_nodes(a[:, 0], a[:, 1], a[:, 2], a[:, 3].astype(np.uint64))
 
 
-def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | None = None
-            ) -> Path | None:
+#: the library's MAX_NATIVE: a launch with this many native frames may have lost its outermost
+MAX_NATIVE = 512
+#: the library's mark of a Python frame that begins an activation of the evaluation loop
+PY_ENTRY = 1 << 32
+
+
+def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | None = None,
+            keep_interpreter: bool = False) -> Path | None:
     """Write the companion file of one raw file (see the module docstring); returns its path,
-    or None when the process recorded nothing."""
+    or None when the process recorded nothing. ``keep_interpreter``: as ``run --native
+    --keep-interpreter-frames``, CPython's frames between Python frames stay in merged
+    paths."""
     raw = read_raw(raw_path)
     if not raw.apis and not raw.ops:
         return None
@@ -174,40 +187,57 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
                                      info.build_id))
         return got
 
-    for corr, tid, _api, _t, pcs, frames in raw.apis:
+    def code(key: int) -> int:
+        ci = code_index.get(key)
+        if ci is None:
+            f, name, first = raw.codes.get(key, ("<unknown>", "<unknown>", 0))
+            ci = code_index[key] = len(pycode)
+            pycode.append(md.PyCode(f, name, first))
+        return ci
+
+    def native(pcs: list[int]) -> list[tuple[int, int]]:
+        """(module, link-time address) of the program's frames, innermost first."""
+        kept: list[tuple[int, int]] = []
+        program = False
+        for pc in pcs:
+            i = bisect.bisect_right(starts, pc) - 1
+            inside = i >= 0 and pc < maps[i].end
+            if not program and (not inside or any(
+                    d in os.path.basename(maps[i].path) for d in DRIVER_MODULES)):
+                continue  # still in the measurement's or the driver's frames
+            program = True
+            mi = module(i) if inside else None
+            if mi is None:
+                kept.append((-1, pc))
+                continue
+            m = modules[mi]
+            kept.append((mi, pc - m.start + m.vaddr))
+        if kept and kept[-1][0] < 0:
+            kept.pop()  # glibc's backtrace ends with a null or garbage return address
+        return kept
+
+    natives = [native(pcs) for *_, pcs, _frames in raw.apis]
+    merge = _LaunchMerge(modules, natives, keep_interpreter) if any(
+        n and a[5] for n, a in zip(natives, raw.apis, strict=True)) else None
+    for (corr, tid, _api, _t, pcs, frames), kept in zip(raw.apis, natives, strict=True):
         slot = slot_of_tid.setdefault(tid, len(slot_of_tid))
         tree = trees.setdefault(slot, _Tree())
         node = 0
-        if frames:
-            for key, line in reversed(frames):
-                ci = code_index.get(key)
-                if ci is None:
-                    f, name, first = raw.codes.get(key, ("<unknown>", "<unknown>", 0))
-                    ci = code_index[key] = len(pycode)
-                    pycode.append(md.PyCode(f, name, first))
-                node = tree.child(node, int(md.NodeKind.PYTHON), ci, line)
+        if frames and kept and merge is not None:
+            stack = tuple((code(key), word & 0xFFFFFFFF, bool(word & PY_ENTRY))
+                          for key, word in frames)
+            for k in merge.path(kept, stack, complete=len(pcs) < MAX_NATIVE):
+                node = tree.child(node, k[0], k[1], k[2])
+        elif frames:
+            for key, word in reversed(frames):
+                node = tree.child(node, int(md.NodeKind.PYTHON), code(key), word & 0xFFFFFFFF)
         else:
-            kept: list[tuple[int, int]] = []  # (module, link-time address), innermost first
-            program = False
-            for pc in pcs:
-                i = bisect.bisect_right(starts, pc) - 1
-                inside = i >= 0 and pc < maps[i].end
-                if not program and (not inside or any(
-                        d in os.path.basename(maps[i].path) for d in DRIVER_MODULES)):
-                    continue  # still in the measurement's or the driver's frames
-                program = True
-                mi = module(i) if inside else None
-                if mi is None:
-                    kept.append((-1, pc))
-                    continue
-                m = modules[mi]
-                kept.append((mi, pc - m.start + m.vaddr))
-            if kept and kept[-1][0] < 0:
-                kept.pop()  # glibc's backtrace ends with a null or garbage return address
             for mi, addr in reversed(kept):
                 kind = md.NodeKind.NATIVE if mi >= 0 else md.NodeKind.UNKNOWN
                 node = tree.child(node, int(kind), mi, addr)
         at[int(corr)] = (slot, node)
+    if merge is not None:
+        merge.save()
     main_slot = slot_of_tid.get(raw.pid, 0)
     shift = clock_offset(raw.notes)
     names: list[str] = []
@@ -261,6 +291,56 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
                 mdg.write_ops(w, slot, ops_array(rows))
         mdg.write_names(w, names)
     return out_dir / name
+
+
+class _LaunchMerge:
+    """One path through Python and native code per launch recorded with both (``--native``):
+    ``run --native``'s merge applied to the library's backtrace and Python frames."""
+
+    def __init__(self, modules: list[md.Module], natives: list[list[tuple[int, int]]],
+                 keep_interpreter: bool) -> None:
+        from callpath.measure.python import native_merge as nm
+
+        self.nm = nm
+        self.keep = keep_interpreter
+        self.cache = nm.forward_cache()
+        self.elves: list[ElfInfo | None] = [ElfInfo.get(m.path) for m in modules]
+        # the evaluation loop's frames, per distinct (module, return address): looked up at
+        # the call instruction (the address before the return address), as the merge does
+        distinct = sorted({f for n in natives for f in n if f[0] >= 0})
+        mod = np.array([m for m, _ in distinct], dtype=np.int64)
+        addr = np.array([a - 1 for _, a in distinct], dtype=np.uint64)
+        is_eval, _gil = nm.eval_ranges(mod, addr, self.elves, self.cache)
+        self.is_eval = {f for f, e in zip(distinct, is_eval.tolist(), strict=True) if e}
+        self.interpreter = frozenset(m for m, _ in self.is_eval)
+        self.forwards = nm.Forwarding(self.elves, self.cache)
+        self.classes = nm.PathClasses(self.interpreter, frozenset(), frozenset())
+        # a training loop launches from the same few hundred places: each merged once
+        self.memo: dict[tuple[Any, ...], list[tuple[int, int, int, int]]] = {}
+
+    def path(self, kept: list[tuple[int, int]], stack: tuple[tuple[int, int, bool], ...],
+             complete: bool) -> list[tuple[int, int, int, int]]:
+        """The merged path, root first, of a launch's native frames (``kept``, innermost
+        first) and Python frames (code index, line, entry; innermost first)."""
+        memo_key = (tuple(kept), stack, complete)
+        got = self.memo.get(memo_key)
+        if got is not None:
+            return got
+        from callpath.measure.remote_native import groups_of
+
+        native = int(md.NodeKind.NATIVE)
+        unknown = int(md.NodeKind.UNKNOWN)
+        keys = [(native if m >= 0 else unknown, m, a, 0) for m, a in kept]
+        evl = [f in self.is_eval for f in kept]
+        path, _state = self.nm.merge_paths(keys, evl, complete, groups_of(stack))
+        got = self.memo[memo_key] = self.nm.readable_path(
+            path, self.interpreter, frozenset(), frozenset(), self.keep, self.forwards,
+            self.forwards.through_pointer, self.classes)
+        return got
+
+    def save(self) -> None:
+        if self.cache is not None:
+            self.cache.save()
 
 
 def kernel_binaries(out_dir: Path, cubins: list[tuple[int, int, int]], names: list[str]
@@ -334,11 +414,11 @@ def summary_notes(raw_dir: Path) -> list[str]:
     return out
 
 
-def convert_all(out_dir: Path, *, trace: bool) -> list[Path]:
+def convert_all(out_dir: Path, *, trace: bool, keep_interpreter: bool = False) -> list[Path]:
     """Convert every raw file of a measurement directory (then removed)."""
     made = []
     for p in sorted(out_dir.glob("gpu-*.raw")):
-        got = convert(p, out_dir, trace=trace)
+        got = convert(p, out_dir, trace=trace, keep_interpreter=keep_interpreter)
         if got is not None:
             made.append(got)
         p.unlink()

@@ -52,7 +52,7 @@
 
 enum { R_API = 1, R_CODE = 2, R_KERNEL = 3, R_MEMCPY = 4, R_MEMSET = 5, R_SYNC = 6,
        R_MAPS = 7, R_INFO = 8, R_CUBIN = 9 };
-#define MAX_NATIVE 256
+#define MAX_NATIVE 512 /* a PyTorch launch from Python: 100-300 frames */
 #define MAX_PY 256
 static void emit(uint32_t tag, const void *a, size_t na, const void *b, size_t nb,
                  const void *c, size_t nc);
@@ -194,7 +194,12 @@ static int line_of(uint64_t key, PyCodeObject *co, int offset) { /* code_lock he
     return line;
 }
 
-/* The thread's Python frames, innermost first: (code key, line) pairs. */
+/* The thread's Python frames, innermost first: (code key, line | entry << 32) pairs, entry
+ * marking the first frame of an activation of the evaluation loop (3.11: is_entry; 3.12+: the
+ * frame above a shim frame owned by the C stack), where --native's merge cuts the frames into
+ * one group per _PyEval_EvalFrameDefault frame of the native stack. A skipped frame (not
+ * started yet) that began an activation hands its mark to the frame recorded before it. */
+#define PY_ENTRY (1ull << 32)
 static int python_frames(uint64_t *out) {
     if (!python_ok) return 0;
     PyThreadState *ts = py_this_thread();
@@ -209,7 +214,13 @@ static int python_frames(uint64_t *out) {
     pthread_mutex_lock(&code_lock); /* once per walk: the code and line tables */
     for (int guard = 0; f != NULL && n < MAX_PY && guard < 4 * MAX_PY; guard++, f = f->previous) {
 #if PY_VERSION_HEX >= 0x030C0000
-        if (f->owner == FRAME_OWNED_BY_CSTACK) continue;
+        if (f->owner == FRAME_OWNED_BY_CSTACK) {
+            if (n > 0) out[2 * n - 1] |= PY_ENTRY;
+            continue;
+        }
+        int entry = 0;
+#else
+        int entry = f->is_entry;
 #endif
 #if PY_VERSION_HEX >= 0x030D0000
         PyObject *ex = f->f_executable;
@@ -222,20 +233,31 @@ static int python_frames(uint64_t *out) {
         _Py_CODEUNIT *at = f->prev_instr;
 #endif
         _Py_CODEUNIT *first = _PyCode_CODE(co);
-        if (f->owner != FRAME_OWNED_BY_GENERATOR && at < first + co->_co_firsttraceable)
+        if (f->owner != FRAME_OWNED_BY_GENERATOR && at < first + co->_co_firsttraceable) {
+            if (entry && n > 0) out[2 * n - 1] |= PY_ENTRY;
             continue; /* not started yet (_PyFrame_IsIncomplete) */
+        }
         uint64_t key = code_key(co);
         int line = line_of(key, co, (int)((char *)at - (char *)first));
         out[2 * n] = key;
-        out[2 * n + 1] = (uint64_t)(uint32_t)(line < 0 ? 0 : line);
+        out[2 * n + 1] = (uint64_t)(uint32_t)(line < 0 ? 0 : line) | (entry ? PY_ENTRY : 0);
         n++;
     }
     pthread_mutex_unlock(&code_lock);
     return n;
 }
+
+/* A new output file describes its code objects anew (the tests' launches, each to a file of
+ * its own; a real process opens one file). */
+static void forget_codes(void) {
+    pthread_mutex_lock(&code_lock);
+    memset(known_code, 0, sizeof known_code);
+    pthread_mutex_unlock(&code_lock);
+}
 #else
 static void resolve_python(void) {}
 static int python_frames(uint64_t *out) { (void)out; return 0; }
+static void forget_codes(void) {}
 #endif
 
 /* ---------------------------------------------------------------------------- callbacks */
@@ -552,7 +574,10 @@ int callpath_cupti_wanted(const char *name, int runtime) { return wanted(runtime
 int callpath_cupti_fake_launch(const char *path) {
     out_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (out_fd < 0) return -1;
+    const char *nat = getenv("CALLPATH_GPU_NATIVE"); /* as InitializeInjection reads it */
+    with_native = nat && nat[0] == '1';
     resolve_python();
+    forget_codes();
     CUpti_CallbackData cb;
     memset(&cb, 0, sizeof cb);
     cb.callbackSite = CUPTI_API_ENTER;

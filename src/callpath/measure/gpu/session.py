@@ -30,10 +30,12 @@ def split_events(events: list[str]) -> tuple[list[str], str | None]:
     return rest, kind
 
 
-def prepare(out: Path) -> None:
+def prepare(out: Path, native: bool = False) -> None:
     """Make this process's environment load the CUPTI library into every CUDA process it
-    starts (CUDA_INJECTION64_PATH is read by the driver at cuInit), writing into ``out``.
-    Raises the one-line reason when this machine cannot measure NVIDIA GPUs."""
+    starts (CUDA_INJECTION64_PATH is read by the driver at cuInit), writing into ``out``;
+    with ``native`` (``--native``), launches from Python record their native frames too, to
+    be merged with the Python ones. Raises the one-line reason when this machine cannot
+    measure NVIDIA GPUs."""
     reason = library.unavailable()
     if reason:
         raise CallpathError(f"-e gpu=nvidia: {reason}")
@@ -47,13 +49,14 @@ def prepare(out: Path) -> None:
                             "itself into CUDA; unset it to measure with callpath")
     os.environ["CUDA_INJECTION64_PATH"] = str(lib)
     os.environ["CALLPATH_GPU_DIR"] = str(out.resolve())
+    os.environ["CALLPATH_GPU_NATIVE"] = "1" if native else "0"
 
 
-def finish(out: Path, trace: bool) -> list[str]:
+def finish(out: Path, trace: bool, keep_interpreter: bool = False) -> list[str]:
     """Convert the raw GPU records of ``out`` into companion files and note them in the
     header; returns lines for the user (another CUPTI subscriber, nothing launched)."""
     notes = convert.summary_notes(out)
-    made = convert.convert_all(out, trace=trace)
+    made = convert.convert_all(out, trace=trace, keep_interpreter=keep_interpreter)
     header_path = out / md.HEADER_FILE
     try:
         header = json.loads(header_path.read_text())

@@ -45,6 +45,7 @@ import numpy.typing as npt
 from callpath.errors import FormatError
 from callpath.formats import measdir as md
 from callpath.measure import cfi, loadmap, postmortem, unwind
+from callpath.measure.elfinfo import ElfInfo
 from callpath.measure.loadmap import Mapping
 from callpath.measure.python import forwarding
 
@@ -245,19 +246,20 @@ def _eval_frames(fr: unwind.Frames, mm: unwind.ModuleMap,
     key = np.where(ok, (fr.module << 48) | (addr & ((1 << 48) - 1)), -1)
     uk, inv = np.unique(key, return_inverse=True)
     um = np.where(uk >= 0, uk >> 48, -1)
-    is_eval, is_gil = _eval_ranges(um, (uk & ((1 << 48) - 1)).astype(np.uint64), mm, cache)
+    is_eval, is_gil = eval_ranges(um, (uk & ((1 << 48) - 1)).astype(np.uint64), mm.elves,
+                                   cache)
     return is_eval[inv.reshape(-1)], is_gil[inv.reshape(-1)]
 
 
-def _eval_ranges(module: npt.NDArray[np.int64], lookup: npt.NDArray[np.uint64],
-                 mm: unwind.ModuleMap, cache: forwarding.ForwardCache | None
-                 ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+def eval_ranges(module: npt.NDArray[np.int64], lookup: npt.NDArray[np.uint64],
+                elves: list[ElfInfo | None], cache: forwarding.ForwardCache | None
+                ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
     """Whether each (module, link-time address looked up) lies in the evaluation loop, and
     whether in ``take_gil`` (module -1: in neither)."""
     is_eval = np.zeros(len(module), dtype=bool)
     is_gil = np.zeros(len(module), dtype=bool)
     for mod in np.unique(module[module >= 0]).tolist():
-        elf = mm.elves[mod]
+        elf = elves[mod]
         if elf is None:
             continue
         got = cache.named_ranges(elf) if cache is not None else forwarding.named_ranges(elf)
@@ -493,9 +495,9 @@ def readable_path(path: list[Key], interpreter: frozenset[int], own_modules: fro
 class Forwarding:
     """``forwarding.forwards`` per (module, return address), each asked once per merge."""
 
-    def __init__(self, mm: unwind.ModuleMap,
+    def __init__(self, elves: list[ElfInfo | None],
                  cache: forwarding.ForwardCache | None = None) -> None:
-        self.mm = mm
+        self.elves = elves
         self.memo: dict[tuple[int, int], bool] = {}
         self.pointer_memo: dict[tuple[int, int], bool] = {}
         #: the answers of earlier runs, per module identity (the caller saves it)
@@ -504,7 +506,7 @@ class Forwarding:
     def __call__(self, module: int, address: int) -> bool:
         got = self.memo.get((module, address))
         if got is None:
-            elf = self.mm.elves[module] if 0 <= module < len(self.mm.elves) else None
+            elf = self.elves[module] if 0 <= module < len(self.elves) else None
             got = elf is not None and (self.cache.forwards(elf, address) if self.cache
                                        else forwarding.forwards(elf, address))
             self.memo[(module, address)] = got
@@ -514,7 +516,7 @@ class Forwarding:
         """``forwarding.calls_through_pointer`` per (module, return address)."""
         got = self.pointer_memo.get((module, address))
         if got is None:
-            elf = self.mm.elves[module] if 0 <= module < len(self.mm.elves) else None
+            elf = self.elves[module] if 0 <= module < len(self.elves) else None
             got = elf is not None and (
                 self.cache.calls_through_pointer(elf, address) if self.cache
                 else forwarding.calls_through_pointer(elf, address))
@@ -522,7 +524,7 @@ class Forwarding:
         return got
 
 
-def _forward_cache() -> forwarding.ForwardCache | None:
+def forward_cache() -> forwarding.ForwardCache | None:
     """The per-user cache of trampoline answers, beside the unwind rows (None where that
     cache is turned off)."""
     from callpath.measure.recipes import cache_dir
@@ -589,12 +591,13 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False,
         compiler.cache.save()
     if on_frames is not None:
         on_frames(mods, fr.module, fr.address, fr.exact)
-    fwd_cache = _forward_cache()
+    fwd_cache = forward_cache()
     # one small integer per distinct native frame: a sample's frames as the bytes of a slice
     # of these are the key of its merged path (a tuple of tuples built per sample cost more
     # than the merge it saved); the evaluation loop's frames found per distinct frame
     frame_ids, umod, uaddr, uexact = _native_ids(fr)
-    ueval, ugil = _eval_ranges(umod, (uaddr - (~uexact)).astype(np.uint64), mm, fwd_cache)
+    ueval, ugil = eval_ranges(umod, (uaddr - (~uexact)).astype(np.uint64), mm.elves,
+                              fwd_cache)
     is_eval = ueval[frame_ids]
     gil = frozenset(zip(umod[ugil].tolist(), uaddr[ugil].tolist(), strict=True))
     if int(rec.npy.sum()) and not is_eval.any():
@@ -610,7 +613,7 @@ def merge_process(out: Path, notes_path: Path, keep_interpreter: bool = False,
     own_modules = frozenset(m.index for m in mods
                             if os.path.basename(m.path).startswith(OWN_MODULES))
     own_codes = frozenset(i for i, c in enumerate(proc.pycode) if own_code(c.file))
-    forwards = Forwarding(mm, fwd_cache)
+    forwards = Forwarding(mm.elves, fwd_cache)
     # native frames per sample, leaf first: each sample's frames are depths 0 .. nframes-1,
     # so a frame's place is its sample's first place plus its depth (no sort)
     bounds = np.zeros(n + 1, dtype=np.int64)
