@@ -16,6 +16,7 @@ from callpath.formats import measdir as md
 from callpath.formats import measdir_gpu as mdg
 from callpath.measure.gpu import convert as cv
 from callpath.measure.gpu import library
+from callpath.model.contexts import IdKind
 from conftest import run_cli
 
 
@@ -92,8 +93,14 @@ def test_launch_callbacks_are_chosen_by_name(lib: ctypes.CDLL) -> None:
                 "cudaMemcpyAsync_v3020", "cudaMemsetAsync_v3020", "cudaStreamSynchronize_v3020",
                 "cudaDeviceSynchronize_v3020"):
         assert api in chosen
+    # allocations and frees too (GMEM), timed by their own calls
+    for api in ("cudaMalloc_v3020", "cudaFree_v3020", "cudaMallocHost_v3020",
+                "cudaMallocAsync_v11020", "cuMemAlloc_v2", "cuMemFree_v2"):
+        assert api in chosen
+    assert lib.callpath_cupti_wanted(b"cudaMalloc_v3020", 1) == 2
+    assert lib.callpath_cupti_wanted(b"cudaFree_v3020", 1) == 3
     assert not chosen & {"cudaGetDevice_v3020", "cudaStreamGetCaptureInfo_v2_v11030",
-                         "cuCtxGetCurrent", "cudaMalloc_v3020"}
+                         "cuCtxGetCurrent", "cudaMemGetInfo_v3020", "cuMemGetInfo_v2"}
     assert len(chosen) < 300
 
 
@@ -191,3 +198,45 @@ def test_native_launch_paths_merge_python_and_native(lib: ctypes.CDLL, tmp_path:
     assert native and all(m.startswith(("libffi", "_ctypes")) for _, m in native)
     assert native[0][1].startswith("libffi") and native[-1][1].startswith("_ctypes")
     assert "_ctypes_callproc" in [f for f, _ in native]
+
+
+def _alloc_from_python(lib: ctypes.CDLL, raw: Path) -> int:
+    line = sys._getframe().f_lineno + 1
+    assert lib.callpath_cupti_fake_alloc(str(raw).encode()) == 0
+    return line
+
+
+def test_allocations_and_frees_give_gmem(lib: ctypes.CDLL, tmp_path: Path) -> None:
+    """cudaMalloc and cudaFree (CUPTI's side made up: callpath_cupti_fake_alloc) become
+    <gpu alloc> and <gpu delete> under the calling line, with HPCToolkit's GMEM metrics:
+    the API call's time, a count, and the memory record's bytes by kind (device here); the
+    driver calls inside them are not counted again, and they are not GPU stream work."""
+    meas = tmp_path / "m"
+    md.write_header(meas, [], command=["pytest"], status="complete")
+    raw = meas / "gpu-4243.raw"
+    line = _alloc_from_python(lib, raw)
+    got = cv.read_raw(raw)
+    assert [a[0] for a in got.apis] == [8, 9]
+    assert [(c, w) for c, _, w in got.call_ends] == [(8, 2), (9, 3)]
+    assert [m[0] for m in got.memory] == [8, 9]
+    (comp,) = cv.convert_all(meas, trace=True)
+    (ops,) = mdg.read(comp).ops.values()
+    assert ops["kind"].tolist() == [5, 6] and ops["bytes"].tolist() == [1 << 20] * 2
+    assert ops["sub"].tolist() == [3, 3]  # CUPTI's device memory
+    secs = (ops["end"].astype(np.int64) - ops["start"].astype(np.int64)) * 1e-9
+    db = tmp_path / "db"
+    run_cli("prof", str(meas), "-o", str(db), check=True)
+    exp = callpath.open(db)
+    cct = exp.cct
+    for placeholder, sec in (("<gpu alloc>", secs[0]), ("<gpu delete>", secs[1])):
+        (node,) = [n for n in range(len(cct.parent)) if cct.function[n] >= 0
+                   and exp.functions[int(cct.function[n])].name == placeholder]
+        parent = int(cct.parent[node])
+        assert int(cct.line[parent]) == line  # the statement that allocated or freed
+        for metric, want in (("GMEM:DEV (B)", 1 << 20), ("GMEM:COUNT", 1),
+                             ("GMEM (sec)", sec), ("GPUOP (sec)", sec)):
+            assert exp.inclusive(exp.metric(metric))[node] == pytest.approx(want, abs=1e-12)
+        assert exp.inclusive(exp.metric("GKER (sec)"))[node] == 0
+    # host-side calls: no GPU stream context (one per stream with kernels, copies, memsets)
+    assert exp.contexts and not any(IdKind.GPUSTREAM in [i.kind for i in c.ids]
+                                    for c in exp.contexts)

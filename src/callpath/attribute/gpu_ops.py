@@ -4,7 +4,8 @@ Each operation recorded in a companion file (:mod:`callpath.formats.measdir_gpu`
 node of its launching API call in its thread's tree; that node's *anchor* (the statement or
 line context the frame walk made of it) gets a placeholder procedure below it, as hpcprof
 makes of hpcrun's GPU measurements: ``<gpu kernel>`` with the kernel (demangled) below,
-``<gpu copyin>`` / ``<gpu copyout>`` / ``<gpu copy>``, ``<gpu memset>``, ``<gpu sync>``. Its
+``<gpu copyin>`` / ``<gpu copyout>`` / ``<gpu copy>``, ``<gpu memset>``, ``<gpu sync>``,
+``<gpu alloc>`` / ``<gpu delete>`` (GMEM: an allocation's or free's API call). Its
 metrics (GKER, GXCOPY, ... :data:`callpath.model.gpu_names.METRICS`) are values of the launching
 thread, as in hpcprof's databases, where the GPU stream contexts hold the traces only: each
 stream (``GPUCONTEXT c GPUSTREAM s``) gets a trace line with every operation as an interval
@@ -40,7 +41,10 @@ KernelSteps = Callable[[str, int], "tuple[tuple[int, ...], ...] | None"]
 
 # placeholder codes (an index into _PLACEHOLDERS) per operation
 _PLACEHOLDERS = [gpu.PLACEHOLDER_KERNEL, gpu.PLACEHOLDER_COPYIN, gpu.PLACEHOLDER_COPYOUT,
-                 gpu.PLACEHOLDER_COPY, gpu.PLACEHOLDER_MEMSET, gpu.PLACEHOLDER_SYNC]
+                 gpu.PLACEHOLDER_COPY, gpu.PLACEHOLDER_MEMSET, gpu.PLACEHOLDER_SYNC,
+                 gpu.PLACEHOLDER_ALLOC, gpu.PLACEHOLDER_FREE]
+#: operations on the host's side (it waits in the API call), not work on a GPU stream
+_HOST_SIDE = (gpu.OP_SYNC, gpu.OP_ALLOC, gpu.OP_FREE)
 
 
 @dataclass
@@ -64,6 +68,8 @@ def placeholder_codes(ops: npt.NDArray[Any]) -> I64:
     code[(kind == gpu.OP_MEMCPY) & (sub == 2)] = 2
     code[kind == gpu.OP_MEMSET] = 4
     code[kind == gpu.OP_SYNC] = 5
+    code[kind == gpu.OP_ALLOC] = 6
+    code[kind == gpu.OP_FREE] = 7
     return code
 
 
@@ -146,6 +152,10 @@ def attribute_ops(ops: npt.NDArray[Any], names: list[str], anchor_of_node: I64,
     add(y, M["GSYNC (sec)"], dur)
     add(y, M["GSYNC:COUNT"], ones)
     add(y, _suffix_metrics("GSYNC", "(sec)", gpu.SYNC_KINDS, sub), dur)
+    a = (kind == gpu.OP_ALLOC) | (kind == gpu.OP_FREE)
+    add(a, M["GMEM (sec)"], dur)
+    add(a, M["GMEM:COUNT"], ones)
+    add(a, _suffix_metrics("GMEM", "(B)", gpu.MEMORY_KINDS, sub), nbytes)
     if cols:
         anchor = np.concatenate([a for a, _, _ in cols])
         metric = np.concatenate([np.full(len(a), m, np.int64) if isinstance(m, int) else m
@@ -168,12 +178,12 @@ def _suffix_metrics(prefix: str, unit: str, kinds: dict[int, str], sub: I64) -> 
 def _stream_traces(ops: npt.NDArray[Any], where: I64
                    ) -> dict[tuple[int, int, int], tuple[npt.NDArray[np.uint64], I64]]:
     """Per (device, context, stream): each kernel, copy and memset as an interval, in time
-    order. Synchronizations are the host waiting, not work on a stream (a context-wide one
-    has no stream): they are metrics of the launching thread only."""
+    order. Synchronizations, allocations and frees are the host waiting, not work on a stream
+    (a context-wide one has no stream): they are metrics of the launching thread only."""
     out: dict[tuple[int, int, int], tuple[npt.NDArray[np.uint64], I64]] = {}
     streams = np.stack([ops["device"].astype(np.int64), ops["context"].astype(np.int64),
                         ops["stream"].astype(np.int64)], axis=1)
-    work = ops["kind"] != gpu.OP_SYNC
+    work = ~np.isin(ops["kind"], _HOST_SIDE)
     ops, where, streams = ops[work], where[work], streams[work]
     if not len(ops):
         return out

@@ -154,6 +154,8 @@ OP_KERNEL = 1
 OP_MEMCPY = 2
 OP_MEMSET = 3
 OP_SYNC = 4
+OP_ALLOC = 5  # a memory allocation (cudaMalloc ...), timed by its API call
+OP_FREE = 6   # a memory free (cudaFree ...), timed by its API call
 
 #: The placeholder procedures under the launching call, as hpcprof names hpcrun's.
 PLACEHOLDER_KERNEL = GPU_PLACEHOLDERS[b"GPUKernl"]
@@ -162,6 +164,8 @@ PLACEHOLDER_COPYOUT = GPU_PLACEHOLDERS[b"GPUCpD2H"]   # device to host
 PLACEHOLDER_COPY = GPU_PLACEHOLDERS[b"GPUCp?2?"]      # any other direction
 PLACEHOLDER_MEMSET = GPU_PLACEHOLDERS[b"GPUMemst"]
 PLACEHOLDER_SYNC = GPU_PLACEHOLDERS[b"GPU Sync"]
+PLACEHOLDER_ALLOC = GPU_PLACEHOLDERS[b"GPUAlloc"]
+PLACEHOLDER_FREE = GPU_PLACEHOLDERS[b"GPUDelte"]
 
 #: CUPTI's CUpti_ActivityMemcpyKind -> the GXCOPY suffix.
 COPY_KINDS = {0: "UNK", 1: "H2D", 2: "D2H", 3: "H2A", 4: "A2H", 5: "A2A", 6: "A2D", 7: "D2A",

@@ -40,7 +40,9 @@ from callpath.measure.elfinfo import ElfInfo
 from callpath.model import gpu_names as gpu
 from callpath.model.contexts import Identifier, IdKind
 
-R_API, R_CODE, R_KERNEL, R_MEMCPY, R_MEMSET, R_SYNC, R_MAPS, R_INFO, R_CUBIN = range(1, 10)
+(R_API, R_CODE, R_KERNEL, R_MEMCPY, R_MEMSET, R_SYNC, R_MAPS, R_INFO, R_CUBIN, R_MEMORY,
+ R_API_END) = range(1, 12)
+CALL_ALLOC, CALL_FREE = 2, 3  # the library's kinds of an allocating or freeing API call
 _HEAD = struct.Struct("<II")
 _API = struct.Struct("<4Q")
 _CODE = struct.Struct("<QIII")
@@ -63,6 +65,11 @@ class Raw:
     maps: str = ""
     notes: list[str] = field(default_factory=list)
     cubins: list[tuple[int, int, int]] = field(default_factory=list)  # (module id, hash, size)
+    # allocations and frees: (correlation, API call's end, CALL_ALLOC or CALL_FREE), and
+    # CUPTI's memory records (correlation, time, bytes, device | context << 32, stream,
+    # memory kind | operation << 32)
+    call_ends: list[tuple[int, int, int]] = field(default_factory=list)
+    memory: list[tuple[int, ...]] = field(default_factory=list)
     truncated: bool = False
 
 
@@ -100,6 +107,11 @@ def read_raw(path: Path) -> Raw:
             raw.maps = body.decode(errors="replace")
         elif tag == R_INFO:
             raw.notes.append(body.decode(errors="replace"))
+        elif tag == R_API_END and n >= 24:
+            corr, end, what = struct.unpack_from("<3Q", body, 0)
+            raw.call_ends.append((corr, end, what))
+        elif tag == R_MEMORY and n >= 48:
+            raw.memory.append(struct.unpack_from("<6Q", body, 0))
         elif tag == R_CUBIN and n >= 24:
             mid, h, size = struct.unpack_from("<3Q", body, 0)
             raw.cubins.append((mid, h, size))
@@ -262,6 +274,9 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
                    words[4] & 0xFFFFFFFF, mdg.NO_NAME, 0, 0, 0, 0, 0, words[0] & 0xFFFFFFFF,
                    _OPS[tag], words[6] & 0xFF, 0)
         per_slot.setdefault(slot, []).append(row)
+    for slot, mrow in _memory_ops(raw, at, main_slot, shift):
+        trees.setdefault(slot, _Tree())
+        per_slot.setdefault(slot, []).append(mrow)
     if raw.pid and (generation is None):
         gens = sorted(int(p.stem.split("-")[2]) for p in out_dir.glob(f"process-{raw.pid}-*.cpm")
                       if p.stem.split("-")[2].isdigit())
@@ -291,6 +306,31 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
                 mdg.write_ops(w, slot, ops_array(rows))
         mdg.write_names(w, names)
     return out_dir / name
+
+
+def _memory_ops(raw: Raw, at: dict[int, tuple[int, int]], main_slot: int,
+                shift: int | None) -> list[tuple[int, tuple[int, ...]]]:
+    """(thread slot, GPUOP row) of each allocation and free: the API call's time, from its
+    ENTER to its EXIT (what the program waits; CUPTI's memory record has one timestamp), the
+    bytes, memory kind, device, context and stream of CUPTI's memory record with the same
+    correlation id (an unknown kind and no bytes without one)."""
+    if not raw.call_ends:
+        return []
+    enter = {int(a[0]): int(a[3]) for a in raw.apis}
+    memory = {int(m[0]): m for m in raw.memory}
+    out: list[tuple[int, tuple[int, ...]]] = []
+    for corr, end, what in raw.call_ends:
+        start = enter.get(int(corr))
+        if start is None:
+            continue  # the call began before the library started
+        slot, node = at.get(int(corr), (main_slot, 0))
+        m = memory.get(int(corr))
+        nbytes, dev_ctx, stream, kind = (m[2], m[3], m[4], m[5] & 0xFF) if m else (0, 0, 0, 0)
+        op = gpu.OP_FREE if what == CALL_FREE else gpu.OP_ALLOC
+        out.append((slot, (_on(start, shift), _on(max(end, start), shift), nbytes, 0, node,
+                           dev_ctx & 0xFFFFFFFF, dev_ctx >> 32, stream & 0xFFFFFFFF,
+                           mdg.NO_NAME, 0, 0, 0, 0, 0, corr & 0xFFFFFFFF, op, kind, 0)))
+    return out
 
 
 class _LaunchMerge:

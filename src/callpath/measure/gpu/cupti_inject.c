@@ -49,9 +49,15 @@
 #ifndef CP_SYNC_T
 #define CP_SYNC_T CUpti_ActivitySynchronization
 #endif
+#ifndef CP_MEMORY_T
+#define CP_MEMORY_T CUpti_ActivityMemory4
+#endif
 
 enum { R_API = 1, R_CODE = 2, R_KERNEL = 3, R_MEMCPY = 4, R_MEMSET = 5, R_SYNC = 6,
-       R_MAPS = 7, R_INFO = 8, R_CUBIN = 9 };
+       R_MAPS = 7, R_INFO = 8, R_CUBIN = 9, R_MEMORY = 10, R_API_END = 11 };
+/* what a chosen API call does: launches work (its activity records time it), or allocates
+ * or frees memory (timed by the call itself: its ENTER and EXIT, an R_API_END record) */
+enum { CALL_WORK = 1, CALL_ALLOC = 2, CALL_FREE = 3 };
 #define MAX_NATIVE 512 /* a PyTorch launch from Python: 100-300 frames */
 #define MAX_PY 256
 static void emit(uint32_t tag, const void *a, size_t na, const void *b, size_t nb,
@@ -65,7 +71,7 @@ static size_t out_len;
 static int with_native = 0;  /* CALLPATH_GPU_NATIVE=1: native frames also under Python ones */
 static unsigned long long n_launch, n_dropped_records;
 static CUpti_SubscriberHandle subscriber;
-static signed char decision[2][4096]; /* domain (0 driver, 1 runtime) x cbid: 1 yes, -1 no */
+static signed char decision[2][4096]; /* domain (0 driver, 1 runtime) x cbid: CALL_*, -1 no */
 static __thread int in_runtime_launch;
 
 static void flush_locked(void) {
@@ -263,6 +269,14 @@ static void forget_codes(void) {}
 /* ---------------------------------------------------------------------------- callbacks */
 static int wanted(int runtime, const char *fn) {
     if (!fn) return 0;
+    static const char *rt_alloc[] = {"cudaMalloc", "cudaHostAlloc", NULL};
+    static const char *rt_free[] = {"cudaFree", NULL};
+    static const char *dr_alloc[] = {"cuMemAlloc", "cuMemHostAlloc", NULL};
+    static const char *dr_free[] = {"cuMemFree", NULL};
+    for (const char **p = runtime ? rt_alloc : dr_alloc; *p; p++)
+        if (strncmp(fn, *p, strlen(*p)) == 0) return CALL_ALLOC;
+    for (const char **p = runtime ? rt_free : dr_free; *p; p++)
+        if (strncmp(fn, *p, strlen(*p)) == 0) return CALL_FREE;
     static const char *rt[] = {"cudaLaunch", "cudaMemcpy", "cudaMemset", "cudaGraphLaunch",
                                "cudaStreamSynchronize", "cudaDeviceSynchronize",
                                "cudaEventSynchronize", "cudaStreamWaitEvent",
@@ -271,7 +285,7 @@ static int wanted(int runtime, const char *fn) {
                                "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
                                "cuStreamWaitEvent", NULL};
     for (const char **p = runtime ? rt : dr; *p; p++)
-        if (strncmp(fn, *p, strlen(*p)) == 0) return 1;
+        if (strncmp(fn, *p, strlen(*p)) == 0) return CALL_WORK;
     return 0;
 }
 
@@ -321,10 +335,16 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain domain, CUpti_Callbac
     const CUpti_CallbackData *cb = (const CUpti_CallbackData *)data;
     int runtime = domain == CUPTI_CB_DOMAIN_RUNTIME_API;
     signed char *d = cbid < 4096 ? &decision[runtime][cbid] : NULL;
-    int yes = d && *d ? *d > 0 : wanted(runtime, cb->functionName);
-    if (d && !*d) *d = yes ? 1 : -1;
-    if (!yes) return;
+    int what = d && *d ? (*d > 0 ? *d : 0) : wanted(runtime, cb->functionName);
+    if (d && !*d) *d = what ? (signed char)what : -1;
+    if (!what) return;
     if (cb->callbackSite == CUPTI_API_EXIT) {
+        /* an allocation's or free's end, unless it is the driver call inside a runtime one */
+        if (what != CALL_WORK && (runtime || !in_runtime_launch)) {
+            uint64_t end[3] = {cb->correlationId, 0, (uint64_t)what};
+            cuptiGetTimestamp(&end[1]);
+            emit(R_API_END, end, sizeof end, NULL, 0, NULL, 0);
+        }
         if (runtime) in_runtime_launch = 0;
         return;
     }
@@ -388,6 +408,15 @@ static void record(CUpti_Activity *r) {
         emit(R_MEMSET, v, 7 * sizeof(uint64_t), NULL, 0, NULL, 0);
         break;
     }
+    case CUPTI_ACTIVITY_KIND_MEMORY2: {
+        CP_MEMORY_T *m = (CP_MEMORY_T *)r;
+        v[0] = m->correlationId; v[1] = m->timestamp; v[2] = m->bytes;
+        v[3] = m->deviceId | ((uint64_t)m->contextId << 32);
+        v[4] = m->streamId;
+        v[5] = (uint64_t)m->memoryKind | ((uint64_t)m->memoryOperationType << 32);
+        emit(R_MEMORY, v, 6 * sizeof(uint64_t), NULL, 0, NULL, 0);
+        break;
+    }
     case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: {
         CP_SYNC_T *s = (CP_SYNC_T *)r;
         v[0] = s->correlationId; v[1] = s->start; v[2] = s->end;
@@ -448,9 +477,9 @@ static int enable_launch_callbacks(void) {
         for (uint32_t cbid = 1; cbid < 4096; cbid++) {
             const char *name = NULL;
             if (name_of(dom, cbid, &name) != CUPTI_SUCCESS || name == NULL) continue;
-            if (wanted(runtime, name) &&
-                cuptiEnableCallback(1, subscriber, dom, cbid) == CUPTI_SUCCESS) {
-                decision[runtime][cbid] = 1;
+            int what = wanted(runtime, name);
+            if (what && cuptiEnableCallback(1, subscriber, dom, cbid) == CUPTI_SUCCESS) {
+                decision[runtime][cbid] = (signed char)what;
                 n++;
             }
         }
@@ -532,7 +561,8 @@ int InitializeInjection(void) {
     cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
     static const CUpti_ActivityKind kinds[] = {
         CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-        CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_SYNCHRONIZATION};
+        CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,
+        CUPTI_ACTIVITY_KIND_MEMORY2};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         res = cuptiActivityEnable(kinds[i]);
         if (res != CUPTI_SUCCESS) {
@@ -560,6 +590,54 @@ int callpath_cupti_selftest(const char *path, uint64_t *frames) {
     out_fd = -1;
     pthread_mutex_unlock(&out_lock);
     return n;
+}
+
+/* For the tests, without a GPU: an allocation and a free as the library records them, CUPTI's
+ * side made up: cudaMalloc (correlation 8, 1 MiB of device memory) with the driver's
+ * cuMemAlloc_v2 inside it (not recorded: the runtime call is), then cudaFree (correlation 9),
+ * each with its memory record; then the load map. Written to the file at path. */
+int callpath_cupti_fake_alloc(const char *path) {
+    out_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out_fd < 0) return -1;
+    const char *nat = getenv("CALLPATH_GPU_NATIVE");
+    with_native = nat && nat[0] == '1';
+    resolve_python();
+    forget_codes();
+    static const struct { const char *rt, *dr; uint32_t corr, op; } calls[] = {
+        {"cudaMalloc_v3020", "cuMemAlloc_v2", 8, CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION},
+        {"cudaFree_v3020", "cuMemFree_v2", 9, CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE}};
+    for (int i = 0; i < 2; i++) {
+        CUpti_CallbackData cb;
+        memset(&cb, 0, sizeof cb);
+        cb.callbackSite = CUPTI_API_ENTER;
+        cb.functionName = calls[i].rt;
+        cb.correlationId = calls[i].corr;
+        on_api(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, 20 + i, &cb);
+        CUpti_CallbackData inner = cb;
+        inner.functionName = calls[i].dr;
+        inner.correlationId = 100 + calls[i].corr;
+        on_api(NULL, CUPTI_CB_DOMAIN_DRIVER_API, 300 + i, &inner);
+        inner.callbackSite = CUPTI_API_EXIT;
+        on_api(NULL, CUPTI_CB_DOMAIN_DRIVER_API, 300 + i, &inner);
+        cb.callbackSite = CUPTI_API_EXIT;
+        on_api(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, 20 + i, &cb);
+        CP_MEMORY_T m;
+        memset(&m, 0, sizeof m);
+        m.kind = CUPTI_ACTIVITY_KIND_MEMORY2;
+        m.memoryOperationType = (CUpti_ActivityMemoryOperationType)calls[i].op;
+        m.memoryKind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE;
+        m.correlationId = calls[i].corr;
+        m.bytes = 1 << 20;
+        m.contextId = 1;
+        record((CUpti_Activity *)&m);
+    }
+    copy_maps();
+    pthread_mutex_lock(&out_lock);
+    flush_locked();
+    close(out_fd);
+    out_fd = -1;
+    pthread_mutex_unlock(&out_lock);
+    return 0;
 }
 
 /* For the tests: how many runtime and driver calls the library would call back for, by the

@@ -120,7 +120,8 @@ def build(cupti: Cupti, cache: Path | None = None) -> Path:
             "CP_MEMCPY_T": _latest(cupti.include, "CUpti_ActivityMemcpy", "CUpti_ActivityMemcpy5"),
             "CP_MEMSET_T": _latest(cupti.include, "CUpti_ActivityMemset", "CUpti_ActivityMemset4"),
             "CP_SYNC_T": _latest(cupti.include, "CUpti_ActivitySynchronization",
-                                 "CUpti_ActivitySynchronization")}
+                                 "CUpti_ActivitySynchronization"),
+            "CP_MEMORY_T": _latest(cupti.include, "CUpti_ActivityMemory", "CUpti_ActivityMemory4")}
     pyinc = python_include()
     key = hashlib.sha256(src + repr((cupti, sorted(defs.items()), pyinc)).encode()
                          ).hexdigest()[:16]
