@@ -131,15 +131,7 @@ def test_launch_to_database_without_a_gpu(lib: ctypes.CDLL, tmp_path: Path) -> N
     assert ops["correlation"].tolist() == [5] and ops["grid"].tolist() == [8]
     db = tmp_path / "db"
     run_cli("prof", str(meas), "-o", str(db), check=True)
-    exp = callpath.open(db)
-    (leaf,) = np.flatnonzero(exp.exclusive(exp.metric("GKER (sec)")))
-    cct = exp.cct
-    names = []
-    n = int(leaf)
-    while n > 0:
-        f = int(cct.function[n])
-        names.append((exp.functions[f].name if f >= 0 else "", int(cct.line[n])))
-        n = int(cct.parent[n])
+    names = [(f, ln) for f, ln, _ in _kernel_path(db)]
     assert names[0][0] == "axpy(float*, float const*, float, int)"
     assert names[1][0] == "<gpu kernel>"
     # the statement that launched it, in its function, called from this test

@@ -592,17 +592,33 @@ int callpath_cupti_selftest(const char *path, uint64_t *frames) {
     return n;
 }
 
-/* For the tests, without a GPU: an allocation and a free as the library records them, CUPTI's
- * side made up: cudaMalloc (correlation 8, 1 MiB of device memory) with the driver's
- * cuMemAlloc_v2 inside it (not recorded: the runtime call is), then cudaFree (correlation 9),
- * each with its memory record; then the load map. Written to the file at path. */
-int callpath_cupti_fake_alloc(const char *path) {
+/* The tests' made-up runs: a file of their own, as a process's start opens it (the
+ * CALLPATH_GPU_NATIVE setting read as InitializeInjection reads it), and what exit writes. */
+static int fake_open(const char *path) {
     out_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (out_fd < 0) return -1;
     const char *nat = getenv("CALLPATH_GPU_NATIVE");
     with_native = nat && nat[0] == '1';
     resolve_python();
     forget_codes();
+    return 0;
+}
+
+static void fake_close(void) {
+    copy_maps();
+    pthread_mutex_lock(&out_lock);
+    flush_locked();
+    close(out_fd);
+    out_fd = -1;
+    pthread_mutex_unlock(&out_lock);
+}
+
+/* For the tests, without a GPU: an allocation and a free as the library records them, CUPTI's
+ * side made up: cudaMalloc (correlation 8, 1 MiB of device memory) with the driver's
+ * cuMemAlloc_v2 inside it (not recorded: the runtime call is), then cudaFree (correlation 9),
+ * each with its memory record; then the load map. Written to the file at path. */
+int callpath_cupti_fake_alloc(const char *path) {
+    if (fake_open(path) < 0) return -1;
     static const struct { const char *rt, *dr; uint32_t corr, op; } calls[] = {
         {"cudaMalloc_v3020", "cuMemAlloc_v2", 8, CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION},
         {"cudaFree_v3020", "cuMemFree_v2", 9, CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE}};
@@ -631,12 +647,7 @@ int callpath_cupti_fake_alloc(const char *path) {
         m.contextId = 1;
         record((CUpti_Activity *)&m);
     }
-    copy_maps();
-    pthread_mutex_lock(&out_lock);
-    flush_locked();
-    close(out_fd);
-    out_fd = -1;
-    pthread_mutex_unlock(&out_lock);
+    fake_close();
     return 0;
 }
 
@@ -650,12 +661,7 @@ int callpath_cupti_wanted(const char *name, int runtime) { return wanted(runtime
  * kernel's activity record; then what the library does at exit (clock readings, the load
  * map). Everything is written to the file at path, as at a real run. */
 int callpath_cupti_fake_launch(const char *path) {
-    out_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (out_fd < 0) return -1;
-    const char *nat = getenv("CALLPATH_GPU_NATIVE"); /* as InitializeInjection reads it */
-    with_native = nat && nat[0] == '1';
-    resolve_python();
-    forget_codes();
+    if (fake_open(path) < 0) return -1;
     CUpti_CallbackData cb;
     memset(&cb, 0, sizeof cb);
     cb.callbackSite = CUPTI_API_ENTER;
@@ -683,11 +689,6 @@ int callpath_cupti_fake_launch(const char *path) {
     k.registersPerThread = 32;
     k.name = "_Z4axpyPfPKffi";
     record((CUpti_Activity *)&k);
-    copy_maps();
-    pthread_mutex_lock(&out_lock);
-    flush_locked();
-    close(out_fd);
-    out_fd = -1;
-    pthread_mutex_unlock(&out_lock);
+    fake_close();
     return 0;
 }
