@@ -260,15 +260,56 @@ def test_c_handler_drops_when_busy_and_counts_errors(tmp_path: Path,
     smp.busy = False
     assert smp.dropped == 2 and smp.samples == 0
 
-    def broken(frame: FrameType) -> int:
-        raise RuntimeError("slow path failed")
-    monkeypatch.setattr(smp, "_new_stack", broken)
+    monkeypatch.setattr(smp, "_new_stack", _sampler_code_failing(RuntimeError))
     stopped: list[bool] = []
     monkeypatch.setattr(smp.timer, "stop", lambda: stopped.append(True))
     for i in range(12):  # a new stack each time: every call takes the slow path
         (lambda: handler(signal.SIGPROF, sys._getframe()))()
         assert smp.errors == i + 1
     assert stopped == [True, True]  # gave up after 10 errors (11th and 12th)
+    smp.finish("exit", 0)
+
+
+def _sampler_code_failing(exc: type[BaseException]) -> Callable[[FrameType], int]:
+    """A slow path that fails in the sampler's own code: a function compiled as a line of
+    walk.py, so that the traceback names only the sampler's file."""
+    ns: dict[str, Any] = {"exc": exc}
+    exec(compile("def broken(frame):\n    raise exc('slow path failed')\n", W.__file__, "exec"),
+         ns)
+    return ns["broken"]  # type: ignore[no-any-return]
+
+
+class Timeout(Exception):
+    """What a program's SIGALRM handler raises."""
+
+
+def program_alarm(frame: FrameType) -> int:
+    raise Timeout("the program's own handler ran inside the sampler's")
+
+
+@pytest.mark.parametrize("walk", ["", "python"])
+def test_the_programs_exceptions_pass_through_the_handler(tmp_path: Path, walk: str,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """Python runs a signal handler between any two instructions, the sampler's handler's
+    included: Ctrl-C during a sample raises the program's KeyboardInterrupt there, a SIGALRM
+    handler of the program its exception. The handler (C and Python) raises those on into
+    the program, uncounted, and swallows only its own failures. Swallowing Ctrl-C left
+    ``callpath profile`` of a spinning program waiting for it forever (1 run in 6 on 3.11)."""
+    smp = _sampler(tmp_path, walk, monkeypatch)
+    for slow, raised in ((_sampler_code_failing(KeyboardInterrupt), KeyboardInterrupt),
+                         (_sampler_code_failing(SystemExit), SystemExit),
+                         (program_alarm, Timeout)):
+        monkeypatch.setattr(smp, "_new_stack", slow)  # (the Python handler binds it)
+        handler = smp.make_handler()
+        assert (type(handler).__name__ == "Handler") == (walk == "")
+        with pytest.raises(raised):
+            (lambda: handler(signal.SIGPROF, sys._getframe()))()
+        assert smp.errors == 0 and not smp.busy
+    monkeypatch.setattr(smp, "_new_stack", _sampler_code_failing(ValueError))
+    handler = smp.make_handler()
+    (lambda: handler(signal.SIGPROF, sys._getframe()))()  # the sampler's own: swallowed
+    assert smp.errors == 1
     smp.finish("exit", 0)
 
 

@@ -476,13 +476,37 @@ handler_call(Handler *h, PyObject *args, PyObject *kwds)
     h->prev_cpu = c + clock_ns(CLOCK_MONOTONIC) - t;
     Py_RETURN_NONE;
 error:
-    /* never raise into the program: the sampler counts errors and gives up after a few */
-    PyErr_Clear();
+    /* The sampler's own errors are never raised into the program (it counts them and gives
+     * up after a few); the program's are: a signal handler of the program that ran inside
+     * this one (Ctrl-C's KeyboardInterrupt) must reach it. The sampler's _handler_error(exc)
+     * tells which. */
     {
-        PyObject *r = callout(h, s_error, NULL);
+#if PY_VERSION_HEX >= 0x030C0000
+        PyObject *exc = PyErr_GetRaisedException();
+#else
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        PyErr_NormalizeException(&type, &exc, &tb);
+        if (exc != NULL && tb != NULL)
+            PyException_SetTraceback(exc, tb);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+#endif
+        PyObject *r = exc != NULL ? callout(h, s_error, exc) : NULL;
+        int program = r != NULL && PyObject_IsTrue(r) == 1;
         if (r == NULL)
             PyErr_Clear();
         Py_XDECREF(r);
+        if (program) {
+#if PY_VERSION_HEX >= 0x030C0000
+            PyErr_SetRaisedException(exc);
+#else
+            PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc,
+                          PyException_GetTraceback(exc));
+#endif
+            return NULL;
+        }
+        Py_XDECREF(exc);
     }
     Py_RETURN_NONE;
 }

@@ -144,6 +144,24 @@ def py_stack_of(frame: FrameType, locs_of: dict[int, dict[int, int]],
         return None
 
 
+
+_STDLIB = os.path.dirname(os.__file__)
+
+
+def program_exception(exc: BaseException, own_files: frozenset[str]) -> bool:
+    """Whether an exception raised inside the sampler's handler is the program's (see
+    ``_handler_error``): not an ``Exception``, or raised through a frame of code outside the
+    sampler's files and the standard library (a signal handler of the program)."""
+    if not isinstance(exc, Exception):
+        return True
+    tb = exc.__traceback__
+    while tb is not None:
+        f = tb.tb_frame.f_code.co_filename
+        if f not in own_files and not f.startswith((_STDLIB, "<frozen")):
+            return True
+        tb = tb.tb_next
+    return False
+
 class Walker:
     """The sampling half of :class:`Sampler` (``sampler.py``). The attributes below are the
     sampler's per-process state (set by ``Sampler._reset``) that this half reads and updates;
@@ -252,18 +270,30 @@ class Walker:
                 # The handler's own CPU time is the profiler's, not the program's; it is taken
                 # as the handler's wall-clock time (reading a CPU clock costs 5 times more).
                 st[2] = c + mono() - t
-            except BaseException:
-                sampler._handler_error()
+            except BaseException as e:
+                if sampler._handler_error(e):
+                    raise  # the program's (Ctrl-C's KeyboardInterrupt ...): see _handler_error
             finally:
                 sampler.busy = False
 
         return on_sample
 
-    def _handler_error(self) -> None:
-        """Never let the profiler raise into the user's code; give up after a few errors."""
+    def _handler_error(self, exc: BaseException | None = None) -> bool:
+        """An exception ended the handler: True if it is the program's, to be raised on, else
+        the sampler's own, never raised into the program (after a few the sampler gives up).
+
+        Python runs signal handlers between any two instructions, the handler's own
+        included: Ctrl-C during a sample raises the program's ``KeyboardInterrupt`` (or a
+        ``SIGALRM`` handler of the program its ``TimeoutError``) inside the handler, and
+        swallowing it would leave the program running, deaf to the interrupt. An exception
+        that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``), or that passed
+        through code neither the sampler's nor the standard library's, is the program's."""
+        if exc is not None and program_exception(exc, self.own_files):
+            return True
         self.errors += 1
         if self.errors > 10:
             self.timer.stop()
+        return False
 
     def _maybe_others(self, t: int) -> None:
         """Sample the other threads, unless the last walk of them was too recent: many
