@@ -41,7 +41,7 @@ from callpath.model import gpu_names as gpu
 from callpath.model.contexts import Identifier, IdKind
 
 (R_API, R_CODE, R_KERNEL, R_MEMCPY, R_MEMSET, R_SYNC, R_MAPS, R_INFO, R_CUBIN, R_MEMORY,
- R_API_END) = range(1, 12)
+ R_API_END, R_CORR) = range(1, 13)
 CALL_ALLOC, CALL_FREE = 2, 3  # the library's kinds of an allocating or freeing API call
 _HEAD = struct.Struct("<II")
 _API = struct.Struct("<4Q")
@@ -70,6 +70,9 @@ class Raw:
     # memory kind | operation << 32)
     call_ends: list[tuple[int, int, int]] = field(default_factory=list)
     memory: list[tuple[int, ...]] = field(default_factory=list)
+    # the driver's allocating or freeing call inside a recorded runtime one: its correlation
+    # id -> the runtime call's
+    driver_corr: dict[int, int] = field(default_factory=dict)
     truncated: bool = False
 
 
@@ -110,6 +113,9 @@ def read_raw(path: Path) -> Raw:
         elif tag == R_API_END and n >= 24:
             corr, end, what = struct.unpack_from("<3Q", body, 0)
             raw.call_ends.append((corr, end, what))
+        elif tag == R_CORR and n >= 16:
+            driver, runtime = struct.unpack_from("<2Q", body, 0)
+            raw.driver_corr[driver] = runtime
         elif tag == R_MEMORY and n >= 48:
             raw.memory.append(struct.unpack_from("<6Q", body, 0))
         elif tag == R_CUBIN and n >= 24:
@@ -317,7 +323,9 @@ def _memory_ops(raw: Raw, at: dict[int, tuple[int, int]], main_slot: int,
     if not raw.call_ends:
         return []
     enter = {int(a[0]): int(a[3]) for a in raw.apis}
-    memory = {int(m[0]): m for m in raw.memory}
+    # by the recorded call's correlation id (the runtime's, where the record names the
+    # driver call inside it)
+    memory = {raw.driver_corr.get(int(m[0]), int(m[0])): m for m in raw.memory}
     out: list[tuple[int, tuple[int, ...]]] = []
     for corr, end, what in raw.call_ends:
         start = enter.get(int(corr))

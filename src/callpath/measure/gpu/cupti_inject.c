@@ -54,7 +54,8 @@
 #endif
 
 enum { R_API = 1, R_CODE = 2, R_KERNEL = 3, R_MEMCPY = 4, R_MEMSET = 5, R_SYNC = 6,
-       R_MAPS = 7, R_INFO = 8, R_CUBIN = 9, R_MEMORY = 10, R_API_END = 11 };
+       R_MAPS = 7, R_INFO = 8, R_CUBIN = 9, R_MEMORY = 10, R_API_END = 11,
+       R_CORR = 12 };
 /* what a chosen API call does: launches work (its activity records time it), or allocates
  * or frees memory (timed by the call itself: its ENTER and EXIT, an R_API_END record) */
 enum { CALL_WORK = 1, CALL_ALLOC = 2, CALL_FREE = 3 };
@@ -73,6 +74,7 @@ static unsigned long long n_launch, n_dropped_records;
 static CUpti_SubscriberHandle subscriber;
 static signed char decision[2][4096]; /* domain (0 driver, 1 runtime) x cbid: CALL_*, -1 no */
 static __thread int in_runtime_launch;
+static __thread uint32_t runtime_corr; /* the recorded runtime call's correlation id */
 
 static void flush_locked(void) {
     size_t off = 0;
@@ -348,8 +350,18 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain domain, CUpti_Callbac
         if (runtime) in_runtime_launch = 0;
         return;
     }
-    if (runtime) in_runtime_launch = 1;
-    else if (in_runtime_launch) return; /* the driver call inside a recorded runtime call */
+    if (runtime) {
+        in_runtime_launch = 1;
+        runtime_corr = cb->correlationId;
+    } else if (in_runtime_launch) { /* the driver call inside a recorded runtime call */
+        if (what != CALL_WORK) {
+            /* CUPTI's memory record may name either call: the driver's id maps to the
+             * runtime's */
+            uint64_t pair[2] = {cb->correlationId, runtime_corr};
+            emit(R_CORR, pair, sizeof pair, NULL, 0, NULL, 0);
+        }
+        return;
+    }
     uint64_t py[2 * MAX_PY];
     int npy = python_frames(py);
     void *pcs[MAX_NATIVE];
@@ -616,7 +628,7 @@ static void fake_close(void) {
 /* For the tests, without a GPU: an allocation and a free as the library records them, CUPTI's
  * side made up: cudaMalloc (correlation 8, 1 MiB of device memory) with the driver's
  * cuMemAlloc_v2 inside it (not recorded: the runtime call is), then cudaFree (correlation 9),
- * each with its memory record; then the load map. Written to the file at path. */
+ * each with its memory record (the free's naming the driver call); then the load map. Written to the file at path. */
 int callpath_cupti_fake_alloc(const char *path) {
     if (fake_open(path) < 0) return -1;
     static const struct { const char *rt, *dr; uint32_t corr, op; } calls[] = {
@@ -642,7 +654,9 @@ int callpath_cupti_fake_alloc(const char *path) {
         m.kind = CUPTI_ACTIVITY_KIND_MEMORY2;
         m.memoryOperationType = (CUpti_ActivityMemoryOperationType)calls[i].op;
         m.memoryKind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE;
-        m.correlationId = calls[i].corr;
+        /* the allocation's record names the runtime call, the free's the driver call
+         * inside it: CUPTI's documentation allows either */
+        m.correlationId = i == 0 ? calls[i].corr : 100 + calls[i].corr;
         m.bytes = 1 << 20;
         m.contextId = 1;
         record((CUpti_Activity *)&m);
