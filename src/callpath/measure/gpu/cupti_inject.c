@@ -628,7 +628,8 @@ static void fake_close(void) {
 /* For the tests, without a GPU: an allocation and a free as the library records them, CUPTI's
  * side made up: cudaMalloc (correlation 8, 1 MiB of device memory) with the driver's
  * cuMemAlloc_v2 inside it (not recorded: the runtime call is), then cudaFree (correlation 9),
- * each with its memory record (the free's naming the driver call); then the load map. Written to the file at path. */
+ * each with its memory record (the free's naming the driver call); then the load map.
+ * Written to the file at path. */
 int callpath_cupti_fake_alloc(const char *path) {
     if (fake_open(path) < 0) return -1;
     static const struct { const char *rt, *dr; uint32_t corr, op; } calls[] = {
