@@ -237,6 +237,12 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
     natives = [native(pcs) for *_, pcs, _frames in raw.apis]
     merge = _LaunchMerge(modules, natives, keep_interpreter) if any(
         n and a[5] for n, a in zip(natives, raw.apis, strict=True)) else None
+    if merge is not None and not merge.is_eval:
+        # no frame of CPython's evaluation loop named in any native stack (a stripped
+        # interpreter): nothing says where the Python frames belong, so Python paths, as
+        # run --native falls back
+        merge.save()
+        merge = None
     for (corr, tid, _api, _t, pcs, frames), kept in zip(raw.apis, natives, strict=True):
         slot = slot_of_tid.setdefault(tid, len(slot_of_tid))
         tree = trees.setdefault(slot, _Tree())
