@@ -269,26 +269,29 @@ static void forget_codes(void) {}
 #endif
 
 /* ---------------------------------------------------------------------------- callbacks */
+/* whether fn starts with one of names (NULL-terminated) */
+static int prefixed(const char *fn, const char *const *names) {
+    for (; *names; names++)
+        if (strncmp(fn, *names, strlen(*names)) == 0) return 1;
+    return 0;
+}
+
 static int wanted(int runtime, const char *fn) {
     if (!fn) return 0;
-    static const char *rt_alloc[] = {"cudaMalloc", "cudaHostAlloc", NULL};
-    static const char *rt_free[] = {"cudaFree", NULL};
-    static const char *dr_alloc[] = {"cuMemAlloc", "cuMemHostAlloc", NULL};
-    static const char *dr_free[] = {"cuMemFree", NULL};
-    for (const char **p = runtime ? rt_alloc : dr_alloc; *p; p++)
-        if (strncmp(fn, *p, strlen(*p)) == 0) return CALL_ALLOC;
-    for (const char **p = runtime ? rt_free : dr_free; *p; p++)
-        if (strncmp(fn, *p, strlen(*p)) == 0) return CALL_FREE;
-    static const char *rt[] = {"cudaLaunch", "cudaMemcpy", "cudaMemset", "cudaGraphLaunch",
-                               "cudaStreamSynchronize", "cudaDeviceSynchronize",
-                               "cudaEventSynchronize", "cudaStreamWaitEvent",
-                               "cudaThreadSynchronize", NULL};
-    static const char *dr[] = {"cuLaunch", "cuMemcpy", "cuMemset", "cuGraphLaunch",
-                               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
-                               "cuStreamWaitEvent", NULL};
-    for (const char **p = runtime ? rt : dr; *p; p++)
-        if (strncmp(fn, *p, strlen(*p)) == 0) return CALL_WORK;
-    return 0;
+    static const char *const rt_alloc[] = {"cudaMalloc", "cudaHostAlloc", NULL};
+    static const char *const rt_free[] = {"cudaFree", NULL};
+    static const char *const dr_alloc[] = {"cuMemAlloc", "cuMemHostAlloc", NULL};
+    static const char *const dr_free[] = {"cuMemFree", NULL};
+    static const char *const rt[] = {"cudaLaunch", "cudaMemcpy", "cudaMemset", "cudaGraphLaunch",
+                                     "cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                     "cudaEventSynchronize", "cudaStreamWaitEvent",
+                                     "cudaThreadSynchronize", NULL};
+    static const char *const dr[] = {"cuLaunch", "cuMemcpy", "cuMemset", "cuGraphLaunch",
+                                     "cuStreamSynchronize", "cuCtxSynchronize",
+                                     "cuEventSynchronize", "cuStreamWaitEvent", NULL};
+    if (prefixed(fn, runtime ? rt_alloc : dr_alloc)) return CALL_ALLOC;
+    if (prefixed(fn, runtime ? rt_free : dr_free)) return CALL_FREE;
+    return prefixed(fn, runtime ? rt : dr) ? CALL_WORK : 0;
 }
 
 /* GPU binaries (by default; CALLPATH_GPU_BINS=0 turns it off): the cubin of every module a
@@ -616,6 +619,25 @@ static int fake_open(const char *path) {
     return 0;
 }
 
+/* A made-up runtime call (ENTER, then EXIT) with the driver call it makes inside it. */
+static void fake_call(const char *rt, uint32_t rt_cbid, uint32_t corr, const char *dr,
+                      uint32_t dr_cbid, uint32_t dr_corr) {
+    CUpti_CallbackData cb;
+    memset(&cb, 0, sizeof cb);
+    cb.callbackSite = CUPTI_API_ENTER;
+    cb.functionName = rt;
+    cb.correlationId = corr;
+    on_api(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, rt_cbid, &cb);
+    CUpti_CallbackData inner = cb;
+    inner.functionName = dr;
+    inner.correlationId = dr_corr;
+    on_api(NULL, CUPTI_CB_DOMAIN_DRIVER_API, dr_cbid, &inner);
+    inner.callbackSite = CUPTI_API_EXIT;
+    on_api(NULL, CUPTI_CB_DOMAIN_DRIVER_API, dr_cbid, &inner);
+    cb.callbackSite = CUPTI_API_EXIT;
+    on_api(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, rt_cbid, &cb);
+}
+
 static void fake_close(void) {
     copy_maps();
     pthread_mutex_lock(&out_lock);
@@ -636,20 +658,7 @@ int callpath_cupti_fake_alloc(const char *path) {
         {"cudaMalloc_v3020", "cuMemAlloc_v2", 8, CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION},
         {"cudaFree_v3020", "cuMemFree_v2", 9, CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE}};
     for (int i = 0; i < 2; i++) {
-        CUpti_CallbackData cb;
-        memset(&cb, 0, sizeof cb);
-        cb.callbackSite = CUPTI_API_ENTER;
-        cb.functionName = calls[i].rt;
-        cb.correlationId = calls[i].corr;
-        on_api(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, 20 + i, &cb);
-        CUpti_CallbackData inner = cb;
-        inner.functionName = calls[i].dr;
-        inner.correlationId = 100 + calls[i].corr;
-        on_api(NULL, CUPTI_CB_DOMAIN_DRIVER_API, 300 + i, &inner);
-        inner.callbackSite = CUPTI_API_EXIT;
-        on_api(NULL, CUPTI_CB_DOMAIN_DRIVER_API, 300 + i, &inner);
-        cb.callbackSite = CUPTI_API_EXIT;
-        on_api(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, 20 + i, &cb);
+        fake_call(calls[i].rt, 20 + i, calls[i].corr, calls[i].dr, 300 + i, 100 + calls[i].corr);
         CP_MEMORY_T m;
         memset(&m, 0, sizeof m);
         m.kind = CUPTI_ACTIVITY_KIND_MEMORY2;
@@ -677,20 +686,7 @@ int callpath_cupti_wanted(const char *name, int runtime) { return wanted(runtime
  * map). Everything is written to the file at path, as at a real run. */
 int callpath_cupti_fake_launch(const char *path) {
     if (fake_open(path) < 0) return -1;
-    CUpti_CallbackData cb;
-    memset(&cb, 0, sizeof cb);
-    cb.callbackSite = CUPTI_API_ENTER;
-    cb.functionName = "cudaLaunchKernel_v7000";
-    cb.correlationId = 5;
-    on_api(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, 211, &cb);
-    CUpti_CallbackData inner = cb;
-    inner.functionName = "cuLaunchKernel";
-    inner.correlationId = 6;
-    on_api(NULL, CUPTI_CB_DOMAIN_DRIVER_API, 307, &inner);
-    inner.callbackSite = CUPTI_API_EXIT;
-    on_api(NULL, CUPTI_CB_DOMAIN_DRIVER_API, 307, &inner);
-    cb.callbackSite = CUPTI_API_EXIT;
-    on_api(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, 211, &cb);
+    fake_call("cudaLaunchKernel_v7000", 211, 5, "cuLaunchKernel", 307, 6);
     CP_KERNEL_T k;
     memset(&k, 0, sizeof k);
     k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;

@@ -144,7 +144,6 @@ def py_stack_of(frame: FrameType, locs_of: dict[int, dict[int, int]],
         return None
 
 
-
 _STDLIB = os.path.dirname(os.__file__)
 
 
@@ -161,6 +160,7 @@ def program_exception(exc: BaseException, own_files: frozenset[str]) -> bool:
             return True
         tb = tb.tb_next
     return False
+
 
 class Walker:
     """The sampling half of :class:`Sampler` (``sampler.py``). The attributes below are the
@@ -278,7 +278,7 @@ class Walker:
 
         return on_sample
 
-    def _handler_error(self, exc: BaseException | None = None) -> bool:
+    def _handler_error(self, exc: BaseException) -> bool:
         """An exception ended the handler: True if it is the program's, to be raised on, else
         the sampler's own, never raised into the program (after a few the sampler gives up).
 
@@ -288,7 +288,7 @@ class Walker:
         swallowing it would leave the program running, deaf to the interrupt. An exception
         that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``), or that passed
         through code neither the sampler's nor the standard library's, is the program's."""
-        if exc is not None and program_exception(exc, self.own_files):
+        if program_exception(exc, self.own_files):
             return True
         self.errors += 1
         if self.errors > 10:
