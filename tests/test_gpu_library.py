@@ -5,6 +5,8 @@ library (NVIDIA's nvidia-cuda-cupti package or a CUDA toolkit), not a GPU; skips
 from __future__ import annotations
 
 import ctypes
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -16,8 +18,9 @@ from callpath.formats import measdir as md
 from callpath.formats import measdir_gpu as mdg
 from callpath.measure.gpu import convert as cv
 from callpath.measure.gpu import library
+from callpath.measure.gpu import session as gpu_session
 from callpath.model.contexts import IdKind
-from conftest import run_cli
+from conftest import SHARED, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +145,11 @@ def test_launch_to_database_without_a_gpu(lib: ctypes.CDLL, tmp_path: Path) -> N
 def _kernel_path(db: Path) -> list[tuple[str, int, str]]:
     """(function, line, module's file name) from the kernel's node up to the root."""
     exp = callpath.open(db)
-    (leaf,) = np.flatnonzero(exp.exclusive(exp.metric("GKER (sec)")))
     cct = exp.cct
+    # the innermost node with GKER of its own (a kernel's procedure counts its lines' cost
+    # as its own, as hpcviewer shows)
+    held = np.flatnonzero(exp.exclusive(exp.metric("GKER (sec)")))
+    (leaf,) = np.setdiff1d(held, cct.parent[held])
     out = []
     n = int(leaf)
     while n > 0:
@@ -233,3 +239,62 @@ def test_allocations_and_frees_give_gmem(lib: ctypes.CDLL, tmp_path: Path) -> No
     # host-side calls: no GPU stream context (one per stream with kernels, copies, memsets)
     assert exp.contexts and not any(IdKind.GPUSTREAM in [i.kind for i in c.ids]
                                     for c in exp.contexts)
+
+
+LOOPS = SHARED / "data" / "hpctoolkit" / "meas"
+LOOPS_CUBIN = (LOOPS / "loops-cuda-nvidia-t.m" / "gpubins"
+               / "1165a3eeddeea5ea3616d1cdbc6faa59.gpubin")
+
+
+def _load_and_launch(lib: ctypes.CDLL, raw: Path, cubin: bytes) -> int:
+    line, kernel = sys._getframe().f_lineno + 1, b"_Z8kernmainv"
+    assert lib.callpath_cupti_fake_module(str(raw).encode(), cubin, len(cubin), kernel) == 0
+    return line
+
+
+def test_module_loads_save_gpu_binaries_and_name_their_kernels(
+        lib: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a module load (CUPTI's side made up: callpath_cupti_fake_module, with the cubin
+    hpcrun saved of HPCToolkit's loops.cu) the library saves the cubin in gpubins/, once per
+    content however many processes load it; the kernel launched from it gets that binary as
+    its load module, and prof names it from callpath's own structure of the binary, with its
+    source line. run's closing lines count the operation and the library's own time."""
+    if not LOOPS_CUBIN.exists():
+        pytest.skip(f"{LOOPS_CUBIN} is not here (../shared/data)")
+    cubin = LOOPS_CUBIN.read_bytes()
+    meas = tmp_path / "m"
+    md.write_header(meas, [], command=["pytest"], status="complete")
+    monkeypatch.setenv("CALLPATH_GPU_DIR", str(meas))
+    for pid in (4244, 4245):  # two processes load the same module
+        line = _load_and_launch(lib, meas / f"gpu-{pid}.raw", cubin)
+    (saved,) = (meas / "gpubins").iterdir()
+    assert saved.read_bytes() == cubin and saved.suffix == ".gpubin"
+    assert [c[1:] for c in cv.read_raw(meas / "gpu-4244.raw").cubins] == \
+        [(int(saved.stem, 16), len(cubin))]
+    said = gpu_session.finish(meas, trace=False)
+    held = json.loads((meas / md.HEADER_FILE).read_text())["gpu"]["summary"]
+    assert held["operations"] == {"kernels": {"count": 2, "seconds": 6e-06, "bytes": 0}}
+    assert held["streams"] == 2 and held["processes"] == 2  # stream 7 of each process
+    cost = held["cost"]
+    # per process: the runtime launch's ENTER and EXIT and the driver call's inside it, one
+    # launch recorded, one kernel record, one binary loaded; saved by the first process only
+    assert {k: cost[k] for k in ("calls", "launches", "records", "bins", "bins_bytes",
+                                 "bins_saved")} == {
+        "calls": 8, "launches": 2, "records": 2, "bins": 2, "bins_bytes": 2 * len(cubin),
+        "bins_saved": 1}
+    assert cost["calls_ns"] > 0 and cost["bins_ns"] > 0
+    assert said[0] == "GPU: 2 kernels 0.0000 s on 2 streams of 2 processes"
+    assert said[1].startswith("GPU measurement's own time: 2 launching calls recorded, ")
+    assert f"2 GPU binaries loaded ({2 * len(cubin) / 1024:.1f} KiB, 1 saved)" in said[1]
+    db = tmp_path / "db"
+    run_cli("prof", str(meas), "-o", str(db), check=True)
+    path = _kernel_path(db)
+    # the kernel's procedure in the saved binary, the line of its first instruction below it
+    assert [p[0] for p in path[:3]] == ["", "kernmain()", "<gpu kernel>"]
+    assert path[1][2] == saved.name
+    # hpcstruct's structure of the same binary: kernmain's first statement, at its entry
+    hs = (LOOPS_CUBIN.parent.parent / "structs"
+          / f"{LOOPS_CUBIN.name}-gpucfg-yes.hpcstruct").read_text()
+    first = re.search(r'<P [^>]*ln="_Z8kernmainv"[^>]*>\s*<S [^>]*l="(\d+)"', hs)
+    assert first is not None and path[0][1] == int(first.group(1))
+    assert path[3][1] == line  # launched from that line of _load_and_launch

@@ -71,6 +71,19 @@ static char out_buf[OUT_BUF];
 static size_t out_len;
 static int with_native = 0;  /* CALLPATH_GPU_NATIVE=1: native frames also under Python ones */
 static unsigned long long n_launch, n_dropped_records;
+/* What measuring costs, reported at exit (a "cost" note; callpath run prints it): the time
+ * spent in the chosen calls' callbacks (in the program's threads, at every launch), in the
+ * activity buffers' records (CUPTI's thread), in saving GPU binaries (at module loads),
+ * CUPTI's start and the flush at exit. CLOCK_MONOTONIC, read through the vDSO (~20 ns). */
+static unsigned long long n_calls, ns_calls, n_records, ns_records, n_bins, bins_bytes,
+    bins_saved, ns_bins, ns_start, ns_exit;
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+#define ADD(var, v) __atomic_add_fetch(&(var), (unsigned long long)(v), __ATOMIC_RELAXED)
 static CUpti_SubscriberHandle subscriber;
 static signed char decision[2][4096]; /* domain (0 driver, 1 runtime) x cbid: CALL_*, -1 no */
 static __thread int in_runtime_launch;
@@ -301,8 +314,18 @@ static int wanted(int runtime, const char *fn) {
  * and one write per distinct module. */
 static int save_binaries;
 
+static void save_cubin_timed(const CUpti_ModuleResourceData *m);
+
 static void save_cubin(const CUpti_ModuleResourceData *m) {
     if (m == NULL || m->pCubin == NULL || m->cubinSize == 0) return;
+    uint64_t t0 = now_ns();
+    save_cubin_timed(m);
+    ADD(n_bins, 1);
+    ADD(bins_bytes, m->cubinSize);
+    ADD(ns_bins, now_ns() - t0);
+}
+
+static void save_cubin_timed(const CUpti_ModuleResourceData *m) {
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < m->cubinSize; i++) h = (h ^ (uint8_t)m->pCubin[i]) * 1099511628211ull;
     const char *dir = getenv("CALLPATH_GPU_DIR");
@@ -324,8 +347,12 @@ static void save_cubin(const CUpti_ModuleResourceData *m) {
         off += (size_t)w;
     }
     close(fd);
-    if (off == m->cubinSize) rename(tmp, path); else unlink(tmp);
+    if (off == m->cubinSize && rename(tmp, path) == 0) ADD(bins_saved, 1);
+    else unlink(tmp);
 }
+
+static void chosen_call(int runtime, int what, CUpti_CallbackId cbid,
+                        const CUpti_CallbackData *cb);
 
 static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
                             const void *data) {
@@ -343,6 +370,15 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain domain, CUpti_Callbac
     int what = d && *d ? (*d > 0 ? *d : 0) : wanted(runtime, cb->functionName);
     if (d && !*d) *d = what ? (signed char)what : -1;
     if (!what) return;
+    uint64_t t0 = now_ns();
+    chosen_call(runtime, what, cbid, cb);
+    ADD(n_calls, 1);
+    ADD(ns_calls, now_ns() - t0);
+}
+
+/* ENTER or EXIT of a launching, allocating or freeing call (what: CALL_*) */
+static void chosen_call(int runtime, int what, CUpti_CallbackId cbid,
+                        const CUpti_CallbackData *cb) {
     if (cb->callbackSite == CUPTI_API_EXIT) {
         /* an allocation's or free's end, unless it is the driver call inside a runtime one */
         if (what != CALL_WORK && (runtime || !in_runtime_launch)) {
@@ -389,6 +425,7 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
 }
 
 static void record(CUpti_Activity *r) {
+    ADD(n_records, 1);
     uint64_t v[16];
     memset(v, 0, sizeof v);
     switch (r->kind) {
@@ -448,12 +485,14 @@ static void record(CUpti_Activity *r) {
 static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer,
                                       size_t size, size_t valid) {
     (void)ctx; (void)stream; (void)size;
+    uint64_t t0 = now_ns();
     CUpti_Activity *r = NULL;
     while (valid && cuptiActivityGetNextRecord(buffer, valid, &r) == CUPTI_SUCCESS) record(r);
     size_t dropped = 0;
     if (cuptiActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS)
         n_dropped_records += dropped;
     free(buffer);
+    ADD(ns_records, now_ns() - t0);
 }
 
 /* -------------------------------------------------------------------------- start, end */
@@ -475,6 +514,16 @@ static void copy_maps(void) {
 }
 
 static pid_t owner;
+
+static void cost_note(void) {
+    char text[320];
+    snprintf(text, sizeof text,
+             "cost start_ns=%llu calls=%llu calls_ns=%llu launches=%llu records=%llu "
+             "records_ns=%llu bins=%llu bins_bytes=%llu bins_saved=%llu bins_ns=%llu "
+             "exit_ns=%llu", ns_start, n_calls, ns_calls, n_launch, n_records, ns_records,
+             n_bins, bins_bytes, bins_saved, ns_bins, ns_exit);
+    info(text);
+}
 
 /* Only the calls that launch work call back (a few dozen of CUDA's ~1400 runtime and driver
  * entry points): PyTorch makes many other calls per launch (device and stream queries),
@@ -520,12 +569,15 @@ static void clock_note(const char *when) {
 
 static void at_exit(void) {
     if (getpid() != owner) return; /* a forked child without its own CUDA */
+    uint64_t t0 = now_ns();
     cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     clock_note("end");
     char text[160];
     snprintf(text, sizeof text, "end launches=%llu dropped=%llu", n_launch, n_dropped_records);
     info(text);
     copy_maps();
+    ns_exit = now_ns() - t0;
+    cost_note();
     pthread_mutex_lock(&out_lock);
     flush_locked();
     if (out_fd >= 0) close(out_fd);
@@ -536,6 +588,7 @@ static void at_exit(void) {
 int InitializeInjection(void) {
     const char *dir = getenv("CALLPATH_GPU_DIR");
     if (!dir || out_fd >= 0) return 1;
+    uint64_t t0 = now_ns();
     owner = getpid();
     char path[4096];
     snprintf(path, sizeof path, "%s/gpu-%d.raw", dir, (int)owner);
@@ -588,6 +641,7 @@ int InitializeInjection(void) {
         }
     }
     atexit(at_exit);
+    ns_start = now_ns() - t0;
     return 1;
 }
 
@@ -616,6 +670,8 @@ static int fake_open(const char *path) {
     with_native = nat && nat[0] == '1';
     resolve_python();
     forget_codes();
+    n_launch = n_calls = ns_calls = n_records = ns_records = 0;
+    n_bins = bins_bytes = bins_saved = ns_bins = 0;
     return 0;
 }
 
@@ -640,6 +696,7 @@ static void fake_call(const char *rt, uint32_t rt_cbid, uint32_t corr, const cha
 
 static void fake_close(void) {
     copy_maps();
+    cost_note();
     pthread_mutex_lock(&out_lock);
     flush_locked();
     close(out_fd);
@@ -684,8 +741,37 @@ int callpath_cupti_wanted(const char *name, int runtime) { return wanted(runtime
  * cuLaunchKernel inside it (skipped: the work is the runtime call's), then CUPTI delivers the
  * kernel's activity record; then what the library does at exit (clock readings, the load
  * map). Everything is written to the file at path, as at a real run. */
+static void fake_kernel(const char *name);
+
 int callpath_cupti_fake_launch(const char *path) {
     if (fake_open(path) < 0) return -1;
+    fake_kernel("_Z4axpyPfPKffi");
+    fake_close();
+    return 0;
+}
+
+/* For the tests, without a GPU: a process that loads a module (CUPTI's module-loaded
+ * callback, with the cubin's bytes, into CALLPATH_GPU_DIR/gpubins/ as at a real run), then
+ * launches the kernel named kernel from it, as callpath_cupti_fake_launch does. */
+int callpath_cupti_fake_module(const char *path, const char *cubin, size_t size,
+                               const char *kernel) {
+    if (fake_open(path) < 0) return -1;
+    CUpti_ModuleResourceData m;
+    memset(&m, 0, sizeof m);
+    m.moduleId = 3;
+    m.pCubin = cubin;
+    m.cubinSize = size;
+    CUpti_ResourceData rd;
+    memset(&rd, 0, sizeof rd);
+    rd.resourceDescriptor = &m;
+    on_api(NULL, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_MODULE_LOADED, &rd);
+    fake_kernel(kernel);
+    fake_close();
+    return 0;
+}
+
+/* A made-up launch of the kernel named name (correlation 5) and its activity record. */
+static void fake_kernel(const char *name) {
     fake_call("cudaLaunchKernel_v7000", 211, 5, "cuLaunchKernel", 307, 6);
     CP_KERNEL_T k;
     memset(&k, 0, sizeof k);
@@ -698,8 +784,6 @@ int callpath_cupti_fake_launch(const char *path) {
     k.gridX = 4; k.gridY = 2; k.gridZ = 1;
     k.blockX = 128; k.blockY = 1; k.blockZ = 1;
     k.registersPerThread = 32;
-    k.name = "_Z4axpyPfPKffi";
+    k.name = name;
     record((CUpti_Activity *)&k);
-    fake_close();
-    return 0;
 }

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from callpath.errors import CallpathError
 from callpath.formats import measdir as md
-from callpath.measure.gpu import convert, library
+from callpath.measure.gpu import convert, library, summary
 
 GPU_KINDS = ("nvidia",)
 
@@ -54,20 +55,26 @@ def prepare(out: Path, native: bool = False) -> None:
 
 def finish(out: Path, trace: bool, keep_interpreter: bool = False) -> list[str]:
     """Convert the raw GPU records of ``out`` into companion files and note them in the
-    header; returns lines for the user (another CUPTI subscriber, nothing launched)."""
+    header; returns lines for the user: what was measured and what measuring it cost, then
+    any problem (another CUPTI subscriber, nothing launched)."""
     notes = convert.summary_notes(out)
+    t0 = time.perf_counter()
     made = convert.convert_all(out, trace=trace, keep_interpreter=keep_interpreter)
+    took = time.perf_counter() - t0
+    held = summary.summarize(made)
     header_path = out / md.HEADER_FILE
     try:
         header = json.loads(header_path.read_text())
     except (OSError, ValueError):
         header = None
     if isinstance(header, dict):
-        header["gpu"] = {"kind": "nvidia", "trace": trace, "files": [p.name for p in made]}
+        header["gpu"] = {"kind": "nvidia", "trace": trace, "files": [p.name for p in made],
+                         "summary": held, "convert_s": round(took, 3)}
         tmp = out / f".{md.HEADER_FILE}.{os.getpid()}.gpu.tmp"
         tmp.write_text(json.dumps(header, indent=1) + "\n")
         os.replace(tmp, header_path)
     if not made:
         notes.append("-e gpu=nvidia: no process of the program launched GPU work (or CUDA "
                      "was never initialised)")
-    return notes
+        return notes
+    return summary.lines(held, took) + notes
