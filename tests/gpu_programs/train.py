@@ -2,14 +2,19 @@
 
 ``--torch-profiler FILE`` runs the same loop under torch.profiler and writes the sum and the
 number of the CUDA kernels it recorded (the reference for the database's GKER total);
-every run prints the wall time of its steps as ``steps_s=...`` for bench/gpu_overhead.py.
+every run prints the wall time of its steps as ``steps_s=...`` for bench/gpu_overhead.py, and
+the wall-clock time at which the program started (before ``import torch``) as
+``start_time=...`` and at which its loop ended as ``loop_end_time=...``.
 """
 
-import argparse
-import json
 import time
 
-import torch
+START_TIME = time.time()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+
+import torch  # noqa: E402
 
 
 def main() -> None:
@@ -55,6 +60,7 @@ def main() -> None:
             json.dump({"kernel_s": sum(float(e["dur"]) for e in kernels) * 1e-6,
                        "kernels": len(kernels)}, f)
     print(f"steps_s={steps_s:.4f}", flush=True)
+    print(f"start_time={START_TIME:.4f}\nloop_end_time={time.time():.4f}", flush=True)
 
 
 if __name__ == "__main__":
