@@ -7,7 +7,9 @@ from __future__ import annotations
 import ctypes
 import json
 import re
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -298,3 +300,47 @@ def test_module_loads_save_gpu_binaries_and_name_their_kernels(
     first = re.search(r'<P [^>]*ln="_Z8kernmainv"[^>]*>\s*<S [^>]*l="(\d+)"', hs)
     assert first is not None and path[0][1] == int(first.group(1))
     assert path[3][1] == line  # launched from that line of _load_and_launch
+
+
+ENGINE = Path(__file__).parent / "gpu_programs" / "engine_thread.c"
+
+
+def test_launches_from_a_thread_without_python_get_native_paths(lib: ctypes.CDLL,
+                                                                  tmp_path: Path) -> None:
+    """A thread that runs no Python (PyTorch's autograd engine launches the backward pass's
+    kernels from one) records its native return addresses: the conversion gives that thread
+    a tree of its own, and prof puts its kernels under the program's C functions that
+    launched them, every level of them, the library's own frames cut (CUPTI's side made up:
+    callpath_cupti_fake_launches, called from engine_thread.c's thread)."""
+    so = tmp_path / "libengine.so"
+    subprocess.run(["gcc", "-O1", "-g", "-shared", "-fPIC", "-o", str(so), str(ENGINE),
+                    "-lpthread"], check=True)
+    engine = ctypes.CDLL(str(so))
+    meas = tmp_path / "m"
+    md.write_header(meas, [], command=["pytest"], status="complete")
+    raw = meas / "gpu-4246.raw"
+    assert engine.launch_from_engine_thread(lib.callpath_cupti_fake_launches,
+                                            str(raw).encode(), 3, 6) == 0
+    got = cv.read_raw(raw)
+    assert len(got.apis) == 3 and len({a[1] for a in got.apis}) == 1
+    assert all(a[4] and not a[5] for a in got.apis)  # native frames, no Python frames
+    assert got.apis[0][1] != threading.get_native_id()
+    gpu_session.finish(meas, trace=False)
+    db = tmp_path / "db"
+    run_cli("prof", str(meas), "-o", str(db), check=True)
+    exp = callpath.open(db)
+    cct = exp.cct
+    held = np.flatnonzero(exp.exclusive(exp.metric("GKER (sec)")))
+    (leaf,) = np.setdiff1d(held, cct.parent[held])
+    assert exp.inclusive(exp.metric("GKER:COUNT"))[leaf] == 3
+    path = []
+    n = int(leaf)
+    while n > 0:
+        f = int(cct.function[n])
+        path.append(exp.functions[f].name if f >= 0 else "")
+        n = int(cct.parent[n])
+    at = path.index("<gpu kernel>")
+    callers = [f for f in path[at + 1:] if f]
+    # the library's frames cut; then the engine's seven levels and its thread's start
+    assert callers[:8] == ["backward_op"] * 7 + ["engine_thread_main"]
+    assert "callpath_cupti_fake_launches" not in callers

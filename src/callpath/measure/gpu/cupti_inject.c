@@ -732,6 +732,44 @@ int callpath_cupti_fake_alloc(const char *path) {
     return 0;
 }
 
+/* For bench/gpu_launch_cost.py, without a GPU: n made-up launches (each a runtime call with
+ * the driver call inside it, as callpath_cupti_fake_launch makes) from under native_depth more
+ * C frames, in the calling thread or (in_thread) in a new thread that runs no Python, as
+ * PyTorch's autograd engine launches backward kernels; into the file at path, whose cost
+ * note gives their time. */
+static void fake_kernel(const char *name, uint32_t corr);
+
+static __attribute__((noinline)) void fake_many(int depth, int n) {
+    if (depth > 0) {
+        fake_many(depth - 1, n);
+        __asm__ volatile("" ::: "memory"); /* no tail call: every level a frame */
+        return;
+    }
+    for (int i = 0; i < n; i++) fake_kernel("_Z4axpyPfPKffi", 5 + 2 * (uint32_t)i);
+}
+
+struct fake_job { int depth, n; };
+
+static void *fake_thread(void *arg) {
+    struct fake_job *job = arg;
+    fake_many(job->depth, job->n);
+    return NULL;
+}
+
+int callpath_cupti_fake_launches(const char *path, int n, int native_depth, int in_thread) {
+    if (fake_open(path) < 0) return -1;
+    if (in_thread) {
+        struct fake_job job = {native_depth, n};
+        pthread_t t;
+        if (pthread_create(&t, NULL, fake_thread, &job) != 0) return -1;
+        pthread_join(t, NULL);
+    } else {
+        fake_many(native_depth, n);
+    }
+    fake_close();
+    return 0;
+}
+
 /* For the tests: how many runtime and driver calls the library would call back for, by the
  * names this CUPTI gives (no driver needed), and whether cudaLaunchKernel is among them. */
 int callpath_cupti_wanted(const char *name, int runtime) { return wanted(runtime, name); }
@@ -741,11 +779,9 @@ int callpath_cupti_wanted(const char *name, int runtime) { return wanted(runtime
  * cuLaunchKernel inside it (skipped: the work is the runtime call's), then CUPTI delivers the
  * kernel's activity record; then what the library does at exit (clock readings, the load
  * map). Everything is written to the file at path, as at a real run. */
-static void fake_kernel(const char *name);
-
 int callpath_cupti_fake_launch(const char *path) {
     if (fake_open(path) < 0) return -1;
-    fake_kernel("_Z4axpyPfPKffi");
+    fake_kernel("_Z4axpyPfPKffi", 5);
     fake_close();
     return 0;
 }
@@ -765,18 +801,19 @@ int callpath_cupti_fake_module(const char *path, const char *cubin, size_t size,
     memset(&rd, 0, sizeof rd);
     rd.resourceDescriptor = &m;
     on_api(NULL, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_MODULE_LOADED, &rd);
-    fake_kernel(kernel);
+    fake_kernel(kernel, 5);
     fake_close();
     return 0;
 }
 
-/* A made-up launch of the kernel named name (correlation 5) and its activity record. */
-static void fake_kernel(const char *name) {
-    fake_call("cudaLaunchKernel_v7000", 211, 5, "cuLaunchKernel", 307, 6);
+/* A made-up launch of the kernel named name (the runtime call's correlation id corr, the
+ * driver call's corr + 1) and its activity record. */
+static void fake_kernel(const char *name, uint32_t corr) {
+    fake_call("cudaLaunchKernel_v7000", 211, corr, "cuLaunchKernel", 307, corr + 1);
     CP_KERNEL_T k;
     memset(&k, 0, sizeof k);
     k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
-    k.correlationId = 5;
+    k.correlationId = corr;
     k.start = 1000;
     k.end = 4000;
     k.contextId = 1;
