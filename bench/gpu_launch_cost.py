@@ -14,7 +14,12 @@ note, as ``callpath run -e gpu=nvidia`` prints it), for:
 * ``python+native``: the same with ``--native`` (``CALLPATH_GPU_NATIVE=1``): also the native
   return addresses (``backtrace()``) under ``--native-depth`` more C frames;
 * ``native thread``: a thread that runs no Python (PyTorch's autograd engine), its launches
-  under ``--native-depth`` C frames: ``backtrace()`` only.
+  under ``--native-depth`` C frames: native frames only.
+
+Native frames come from the library's own walk (``launch_unwind.c``: each return address's
+rule computed once from libgcc's FDE, then looked up); the two native configurations run
+again with ``CALLPATH_GPU_UNWIND=backtrace`` (glibc's ``backtrace()`` at every launch, as
+before that walk), for the comparison in the same run.
 
 The sampler's figure is its C signal handler called in a loop at the same Python depth (its
 caches warm: the per-sample cost in a steady loop; the signal's delivery is not in it, nor
@@ -106,10 +111,13 @@ def main() -> None:
     os.environ["CALLPATH_GPU_DIR"] = str(tmp)
     runs: dict[str, list[float]] = {}
     for r in range(args.repeat):
-        for name, native, nd, thread in (("python", "0", 0, False),
-                                         ("python+native", "1", args.native_depth, False),
-                                         ("native thread", "0", args.native_depth, True)):
+        for name, native, nd, thread in (
+                ("python", "0", 0, False), ("python+native", "1", args.native_depth, False),
+                ("native thread", "0", args.native_depth, True),
+                ("python+native, backtrace()", "1", args.native_depth, False),
+                ("native thread, backtrace()", "0", args.native_depth, True)):
             os.environ["CALLPATH_GPU_NATIVE"] = native
+            os.environ["CALLPATH_GPU_UNWIND"] = "backtrace" if "backtrace" in name else ""
             runs.setdefault(name, []).append(
                 launch_cost(lib, tmp / f"gpu-{r}.raw", args.launches, nd, thread, args.depth))
         runs.setdefault("sampler (one sample)", []).append(

@@ -305,6 +305,14 @@ def test_module_loads_save_gpu_binaries_and_name_their_kernels(
 ENGINE = Path(__file__).parent / "gpu_programs" / "engine_thread.c"
 
 
+def _engine(tmp_path: Path) -> ctypes.CDLL:
+    """engine_thread.c, its frames kept with rbp as frame pointer (the walk's other rule)"""
+    so = tmp_path / "libengine.so"
+    subprocess.run(["gcc", "-O1", "-g", "-fno-omit-frame-pointer", "-shared", "-fPIC", "-o",
+                    str(so), str(ENGINE), "-lpthread"], check=True)
+    return ctypes.CDLL(str(so))
+
+
 def test_launches_from_a_thread_without_python_get_native_paths(lib: ctypes.CDLL,
                                                                   tmp_path: Path) -> None:
     """A thread that runs no Python (PyTorch's autograd engine launches the backward pass's
@@ -312,10 +320,7 @@ def test_launches_from_a_thread_without_python_get_native_paths(lib: ctypes.CDLL
     a tree of its own, and prof puts its kernels under the program's C functions that
     launched them, every level of them, the library's own frames cut (CUPTI's side made up:
     callpath_cupti_fake_launches, called from engine_thread.c's thread)."""
-    so = tmp_path / "libengine.so"
-    subprocess.run(["gcc", "-O1", "-g", "-shared", "-fPIC", "-o", str(so), str(ENGINE),
-                    "-lpthread"], check=True)
-    engine = ctypes.CDLL(str(so))
+    engine = _engine(tmp_path)
     meas = tmp_path / "m"
     md.write_header(meas, [], command=["pytest"], status="complete")
     raw = meas / "gpu-4246.raw"
@@ -326,6 +331,8 @@ def test_launches_from_a_thread_without_python_get_native_paths(lib: ctypes.CDLL
     assert all(a[4] and not a[5] for a in got.apis)  # native frames, no Python frames
     assert got.apis[0][1] != threading.get_native_id()
     gpu_session.finish(meas, trace=False)
+    cost = json.loads((meas / md.HEADER_FILE).read_text())["gpu"]["summary"]["cost"]
+    assert cost["launches"] == 3 and cost["unwind_fallbacks"] == 0  # the library's own walk
     db = tmp_path / "db"
     run_cli("prof", str(meas), "-o", str(db), check=True)
     exp = callpath.open(db)
@@ -344,3 +351,48 @@ def test_launches_from_a_thread_without_python_get_native_paths(lib: ctypes.CDLL
     # the library's frames cut; then the engine's seven levels and its thread's start
     assert callers[:8] == ["backward_op"] * 7 + ["engine_thread_main"]
     assert "callpath_cupti_fake_launches" not in callers
+
+
+def _unwind_check(lib: ctypes.CDLL, found: list[tuple[str, int, int, bool]], tag: str) -> int:
+    fast, slow = (ctypes.c_void_p * 512)(), (ctypes.c_void_p * 512)()
+    counts = (ctypes.c_int * 3)()
+    assert lib.callpath_cupti_unwind_check(fast, slow, 512, counts) == 1
+    nf, ns = counts[0], counts[1]
+    # the walk's own result (not backtrace()'s, which it hands over to where it cannot go on)
+    found.append((tag, nf, ns, counts[2] == 0 and list(fast[1:nf]) == list(slow[1:ns])))
+    return 0
+
+
+def test_launch_unwind_gives_backtraces_return_addresses(lib: ctypes.CDLL, tmp_path: Path
+                                                         ) -> None:
+    """The library's own walk of a launch's native frames (launch_unwind.c: each return
+    address's rule computed once from libgcc's FDE) gives exactly the return addresses of
+    glibc's backtrace(), here and where C calls back into Python: sorted's key, map, a
+    ctypes callback from libc's qsort, numpy's vectorize, a thread of its own, a deep C
+    recursion (engine_thread.c), and the same again once the rules are cached."""
+    import numpy as np_
+
+    found: list[tuple[str, int, int, bool]] = []
+    for _ in range(2):  # computed, then from the table
+        _unwind_check(lib, found, "here")
+        sorted([3, 1, 2], key=lambda v: _unwind_check(lib, found, "sorted key") or v)
+        list(map(lambda v: _unwind_check(lib, found, "map"), [1]))
+        cmp = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
+            lambda a, b: _unwind_check(lib, found, "qsort callback"))
+        arr = (ctypes.c_int * 3)(3, 1, 2)
+        ctypes.CDLL(None).qsort(arr, 3, 4, cmp)
+        np_.vectorize(lambda v: _unwind_check(lib, found, "numpy vectorize"))(np_.arange(2))
+        t = threading.Thread(target=lambda: _unwind_check(lib, found, "thread"))
+        t.start()
+        t.join()
+    engine = _engine(tmp_path)
+    fast, slow = (ctypes.c_void_p * 512)(), (ctypes.c_void_p * 512)()
+    counts = (ctypes.c_int * 3)()
+    assert engine.check_from_engine_thread(lib.callpath_cupti_unwind_check, fast, slow, 512,
+                                           counts, 150) == 1
+    found.append(("engine thread", counts[0], counts[1],
+                  counts[2] == 0 and list(fast[1:counts[0]]) == list(slow[1:counts[1]])))
+    assert {t for t, *_ in found} >= {"here", "sorted key", "map", "qsort callback",
+                                      "numpy vectorize", "thread", "engine thread"}
+    assert all(same and nf == ns for _, nf, ns, same in found), found
+    assert next(nf for t, nf, *_ in found if t == "engine thread") > 150

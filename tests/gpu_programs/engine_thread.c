@@ -28,3 +28,31 @@ int launch_from_engine_thread(fake_launches fn, const char *path, int n, int dep
     pthread_join(t, NULL);
     return j.rc;
 }
+
+/* The same thread and frames, calling the library's unwinding check instead of launching. */
+typedef int (*unwind_check)(void **fast, void **slow, int max, int *counts);
+struct check_job { unwind_check fn; void **fast, **slow; int max, *counts, depth, rc; };
+
+__attribute__((noinline)) static int backward_check(struct check_job *j, int depth) {
+    if (depth > 0) {
+        int r = backward_check(j, depth - 1);
+        __asm__ volatile("" ::: "memory");
+        return r;
+    }
+    return j->fn(j->fast, j->slow, j->max, j->counts);
+}
+
+static void *check_thread_main(void *arg) {
+    struct check_job *j = arg;
+    j->rc = backward_check(j, j->depth);
+    return NULL;
+}
+
+int check_from_engine_thread(unwind_check fn, void **fast, void **slow, int max, int *counts,
+                             int depth) {
+    struct check_job j = {fn, fast, slow, max, counts, depth, -1};
+    pthread_t t;
+    if (pthread_create(&t, NULL, check_thread_main, &j) != 0) return -1;
+    pthread_join(t, NULL);
+    return j.rc;
+}

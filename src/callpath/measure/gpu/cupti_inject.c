@@ -7,7 +7,8 @@
  *  - the Callback API: at the ENTER of every runtime/driver call that launches GPU work
  *    (launches, copies, memsets, synchronizations, graph launches) it records the call's
  *    correlation id, the thread, and the calling context: the native return addresses
- *    (glibc's backtrace(), i.e. libgcc's CFI unwinder; mapped to modules after the run) and,
+ *    (libgcc's CFI rules, each return address's computed once: launch_unwind.c; mapped to
+ *    modules after the run) and,
  *    when the thread holds the GIL of a Python interpreter in this process, the Python frames
  *    (code object and line, through the public C API found with dlsym). That is about what
  *    one sample costs the samplers: no symbolisation or interning here.
@@ -281,6 +282,8 @@ static int python_frames(uint64_t *out) { (void)out; return 0; }
 static void forget_codes(void) {}
 #endif
 
+#include "launch_unwind.c"
+
 /* ---------------------------------------------------------------------------- callbacks */
 /* whether fn starts with one of names (NULL-terminated) */
 static int prefixed(const char *fn, const char *const *names) {
@@ -404,7 +407,7 @@ static void chosen_call(int runtime, int what, CUpti_CallbackId cbid,
     uint64_t py[2 * MAX_PY];
     int npy = python_frames(py);
     void *pcs[MAX_NATIVE];
-    int nnat = (with_native || npy == 0) ? backtrace(pcs, MAX_NATIVE) : 0;
+    int nnat = (with_native || npy == 0) ? native_frames(pcs, MAX_NATIVE) : 0;
     uint64_t head[4];
     head[0] = cb->correlationId;
     head[1] = (uint64_t)syscall(SYS_gettid) | ((uint64_t)(runtime ? 2 : 1) << 32) |
@@ -520,8 +523,9 @@ static void cost_note(void) {
     snprintf(text, sizeof text,
              "cost start_ns=%llu calls=%llu calls_ns=%llu launches=%llu records=%llu "
              "records_ns=%llu bins=%llu bins_bytes=%llu bins_saved=%llu bins_ns=%llu "
-             "exit_ns=%llu", ns_start, n_calls, ns_calls, n_launch, n_records, ns_records,
-             n_bins, bins_bytes, bins_saved, ns_bins, ns_exit);
+             "exit_ns=%llu unwind_fallbacks=%llu", ns_start, n_calls, ns_calls, n_launch,
+             n_records, ns_records, n_bins, bins_bytes, bins_saved, ns_bins, ns_exit,
+             n_walks_fell_back);
     info(text);
 }
 
@@ -597,6 +601,7 @@ int InitializeInjection(void) {
     const char *nat = getenv("CALLPATH_GPU_NATIVE");
     with_native = nat && nat[0] == '1';
     resolve_python();
+    resolve_fast_unwind();
     uint32_t version = 0;
     cuptiGetVersion(&version);
     char text[160];
@@ -669,9 +674,10 @@ static int fake_open(const char *path) {
     const char *nat = getenv("CALLPATH_GPU_NATIVE");
     with_native = nat && nat[0] == '1';
     resolve_python();
+    resolve_fast_unwind();
     forget_codes();
     n_launch = n_calls = ns_calls = n_records = ns_records = 0;
-    n_bins = bins_bytes = bins_saved = ns_bins = 0;
+    n_bins = bins_bytes = bins_saved = ns_bins = n_walks_fell_back = 0;
     return 0;
 }
 
@@ -768,6 +774,19 @@ int callpath_cupti_fake_launches(const char *path, int n, int native_depth, int 
     }
     fake_close();
     return 0;
+}
+
+/* For the tests: the calling thread's return addresses by the fast walk and by backtrace(),
+ * from the same frame; counts[0], counts[1] how many of each, counts[2] 1 where the walk
+ * handed over to backtrace(). The first address differs (the two call sites here); the rest
+ * must be the same. */
+__attribute__((noinline)) int callpath_cupti_unwind_check(void **fast, void **slow, int max,
+                                                          int *counts) {
+    counts[0] = native_frames(fast, max);
+    counts[2] = walk_fell_back;
+    counts[1] = backtrace(slow, max);
+    __asm__ volatile("" ::: "memory");
+    return fast_unwind_ok;
 }
 
 /* For the tests: how many runtime and driver calls the library would call back for, by the

@@ -115,7 +115,7 @@ def _latest(header: Path, struct: str, default: str) -> str:
 
 def build(cupti: Cupti, cache: Path | None = None) -> Path:
     """The compiled library for ``cupti`` (built once, then cached)."""
-    src = SOURCE.read_bytes()
+    src = SOURCE.read_bytes() + (SOURCE.parent / "launch_unwind.c").read_bytes()
     defs = {"CP_KERNEL_T": _latest(cupti.include, "CUpti_ActivityKernel", "CUpti_ActivityKernel9"),
             "CP_MEMCPY_T": _latest(cupti.include, "CUpti_ActivityMemcpy", "CUpti_ActivityMemcpy5"),
             "CP_MEMSET_T": _latest(cupti.include, "CUpti_ActivityMemset", "CUpti_ActivityMemset4"),
@@ -140,7 +140,8 @@ def build(cupti: Cupti, cache: Path | None = None) -> Path:
         if h.name.startswith(("cupti", "generated_", "nvperf", "cuda_stdint", "Open")) \
                 and not (only / h.name).exists():
             (only / h.name).symlink_to(h)
-    cmd = [os.environ.get("CC", "gcc"), "-O2", "-shared", "-fPIC", "-Wall", "-o", str(tmp),
+    cmd = [os.environ.get("CC", "gcc"), "-O2", "-fno-omit-frame-pointer", "-shared", "-fPIC",
+           "-Wall", "-o", str(tmp),
            str(SOURCE), f"-I{only}", f"-I{cupti.cuda_include}",
            *[f"-D{k}={v}" for k, v in defs.items()],
            *(["-DCP_PYTHON", f"-I{pyinc}"] if pyinc else []),

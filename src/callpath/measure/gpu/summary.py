@@ -22,7 +22,7 @@ KINDS = ((gn.OP_KERNEL, "kernel", "kernels"), (gn.OP_MEMCPY, "copy", "copies"),
          (gn.OP_ALLOC, "allocation", "allocations"), (gn.OP_FREE, "free", "frees"))
 
 COST_FIELDS = ("start_ns", "calls", "calls_ns", "launches", "records", "records_ns", "bins",
-               "bins_bytes", "bins_saved", "bins_ns", "exit_ns")
+               "bins_bytes", "bins_saved", "bins_ns", "exit_ns", "unwind_fallbacks")
 
 
 def cost_of(notes: list[str]) -> dict[str, int]:
@@ -80,6 +80,11 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:.1f} ms" if ns < 10**9 else f"{ns / 1e9:.2f} s"
 
 
+def _fallbacks(n: int) -> str:
+    """launches whose native frames the library's walk handed to backtrace()"""
+    return f", {n:,} native paths by backtrace()" if n else ""
+
+
 def lines(s: dict[str, Any], convert_s: float) -> list[str]:
     """Two lines: what was measured, and what measuring it cost."""
     parts = []
@@ -101,7 +106,8 @@ def lines(s: dict[str, Any], convert_s: float) -> list[str]:
         launches = c.get("launches", 0)
         each = f", {c.get('calls_ns', 0) / launches / 1e3:.1f} µs each" if launches else ""
         text = (f"GPU measurement's own time: {launches:,} launching calls recorded"
-                f"{each} ({_ms(c.get('calls_ns', 0))} in the program's threads); "
+                f"{each} ({_ms(c.get('calls_ns', 0))} in the program's threads"
+                f"{_fallbacks(c.get('unwind_fallbacks', 0))}); "
                 f"{c.get('records', 0):,} activity records {_ms(c.get('records_ns', 0))}")
         if c.get("bins"):
             text += (f"; {c['bins']:,} GPU binaries loaded ({_size(c.get('bins_bytes', 0))}, "
