@@ -9,9 +9,10 @@
  * (_Unwind_Find_FDE), and kept in a table that threads share without a lock (see
  * rule_table). An address whose rule this does not cover (a CFA expression, a signal frame,
  * the return address or rbp kept elsewhere than the stack) hands the whole walk to
- * backtrace(), so the result is never worse than before; every read
- * of the stack stays between the walk's start and the thread's stack top. x86-64 only;
- * elsewhere backtrace() as before. */
+ * backtrace(), so the result is never worse than before; every read of the stack stays
+ * between the frame's sp and the thread's stack top. (A library unloaded and another loaded at
+ * its addresses would keep the old one's rules: the bounds catch most such walks.) x86-64
+ * only; elsewhere backtrace() as before. */
 #if defined(__x86_64__) && defined(__linux__)
 #include <stdint.h>
 #include <string.h>
@@ -242,7 +243,9 @@ static uint32_t rule_of(uint64_t pc) {
     return rule;
 }
 
-static __thread uintptr_t stack_top; /* the thread's highest stack address + 1 */
+/* the thread's stack, [stack_lo, stack_top): a walk starts on it or not at all (a fiber's
+ * or a signal stack's frames go to backtrace()), so every address it reads is mapped */
+static __thread uintptr_t stack_lo, stack_top;
 static __thread int walk_fell_back;   /* the thread's last walk handed over to backtrace() */
 static unsigned long long n_walks_fell_back;
 
@@ -261,6 +264,7 @@ static void find_stack_top(uintptr_t sp) {
     }
     uintptr_t top = (uintptr_t)lo + size;
     stack_top = size && sp >= (uintptr_t)lo && sp < top ? top : 1;
+    stack_lo = (uintptr_t)lo;
 }
 
 /* CALLPATH_GPU_UNWIND=backtrace: backtrace() for every launch, as before this walk */
@@ -283,7 +287,7 @@ static int native_frames(void **pcs, int max) {
     walk_fell_back = 1;
     if (!fast_unwind_ok) return backtrace(pcs, max);
     if (stack_top == 0) find_stack_top(sp);
-    if (stack_top == 1) return fall_back(pcs, max);
+    if (stack_top == 1 || sp < stack_lo || sp >= stack_top) return fall_back(pcs, max);
     int n = 0;
     while (n < max && pc != 0) {
         pcs[n++] = (void *)(uintptr_t)pc;
@@ -291,8 +295,10 @@ static int native_frames(void **pcs, int max) {
         if (rule == RULE_END) break;
         if (rule == RULE_FALLBACK) return fall_back(pcs, max);
         uintptr_t cfa = ((rule & 1) ? rbp : sp) + (uintptr_t)((rule >> 1) & 0x1fffff) * 8;
-        if (cfa <= sp || cfa > stack_top) return fall_back(pcs, max);
         int k = (int)((rule >> 22) & 0x1f);
+        /* the frame's slots (return address, saved rbp) lie between its sp and its CFA */
+        if (cfa <= sp || cfa > stack_top || cfa - 8 * (uintptr_t)(k > 1 ? k : 1) < sp)
+            return fall_back(pcs, max);
         if (k) rbp = *(uintptr_t *)(cfa - 8 * (uintptr_t)k);
         pc = *(uint64_t *)(cfa - 8);
         sp = cfa;
