@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -396,3 +397,77 @@ def test_launch_unwind_gives_backtraces_return_addresses(lib: ctypes.CDLL, tmp_p
                                       "numpy vectorize", "thread", "engine thread"}
     assert all(same and nf == ns for _, nf, ns, same in found), found
     assert next(nf for t, nf, *_ in found if t == "engine thread") > 150
+
+
+def _expected_rule(fde: Any, link: int) -> int:
+    """The library's encoding of the row that callpath's own CFI interpreter
+    (measure/eh_frame.py) gives at ``link``, or the hand-over value where the row is not one
+    the walk expresses."""
+    from callpath.measure import eh_frame as ef
+
+    if fde.signal:
+        return 0xFFFFFFFF
+    row = [r for r in fde.lines() if r.pc <= link][-1]
+    ra = row.rules.get(16)
+    if ra is not None and ra[0] == ef.UNDEFINED:
+        return 0xFFFFFFFE
+    if row.cfa_expr is not None or row.cfa_reg not in (6, 7) or row.cfa_off < 8 \
+            or row.cfa_off % 8 or ra != (ef.OFFSET, -8):
+        return 0xFFFFFFFF
+    bp = row.rules.get(6)
+    if bp is None or bp[0] in (ef.SAME_VALUE, ef.UNDEFINED):
+        slot = 0
+    elif bp[0] == ef.OFFSET and bp[1] < 0 and bp[1] % 8 == 0 and -bp[1] // 8 < 32:
+        slot = -bp[1] // 8
+    else:
+        return 0xFFFFFFFF
+    return (1 if row.cfa_reg == 6 else 0) | (row.cfa_off // 8) << 1 | slot << 22
+
+
+def test_launch_unwind_rules_are_the_post_mortem_unwinders(lib: ctypes.CDLL) -> None:
+    """The rule the library's walk computes for a return address (callpath_cupti_rule_of) is
+    the row that callpath's post-mortem unwinder's CFI interpreter, one of its own, gives
+    from the same FDE (measure/eh_frame.py): the CFA's register and offset, the return
+    address at CFA-8, rbp kept or saved, or the outermost frame; where the row is one the
+    walk does not express, it hands over. Checked at addresses spread over libc, libpython
+    (where the interpreter has one), libstdc++, libffi and numpy's core."""
+    import numpy as np_
+
+    from callpath.measure.elfinfo import ElfInfo
+
+    lib.callpath_cupti_rule_of.restype = ctypes.c_uint32
+    lib.callpath_cupti_rule_of.argtypes = [ctypes.c_uint64]
+    assert np_.__version__
+    wanted = ("libc.so", "libpython3", "libstdc++", "libffi", "_multiarray_umath")
+    checked: dict[str, int] = {}
+    covered = handed = 0
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split()
+        if len(parts) < 6 or "x" not in parts[1]:
+            continue
+        path = parts[5]
+        name = Path(path).name
+        if not name.startswith(wanted) or name in checked:
+            continue
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        info = ElfInfo.get(path)
+        base = info.link_address(int(parts[2], 16), executable=True) if info.ok else None
+        if base is None:
+            continue
+        n = 0
+        for addr in range(start + 5, end, max(64, (end - start) // 1500) | 1):
+            link = addr - start + base
+            fde = info.fde_for(link)
+            if fde is None:
+                continue
+            want = _expected_rule(fde, link)
+            got = lib.callpath_cupti_rule_of(addr + 1)  # a return address: its pc - 1
+            # the same rule, or a hand-over where the walk stops short of the interpreter
+            assert got in (want, 0xFFFFFFFF), (path, hex(link), hex(got), hex(want))
+            n += 1
+            covered += got < 0xFFFFFFFE
+            handed += got == 0xFFFFFFFF and want < 0xFFFFFFFE
+        checked[name] = n
+    total = sum(checked.values())
+    assert len(checked) >= 3 and all(n > 50 for n in checked.values()), checked
+    assert covered > 0.9 * total and handed < 0.03 * total, (covered, handed, total)

@@ -810,6 +810,18 @@ __attribute__((noinline)) int callpath_cupti_unwind_check(void **fast, void **sl
     return fast_unwind_ok;
 }
 
+/* For the tests: the rule the walk computes for the frame whose return address is pc
+ * (0xffffffff: not covered, 0xfffffffe: the outermost frame), without the table. */
+uint32_t callpath_cupti_rule_of(uint64_t pc) {
+#if defined(__x86_64__) && defined(__linux__)
+    if (fast_unwind_ok < 0) resolve_fast_unwind();
+    return find_fde ? compute_rule(pc) : 0xffffffffu;
+#else
+    (void)pc;
+    return 0xffffffffu;
+#endif
+}
+
 /* For the tests: how many runtime and driver calls the library would call back for, by the
  * names this CUPTI gives (no driver needed), and whether cudaLaunchKernel is among them. */
 int callpath_cupti_wanted(const char *name, int runtime) { return wanted(runtime, name); }

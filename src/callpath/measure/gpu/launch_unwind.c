@@ -178,6 +178,7 @@ static uint32_t compute_rule(uint64_t pc) {
     if (clen == 0 || clen == 0xffffffffu) return RULE_FALLBACK;
     const uint8_t *cend = cie + 4 + clen, *c = cie + 8;
     uint8_t version = *c++;
+    if (version != 1 && version != 3) return RULE_FALLBACK; /* .eh_frame's versions */
     const char *aug = (const char *)c;
     size_t auglen = strnlen(aug, (size_t)(cend - c));
     c += auglen + 1;
@@ -197,14 +198,14 @@ static uint32_t compute_rule(uint64_t pc) {
             else if (*a == 'P') {
                 uint8_t penc = *c++;
                 int sz = enc_size(penc);
-                if (sz == 0) return RULE_FALLBACK;
+                if (sz == 0 || (penc & 0x70) == 0x50) return RULE_FALLBACK;
                 c += sz;
             } else if (*a == 'S') return RULE_FALLBACK; /* a signal frame */
             else if (*a != 'B') return RULE_FALLBACK;
         }
     }
     int sz = enc_size(fde_enc);
-    if (sz == 0) return RULE_FALLBACK;
+    if (sz == 0 || (fde_enc & 0x70) == 0x50) return RULE_FALLBACK; /* variable or aligned */
     p += 2 * sz; /* pc_begin (bases.func holds it decoded), pc_range */
     if (aug[0] == 'z') { uint64_t n = uleb(&p, fend); p += n; }
     uint64_t loc = (uint64_t)(uintptr_t)bases.func, target = pc - 1;
