@@ -120,9 +120,10 @@ def _progress(msg: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from callpath.measure import perf_events as events
-    from callpath.measure import perf_launch as launch
 
     if args.list_events:
+        from callpath.measure import perf_launch as launch
+
         probed = launch.probe_events(events.all_events())
         for spec, reason in probed:
             kind = {events.TYPE_SOFTWARE: "software", events.TYPE_HARDWARE: "hardware"}.get(
@@ -191,6 +192,9 @@ def run(args: argparse.Namespace) -> int:
 
     if is_python_target(cmd) or (args.native and mpi_python_target(cmd)):
         return _run_python(cmd, False, args)
+    # not before: its numpy costs a Python program's start 0.14 s
+    from callpath.measure import perf_launch as launch
+
     texts = args.event or [events.DEFAULT_EVENT]
     clocks = [c for c in (events.parse_realtime(e) for e in texts) if c is not None]
     if len(clocks) > 1:

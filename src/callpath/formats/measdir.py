@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import socket
 import struct
 import time
 from collections.abc import Iterable, Iterator
@@ -33,12 +32,21 @@ import numpy as np
 import numpy.typing as npt
 
 from callpath.errors import CallpathError, FormatError
+from callpath.formats import measdir_header as _header
 from callpath.model.contexts import Identifier, IdKind
 
-FORMAT_NAME = "callpath-measurement"
-VERSION = 1
-HEADER_FILE = "measurement.json"
-PROCESS_GLOB = "process-*.cpm"
+# the header's part, which needs no numpy (measdir_header), under its old names
+FORMAT_NAME = _header.FORMAT_NAME
+HEADER_FILE = _header.HEADER_FILE
+LAUNCHER_PROGRAMS = _header.LAUNCHER_PROGRAMS
+MPI_LAUNCHERS = _header.MPI_LAUNCHERS
+PROCESS_GLOB = _header.PROCESS_GLOB
+VERSION = _header.VERSION
+MetricInfo = _header.MetricInfo
+check_new_directory = _header.check_new_directory
+host_id = _header.host_id
+make_new_directory = _header.make_new_directory
+write_header = _header.write_header
 MAGIC = b"CPMEAS\x00\x00"
 _FILE_HEADER = struct.Struct("<8sII")  # magic, version, reserved
 _CHUNK = struct.Struct("<IIQ")  # tag, thread slot (0xffffffff: whole process), payload bytes
@@ -98,30 +106,6 @@ NODE_DTYPE = np.dtype([("parent", "<i4"), ("kind", "u1"), ("flags", "u1"), ("res
 COUNT_DTYPE = np.dtype([("node", "<u4"), ("metric", "<u4"), ("samples", "<u8"),
                         ("value", "<f8")])
 TRACE_DTYPE = np.dtype([("time", "<u8"), ("node", "<u4"), ("metric", "<u4")])
-
-
-@dataclass(frozen=True)
-class MetricInfo:
-    """One sampled quantity. ``value`` sums are in ``unit`` (``ns`` for CPU clocks, ``events``
-    for counters); ``period`` is the sampling period (0 if sampled by frequency)."""
-
-    name: str
-    unit: str = "events"
-    period: int = 0
-    frequency: int = 0
-    description: str = ""
-    event: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "unit": self.unit, "period": self.period,
-                "frequency": self.frequency, "description": self.description,
-                "event": self.event}
-
-    @staticmethod
-    def from_json(d: dict[str, Any]) -> MetricInfo:
-        return MetricInfo(str(d["name"]), str(d.get("unit", "events")), int(d.get("period", 0)),
-                          int(d.get("frequency", 0)), str(d.get("description", "")),
-                          str(d.get("event", "")))
 
 
 @dataclass(frozen=True)
@@ -223,61 +207,6 @@ class Measurement:
 
 
 # ------------------------------------------------------------------------------------ writing
-
-
-def check_new_directory(out: Path) -> None:
-    """Refuse a measurement's ``-o`` that is a file or already holds a measurement or a
-    database (raw data and process files would be mixed into it), before anything runs;
-    shared by ``callpath run`` and the Python sampler's launcher."""
-    if out.exists() and not out.is_dir():
-        raise CallpathError(f"{out}: exists and is not a directory (expected a measurement "
-                            "directory to create)")
-    if out.is_dir() and ((out / HEADER_FILE).exists() or any(out.glob(PROCESS_GLOB))):
-        raise CallpathError(f"{out}: already holds a measurement (expected a new or empty "
-                            "directory; remove it or choose another -o)")
-    if (out / "meta.db").exists() or (out / "experiment.xml").exists():
-        raise CallpathError(f"{out}: holds a database (expected a new or empty directory; "
-                            "choose another -o)")
-
-
-def make_new_directory(out: Path) -> bool:
-    """:func:`check_new_directory`, then create ``out`` (and its parents); whether it was
-    created, so that a run that measures nothing can remove what it made. Shared by ``run``,
-    ``run --pid`` and the attached Python sampler."""
-    check_new_directory(out)
-    try:
-        created = not out.exists()
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise CallpathError(f"{out}: cannot create the measurement directory "
-                            f"({e.strerror})") from None
-    return created
-
-
-def write_header(directory: str | os.PathLike[str], metrics: Iterable[MetricInfo],
-                 **fields: Any) -> Path:
-    """Write (or rewrite) ``measurement.json`` atomically. ``fields`` are free-form additions
-    (command, start time, status, summary, ...)."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    doc: dict[str, Any] = {"format": FORMAT_NAME, "version": VERSION,
-                           "host": socket.gethostname(), "node_id": host_id()}
-    doc.update(fields)
-    doc["metrics"] = [m.to_json() for m in metrics]
-    tmp = d / f".{HEADER_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, d / HEADER_FILE)
-    return d / HEADER_FILE
-
-
-def host_id() -> int:
-    """A 32-bit node identifier for NODE ids: gethostid(), as HPCToolkit uses."""
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None)
-        return int(libc.gethostid()) & 0xFFFFFFFF
-    except (OSError, AttributeError):
-        return 0
 
 
 def process_file_name(pid: int, generation: int = 0) -> str:
@@ -605,14 +534,6 @@ def read_process(path: str | os.PathLike[str], n_metrics: int | None = None) -> 
                 raise FormatError(p, f"thread slot {t.slot}: a node names {what} "
                                   f"{int(t.nodes['module'][sel].max())} of {len(table)}")
     return ProcessProfile(p, info, modules, pycode, threads, metrics, complete, truncated)
-
-
-# The commands that start MPI ranks (what a user types before the program), and every program
-# of a launch that is not a rank: those commands and the daemons and proxies they start.
-# ``callpath run --native`` recognises the former; ``callpath prof`` leaves the latter out.
-MPI_LAUNCHERS = frozenset({"mpirun", "mpiexec", "mpiexec.hydra", "orterun", "srun"})
-LAUNCHER_PROGRAMS = MPI_LAUNCHERS | {"mpiexec.gforker", "hydra_pmi_proxy", "orted", "prterun",
-                                     "prte", "prted", "aprun"}
 
 
 def rank_from_environ(env: dict[str, str]) -> int | None:

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import TextIO
 
 from callpath.errors import CallpathError
-from callpath.formats import measdir
+from callpath.formats import measdir_header as header
 from callpath.measure.python import measfile
 from callpath.measure.python import sampler as S
 
@@ -82,7 +82,7 @@ def mpi_python_target(argv: Sequence[str]) -> bool:
     """Whether ``argv`` is an MPI launcher starting a Python program (``mpirun -n 2 python
     app.py``): the launcher passes our environment to every rank, so each rank measures
     itself into the one directory."""
-    if not argv or os.path.basename(argv[0]) not in measdir.MPI_LAUNCHERS:
+    if not argv or os.path.basename(argv[0]) not in header.MPI_LAUNCHERS:
         return False
     return any(not w.startswith("-") and is_python_target(argv[i:])
                for i, w in enumerate(argv[1:], 1))
@@ -155,7 +155,7 @@ def _check(out_dir: Path, frequency: float) -> None:
     if not (0 < frequency <= MAX_FREQUENCY):
         raise CallpathError(f"sampling frequency {frequency:g} Hz is out of range (expected "
                             f"more than 0 and at most {MAX_FREQUENCY:g} Hz)")
-    measdir.check_new_directory(out_dir)
+    header.check_new_directory(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -189,18 +189,20 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
     _check(out_dir, frequency)
     child_env = measurement_env(out_dir, frequency, trace, env,
                                 native_stack if native else 0)
-    metrics = [measdir.MetricInfo.from_json(d) for d in measfile.metric_descriptors(frequency)]
+    metrics = [header.MetricInfo.from_json(d) for d in measfile.metric_descriptors(frequency)]
     fields = {"command": list(cmd), "producer": "python", "frequency": frequency,
               "trace": trace, "start_time": time.time()}
     if native:
         fields["native"] = True
-    measdir.write_header(out_dir, metrics, status="running", **fields)
+    header.write_header(out_dir, metrics, status="running", **fields)
     _become_subreaper()
     started = time.monotonic()
     try:
         proc = subprocess.Popen(cmd, env=child_env)
     except OSError as e:
         raise CallpathError(f"{cmd[0]}: cannot start the program: {e.strerror}") from None
+    # the measurement's reader (numpy: 0.14 s) while the program runs, not before it starts
+    from callpath.formats import measdir  # noqa: F401
     rc = _wait(proc, linger)
     # when the program (and what it left running) ended: profile counts what follows from it
     fields["program_end_time"] = time.time()
@@ -228,7 +230,7 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
                 ahead.stop()
                 fields["structure_ahead_s"] = round(time.monotonic() - merged, 3)
     try:
-        measdir.write_header(out_dir, metrics, status="complete", exit_status=exit_status,
+        header.write_header(out_dir, metrics, status="complete", exit_status=exit_status,
                              end_time=time.time(), summary=_header_summary(out_dir), **fields)
         if summary:
             from callpath.measure.python.quick_summary import print_summary
@@ -244,6 +246,8 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
 
 def _header_summary(out_dir: Path) -> dict[str, object]:
     """Per-context sample counts for measurement.json (the format's ``summary`` key)."""
+    from callpath.formats import measdir
+
     contexts = []
     samples = 0
     for proc in measdir.read(out_dir).processes:
