@@ -233,7 +233,7 @@ def _run_with_gpu(args: argparse.Namespace, out: Path | None) -> int:
         name = args.module or next((w for w in cmd[1:] if w.endswith(".py")), cmd[0])
         out = _default_output([name])
         args.output = str(out)
-    from callpath.formats.measdir import check_new_directory
+    from callpath.formats.measdir_header import check_new_directory
 
     check_new_directory(out)
     gpu_session.prepare(out, native=bool(getattr(args, "native", False)))

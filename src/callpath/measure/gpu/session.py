@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from callpath.errors import CallpathError
-from callpath.formats import measdir as md
-from callpath.measure.gpu import convert, library, summary
+from callpath.formats import measdir_header as md
+from callpath.measure.gpu import library
 
 GPU_KINDS = ("nvidia",)
 
@@ -57,6 +57,8 @@ def finish(out: Path, trace: bool, keep_interpreter: bool = False) -> list[str]:
     """Convert the raw GPU records of ``out`` into companion files and note them in the
     header; returns lines for the user: what was measured and what measuring it cost, then
     any problem (another CUPTI subscriber, nothing launched)."""
+    from callpath.measure.gpu import convert, summary  # numpy: after the program only
+
     notes = convert.summary_notes(out)
     t0 = time.perf_counter()
     made = convert.convert_all(out, trace=trace, keep_interpreter=keep_interpreter)
