@@ -69,6 +69,19 @@ static int enc_size(uint8_t enc) {
 
 struct cfa_row { int reg; int64_t off; int rbp_k; int ra_ok; int end; };
 
+/* register reg saved at CFA + off: the two the walk follows (rbp: k = -off / 8, -1 where it
+ * cannot say; the return address: only at CFA - 8) */
+static void saved_at(struct cfa_row *row, uint64_t reg, int64_t off) {
+    if (reg == 6) row->rbp_k = off < 0 && off % 8 == 0 && -off / 8 < 32 ? (int)(-off / 8) : -1;
+    else if (reg == 16) row->ra_ok = off == -8;
+}
+
+/* register reg back to its rule at the FDE's start (init: the CIE's row) */
+static void restored(struct cfa_row *row, uint64_t reg, const struct cfa_row *init) {
+    if (reg == 6) row->rbp_k = init ? init->rbp_k : 0;
+    else if (reg == 16) row->ra_ok = init ? init->ra_ok : 1;
+}
+
 /* Run CFA instructions [p, end) from loc until the row holding target; 0 where an
  * instruction is not covered. */
 static int run_cfa(const uint8_t *p, const uint8_t *end, uint64_t *loc, uint64_t target,
@@ -83,14 +96,9 @@ static int run_cfa(const uint8_t *p, const uint8_t *end, uint64_t *loc, uint64_t
         if ((op & 0xc0) == 0x40) { delta = op & 0x3f; advance = 1; }
         else if ((op & 0xc0) == 0x80) {
             uint64_t reg = op & 0x3f;
-            int64_t off = (int64_t)uleb(&p, end) * data_align;
-            if (reg == 6) row->rbp_k = off < 0 && off % 8 == 0 && -off / 8 < 32 ? (int)(-off / 8) : -1;
-            else if (reg == 16) row->ra_ok = off == -8;
-        } else if ((op & 0xc0) == 0xc0) {
-            uint64_t reg = op & 0x3f;
-            if (reg == 6) row->rbp_k = init ? init->rbp_k : 0;
-            else if (reg == 16) row->ra_ok = init ? init->ra_ok : 1;
-        } else switch (op) {
+            saved_at(row, reg, (int64_t)uleb(&p, end) * data_align);
+        } else if ((op & 0xc0) == 0xc0) restored(row, op & 0x3f, init);
+        else switch (op) {
         case 0x00: break;                                        /* nop */
         case 0x02: delta = p < end ? *p : 0; p += 1; advance = 1; break;
         case 0x03: if (end - p < 2) return 0; delta = (uint64_t)p[0] | (uint64_t)p[1] << 8;
@@ -99,17 +107,10 @@ static int run_cfa(const uint8_t *p, const uint8_t *end, uint64_t *loc, uint64_t
                    p += 4; advance = 1; break;
         case 0x05: {                                             /* offset_extended */
             uint64_t reg = uleb(&p, end);
-            int64_t off = (int64_t)uleb(&p, end) * data_align;
-            if (reg == 6) row->rbp_k = off < 0 && off % 8 == 0 && -off / 8 < 32 ? (int)(-off / 8) : -1;
-            else if (reg == 16) row->ra_ok = off == -8;
+            saved_at(row, reg, (int64_t)uleb(&p, end) * data_align);
             break;
         }
-        case 0x06: {                                             /* restore_extended */
-            uint64_t reg = uleb(&p, end);
-            if (reg == 6) row->rbp_k = init ? init->rbp_k : 0;
-            else if (reg == 16) row->ra_ok = init ? init->ra_ok : 1;
-            break;
-        }
+        case 0x06: restored(row, uleb(&p, end), init); break;    /* restore_extended */
         case 0x07: {                                             /* undefined */
             uint64_t reg = uleb(&p, end);
             if (reg == 16) row->end = 1;
@@ -144,9 +145,7 @@ static int run_cfa(const uint8_t *p, const uint8_t *end, uint64_t *loc, uint64_t
         case 0x13: row->off = sleb(&p, end) * data_align; break;
         case 0x11: {                                             /* offset_extended_sf */
             uint64_t reg = uleb(&p, end);
-            int64_t off = sleb(&p, end) * data_align;
-            if (reg == 6) row->rbp_k = off < 0 && off % 8 == 0 && -off / 8 < 32 ? (int)(-off / 8) : -1;
-            else if (reg == 16) row->ra_ok = off == -8;
+            saved_at(row, reg, sleb(&p, end) * data_align);
             break;
         }
         case 0x2e: (void)uleb(&p, end); break;                   /* GNU_args_size */
