@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import array
 import asyncio
-import bisect
 import gc
 import signal
 import sys
@@ -108,49 +107,6 @@ def test_c_walk_agrees_with_python_walk(tmp_path: Path) -> None:
     smp.locs_of[id(frame.f_code)].clear()
     assert STACK_OF(frame, smp.locs_of, smp.stacks) is None
     assert W.py_stack_of(frame, smp.locs_of, smp.stacks) is None
-
-
-def test_c_line_of_gives_the_line_tables_lines(tmp_path: Path) -> None:
-    """The slow path's line of an offset from C (``line_of``, PyCode_Addr2Line) is the line
-    table's wherever C gives one, and the table answers the rest (a loop's back edge in
-    3.11), so the locations are those of the Python-only sampler: every instruction of the
-    standard library's asyncio, json and email packages and of this test module."""
-    if MODULE is None:
-        pytest.skip(f"no C walk here ({WALKER})")
-    import asyncio.base_events
-    import email.message
-    import json.decoder
-    import types
-
-    def codes(co: types.CodeType) -> Iterator[types.CodeType]:
-        yield co
-        for c in co.co_consts:
-            if isinstance(c, types.CodeType):
-                yield from codes(c)
-
-    smp = S.Sampler(str(tmp_path), 1000.0, False)
-    with_c = smp.line_of
-    assert with_c is not None
-    n = agreed = 0
-    for mod in (asyncio.base_events, email.message, json.decoder, sys.modules[__name__]):
-        assert mod.__file__ is not None
-        top = compile(Path(mod.__file__).read_text(), mod.__file__, "exec")
-        for co in codes(top):
-            smp._register(co)
-            starts, lines = W.line_table(co)
-            for lasti in range(0, len(co.co_code), 2):
-                i = bisect.bisect_right(starts, lasti) - 1
-                want = lines[i] if i >= 0 and lines[i] >= 0 else co.co_firstlineno
-                got = with_c(co, lasti)
-                assert got < 0 or got == lines[i], (co, lasti)
-                agreed += got >= 0
-                smp.line_of = with_c
-                a = smp.locs[smp._loc(co, lasti)]
-                smp.line_of = None  # the table alone, as without the C walk
-                b = smp.locs[smp._loc(co, lasti)]
-                assert a == b and a[1] == want, (co, lasti)
-                n += 1
-    assert n > 10_000 and agreed > n // 2
 
 
 def test_cache_gives_the_answers_of_the_tables(tmp_path: Path) -> None:

@@ -737,28 +737,7 @@ other_stacks(PyObject *self, PyObject *arg)
 }
 #endif
 
-/* line_of(code, lasti) -> the line of the byte offset lasti, or -1 where the range has none:
- * PyCode_Addr2Line, a C pass over the location table, where the sampler's slow path would
- * otherwise build the code object's whole line table in Python (import torch meets ~1,000
- * new code objects, most at one offset). */
-static PyObject *
-line_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)self;
-    if (nargs != 2 || !PyCode_Check(args[0]) || !PyLong_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "line_of(code, lasti)");
-        return NULL;
-    }
-    long lasti = PyLong_AsLong(args[1]);
-    if (lasti == -1 && PyErr_Occurred())
-        return NULL;
-    int line = PyCode_Addr2Line((PyCodeObject *)args[0], (int)lasti);
-    return PyLong_FromLong(line > 0 ? line : -1);
-}
-
 static PyMethodDef methods[] = {
-    {"line_of", (PyCFunction)(void (*)(void))line_of, METH_FASTCALL,
-     "line_of(code, lasti) -> the line of that byte offset, or -1 where it has none"},
     {"stack_of", (PyCFunction)(void (*)(void))stack_of, METH_FASTCALL,
      "stack_of(frame, locs_of, stacks[, cache]) -> stacks[locations of the frames, leaf first] "
      "or None"},

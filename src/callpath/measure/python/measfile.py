@@ -203,7 +203,8 @@ class Recorder:
         for sid, pairs in self.pending_stacks:
             while len(self.stack_paths) <= sid:
                 self.stack_paths.append([])
-            self.stack_paths[sid] = list(zip(pairs[-2::-2], pairs[::-2], strict=True))
+            self.stack_paths[sid] = [(pairs[i], pairs[i + 1])
+                                     for i in range(len(pairs) - 2, -1, -2)]
         self.pending_stacks = []
         leaf_of = self.leaf_of
         out: list[bytes] = []

@@ -127,9 +127,6 @@ class Sampler(walk.Walker, measfile.Recorder):
         # 3.12+: other threads' frames without frame objects (see _callpath_walk.c)
         self.other_stacks: Callable[[int], dict[int, list[tuple[CodeType, int]]]] | None = (
             getattr(walk_module, "other_stacks", None) if walk_module is not None else None)
-        # the line of a (code, offset) in C, where built (else the code's line table)
-        self.line_of: Callable[[CodeType, int], int] | None = (
-            getattr(walk_module, "line_of", None) if walk_module is not None else None)
         self.c_cache: Callable[[], Any] | None = (
             walk_module.Cache if walk_module is not None else None)
         self.c_handler: Callable[..., Any] | None = (
@@ -157,7 +154,6 @@ class Sampler(walk.Walker, measfile.Recorder):
         # frame that has not started, is the first line).
         self.locs_of: dict[int, dict[int, int]] = {}
         self.locs: list[tuple[int, int, int]] = []
-        self.loc_lines: list[tuple[int, int]] = []  # (code index, line) of each location
         self.loc_ids: dict[tuple[int, int, int], int] = {}
         # locations per frame, leaf first -> stack << 1 | NATIVE; -1: the sampler's own stack
         self.stacks: dict[tuple[int, ...], int] = {}
@@ -165,7 +161,7 @@ class Sampler(walk.Walker, measfile.Recorder):
         self.n_stacks = 0
         self.code_index: dict[int, int] = {}  # id(code) -> index; codes[] keeps them alive
         self.codes: list[CodeType] = []
-        self.line_tables: list[tuple[list[int], list[int]] | None] = []  # made on first need
+        self.line_tables: list[tuple[list[int], list[int]]] = []
         self.codes_written = 0
         self.pending_stacks: list[tuple[int, tuple[int, ...]]] = []  # (stack, (code, line)...)
         self.stack_paths: list[list[tuple[int, int]]] = []  # stack id -> root-first (code, line)

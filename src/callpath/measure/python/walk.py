@@ -19,7 +19,6 @@ import sys
 import time
 from bisect import bisect_right
 from collections.abc import Callable
-from itertools import chain
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, cast
 
@@ -73,13 +72,11 @@ def line_table(co: CodeType) -> tuple[list[int], list[int]]:
     the ``def`` line (a coroutine's whole loop appeared at ``async def``). A range without a
     line whose instruction is a backward jump gets the line of the jump's target, the loop
     header, as 3.12 locates it; other ranges without a line keep -1 (the first line)."""
-    # in C, then one pass: a code object is new at most samples of an import-heavy start
-    # (import torch: ~1,000 of them), and module bodies have thousands of ranges
-    got = list(zip(*co.co_lines(), strict=True))
-    if not got:
-        return [], []
-    starts = list(got[0])
-    lines = [line if line else -1 for line in got[2]]  # None, or 0 (the module's RESUME)
+    starts: list[int] = []
+    lines: list[int] = []
+    for start, _end, line in co.co_lines():
+        starts.append(start)
+        lines.append(line if line else -1)  # None, or 0 (the module's RESUME)
     if -1 in lines and _BACK_JUMPS:
         code = co.co_code
         n = len(code)
@@ -183,15 +180,13 @@ class Walker:
     threads: dict[int, list[Any]]
     locs_of: dict[int, dict[int, int]]
     locs: list[tuple[int, int, int]]
-    loc_lines: list[tuple[int, int]]
     loc_ids: dict[tuple[int, int, int], int]
     stacks: dict[tuple[int, ...], int]
     line_stacks: dict[tuple[int, ...], int]
     n_stacks: int
     code_index: dict[int, int]
     codes: list[CodeType]
-    line_tables: list[tuple[list[int], list[int]] | None]
-    line_of: Callable[[CodeType, int], int] | None
+    line_tables: list[tuple[list[int], list[int]]]
     pending_stacks: list[tuple[int, tuple[int, ...]]]
     busy: bool
     dropped: int
@@ -369,18 +364,9 @@ class Walker:
         ci = len(self.codes)
         self.code_index[id(co)] = ci
         self.codes.append(co)
-        self.line_tables.append(None)  # made on first need: line_of answers most offsets
+        self.line_tables.append(line_table(co))
         table: dict[int, int] = {}
         self.locs_of[id(co)] = table
-        return table
-
-    def line_table_of(self, ci: int) -> tuple[list[int], list[int]]:
-        """The line table of code ``ci``, made the first time it is needed: in the handler
-        only for offsets that ``line_of`` leaves without a line; with ``--native``, for every
-        code object at the flush, outside the handler."""
-        table = self.line_tables[ci]
-        if table is None:
-            table = self.line_tables[ci] = line_table(self.codes[ci])
         return table
 
     def _loc(self, co: CodeType, lasti: int) -> int:
@@ -389,11 +375,9 @@ class Walker:
         if lasti < 0:
             line, native = co.co_firstlineno, 0
         else:
-            line = self.line_of(co, lasti) if self.line_of is not None else -1
-            if line < 0:  # no C, or a range without a line (see line_table)
-                starts, lines = self.line_table_of(ci)
-                i = bisect_right(starts, lasti) - 1
-                line = lines[i] if i >= 0 else -1
+            starts, lines = self.line_tables[ci]
+            i = bisect_right(starts, lasti) - 1
+            line = lines[i] if i >= 0 else -1
             if line < 0:
                 line = co.co_firstlineno
             ops = co.co_code
@@ -403,7 +387,6 @@ class Walker:
         if lid is None:
             lid = self.loc_ids[loc] = len(self.locs)
             self.locs.append(loc)
-            self.loc_lines.append(loc[:2])
         return lid
 
     def _new_stack(self, frame: FrameType) -> int:
@@ -443,14 +426,15 @@ class Walker:
         if sites[0][0].co_filename in self.own_files:
             value = -1
         else:
-            lkey = tuple(chain.from_iterable(map(self.loc_lines.__getitem__, key)))
+            locs = self.locs
+            lkey = tuple(x for lid in key for x in locs[lid][:2])
             sid = self.line_stacks.get(lkey)
             if sid is None:
                 sid = self.n_stacks
                 self.n_stacks += 1
                 self.line_stacks[lkey] = sid
                 self.pending_stacks.append((sid, lkey))
-            value = sid << 1 | self.locs[key[0]][2]
+            value = sid << 1 | locs[key[0]][2]
         if len(self.stacks) >= STACK_CACHE:
             self.stacks.clear()  # in place: the handler holds this very dict
         self.stacks[tkey] = value
