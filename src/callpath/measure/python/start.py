@@ -201,7 +201,7 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
         proc = subprocess.Popen(cmd, env=child_env)
     except OSError as e:
         raise CallpathError(f"{cmd[0]}: cannot start the program: {e.strerror}") from None
-    # the measurement's reader (numpy: 0.14 s) while the program runs, not before it starts
+    # the measurement's reader (numpy) while the program runs, not before it starts
     from callpath.formats import measdir  # noqa: F401
     rc = _wait(proc, linger)
     # when the program (and what it left running) ended: profile counts what follows from it
