@@ -337,27 +337,29 @@ def test_launches_from_a_thread_without_python_get_native_paths(lib: ctypes.CDLL
     db = tmp_path / "db"
     run_cli("prof", str(meas), "-o", str(db), check=True)
     exp = callpath.open(db)
-    cct = exp.cct
-    held = np.flatnonzero(exp.exclusive(exp.metric("GKER (sec)")))
-    (leaf,) = np.setdiff1d(held, cct.parent[held])
-    assert exp.inclusive(exp.metric("GKER:COUNT"))[leaf] == 3
-    path = []
-    n = int(leaf)
-    while n > 0:
-        f = int(cct.function[n])
-        path.append(exp.functions[f].name if f >= 0 else "")
-        n = int(cct.parent[n])
+    assert exp.inclusive(exp.metric("GKER:COUNT"))[0] == 3
+    # _kernel_path takes the one innermost node with GKER: all three kernels sit there
+    path = [f for f, _, _ in _kernel_path(db)]
     at = path.index("<gpu kernel>")
     callers = [f for f in path[at + 1:] if f]
-    # the library's frames cut; then the engine's seven levels and its thread's start
-    assert callers[:8] == ["backward_op"] * 7 + ["engine_thread_main"]
+    # the library's frames cut; then the engine's call into it, its seven levels and its
+    # thread's start
+    assert callers[:9] == ["launch"] + ["backward_op"] * 7 + ["engine_thread_main"]
     assert "callpath_cupti_fake_launches" not in callers
 
 
-def _unwind_check(lib: ctypes.CDLL, found: list[tuple[str, int, int, bool]], tag: str) -> int:
+def _unwind_check(lib: ctypes.CDLL, found: list[tuple[str, int, int, bool]], tag: str,
+                  engine: ctypes.CDLL | None = None) -> int:
+    """callpath_cupti_unwind_check here (or, with ``engine``, from engine_thread.c's thread
+    150 C frames deep): (tag, the walk's count, backtrace()'s, whether they agree from the
+    caller on) into ``found``."""
     fast, slow = (ctypes.c_void_p * 512)(), (ctypes.c_void_p * 512)()
     counts = (ctypes.c_int * 3)()
-    assert lib.callpath_cupti_unwind_check(fast, slow, 512, counts) == 1
+    if engine is None:
+        assert lib.callpath_cupti_unwind_check(fast, slow, 512, counts) == 1
+    else:
+        assert engine.check_from_engine_thread(lib.callpath_cupti_unwind_check, fast, slow, 512,
+                                               counts, 150) == 1
     nf, ns = counts[0], counts[1]
     # the walk's own result (not backtrace()'s, which it hands over to where it cannot go on)
     found.append((tag, nf, ns, counts[2] == 0 and list(fast[1:nf]) == list(slow[1:ns])))
@@ -386,13 +388,7 @@ def test_launch_unwind_gives_backtraces_return_addresses(lib: ctypes.CDLL, tmp_p
         t = threading.Thread(target=lambda: _unwind_check(lib, found, "thread"))
         t.start()
         t.join()
-    engine = _engine(tmp_path)
-    fast, slow = (ctypes.c_void_p * 512)(), (ctypes.c_void_p * 512)()
-    counts = (ctypes.c_int * 3)()
-    assert engine.check_from_engine_thread(lib.callpath_cupti_unwind_check, fast, slow, 512,
-                                           counts, 150) == 1
-    found.append(("engine thread", counts[0], counts[1],
-                  counts[2] == 0 and list(fast[1:counts[0]]) == list(slow[1:counts[1]])))
+    _unwind_check(lib, found, "engine thread", _engine(tmp_path))
     assert {t for t, *_ in found} >= {"here", "sorted key", "map", "qsort callback",
                                       "numpy vectorize", "thread", "engine thread"}
     assert all(same and nf == ns for _, nf, ns, same in found), found

@@ -1,10 +1,18 @@
-/* For tests/test_gpu_library.py: launches from a thread that runs no Python, under C frames of
- * the program's own (as PyTorch's autograd engine launches a backward pass's kernels), through
- * the CUPTI library's made-up launch path (callpath_cupti_fake_launches, passed in). */
+/* For tests/test_gpu_library.py: a call into the CUPTI library from a thread that runs no
+ * Python, under C frames of the program's own (as PyTorch's autograd engine launches a
+ * backward pass's kernels): its made-up launches (callpath_cupti_fake_launches), or its
+ * unwinding check (callpath_cupti_unwind_check), passed in. */
 #include <pthread.h>
 
 typedef int (*fake_launches)(const char *path, int n, int native_depth, int in_thread);
-struct job { fake_launches fn; const char *path; int n, depth, rc; };
+typedef int (*unwind_check)(void **fast, void **slow, int max, int *counts);
+
+struct job {
+    int (*body)(struct job *);
+    fake_launches launches; const char *path; int n;      /* launch_from_engine_thread */
+    unwind_check check; void **fast, **slow; int *counts; /* check_from_engine_thread */
+    int depth, rc;
+};
 
 __attribute__((noinline)) static int backward_op(struct job *j, int depth) {
     if (depth > 0) {
@@ -12,7 +20,7 @@ __attribute__((noinline)) static int backward_op(struct job *j, int depth) {
         __asm__ volatile("" ::: "memory"); /* no tail call: every level a frame */
         return r;
     }
-    return j->fn(j->path, j->n, 0, 0);
+    return j->body(j);
 }
 
 static void *engine_thread_main(void *arg) {
@@ -21,38 +29,25 @@ static void *engine_thread_main(void *arg) {
     return NULL;
 }
 
-int launch_from_engine_thread(fake_launches fn, const char *path, int n, int depth) {
-    struct job j = {fn, path, n, depth, -1};
+static int in_engine_thread(struct job *j) {
     pthread_t t;
-    if (pthread_create(&t, NULL, engine_thread_main, &j) != 0) return -1;
+    if (pthread_create(&t, NULL, engine_thread_main, j) != 0) return -1;
     pthread_join(t, NULL);
-    return j.rc;
+    return j->rc;
 }
 
-/* The same thread and frames, calling the library's unwinding check instead of launching. */
-typedef int (*unwind_check)(void **fast, void **slow, int max, int *counts);
-struct check_job { unwind_check fn; void **fast, **slow; int max, *counts, depth, rc; };
+static int launch(struct job *j) { return j->launches(j->path, j->n, 0, 0); }
 
-__attribute__((noinline)) static int backward_check(struct check_job *j, int depth) {
-    if (depth > 0) {
-        int r = backward_check(j, depth - 1);
-        __asm__ volatile("" ::: "memory");
-        return r;
-    }
-    return j->fn(j->fast, j->slow, j->max, j->counts);
-}
+static int check(struct job *j) { return j->check(j->fast, j->slow, j->n, j->counts); }
 
-static void *check_thread_main(void *arg) {
-    struct check_job *j = arg;
-    j->rc = backward_check(j, j->depth);
-    return NULL;
+int launch_from_engine_thread(fake_launches fn, const char *path, int n, int depth) {
+    struct job j = {.body = launch, .launches = fn, .path = path, .n = n, .depth = depth};
+    return in_engine_thread(&j);
 }
 
 int check_from_engine_thread(unwind_check fn, void **fast, void **slow, int max, int *counts,
                              int depth) {
-    struct check_job j = {fn, fast, slow, max, counts, depth, -1};
-    pthread_t t;
-    if (pthread_create(&t, NULL, check_thread_main, &j) != 0) return -1;
-    pthread_join(t, NULL);
-    return j.rc;
+    struct job j = {.body = check, .check = fn, .fast = fast, .slow = slow, .n = max,
+                    .counts = counts, .depth = depth};
+    return in_engine_thread(&j);
 }

@@ -317,17 +317,6 @@ static int wanted(int runtime, const char *fn) {
  * and one write per distinct module. */
 static int save_binaries;
 
-static void save_cubin_timed(const CUpti_ModuleResourceData *m);
-
-static void save_cubin(const CUpti_ModuleResourceData *m) {
-    if (m == NULL || m->pCubin == NULL || m->cubinSize == 0) return;
-    uint64_t t0 = now_ns();
-    save_cubin_timed(m);
-    ADD(n_bins, 1);
-    ADD(bins_bytes, m->cubinSize);
-    ADD(ns_bins, now_ns() - t0);
-}
-
 /* A 64-bit hash of a binary's bytes, for its file name: four independent multiply-xorshift
  * lanes over 32-byte blocks (12 GB/s here, against 0.9 GB/s for byte-wise FNV-1a: PyTorch
  * loads modules of many MiB), the tail byte by byte, then a final mix. */
@@ -350,7 +339,8 @@ static uint64_t bin_hash(const uint8_t *p, size_t n) {
     return h;
 }
 
-static void save_cubin_timed(const CUpti_ModuleResourceData *m) {
+/* the cubin's file in gpubins/, unless one of the same content is there */
+static void store_cubin(const CUpti_ModuleResourceData *m) {
     uint64_t h = bin_hash((const uint8_t *)m->pCubin, m->cubinSize);
     const char *dir = getenv("CALLPATH_GPU_DIR");
     if (!dir) return;
@@ -375,29 +365,14 @@ static void save_cubin_timed(const CUpti_ModuleResourceData *m) {
     else unlink(tmp);
 }
 
-static void chosen_call(int runtime, int what, CUpti_CallbackId cbid,
-                        const CUpti_CallbackData *cb);
-
-static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
-                            const void *data) {
-    (void)ud;
-    if (domain == CUPTI_CB_DOMAIN_RESOURCE) {
-        if (cbid == CUPTI_CBID_RESOURCE_MODULE_LOADED)
-            save_cubin((const CUpti_ModuleResourceData *)
-                       ((const CUpti_ResourceData *)data)->resourceDescriptor);
-        return;
-    }
-    if (domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) return;
-    const CUpti_CallbackData *cb = (const CUpti_CallbackData *)data;
-    int runtime = domain == CUPTI_CB_DOMAIN_RUNTIME_API;
-    signed char *d = cbid < 4096 ? &decision[runtime][cbid] : NULL;
-    int what = d && *d ? (*d > 0 ? *d : 0) : wanted(runtime, cb->functionName);
-    if (d && !*d) *d = what ? (signed char)what : -1;
-    if (!what) return;
+/* a module's cubin saved (see above), and the time it took counted */
+static void save_cubin(const CUpti_ModuleResourceData *m) {
+    if (m == NULL || m->pCubin == NULL || m->cubinSize == 0) return;
     uint64_t t0 = now_ns();
-    chosen_call(runtime, what, cbid, cb);
-    ADD(n_calls, 1);
-    ADD(ns_calls, now_ns() - t0);
+    store_cubin(m);
+    ADD(n_bins, 1);
+    ADD(bins_bytes, m->cubinSize);
+    ADD(ns_bins, now_ns() - t0);
 }
 
 /* ENTER or EXIT of a launching, allocating or freeing call (what: CALL_*) */
@@ -438,7 +413,29 @@ static void chosen_call(int runtime, int what, CUpti_CallbackId cbid,
     head[3] = (uint64_t)(uint32_t)nnat | ((uint64_t)(uint32_t)npy << 32);
     emit(R_API, head, sizeof head, pcs, sizeof(void *) * (size_t)nnat, py,
          sizeof(uint64_t) * 2 * (size_t)npy);
-    __atomic_add_fetch(&n_launch, 1, __ATOMIC_RELAXED);
+    ADD(n_launch, 1);
+}
+
+static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                            const void *data) {
+    (void)ud;
+    if (domain == CUPTI_CB_DOMAIN_RESOURCE) {
+        if (cbid == CUPTI_CBID_RESOURCE_MODULE_LOADED)
+            save_cubin((const CUpti_ModuleResourceData *)
+                       ((const CUpti_ResourceData *)data)->resourceDescriptor);
+        return;
+    }
+    if (domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) return;
+    const CUpti_CallbackData *cb = (const CUpti_CallbackData *)data;
+    int runtime = domain == CUPTI_CB_DOMAIN_RUNTIME_API;
+    signed char *d = cbid < 4096 ? &decision[runtime][cbid] : NULL;
+    int what = d && *d ? (*d > 0 ? *d : 0) : wanted(runtime, cb->functionName);
+    if (d && !*d) *d = what ? (signed char)what : -1;
+    if (!what) return;
+    uint64_t t0 = now_ns();
+    chosen_call(runtime, what, cbid, cb);
+    ADD(n_calls, 1);
+    ADD(ns_calls, now_ns() - t0);
 }
 
 /* ----------------------------------------------------------------------- activity records */
@@ -721,6 +718,25 @@ static void fake_call(const char *rt, uint32_t rt_cbid, uint32_t corr, const cha
     on_api(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, rt_cbid, &cb);
 }
 
+/* A made-up launch of the kernel named name (the runtime call's correlation id corr, the
+ * driver call's corr + 1) and its activity record. */
+static void fake_kernel(const char *name, uint32_t corr) {
+    fake_call("cudaLaunchKernel_v7000", 211, corr, "cuLaunchKernel", 307, corr + 1);
+    CP_KERNEL_T k;
+    memset(&k, 0, sizeof k);
+    k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+    k.correlationId = corr;
+    k.start = 1000;
+    k.end = 4000;
+    k.contextId = 1;
+    k.streamId = 7;
+    k.gridX = 4; k.gridY = 2; k.gridZ = 1;
+    k.blockX = 128; k.blockY = 1; k.blockZ = 1;
+    k.registersPerThread = 32;
+    k.name = name;
+    record((CUpti_Activity *)&k);
+}
+
 static void fake_close(void) {
     copy_maps();
     cost_note();
@@ -764,8 +780,6 @@ int callpath_cupti_fake_alloc(const char *path) {
  * C frames, in the calling thread or (in_thread) in a new thread that runs no Python, as
  * PyTorch's autograd engine launches backward kernels; into the file at path, whose cost
  * note gives their time. */
-static void fake_kernel(const char *name, uint32_t corr);
-
 static __attribute__((noinline)) void fake_many(int depth, int n) {
     if (depth > 0) {
         fake_many(depth - 1, n);
@@ -788,7 +802,10 @@ int callpath_cupti_fake_launches(const char *path, int n, int native_depth, int 
     if (in_thread) {
         struct fake_job job = {native_depth, n};
         pthread_t t;
-        if (pthread_create(&t, NULL, fake_thread, &job) != 0) return -1;
+        if (pthread_create(&t, NULL, fake_thread, &job) != 0) {
+            fake_close();
+            return -1;
+        }
         pthread_join(t, NULL);
     } else {
         fake_many(native_depth, n);
@@ -856,23 +873,4 @@ int callpath_cupti_fake_module(const char *path, const char *cubin, size_t size,
     fake_kernel(kernel, 5);
     fake_close();
     return 0;
-}
-
-/* A made-up launch of the kernel named name (the runtime call's correlation id corr, the
- * driver call's corr + 1) and its activity record. */
-static void fake_kernel(const char *name, uint32_t corr) {
-    fake_call("cudaLaunchKernel_v7000", 211, corr, "cuLaunchKernel", 307, corr + 1);
-    CP_KERNEL_T k;
-    memset(&k, 0, sizeof k);
-    k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
-    k.correlationId = corr;
-    k.start = 1000;
-    k.end = 4000;
-    k.contextId = 1;
-    k.streamId = 7;
-    k.gridX = 4; k.gridY = 2; k.gridZ = 1;
-    k.blockX = 128; k.blockY = 1; k.blockZ = 1;
-    k.registersPerThread = 32;
-    k.name = name;
-    record((CUpti_Activity *)&k);
 }

@@ -231,7 +231,7 @@ def run_python(argv: Sequence[str], *, module: bool, out_dir: Path, frequency: f
                 fields["structure_ahead_s"] = round(time.monotonic() - merged, 3)
     try:
         header.write_header(out_dir, metrics, status="complete", exit_status=exit_status,
-                             end_time=time.time(), summary=_header_summary(out_dir), **fields)
+                            end_time=time.time(), summary=_header_summary(out_dir), **fields)
         if summary:
             from callpath.measure.python.quick_summary import print_summary
             print_summary(out_dir, status, file=summary_file or sys.stderr,
