@@ -45,9 +45,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "tests" / "gpu_programs" / "train.py"
 
 
-def _run(cmd: list[str], meas: Path | None) -> dict[str, float]:
-    """One run: steps, whole command and phases (see the module doc), in seconds; with
-    ``meas`` (callpath's measurement directory) the library's cost figures too."""
+def _run(cmd: list[str]) -> dict[str, float]:
+    """One run: steps, whole command and phases (see the module doc), in seconds; for
+    callpath (its ``-o`` measurement directory) the library's cost figures too."""
+    meas = Path(cmd[cmd.index("-o") + 1]) if "-o" in cmd else None
     t0, w0 = time.perf_counter(), time.time()
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
@@ -98,11 +99,10 @@ def main() -> None:
         "torch.profiler": lambda i: [py, str(TRAIN), "--steps", str(args.steps),
                                      "--torch-profiler", str(tmp / f"tp{i}.json")],
     }
-    meas = {"callpath": "m", "callpath-cpu": "c"}
     got: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     for i in range(args.repeat):
         for m, cmd in modes.items():
-            got[m].append(_run(cmd(i), tmp / f"{meas[m]}{i}" if m in meas else None))
+            got[m].append(_run(cmd(i)))
     out: dict[str, object] = {"steps": args.steps, "repeat": args.repeat}
 
     def median(runs: list[dict[str, float]], key: str) -> float:
