@@ -72,15 +72,19 @@ class ThreadData:
     ``(stack << 1 | NATIVE) << 1 | IDLE``.
     """
 
-    __slots__ = ("cpu", "first_mono", "ident", "idle", "index", "info", "native", "new_nodes",
-                 "nodes", "samples", "state", "tree", "wall")
+    __slots__ = ("cpu", "first_mono", "ident", "idle", "index", "info", "leaf_of", "native",
+                 "new_nodes", "nodes", "samples", "state", "tree", "wall")
 
     def __init__(self, index: int, ident: int, cpu: int, t: int) -> None:
         self.index = index
         self.ident = ident
         self.first_mono = t
         self.state: list[Any] = [index, t, cpu, {}, array.array("q"), None]
-        self.tree: dict[tuple[int, int, int, int], int] = {}
+        # the tree's nodes by ((parent << 32 | code index) << 32 | line) << 1 | IDLE, and the
+        # leaf of each stack by stack << 1 | IDLE: int keys, which the garbage collector
+        # neither counts nor visits (tuples it does, and a program's start makes many)
+        self.tree: dict[int, int] = {}
+        self.leaf_of: dict[int, int] = {}
         self.nodes = 1  # node 0 is the root
         self.new_nodes: list[bytes] = [_NODE.pack(-1, KIND_ROOT, 0, 0, -1, 0, 0)]
         self.samples = self.idle = self.native = self.cpu = self.wall = 0
@@ -108,9 +112,7 @@ class Recorder:
     new_threads: list[int]
     codes: list[CodeType]
     codes_written: int
-    pending_stacks: list[tuple[int, tuple[int, ...]]]
-    stack_paths: list[list[tuple[int, int]]]
-    leaf_of: dict[tuple[int, int, int], int]
+    stack_paths: list[tuple[int, ...]]
     samples: int
     busy: bool
     last_flush: int
@@ -174,12 +176,12 @@ class Recorder:
     def _leaf(self, td: ThreadData, sid: int, idle: int) -> int:
         """The thread's tree node for a stack (inserting its path); idle leaves are distinct."""
         node = 0
-        path = self.stack_paths[sid]
-        last = len(path) - 1
+        pairs = self.stack_paths[sid]  # (code index, line) per frame, leaf first
         tree = td.tree
-        for depth, (ci, line) in enumerate(path):
-            fl = NODE_FLAG_IDLE if idle and depth == last else 0
-            k = (node, ci, line, fl)
+        for i in range(len(pairs) - 2, -1, -2):
+            ci, line = pairs[i], pairs[i + 1]
+            fl = NODE_FLAG_IDLE if idle and i == 0 else 0
+            k = ((node << 32 | ci) << 32 | line & 0xFFFFFFFF) << 1 | (fl != 0)
             child = tree.get(k)
             if child is None:
                 child = td.nodes
@@ -187,7 +189,7 @@ class Recorder:
                 tree[k] = child
                 td.new_nodes.append(_NODE.pack(node, KIND_PYTHON, fl, 0, ci, 0, line))
             node = child
-        self.leaf_of[(td.index, sid, idle)] = node
+        td.leaf_of[sid << 1 | idle] = node
         return node
 
     def _flush_locked(self) -> None:
@@ -200,13 +202,6 @@ class Recorder:
         if self._drain is not None:  # the C handler's samples of the main thread
             main = self.tdata[0].state
             self._drain(main[3], main[4] if self.trace else None)
-        for sid, pairs in self.pending_stacks:
-            while len(self.stack_paths) <= sid:
-                self.stack_paths.append([])
-            self.stack_paths[sid] = [(pairs[i], pairs[i + 1])
-                                     for i in range(len(pairs) - 2, -1, -2)]
-        self.pending_stacks = []
-        leaf_of = self.leaf_of
         out: list[bytes] = []
         if self.codes_written < len(self.codes):
             rows = [[co.co_filename, getattr(co, "co_qualname", co.co_name), co.co_firstlineno]
@@ -221,6 +216,7 @@ class Recorder:
             if not agg:
                 continue
             th = td.index
+            leaf_of = td.leaf_of
             items = list(agg.items())
             agg.clear()  # in place: the handler holds this very dict
             trace = td.state[4]
@@ -231,7 +227,7 @@ class Recorder:
             for k, (n, cpu, wall) in items:
                 idle = k & 1
                 sid = k >> 2
-                leaf = leaf_of.get((th, sid, idle))
+                leaf = leaf_of.get(sid << 1 | idle)
                 if leaf is None:
                     leaf = self._leaf(td, sid, idle)
                 leaf_by_key[k] = leaf

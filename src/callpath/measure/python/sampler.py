@@ -153,22 +153,24 @@ class Sampler(walk.Walker, measfile.Recorder):
         # locs_of maps id(code) to {byte offset: location} for the offsets seen so far (-1, a
         # frame that has not started, is the first line).
         self.locs_of: dict[int, dict[int, int]] = {}
-        self.locs: list[tuple[int, int, int]] = []
-        self.loc_ids: dict[tuple[int, int, int], int] = {}
+        # (code index, line, NATIVE) of each location, flat; a location's id by its key
+        # (code index << 32 | line) << 1 | NATIVE: ints rather than tuples, which the garbage
+        # collector would count and visit (the slow path makes them at most samples of a
+        # program's start, when every stack is new)
+        self.locs: list[int] = []
+        self.loc_ids: dict[int, int] = {}
         # locations per frame, leaf first -> stack << 1 | NATIVE; -1: the sampler's own stack
         self.stacks: dict[tuple[int, ...], int] = {}
         self.line_stacks: dict[tuple[int, ...], int] = {}  # (code index, line) per frame -> id
         self.n_stacks = 0
         self.code_index: dict[int, int] = {}  # id(code) -> index; codes[] keeps them alive
         self.codes: list[CodeType] = []
-        self.line_tables: list[tuple[list[int], list[int]]] = []
+        self.line_tables: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
         self.codes_written = 0
-        self.pending_stacks: list[tuple[int, tuple[int, ...]]] = []  # (stack, (code, line)...)
-        self.stack_paths: list[list[tuple[int, int]]] = []  # stack id -> root-first (code, line)
+        self.stack_paths: list[tuple[int, ...]] = []  # stack id -> its line_stacks key
         self.threads: dict[int, list[Any]] = {}  # ident -> the thread's handler state
         self.tdata: list[measfile.ThreadData] = []
         self.new_threads: list[int] = []
-        self.leaf_of: dict[tuple[int, int, int], int] = {}  # (thread, stack, idle) -> leaf node
         self.samples = 0
         self.dropped = 0
         self.busy = False

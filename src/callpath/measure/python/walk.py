@@ -61,7 +61,7 @@ def backward_jumps() -> tuple[dict[int, int], int]:
 _BACK_JUMPS, _EXTENDED_ARG = backward_jumps()
 
 
-def line_table(co: CodeType) -> tuple[list[int], list[int]]:
+def line_table(co: CodeType) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``co.co_lines()`` as (range starts, lines), with a line for every range that has one
     to give.
 
@@ -94,7 +94,9 @@ def line_table(co: CodeType) -> tuple[list[int], list[int]]:
             j = bisect_right(starts, target) - 1
             if 0 <= target < start and j >= 0:
                 lines[k] = lines[j]
-    return starts, lines
+    # tuples of ints, which the garbage collector stops visiting (lists it would visit at every
+    # collection, for as long as the sampler keeps them)
+    return tuple(starts), tuple(lines)
 
 
 def c_walk() -> tuple[Any, str]:
@@ -179,15 +181,15 @@ class Walker:
     main_ident: int
     threads: dict[int, list[Any]]
     locs_of: dict[int, dict[int, int]]
-    locs: list[tuple[int, int, int]]
-    loc_ids: dict[tuple[int, int, int], int]
+    locs: list[int]
+    loc_ids: dict[int, int]
     stacks: dict[tuple[int, ...], int]
     line_stacks: dict[tuple[int, ...], int]
     n_stacks: int
     code_index: dict[int, int]
     codes: list[CodeType]
-    line_tables: list[tuple[list[int], list[int]]]
-    pending_stacks: list[tuple[int, tuple[int, ...]]]
+    line_tables: list[tuple[tuple[int, ...], tuple[int, ...]]]
+    stack_paths: list[tuple[int, ...]]
     busy: bool
     dropped: int
     errors: int
@@ -332,7 +334,7 @@ class Walker:
                 # its CPU clock started at zero; its wall time is counted from one period ago
                 st = self._thread_state(ident, 0, t - self.period_ns)
             if other is not None:
-                v = self._stack_of_sites(top)
+                v = self._stack_of_sites([s[0] for s in top], [s[1] for s in top])
             else:
                 found = stack_of(top, locs_of, stacks, st[5])
                 v = self._new_stack(top) if found is None else found
@@ -382,11 +384,14 @@ class Walker:
                 line = co.co_firstlineno
             ops = co.co_code
             native = 1 if lasti < len(ops) and ops[lasti] in self.call_ops else 0
-        loc = (ci, line, native)
+        loc = (ci << 32 | line & 0xFFFFFFFF) << 1 | native
         lid = self.loc_ids.get(loc)
         if lid is None:
-            lid = self.loc_ids[loc] = len(self.locs)
-            self.locs.append(loc)
+            locs = self.locs
+            lid = self.loc_ids[loc] = len(locs) // 3
+            locs.append(ci)
+            locs.append(line)
+            locs.append(native)
         return lid
 
     def _new_stack(self, frame: FrameType) -> int:
@@ -398,20 +403,28 @@ class Walker:
         (deep recursion of varying depth makes many), the line-keyed table only grows with new
         call paths.
         """
-        sites: list[tuple[CodeType, int]] = []
+        codes: list[CodeType] = []
+        lastis: list[int] = []
         f: FrameType | None = frame
         while f is not None:
-            sites.append((f.f_code, f.f_lasti))
+            codes.append(f.f_code)
+            lastis.append(f.f_lasti)
             f = f.f_back
-        return self._stack_of_sites(sites)
+        return self._stack_of_sites(codes, lastis)
 
-    def _stack_of_sites(self, sites: list[tuple[CodeType, int]]) -> int:
-        """``_new_stack`` of the frames given as (code object, ``f_lasti``) pairs, leaf first
-        (as ``_callpath_walk.other_stacks`` gives another thread's frames): the same lookups,
-        interning what is new."""
+    def _stack_of_sites(self, codes: list[CodeType], lastis: list[int]) -> int:
+        """``_new_stack`` of the frames given as code objects and their ``f_lasti``, leaf
+        first (as ``_callpath_walk.other_stacks`` gives another thread's frames): the same
+        lookups, interning what is new.
+
+        It runs at most samples of a program's start (``import torch``: ~900 of 1,100), when
+        every stack is new; what it allocates there is what the garbage collector counts to
+        decide when to collect, so it makes no tuple that it does not keep: two lists rather
+        than a (code, offset) pair per frame, and int keys (sampler.py). With pairs, the extra
+        collections, one of them a full one, cost the program more than the path itself."""
         key: list[int] = []
         locs_of = self.locs_of
-        for co, lasti in sites:
+        for co, lasti in zip(codes, lastis, strict=True):
             table = locs_of.get(id(co))
             if table is None:
                 table = self._register(co)
@@ -423,18 +436,23 @@ class Walker:
         value = self.stacks.get(tkey)
         if value is not None:
             return value
-        if sites[0][0].co_filename in self.own_files:
+        if codes[0].co_filename in self.own_files:
             value = -1
         else:
             locs = self.locs
-            lkey = tuple(x for lid in key for x in locs[lid][:2])
+            pairs: list[int] = []
+            ap = pairs.append
+            for lid in key:
+                ap(locs[3 * lid])
+                ap(locs[3 * lid + 1])
+            lkey = tuple(pairs)
             sid = self.line_stacks.get(lkey)
             if sid is None:
                 sid = self.n_stacks
                 self.n_stacks += 1
                 self.line_stacks[lkey] = sid
-                self.pending_stacks.append((sid, lkey))
-            value = sid << 1 | locs[key[0]][2]
+                self.stack_paths.append(lkey)  # stack_paths[sid]
+            value = sid << 1 | locs[3 * key[0] + 2]
         if len(self.stacks) >= STACK_CACHE:
             self.stacks.clear()  # in place: the handler holds this very dict
         self.stacks[tkey] = value
