@@ -300,7 +300,7 @@ if sys.argv[1] == "c":
 else:
     signal.signal(signal.SIGPROF, empty)
     handler = empty
-timer = s._Timer(signal.SIGPROF)
+timer = s.timer.Timer(signal.SIGPROF)
 timer.start(int(1e9 / float(sys.argv[2])), handler)
 sys.argv = sys.argv[3:]
 try:
@@ -339,7 +339,7 @@ else:
     handler = sampler.make_handler()
     signal.signal(signal.SIGPROF, handler)
     sampler._open()
-timer = s._Timer(signal.SIGPROF)
+timer = s.timer.Timer(signal.SIGPROF)
 period = int(1e9 / hz)
 workload.work(chunk)
 armed = disarmed = 0

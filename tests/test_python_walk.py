@@ -448,3 +448,99 @@ def test_other_stacks_are_the_frame_objects_walk() -> None:
         assert t.ident is not None
         assert got[t.ident] == ref[t.ident], (got[t.ident], ref[t.ident])
     assert sum(1 for co, _ in got[threads[0].ident or 0] if co.co_name == "deep") == 41
+
+
+def _tables(smp: S.Sampler) -> tuple[Any, ...]:
+    return (smp.codes, smp.locs, smp.loc_ids, smp.stack_paths, smp.line_stacks, smp.stacks,
+            {ci: dict(t) for ci, t in enumerate(smp.locs_of[id(co)] for co in smp.codes)})
+
+
+def test_c_slow_path_builds_the_python_slow_paths_tables(tmp_path: Path) -> None:
+    """``intern_stack`` (the slow path in C) and the slow path in Python, fed the same frames
+    in the same order, answer the same and build equal tables, entry for entry: live frames of
+    every kind, finished ones, past the inline buffers, and frames caught by a real signal in
+    a loop without calls, which 3.11 catches at a back edge that has no line (left to the
+    Python rule, ``loc``)."""
+    c = S.Sampler(str(tmp_path / "c"), 1000.0, False)
+    py = S.Sampler(str(tmp_path / "py"), 1000.0, False)
+    assert c.c_intern is not None
+    py.c_intern = None
+    answers: list[tuple[int, int]] = []
+
+    def both(frame: FrameType) -> None:
+        answers.append((c._new_stack(frame), py._new_stack(frame)))
+
+    def probe() -> bool:
+        both(sys._getframe(1))
+        return True
+
+    def deep(n: int) -> None:
+        if n:
+            deep(n - 1)
+        else:
+            probe()
+    for depth in (0, 127, 128, 129, 400):  # the inline buffers hold 128 frames
+        deep(depth)
+
+    def gen() -> Iterator[int]:
+        probe()
+        yield 1
+        probe()
+    list(gen())
+    assert [probe() for _ in range(2)]
+    list(map(lambda _: probe(), [0]))
+    for _, frame in every_kind():  # finished frames: walked through their objects
+        both(frame)
+
+    caught = [0]
+
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
+        assert frame is not None
+        both(frame)
+        caught[0] += 1
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, 0.002, 0.002)
+    try:
+        y = 0
+        for i in range(10**12):  # no call in the loop: the signal is taken at its back edge
+            if caught[0] >= 30:
+                break
+            if i & 1:  # a body ending in an if: 3.11 gives the back edge no line
+                y += 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert [a for a, _ in answers] == [b for _, b in answers]
+    assert all(a >= 0 for a, _ in answers)
+    assert _tables(c) == _tables(py)
+    assert len(c.stack_paths) >= 15
+    if sys.version_info < (3, 12):
+        assert c.line_tables, "no sample at a back edge without a line: the rule was not used"
+
+
+def test_line_at_is_co_lines() -> None:
+    """The line the C slow path takes for an offset (``PyCode_Addr2Line``) is the line that
+    ``co_lines()`` gives the range holding it, at every instruction of every code object of a
+    few large standard modules (no line: 0 or -1 from C, None or 0 from ``co_lines``)."""
+    import importlib
+    import types
+
+    def codes(co: types.CodeType) -> Iterator[types.CodeType]:
+        yield co
+        for k in co.co_consts:
+            if isinstance(k, types.CodeType):
+                yield from codes(k)
+    assert MODULE is not None
+    n = 0
+    for name in ("typing", "inspect", "argparse", "asyncio.base_events", "dataclasses"):
+        path = importlib.import_module(name).__file__
+        assert path is not None
+        with open(path, encoding="utf-8") as src:
+            top = compile(src.read(), path, "exec")
+        for co in codes(top):
+            for start, end, line in co.co_lines():
+                for off in range(start, end, 2):
+                    got = MODULE.line_at(co, off)
+                    assert (got if got > 0 else None) == (line or None), (co, off)
+                    n += 1
+    assert n > 50_000

@@ -504,7 +504,7 @@ def test_handler_keys_stacks_by_line_and_flags_calls(tmp_path: Path, walker: tup
     leaves(14, 0, expected)
     assert fib(14) == len(expected) == 610
     smp.finish("exit", 0)
-    assert smp.n_stacks == len(smp.stacks) == len(set(expected)) < 20
+    assert len(smp.stack_paths) == len(smp.stacks) == len(set(expected)) < 20
     assert smp.samples == 610 and smp.dropped == 0 and smp.errors == 0
     (t,) = measdir.read_process(smp.path).threads
     n_native = sum(1 for n, _ in expected if n == 1)

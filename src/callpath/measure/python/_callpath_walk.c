@@ -29,15 +29,27 @@
 #error "callpath's stack walk needs CPython 3.11 or newer"
 #endif
 
-/* other_stacks() reads CPython's frame records (3.12 and 3.13 only, see there) */
-#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
-#define OTHER_STACKS 1
+/* The walks read CPython's frame records (3.11 to 3.13, see frame_sites); other_stacks() too
+ * (3.12 and 3.13 only, see there). Elsewhere: frame objects. */
+#if PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+#define FRAME_RECORDS 1
 #define Py_BUILD_CORE 1
 #include "internal/pycore_frame.h"
 #undef Py_BUILD_CORE
+#if PY_VERSION_HEX >= 0x030D0000
+#define RECORD_CODE(f) _PyFrame_GetCode(f)
 #else
-#define OTHER_STACKS 0
+#define RECORD_CODE(f) ((f)->f_code)
 #endif
+#if PY_VERSION_HEX >= 0x030C0000
+#define RECORD_SKIPPED(f) ((f)->owner == FRAME_OWNED_BY_CSTACK || _PyFrame_IsIncomplete(f))
+#else
+#define RECORD_SKIPPED(f) _PyFrame_IsIncomplete(f)
+#endif
+#else
+#define FRAME_RECORDS 0
+#endif
+#define OTHER_STACKS (FRAME_RECORDS && PY_VERSION_HEX >= 0x030C0000)
 
 #define SMALL 128
 
@@ -115,6 +127,65 @@ grow(Site **sites, PyObject ***locs, Py_ssize_t *cap, Py_ssize_t need, int owned
     return 0;
 }
 
+/* (code, f_lasti) of `frame` and of its callers, leaf first, as PyFrame_GetCode,
+ * PyFrame_GetLasti and PyFrame_GetBack give them, into *sites (and *locs grown alike): the
+ * count, or -1 with an exception set. The code objects are borrowed from the frames.
+ *
+ * From the frame records where this interpreter's layout is known: PyFrame_GetBack creates a
+ * frame object for every caller that has none, and at a program's start (imports, where the
+ * stack changes between any two samples) those were most of the sampler's allocations: they
+ * brought the garbage collector's young collections forward, and with them a full one (~70 ms
+ * in `import torch`). A record whose frame object has its own f_back (a finished frame's, as
+ * PyFrame_GetBack would follow) makes the walk use frame objects instead. */
+static Py_ssize_t
+frame_sites(PyFrameObject *frame, Site **sites, PyObject ***locs, Py_ssize_t *cap,
+            int *owned)
+{
+    Py_ssize_t n = 0;
+#if FRAME_RECORDS
+    _PyInterpreterFrame *f = frame->f_frame;
+    if (frame->f_back == NULL && f != NULL && f->owner != FRAME_OWNED_BY_FRAME_OBJECT) {
+        for (; f != NULL; f = f->previous) {
+            if (n > 0 && RECORD_SKIPPED(f))
+                continue;
+            if (n == *cap) {
+                if (grow(sites, locs, cap, n + 1, *owned) < 0)
+                    return -1;
+                *owned = 1;
+            }
+            int lasti = _PyInterpreterFrame_LASTI(f);
+            (*sites)[n].code = RECORD_CODE(f);
+            (*sites)[n].lasti = lasti < 0 ? -1 : lasti * (int)sizeof(_Py_CODEUNIT);
+            n++;
+            if (f->frame_obj != NULL && f->frame_obj->f_back != NULL)
+                goto objects;
+        }
+        return n;
+    }
+objects:
+    n = 0;
+#endif
+    PyFrameObject *g = (PyFrameObject *)Py_NewRef(frame);
+    while (g != NULL) {
+        if (n == *cap) {
+            if (grow(sites, locs, cap, n + 1, *owned) < 0) {
+                Py_DECREF(g);
+                return -1;
+            }
+            *owned = 1;
+        }
+        PyCodeObject *co = PyFrame_GetCode(g);
+        (*sites)[n].code = co;
+        Py_DECREF(co); /* alive while its frame is; the pointer is only compared */
+        (*sites)[n].lasti = PyFrame_GetLasti(g);
+        n++;
+        PyFrameObject *back = PyFrame_GetBack(g);
+        Py_DECREF(g);
+        g = back;
+    }
+    return n;
+}
+
 /* The walk: stacks[locations of the frames, leaf first] (a new reference), Py_None (new
  * reference) on a miss, NULL with an exception set on an error. The caller has checked the
  * types; `cache` may be NULL. */
@@ -134,22 +205,12 @@ walk(PyObject *frame, PyObject *locs_of, PyObject *stacks, Cache *cache)
     PyObject *small_locs[SMALL];
     Site *sites = small_sites;
     PyObject **locs = small_locs; /* borrowed from the tables (which the caller holds) */
-    Py_ssize_t n = 0, cap = SMALL;
+    Py_ssize_t cap = SMALL;
+    int owned = 0;
     PyObject *result = NULL;
-    PyFrameObject *f = (PyFrameObject *)frame;
-    Py_INCREF(f);
-    while (f != NULL) {
-        if (n == cap && grow(&sites, &locs, &cap, n + 1, sites != small_sites) < 0)
-            goto done;
-        PyCodeObject *co = PyFrame_GetCode(f);
-        sites[n].code = co;
-        Py_DECREF(co); /* alive while its frame is; the pointer is only compared */
-        sites[n].lasti = PyFrame_GetLasti(f);
-        n++;
-        PyFrameObject *back = PyFrame_GetBack(f);
-        Py_DECREF(f);
-        f = back;
-    }
+    Py_ssize_t n = frame_sites((PyFrameObject *)frame, &sites, &locs, &cap, &owned);
+    if (n < 0)
+        goto done;
 
     /* 2. the frames nearer the root that equal the previous stack's take its locations */
     Py_ssize_t same = 0;
@@ -239,8 +300,7 @@ miss:
         result = Py_None;
     }
 done:
-    Py_XDECREF(f);
-    if (sites != small_sites) {
+    if (owned) {
         PyMem_Free(sites);
         PyMem_Free(locs);
     }
@@ -269,6 +329,276 @@ stack_of(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         cache = (Cache *)args[3];
     }
     return walk(frame, locs_of, stacks, cache);
+}
+
+/* ---- the slow path: interning what is new ----------------------------------------------------
+ *
+ * intern_stack(frame, tables) -> stack << 1 | NATIVE, or -1 for a stack whose leaf is the
+ * sampler's own code: walk.py's Walker._stack_of_sites in C, on the same tables, with the same
+ * answer. tables = (locs_of, code_index, codes, locs, loc_ids, stacks, line_stacks, stack_paths,
+ * own_files, call_flags, loc, cache_max):
+ *   locs_of     {id(code): {f_lasti: location}}
+ *   code_index  {id(code): code index}; codes [code] keeps each interned code object alive
+ *   locs        [code index, line, NATIVE] per location, flat
+ *   loc_ids     {(code index << 32 | line) << 1 | NATIVE: location}
+ *   stacks      {(location, ...) leaf first: stack << 1 | NATIVE}, cleared at cache_max entries
+ *   line_stacks {(code index, line, ...) leaf first: stack}; stack_paths [that key] by stack
+ *   own_files   the sampler's source files
+ *   call_flags  256 bytes, nonzero for the opcodes that call
+ *   loc         loc(code, f_lasti) -> location: Python's rule, for offsets without a line
+ *
+ * Why: at a program's start (imports) nearly every sample's stack is new (~900 of 1,100 samples
+ * of `import torch`), so this path, not the walk, is the sampler's cost there; in Python it
+ * also allocated enough containers to bring the garbage collector's young and full
+ * collections forward. Here it allocates only what it keeps: a table per new code object and
+ * the two keys of a new stack.
+ *
+ * A line comes from PyCode_Addr2Line, which reads the same location table as co_lines() (what
+ * walk.line_table reads); an offset in a range without a line (a loop's back edge on 3.11, a
+ * module's RESUME) is left to `loc`, which applies walk.line_table's rules. */
+
+enum { T_LOCS_OF, T_CODE_INDEX, T_CODES, T_LOCS, T_LOC_IDS, T_STACKS, T_LINE_STACKS,
+       T_STACK_PATHS, T_OWN_FILES, T_CALL_FLAGS, T_LOC, T_CACHE_MAX, T_N };
+
+/* the location of (code, lasti), a new reference; ci is the code's index */
+static PyObject *
+new_loc(PyObject *const *t, PyCodeObject *co, int lasti, long ci)
+{
+    int line, native = 0;
+    if (lasti < 0)
+        line = co->co_firstlineno;
+    else {
+        line = PyCode_Addr2Line(co, lasti);
+        if (line <= 0 || ci >= (1L << 30))
+            return PyObject_CallFunction(t[T_LOC], "Oi", (PyObject *)co, lasti);
+        PyObject *ops = PyCode_GetCode(co);
+        if (ops == NULL)
+            return NULL;
+        if (lasti < PyBytes_GET_SIZE(ops)) {
+            unsigned char op = (unsigned char)PyBytes_AS_STRING(ops)[lasti];
+            native = PyBytes_AS_STRING(t[T_CALL_FLAGS])[op] != 0;
+        }
+        Py_DECREF(ops);
+    }
+    unsigned long long k = ((unsigned long long)ci << 32 | (unsigned int)line) << 1 | native;
+    PyObject *key = PyLong_FromUnsignedLongLong(k);
+    if (key == NULL)
+        return NULL;
+    PyObject *lid = PyDict_GetItemWithError(t[T_LOC_IDS], key);
+    if (lid != NULL) {
+        Py_DECREF(key);
+        return Py_NewRef(lid);
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    PyObject *locs = t[T_LOCS];
+    lid = PyLong_FromSsize_t(PyList_GET_SIZE(locs) / 3);
+    PyObject *a = PyLong_FromLong(ci), *b = PyLong_FromLong(line), *c = PyLong_FromLong(native);
+    int bad = lid == NULL || a == NULL || b == NULL || c == NULL
+              || PyDict_SetItem(t[T_LOC_IDS], key, lid) < 0 || PyList_Append(locs, a) < 0
+              || PyList_Append(locs, b) < 0 || PyList_Append(locs, c) < 0;
+    Py_DECREF(key);
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    Py_XDECREF(c);
+    if (bad) {
+        Py_XDECREF(lid);
+        return NULL;
+    }
+    return lid;
+}
+
+/* the location table of a code object (borrowed from locs_of), interning the code if new;
+ * *ci gets its index */
+static PyObject *
+code_table(PyObject *const *t, PyObject *co, long *ci)
+{
+    PyObject *cid = PyLong_FromVoidPtr(co);
+    if (cid == NULL)
+        return NULL;
+    PyObject *table = PyDict_GetItemWithError(t[T_LOCS_OF], cid);
+    PyObject *index = table != NULL ? PyDict_GetItemWithError(t[T_CODE_INDEX], cid) : NULL;
+    if (index != NULL) {
+        Py_DECREF(cid);
+        *ci = PyLong_AsLong(index);
+        return *ci < 0 && PyErr_Occurred() ? NULL : table;
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(cid);
+        return NULL;
+    }
+    *ci = (long)PyList_GET_SIZE(t[T_CODES]);
+    PyObject *idx = PyLong_FromLong(*ci);
+    table = PyDict_New();
+    int bad = idx == NULL || table == NULL || PyDict_SetItem(t[T_CODE_INDEX], cid, idx) < 0
+              || PyList_Append(t[T_CODES], co) < 0 || PyDict_SetItem(t[T_LOCS_OF], cid, table) < 0;
+    Py_DECREF(cid);
+    Py_XDECREF(idx);
+    Py_XDECREF(table); /* locs_of holds it */
+    return bad ? NULL : table;
+}
+
+/* line_at(code, offset) -> PyCode_Addr2Line(code, offset): the line new_loc takes, exposed so
+ * that the tests hold it to co_lines() for every offset of many code objects */
+static PyObject *
+line_at(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2 || !PyCode_Check(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "line_at(code, offset)");
+        return NULL;
+    }
+    long offset = PyLong_AsLong(args[1]);
+    if (offset == -1 && PyErr_Occurred())
+        return NULL;
+    if (offset < INT_MIN || offset > INT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "line_at: the offset is out of range");
+        return NULL;
+    }
+    return PyLong_FromLong(PyCode_Addr2Line((PyCodeObject *)args[0], (int)offset));
+}
+
+static PyObject *
+intern_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2 || !PyFrame_Check(args[0]) || !PyTuple_CheckExact(args[1])
+        || PyTuple_GET_SIZE(args[1]) != T_N) {
+        PyErr_SetString(PyExc_TypeError, "intern_stack(frame, tables)");
+        return NULL;
+    }
+    PyObject *const *t = &PyTuple_GET_ITEM(args[1], 0);
+    if (!PyDict_CheckExact(t[T_LOCS_OF]) || !PyDict_CheckExact(t[T_CODE_INDEX])
+        || !PyList_CheckExact(t[T_CODES]) || !PyList_CheckExact(t[T_LOCS])
+        || !PyDict_CheckExact(t[T_LOC_IDS]) || !PyDict_CheckExact(t[T_STACKS])
+        || !PyDict_CheckExact(t[T_LINE_STACKS]) || !PyList_CheckExact(t[T_STACK_PATHS])
+        || !PyAnySet_Check(t[T_OWN_FILES]) || !PyBytes_CheckExact(t[T_CALL_FLAGS])
+        || PyBytes_GET_SIZE(t[T_CALL_FLAGS]) != 256 || !PyCallable_Check(t[T_LOC])
+        || !PyLong_CheckExact(t[T_CACHE_MAX])) {
+        PyErr_SetString(PyExc_TypeError, "intern_stack: tables of the wrong types");
+        return NULL;
+    }
+    Py_ssize_t cache_max = PyLong_AsSsize_t(t[T_CACHE_MAX]);
+    if (cache_max < 0 && PyErr_Occurred())
+        return NULL;
+
+    /* the frames' code objects (strong from here on: `loc` runs Python code), offsets and
+     * locations (new references), leaf first */
+    Site small_sites[SMALL];
+    PyObject *small_locs[SMALL];
+    Site *sites = small_sites;
+    PyObject **locs = small_locs;
+    Py_ssize_t cap = SMALL;
+    int owned = 0;
+    PyObject *result = NULL, *tkey = NULL, *lkey = NULL;
+    Py_ssize_t n = frame_sites((PyFrameObject *)args[0], &sites, &locs, &cap, &owned);
+    if (n < 0) {
+        n = 0;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_INCREF((PyObject *)sites[i].code);
+        locs[i] = NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long ci;
+        PyObject *table = code_table(t, (PyObject *)sites[i].code, &ci);
+        if (table == NULL)
+            goto done;
+        PyObject *key = PyLong_FromLong(sites[i].lasti);
+        PyObject *lid = key != NULL ? PyDict_GetItemWithError(table, key) : NULL;
+        if (lid != NULL)
+            Py_INCREF(lid);
+        else if (key != NULL && !PyErr_Occurred()) {
+            Py_INCREF(table); /* `loc` may run any Python code */
+            lid = new_loc(t, (PyCodeObject *)sites[i].code, sites[i].lasti, ci);
+            if (lid != NULL && PyDict_SetItem(table, key, lid) < 0)
+                Py_CLEAR(lid);
+            Py_DECREF(table);
+        }
+        Py_XDECREF(key);
+        if (lid == NULL)
+            goto done;
+        locs[i] = lid;
+    }
+
+    /* the stack: known under these locations, or new */
+    tkey = PyTuple_New(n);
+    if (tkey == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyTuple_SET_ITEM(tkey, i, Py_NewRef(locs[i]));
+    result = PyDict_GetItemWithError(t[T_STACKS], tkey);
+    if (result != NULL) {
+        Py_INCREF(result);
+        goto done;
+    }
+    if (PyErr_Occurred())
+        goto done;
+    int own = n > 0 ? PySet_Contains(t[T_OWN_FILES],
+                                      ((PyCodeObject *)sites[0].code)->co_filename)
+                    : 0;
+    if (own < 0)
+        goto done;
+    if (own)
+        result = PyLong_FromLong(-1);
+    else {
+        PyObject *all = t[T_LOCS];
+        lkey = PyTuple_New(2 * n);
+        if (lkey == NULL)
+            goto done;
+        long native = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t lid = PyLong_AsSsize_t(locs[i]);
+            if (lid < 0 || 3 * lid + 2 >= PyList_GET_SIZE(all)) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_IndexError, "intern_stack: a location out of range");
+                goto done;
+            }
+            PyTuple_SET_ITEM(lkey, 2 * i, Py_NewRef(PyList_GET_ITEM(all, 3 * lid)));
+            PyTuple_SET_ITEM(lkey, 2 * i + 1, Py_NewRef(PyList_GET_ITEM(all, 3 * lid + 1)));
+            if (i == 0)
+                native = PyLong_AsLong(PyList_GET_ITEM(all, 3 * lid + 2));
+        }
+        PyObject *sid = PyDict_GetItemWithError(t[T_LINE_STACKS], lkey);
+        if (sid != NULL)
+            Py_INCREF(sid);
+        else if (PyErr_Occurred())
+            goto done;
+        else {
+            sid = PyLong_FromSsize_t(PyList_GET_SIZE(t[T_STACK_PATHS]));
+            if (sid == NULL || PyDict_SetItem(t[T_LINE_STACKS], lkey, sid) < 0
+                || PyList_Append(t[T_STACK_PATHS], lkey) < 0) {
+                Py_XDECREF(sid);
+                goto done;
+            }
+        }
+        long long v = PyLong_AsLongLong(sid);
+        Py_DECREF(sid);
+        if (v < 0)
+            goto done;
+        result = PyLong_FromLongLong(v << 1 | native);
+    }
+    if (result == NULL)
+        goto done;
+    if (PyDict_GET_SIZE(t[T_STACKS]) >= cache_max)
+        PyDict_Clear(t[T_STACKS]); /* in place: the handler holds this very dict */
+    if (PyDict_SetItem(t[T_STACKS], tkey, result) < 0)
+        Py_CLEAR(result);
+done:
+    Py_XDECREF(tkey);
+    Py_XDECREF(lkey);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_DECREF((PyObject *)sites[i].code);
+        Py_XDECREF(locs[i]);
+    }
+    if (owned) {
+        PyMem_Free(sites);
+        PyMem_Free(locs);
+    }
+    return result;
 }
 
 /* ---- the signal handler ---------------------------------------------------------------------
@@ -738,6 +1068,11 @@ other_stacks(PyObject *self, PyObject *arg)
 #endif
 
 static PyMethodDef methods[] = {
+    {"line_at", (PyCFunction)(void (*)(void))line_at, METH_FASTCALL,
+     "line_at(code, offset) -> PyCode_Addr2Line(code, offset)"},
+    {"intern_stack", (PyCFunction)(void (*)(void))intern_stack, METH_FASTCALL,
+     "intern_stack(frame, tables) -> stack << 1 | NATIVE (-1: the sampler's own), interning "
+     "what is new"},
     {"stack_of", (PyCFunction)(void (*)(void))stack_of, METH_FASTCALL,
      "stack_of(frame, locs_of, stacks[, cache]) -> stacks[locations of the frames, leaf first] "
      "or None"},

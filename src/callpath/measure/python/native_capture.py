@@ -145,7 +145,7 @@ class NativeCapture:
         if self.codes_noted < len(codes):
             rows = []
             for ci in range(self.codes_noted, len(codes)):
-                starts, lines = s.line_tables[ci]
+                starts, lines = s.line_table_of(ci)
                 rows.append([ci, id(codes[ci]), starts, lines, first_resume(codes[ci])])
             self.codes_noted = len(codes)
             self._note({"codes": rows, "t": time.monotonic_ns()})

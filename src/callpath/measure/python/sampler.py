@@ -120,6 +120,7 @@ class Sampler(walk.Walker, measfile.Recorder):
         self.node_id = timer.host_id()
         self.rank = timer.mpi_rank()
         self.call_ops = walk.call_opcodes()
+        self.call_flags = walk.call_flags(self.call_ops)
         self.timer = timer.Timer(signal.SIGPROF)
         walk_module, self.walker = walk.c_walk()
         self.stack_of: Callable[..., int | None] = (
@@ -129,6 +130,9 @@ class Sampler(walk.Walker, measfile.Recorder):
             getattr(walk_module, "other_stacks", None) if walk_module is not None else None)
         self.c_cache: Callable[[], Any] | None = (
             walk_module.Cache if walk_module is not None else None)
+        # the slow path in C (``intern_stack``); CALLPATH_PY_WALK=c-walk keeps it in Python too
+        self.c_intern: Callable[[FrameType, tuple[Any, ...]], int] | None = (
+            walk_module.intern_stack if walk_module is not None and self.walker == "C" else None)
         self.c_handler: Callable[..., Any] | None = (
             walk_module.Handler if walk_module is not None and self.walker == "C" else None)
         self.mechanism = ""
@@ -162,12 +166,15 @@ class Sampler(walk.Walker, measfile.Recorder):
         # locations per frame, leaf first -> stack << 1 | NATIVE; -1: the sampler's own stack
         self.stacks: dict[tuple[int, ...], int] = {}
         self.line_stacks: dict[tuple[int, ...], int] = {}  # (code index, line) per frame -> id
-        self.n_stacks = 0
         self.code_index: dict[int, int] = {}  # id(code) -> index; codes[] keeps them alive
         self.codes: list[CodeType] = []
-        self.line_tables: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        self.line_tables: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # read lazily
         self.codes_written = 0
         self.stack_paths: list[tuple[int, ...]] = []  # stack id -> its line_stacks key
+        # the slow path's tables, as _callpath_walk.intern_stack takes them
+        self.c_tables = (self.locs_of, self.code_index, self.codes, self.locs, self.loc_ids,
+                         self.stacks, self.line_stacks, self.stack_paths, self.own_files,
+                         self.call_flags, self._loc, walk.STACK_CACHE)
         self.threads: dict[int, list[Any]] = {}  # ident -> the thread's handler state
         self.tdata: list[measfile.ThreadData] = []
         self.new_threads: list[int] = []

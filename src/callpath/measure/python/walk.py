@@ -99,6 +99,11 @@ def line_table(co: CodeType) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(starts), tuple(lines)
 
 
+def call_flags(call_ops: frozenset[int]) -> bytes:
+    """``call_ops`` as 256 flags, one per opcode, for ``_callpath_walk.intern_stack``."""
+    return bytes(1 if op in call_ops else 0 for op in range(256))
+
+
 def c_walk() -> tuple[Any, str]:
     """The C stack walk and handler (``_callpath_walk.c``, built by ``pip install`` when a
     compiler and Python's headers are there) for this interpreter, loaded by path like this
@@ -188,7 +193,9 @@ class Walker:
     n_stacks: int
     code_index: dict[int, int]
     codes: list[CodeType]
-    line_tables: list[tuple[tuple[int, ...], tuple[int, ...]]]
+    line_tables: dict[int, tuple[tuple[int, ...], tuple[int, ...]]]
+    c_intern: Callable[[FrameType, tuple[Any, ...]], int] | None
+    c_tables: tuple[Any, ...]
     stack_paths: list[tuple[int, ...]]
     busy: bool
     dropped: int
@@ -362,13 +369,20 @@ class Walker:
     # ---- the slow path: new code objects, offsets and stacks ----------------------------------
 
     def _register(self, co: CodeType) -> dict[int, int]:
-        """Intern a code object (kept alive, so that its id stays unique) and its line table."""
+        """Intern a code object (kept alive, so that its id stays unique); its line table is
+        read when an offset needs it (``line_table_of``)."""
         ci = len(self.codes)
         self.code_index[id(co)] = ci
         self.codes.append(co)
-        self.line_tables.append(line_table(co))
         table: dict[int, int] = {}
         self.locs_of[id(co)] = table
+        return table
+
+    def line_table_of(self, ci: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The line table (``line_table``) of the code object of index ``ci``, read once."""
+        table = self.line_tables.get(ci)
+        if table is None:
+            table = self.line_tables[ci] = line_table(self.codes[ci])
         return table
 
     def _loc(self, co: CodeType, lasti: int) -> int:
@@ -377,7 +391,7 @@ class Walker:
         if lasti < 0:
             line, native = co.co_firstlineno, 0
         else:
-            starts, lines = self.line_tables[ci]
+            starts, lines = self.line_table_of(ci)
             i = bisect_right(starts, lasti) - 1
             line = lines[i] if i >= 0 else -1
             if line < 0:
@@ -401,8 +415,10 @@ class Walker:
         or -1 for a stack whose leaf is the sampler itself. Stacks that differ only in the
         NATIVE bit of their leaf share a stack id; the cache is bounded and cleared when full
         (deep recursion of varying depth makes many), the line-keyed table only grows with new
-        call paths.
+        call paths. In C (``_callpath_walk.intern_stack``, on the same tables) where built.
         """
+        if self.c_intern is not None:
+            return self.c_intern(frame, self.c_tables)
         codes: list[CodeType] = []
         lastis: list[int] = []
         f: FrameType | None = frame
@@ -448,10 +464,9 @@ class Walker:
             lkey = tuple(pairs)
             sid = self.line_stacks.get(lkey)
             if sid is None:
-                sid = self.n_stacks
-                self.n_stacks += 1
+                sid = len(self.stack_paths)
                 self.line_stacks[lkey] = sid
-                self.stack_paths.append(lkey)  # stack_paths[sid]
+                self.stack_paths.append(lkey)
             value = sid << 1 | locs[3 * key[0] + 2]
         if len(self.stacks) >= STACK_CACHE:
             self.stacks.clear()  # in place: the handler holds this very dict
