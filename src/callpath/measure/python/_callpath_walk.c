@@ -8,7 +8,7 @@
  * handler, so nothing here runs in signal context). It decides nothing: on any miss it returns
  * None and the Python slow path interns what is new, exactly as without the accelerator.
  *
- * stack_of(frame, locs_of, stacks[, cache]) -> stacks[(loc, loc, ...)] or None
+ * stack_of(frame, locs_of, stacks[, cache]) -> stacks[stack_key(loc, loc, ...)] or None
  *   locs_of: {id(code): {f_lasti: location}}; the key lists the frames' locations leaf first,
  *   following f_back, as walk.py's Python loop does.
  *
@@ -24,6 +24,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 
 #if PY_VERSION_HEX < 0x030B0000
 #error "callpath's stack walk needs CPython 3.11 or newer"
@@ -125,6 +126,30 @@ grow(Site **sites, PyObject ***locs, Py_ssize_t *cap, Py_ssize_t need, int owned
     *locs = l;
     *cap = cap2;
     return 0;
+}
+
+/* The key of a stack in the sampler's `stacks`: its locations, leaf first, as 32-bit integers
+ * in a bytes object (walk.stack_key). Not a tuple: bytes are no container, so the garbage
+ * collector neither counts them nor visits them, and at a program's start most samples make
+ * one. NULL with an exception set on an error. */
+static PyObject *
+stack_key(PyObject *const *locs, Py_ssize_t n)
+{
+    PyObject *key = PyBytes_FromStringAndSize(NULL, n * 4);
+    if (key == NULL)
+        return NULL;
+    int32_t *out = (int32_t *)PyBytes_AS_STRING(key);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long v = PyLong_AsLong(locs[i]);
+        if (v < 0 || v > INT32_MAX) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_OverflowError, "a location outside 0..2**31-1");
+            Py_DECREF(key);
+            return NULL;
+        }
+        out[i] = (int32_t)v;
+    }
+    return key;
 }
 
 /* (code, f_lasti) of `frame` and of its callers, leaf first, as PyFrame_GetCode,
@@ -258,13 +283,9 @@ walk(PyObject *frame, PyObject *locs_of, PyObject *stacks, Cache *cache)
 
     /* 5. the key */
     {
-        PyObject *key = PyTuple_New(n);
+        PyObject *key = stack_key(locs, n);
         if (key == NULL)
             goto done;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            Py_INCREF(locs[i]);
-            PyTuple_SET_ITEM(key, i, locs[i]);
-        }
         PyObject *v = PyDict_GetItemWithError(stacks, key);
         Py_DECREF(key);
         if (v == NULL)
@@ -341,8 +362,9 @@ stack_of(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  *   code_index  {id(code): code index}; codes [code] keeps each interned code object alive
  *   locs        [code index, line, NATIVE] per location, flat
  *   loc_ids     {(code index << 32 | line) << 1 | NATIVE: location}
- *   stacks      {(location, ...) leaf first: stack << 1 | NATIVE}, cleared at cache_max entries
- *   line_stacks {(code index, line, ...) leaf first: stack}; stack_paths [that key] by stack
+ *   stacks      {stack_key(locations): stack << 1 | NATIVE}, cleared at cache_max entries
+ *   line_stacks {(code index, line) per frame, leaf first, as 32-bit integers in bytes: stack};
+ *               stack_paths [that key] by stack
  *   own_files   the sampler's source files
  *   call_flags  256 bytes, nonzero for the opcodes that call
  *   loc         loc(code, f_lasti) -> location: Python's rule, for offsets without a line
@@ -350,8 +372,8 @@ stack_of(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * Why: at a program's start (imports) nearly every sample's stack is new (~900 of 1,100 samples
  * of `import torch`), so this path, not the walk, is the sampler's cost there; in Python it
  * also allocated enough containers to bring the garbage collector's young and full
- * collections forward. Here it allocates only what it keeps: a table per new code object and
- * the two keys of a new stack.
+ * collections forward. Here it allocates only what it keeps: a table per new code object (and
+ * the two keys of a new stack, which are no containers).
  *
  * A line comes from PyCode_Addr2Line, which reads the same location table as co_lines() (what
  * walk.line_table reads); an offset in a range without a line (a loop's back edge on 3.11, a
@@ -525,11 +547,9 @@ intern_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
 
     /* the stack: known under these locations, or new */
-    tkey = PyTuple_New(n);
+    tkey = stack_key(locs, n);
     if (tkey == NULL)
         goto done;
-    for (Py_ssize_t i = 0; i < n; i++)
-        PyTuple_SET_ITEM(tkey, i, Py_NewRef(locs[i]));
     result = PyDict_GetItemWithError(t[T_STACKS], tkey);
     if (result != NULL) {
         Py_INCREF(result);
@@ -546,9 +566,10 @@ intern_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         result = PyLong_FromLong(-1);
     else {
         PyObject *all = t[T_LOCS];
-        lkey = PyTuple_New(2 * n);
+        lkey = PyBytes_FromStringAndSize(NULL, n * 8);
         if (lkey == NULL)
             goto done;
+        int32_t *pairs = (int32_t *)PyBytes_AS_STRING(lkey);
         long native = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
             Py_ssize_t lid = PyLong_AsSsize_t(locs[i]);
@@ -557,8 +578,12 @@ intern_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     PyErr_SetString(PyExc_IndexError, "intern_stack: a location out of range");
                 goto done;
             }
-            PyTuple_SET_ITEM(lkey, 2 * i, Py_NewRef(PyList_GET_ITEM(all, 3 * lid)));
-            PyTuple_SET_ITEM(lkey, 2 * i + 1, Py_NewRef(PyList_GET_ITEM(all, 3 * lid + 1)));
+            long ci = PyLong_AsLong(PyList_GET_ITEM(all, 3 * lid));
+            long line = PyLong_AsLong(PyList_GET_ITEM(all, 3 * lid + 1));
+            if ((ci == -1 || line == -1) && PyErr_Occurred())
+                goto done;
+            pairs[2 * i] = (int32_t)ci;
+            pairs[2 * i + 1] = (int32_t)line;
             if (i == 0)
                 native = PyLong_AsLong(PyList_GET_ITEM(all, 3 * lid + 2));
         }

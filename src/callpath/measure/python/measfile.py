@@ -112,7 +112,7 @@ class Recorder:
     new_threads: list[int]
     codes: list[CodeType]
     codes_written: int
-    stack_paths: list[tuple[int, ...]]
+    stack_paths: list[bytes]
     samples: int
     busy: bool
     last_flush: int
@@ -176,7 +176,7 @@ class Recorder:
     def _leaf(self, td: ThreadData, sid: int, idle: int) -> int:
         """The thread's tree node for a stack (inserting its path); idle leaves are distinct."""
         node = 0
-        pairs = self.stack_paths[sid]  # (code index, line) per frame, leaf first
+        pairs = array.array("i", self.stack_paths[sid])  # (code index, line) per frame, leaf first
         tree = td.tree
         for i in range(len(pairs) - 2, -1, -2):
             ci, line = pairs[i], pairs[i + 1]

@@ -164,13 +164,13 @@ class Sampler(walk.Walker, measfile.Recorder):
         self.locs: list[int] = []
         self.loc_ids: dict[int, int] = {}
         # locations per frame, leaf first -> stack << 1 | NATIVE; -1: the sampler's own stack
-        self.stacks: dict[tuple[int, ...], int] = {}
-        self.line_stacks: dict[tuple[int, ...], int] = {}  # (code index, line) per frame -> id
+        self.stacks: dict[bytes, int] = {}
+        self.line_stacks: dict[bytes, int] = {}  # (code index, line) per frame -> id
         self.code_index: dict[int, int] = {}  # id(code) -> index; codes[] keeps them alive
         self.codes: list[CodeType] = []
         self.line_tables: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # read lazily
         self.codes_written = 0
-        self.stack_paths: list[tuple[int, ...]] = []  # stack id -> its line_stacks key
+        self.stack_paths: list[bytes] = []  # stack id -> its line_stacks key
         # the slow path's tables, as _callpath_walk.intern_stack takes them
         self.c_tables = (self.locs_of, self.code_index, self.codes, self.locs, self.loc_ids,
                          self.stacks, self.line_stacks, self.stack_paths, self.own_files,

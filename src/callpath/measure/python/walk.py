@@ -17,6 +17,7 @@ import _thread
 import os
 import sys
 import time
+from array import array
 from bisect import bisect_right
 from collections.abc import Callable
 from types import CodeType, FrameType
@@ -133,8 +134,16 @@ def c_walk() -> tuple[Any, str]:
     return None, "python (no C walk built for this interpreter)"
 
 
+def stack_key(locations: list[int]) -> bytes:
+    """A stack's key in the sampler's ``stacks``: its locations, leaf first, as 32-bit
+    integers (``_callpath_walk.c``'s ``stack_key``); ``line_stacks`` keys its (code index,
+    line) pairs the same way. Bytes, not tuples: no container for the garbage collector to
+    count and visit, where a program's start makes one at most samples."""
+    return array("i", locations).tobytes()
+
+
 def py_stack_of(frame: FrameType, locs_of: dict[int, dict[int, int]],
-                stacks: dict[tuple[int, ...], int], cache: Any = None) -> int | None:
+                stacks: dict[bytes, int], cache: Any = None) -> int | None:
     """The stack walk in Python, where the C one (``_callpath_walk.stack_of``, same signature
     and answer) is not built: ``stacks`` of the frames' locations leaf first, or None when a
     code object, offset or stack is new (the slow path's business). ``cache`` is ignored.
@@ -146,7 +155,7 @@ def py_stack_of(frame: FrameType, locs_of: dict[int, dict[int, int]],
         while f is not None:
             ap(locs_of[id(f.f_code)][f.f_lasti])
             f = f.f_back
-        return stacks[tuple(key)]
+        return stacks[stack_key(key)]
     except KeyError:
         return None
 
@@ -188,15 +197,15 @@ class Walker:
     locs_of: dict[int, dict[int, int]]
     locs: list[int]
     loc_ids: dict[int, int]
-    stacks: dict[tuple[int, ...], int]
-    line_stacks: dict[tuple[int, ...], int]
+    stacks: dict[bytes, int]
+    line_stacks: dict[bytes, int]
     n_stacks: int
     code_index: dict[int, int]
     codes: list[CodeType]
     line_tables: dict[int, tuple[tuple[int, ...], tuple[int, ...]]]
     c_intern: Callable[[FrameType, tuple[Any, ...]], int] | None
     c_tables: tuple[Any, ...]
-    stack_paths: list[tuple[int, ...]]
+    stack_paths: list[bytes]
     busy: bool
     dropped: int
     errors: int
@@ -448,7 +457,7 @@ class Walker:
             if lid is None:
                 lid = table[lasti] = self._loc(co, lasti)
             key.append(lid)
-        tkey = tuple(key)
+        tkey = stack_key(key)
         value = self.stacks.get(tkey)
         if value is not None:
             return value
@@ -461,7 +470,7 @@ class Walker:
             for lid in key:
                 ap(locs[3 * lid])
                 ap(locs[3 * lid + 1])
-            lkey = tuple(pairs)
+            lkey = array("i", pairs).tobytes()
             sid = self.line_stacks.get(lkey)
             if sid is None:
                 sid = len(self.stack_paths)
