@@ -1,0 +1,139 @@
+"""What sampling costs a Python program while it starts: ``import torch`` (or any modules) plain
+and under callpath, py-spy and pyinstrument at the same rate.
+
+A program's start is the worst case of an in-process sampler: every sample meets new code and
+a new stack, which steady-state benchmarks (``measure_python.py``) never show. The program is
+one ``import`` statement, timed from inside (``perf_counter`` and process CPU time around it);
+``gc.callbacks`` count the garbage collector's young and full collections during it, because
+an in-process sampler that allocates containers brings collections forward (a full one costs
+~70 ms at the end of ``import torch``). Configurations run interleaved, in a new order every
+round, ``--repeat`` rounds; the table gives medians and their ratios to plain's.
+
+py-spy samples from another process: its cost to the program is the pauses (``record``
+pauses the process to read it; ``--nonblocking`` does not), never allocations. pyinstrument
+runs in the process (``setstatprofile``, a C profile hook that takes a sample per interval).
+Both are installed on first use into ``bench/.env-pyprof`` (as ``measure_python.py`` does);
+pyinstrument runs on the program's interpreter through that environment's site-packages, so
+``--python`` must be the same minor version as the interpreter running this script.
+
+    python bench/startup_python.py --python /work/torchenv/bin/python --modules torch
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure_python import REPO, peer_python
+
+PROGRAM = """
+import gc, sys, time
+counts = [0, 0, 0]
+gc.callbacks.append(lambda phase, info: phase == "stop" and counts.__setitem__(
+    info["generation"], counts[info["generation"]] + 1))
+t0 = time.perf_counter(); c0 = time.process_time()
+import {modules}
+c1 = time.process_time(); t1 = time.perf_counter()
+print(f"STARTUP {{t1 - t0:.4f}} {{c1 - c0:.4f}} {{counts[0]}} {{counts[2]}}")
+"""
+
+LINE = re.compile(r"STARTUP ([\d.]+) ([\d.]+) (\d+) (\d+)")
+
+
+def configurations(py: str, script: Path, tmp: Path, hz: int, peer: Path | None,
+                   before: str | None) -> dict[str, list[str]]:
+    """Name -> command line; ``{i}`` in an argument stands for the run number."""
+    def callpath(src: Path | str, out: str) -> list[str]:
+        return ["env", f"PYTHONPATH={src}", py, "-m", "callpath", "run", "-e",
+                f"cpu-clock@f{hz}", "-o", str(tmp / out), "--", py, str(script)]
+    cfg = {"plain": [py, str(script)], f"callpath {hz} Hz": callpath(REPO / "src", "cp-{i}")}
+    if before:
+        cfg[f"callpath {hz} Hz, --before"] = callpath(before, "cpb-{i}")
+    if peer is not None:
+        spy = str(peer.parent / "py-spy")
+        cfg[f"py-spy {hz} Hz"] = [spy, "record", "-r", str(hz), "-o",
+                                  str(tmp / "spy-{i}.svg"), "--", py, str(script)]
+        cfg[f"py-spy {hz} Hz nonblocking"] = [spy, "record", "-r", str(hz), "--nonblocking",
+                                              "-o", str(tmp / "spyn-{i}.svg"), "--", py,
+                                              str(script)]
+        site = subprocess.run([str(peer), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                               "['platlib'])"], capture_output=True, text=True, check=True)
+        cfg[f"pyinstrument {hz} Hz"] = ["env", f"PYTHONPATH={site.stdout.strip()}", py, "-m",
+                                        "pyinstrument", "-i", str(1 / hz), "-r", "text", "-o",
+                                        str(tmp / "pyi-{i}.txt"), str(script)]
+    return cfg
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--python", default=sys.executable, help="the program's interpreter")
+    ap.add_argument("--modules", default="torch", help="what the program imports (a, b.c)")
+    ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--hz", type=int, default=1000)
+    ap.add_argument("--no-peers", action="store_true", help="callpath and plain only")
+    ap.add_argument("--before", metavar="SRC", help="also callpath from this source tree (a "
+                    "checkout's src/, its C extensions built) in the same rounds")
+    args = ap.parse_args()
+    probe = subprocess.run([args.python, "-c", "import sys; print(sys.version_info[:2])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    same = probe == str(sys.version_info[:2])
+    peer = None if args.no_peers else peer_python()
+    if peer is not None and not same:
+        print(f"peers skipped: {args.python} is Python {probe}, this script runs "
+              f"{sys.version_info[:2]} (pyinstrument's build must match)", file=sys.stderr)
+        peer = None
+    with tempfile.TemporaryDirectory(prefix="cp-startup-") as d:
+        tmp = Path(d)
+        script = tmp / "program.py"
+        script.write_text(PROGRAM.format(modules=args.modules))
+        cfg = configurations(args.python, script, tmp, args.hz, peer, args.before)
+        got: dict[str, list[tuple[float, float, int, int]]] = {k: [] for k in cfg}
+        failed: dict[str, str] = {}
+        for r in range(args.repeat):
+            order = list(cfg)
+            random.Random(r).shuffle(order)
+            for name in order:
+                cmd = [a.replace("{i}", str(r)) for a in cfg[name]]
+                p = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                m = LINE.search(p.stdout + p.stderr)
+                if p.returncode != 0 or m is None:
+                    failed[name] = (p.stderr.strip().splitlines() or ["failed"])[-1][:100]
+                    continue
+                got[name].append((float(m[1]), float(m[2]), int(m[3]), int(m[4])))
+            print(f"  round {r + 1}/{args.repeat}", file=sys.stderr)
+    load = os.getloadavg()[0]
+    print(f"import {args.modules} ({args.python}, Python {probe.strip('()').replace(', ', '.')})"
+          f", medians of {args.repeat} interleaved rounds, load average {load:.2f}; "
+          f"{sysconfig.get_platform()}")
+    print(f"{'configuration':30s} {'import s':>9s} {'ratio':>6s} {'CPU s':>7s} {'ratio':>6s} "
+          f"{'young':>6s} {'full':>5s}")
+    base = got.get("plain") or []
+    if not base:
+        print(f"plain failed: {failed.get('plain', '?')}")
+        return 1
+    b_wall = statistics.median(x[0] for x in base)
+    b_cpu = statistics.median(x[1] for x in base)
+    for name, runs in got.items():
+        if not runs:
+            print(f"{name:30s} failed: {failed.get(name, '?')}")
+            continue
+        wall = statistics.median(x[0] for x in runs)
+        cpu = statistics.median(x[1] for x in runs)
+        young = statistics.median(x[2] for x in runs)
+        full = statistics.median(x[3] for x in runs)
+        print(f"{name:30s} {wall:9.3f} {wall / b_wall:6.3f} {cpu:7.3f} {cpu / b_cpu:6.3f} "
+              f"{young:6.0f} {full:5.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
