@@ -163,7 +163,8 @@ class Sampler(walk.Walker, measfile.Recorder):
         # program's start, when every stack is new)
         self.locs: list[int] = []
         self.loc_ids: dict[int, int] = {}
-        # locations per frame, leaf first -> stack << 1 | NATIVE; -1: the sampler's own stack
+        # walk.stack_key(locations per frame, leaf first) -> stack << 1 | NATIVE; -1: the
+        # sampler's own stack
         self.stacks: dict[bytes, int] = {}
         self.line_stacks: dict[bytes, int] = {}  # (code index, line) per frame -> id
         self.code_index: dict[int, int] = {}  # id(code) -> index; codes[] keeps them alive

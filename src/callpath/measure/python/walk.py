@@ -199,7 +199,6 @@ class Walker:
     loc_ids: dict[int, int]
     stacks: dict[bytes, int]
     line_stacks: dict[bytes, int]
-    n_stacks: int
     code_index: dict[int, int]
     codes: list[CodeType]
     line_tables: dict[int, tuple[tuple[int, ...], tuple[int, ...]]]
@@ -445,8 +444,10 @@ class Walker:
         It runs at most samples of a program's start (``import torch``: ~900 of 1,100), when
         every stack is new; what it allocates there is what the garbage collector counts to
         decide when to collect, so it makes no tuple that it does not keep: two lists rather
-        than a (code, offset) pair per frame, and int keys (sampler.py). With pairs, the extra
-        collections, one of them a full one, cost the program more than the path itself."""
+        than a (code, offset) pair per frame, int keys and bytes (``stack_key``). With pairs,
+        the extra collections, one of them a full one, cost the program more than the path
+        itself. Where the C extension is built, ``intern_stack`` does this work instead (for
+        the main thread, and on 3.11 for the others too)."""
         key: list[int] = []
         locs_of = self.locs_of
         for co, lasti in zip(codes, lastis, strict=True):
