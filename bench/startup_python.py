@@ -1,5 +1,6 @@
 """What sampling costs a Python program while it starts: ``import torch`` (or any modules) plain
-and under callpath, py-spy and pyinstrument at the same rate.
+and under callpath, py-spy and pyinstrument at the same rate; with ``--train``, the steps of a
+PyTorch training loop after it.
 
 A program's start is the worst case of an in-process sampler: every sample meets new code and
 a new stack, which steady-state benchmarks (``measure_python.py``) never show. The program is
@@ -16,7 +17,14 @@ Both are installed on first use into ``bench/.env-pyprof`` (as ``measure_python.
 pyinstrument runs on the program's interpreter through that environment's site-packages, so
 ``--python`` must be the same minor version as the interpreter running this script.
 
+``--train SECONDS`` times the steps of ``torch_profile.py``'s training loop (one thread, so
+that the CPU figures are the program's) for that long after setup instead, and counts the
+collections during the steps only: a loop calls its model's Python frames anew every step,
+and a sampler that creates a frame object for each of them brings collections forward there
+too. The figure is the steps done in that time.
+
     python bench/startup_python.py --python /work/torchenv/bin/python --modules torch
+    python bench/startup_python.py --python /work/torchenv/bin/python --train 3
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure_python import REPO, peer_python
+from torch_profile import TRAIN
 
 PROGRAM = """
 import gc, sys, time
@@ -46,30 +55,43 @@ c1 = time.process_time(); t1 = time.perf_counter()
 print(f"STARTUP {{t1 - t0:.4f}} {{c1 - c0:.4f}} {{counts[0]}} {{counts[2]}}")
 """
 
+# the training loop, with the collections counted during its steps only
+PROGRAM_TRAIN = """
+import gc, sys, time
+counts = [0, 0, 0]
+def count(phase, info):
+    if phase == "stop":
+        counts[info["generation"]] += 1
+""" + TRAIN.replace("torch.set_num_threads(2)", "torch.set_num_threads(1)").replace(
+    "t0 = time.perf_counter()", "gc.callbacks.append(count); c0 = time.process_time()\n"
+    "t0 = time.perf_counter()") + """
+print(f"STARTUP {steps} {time.process_time() - c0:.4f} {counts[0]} {counts[2]}")
+"""
+
 LINE = re.compile(r"STARTUP ([\d.]+) ([\d.]+) (\d+) (\d+)")
 
 
-def configurations(py: str, script: Path, tmp: Path, hz: int, peer: Path | None,
+def configurations(py: str, script: list[str], tmp: Path, hz: int, peer: Path | None,
                    before: str | None) -> dict[str, list[str]]:
     """Name -> command line; ``{i}`` in an argument stands for the run number."""
     def callpath(src: Path | str, out: str) -> list[str]:
         return ["env", f"PYTHONPATH={src}", py, "-m", "callpath", "run", "-e",
-                f"cpu-clock@f{hz}", "-o", str(tmp / out), "--", py, str(script)]
-    cfg = {"plain": [py, str(script)], f"callpath {hz} Hz": callpath(REPO / "src", "cp-{i}")}
+                f"cpu-clock@f{hz}", "-o", str(tmp / out), "--", py, *script]
+    cfg = {"plain": [py, *script], f"callpath {hz} Hz": callpath(REPO / "src", "cp-{i}")}
     if before:
         cfg[f"callpath {hz} Hz, --before"] = callpath(before, "cpb-{i}")
     if peer is not None:
         spy = str(peer.parent / "py-spy")
         cfg[f"py-spy {hz} Hz"] = [spy, "record", "-r", str(hz), "-o",
-                                  str(tmp / "spy-{i}.svg"), "--", py, str(script)]
+                                  str(tmp / "spy-{i}.svg"), "--", py, *script]
         cfg[f"py-spy {hz} Hz nonblocking"] = [spy, "record", "-r", str(hz), "--nonblocking",
                                               "-o", str(tmp / "spyn-{i}.svg"), "--", py,
-                                              str(script)]
+                                              *script]
         site = subprocess.run([str(peer), "-c", "import sysconfig; print(sysconfig.get_paths()"
                                "['platlib'])"], capture_output=True, text=True, check=True)
         cfg[f"pyinstrument {hz} Hz"] = ["env", f"PYTHONPATH={site.stdout.strip()}", py, "-m",
                                         "pyinstrument", "-i", str(1 / hz), "-r", "text", "-o",
-                                        str(tmp / "pyi-{i}.txt"), str(script)]
+                                        str(tmp / "pyi-{i}.txt"), *script]
     return cfg
 
 
@@ -80,6 +102,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--hz", type=int, default=1000)
     ap.add_argument("--no-peers", action="store_true", help="callpath and plain only")
+    ap.add_argument("--train", type=float, metavar="SECONDS",
+                    help="time the steps of a training loop instead of the import")
     ap.add_argument("--before", metavar="SRC", help="also callpath from this source tree (a "
                     "checkout's src/, its C extensions built) in the same rounds")
     args = ap.parse_args()
@@ -93,8 +117,13 @@ def main() -> int:
         peer = None
     with tempfile.TemporaryDirectory(prefix="cp-startup-") as d:
         tmp = Path(d)
-        script = tmp / "program.py"
-        script.write_text(PROGRAM.format(modules=args.modules))
+        program = tmp / "program.py"
+        if args.train:
+            program.write_text(PROGRAM_TRAIN)
+            script = [str(program), str(args.train)]
+        else:
+            program.write_text(PROGRAM.format(modules=args.modules))
+            script = [str(program)]
         cfg = configurations(args.python, script, tmp, args.hz, peer, args.before)
         got: dict[str, list[tuple[float, float, int, int]]] = {k: [] for k in cfg}
         failed: dict[str, str] = {}
@@ -111,26 +140,32 @@ def main() -> int:
                 got[name].append((float(m[1]), float(m[2]), int(m[3]), int(m[4])))
             print(f"  round {r + 1}/{args.repeat}", file=sys.stderr)
     load = os.getloadavg()[0]
-    print(f"import {args.modules} ({args.python}, Python {probe.strip('()').replace(', ', '.')})"
-          f", medians of {args.repeat} interleaved rounds, load average {load:.2f}; "
+    what = (f"{args.train:g} s of training steps" if args.train else f"import {args.modules}")
+    print(f"{what} ({args.python}, Python {probe.strip('()').replace(', ', '.')}), medians of "
+          f"{args.repeat} interleaved rounds, load average {load:.2f}; "
           f"{sysconfig.get_platform()}")
-    print(f"{'configuration':30s} {'import s':>9s} {'ratio':>6s} {'CPU s':>7s} {'ratio':>6s} "
+    first = "steps" if args.train else "import s"
+    # the import: its time and CPU time over plain's; the steps: plain's count over this one's
+    # (the time a step takes, relative), and the CPU time of the steps
+    print(f"{'configuration':30s} {first:>9s} {'ratio':>6s} {'CPU s':>7s} {'ratio':>6s} "
           f"{'young':>6s} {'full':>5s}")
     base = got.get("plain") or []
     if not base:
         print(f"plain failed: {failed.get('plain', '?')}")
         return 1
-    b_wall = statistics.median(x[0] for x in base)
+    b_first = statistics.median(x[0] for x in base)
     b_cpu = statistics.median(x[1] for x in base)
     for name, runs in got.items():
         if not runs:
             print(f"{name:30s} failed: {failed.get(name, '?')}")
             continue
-        wall = statistics.median(x[0] for x in runs)
+        v = statistics.median(x[0] for x in runs)
         cpu = statistics.median(x[1] for x in runs)
         young = statistics.median(x[2] for x in runs)
         full = statistics.median(x[3] for x in runs)
-        print(f"{name:30s} {wall:9.3f} {wall / b_wall:6.3f} {cpu:7.3f} {cpu / b_cpu:6.3f} "
+        ratio = b_first / v if args.train else v / b_first
+        shown = f"{v:9.0f}" if args.train else f"{v:9.3f}"
+        print(f"{name:30s} {shown} {ratio:6.3f} {cpu:7.3f} {cpu / b_cpu:6.3f} "
               f"{young:6.0f} {full:5.0f}")
     return 0
 
