@@ -5,8 +5,9 @@
  * program evicted between two samples, about 0.2 us per frame, so 20 us per sample for the 100
  * frames of a program built on a framework. This module does the same walk and gives the same
  * answer, with the GIL held, in the handler's thread (the handler is an ordinary Python signal
- * handler, so nothing here runs in signal context). It decides nothing: on any miss it returns
- * None and the Python slow path interns what is new, exactly as without the accelerator.
+ * handler, so nothing here runs in signal context). On a miss it returns None, and the slow
+ * path (intern_stack below, or walk.py's where this module is not built) interns what is new
+ * into the same tables, with the same answers.
  *
  * stack_of(frame, locs_of, stacks[, cache]) -> stacks[stack_key(loc, loc, ...)] or None
  *   locs_of: {id(code): {f_lasti: location}}; the key lists the frames' locations leaf first,
@@ -20,7 +21,8 @@
  * code object it has interned alive for as long as the tables it holds (the cache holds those
  * tables, and starts over when given others, as after a fork).
  *
- * Only public C API of CPython 3.11+ (PyFrame_GetCode, PyFrame_GetLasti, PyFrame_GetBack).
+ * The walks read CPython's frame records on 3.11 to 3.13 (GIL builds; see frame_sites) and use
+ * the public C API elsewhere (PyFrame_GetCode, PyFrame_GetLasti, PyFrame_GetBack).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -47,6 +49,13 @@
 #else
 #define RECORD_SKIPPED(f) _PyFrame_IsIncomplete(f)
 #endif
+/* a record's offset as PyFrame_GetLasti gives it: bytes, -1 before the first instruction */
+static inline int
+record_lasti(_PyInterpreterFrame *f)
+{
+    int lasti = _PyInterpreterFrame_LASTI(f);
+    return lasti < 0 ? -1 : lasti * (int)sizeof(_Py_CODEUNIT);
+}
 #else
 #define FRAME_RECORDS 0
 #endif
@@ -178,9 +187,8 @@ frame_sites(PyFrameObject *frame, Site **sites, PyObject ***locs, Py_ssize_t *ca
                     return -1;
                 *owned = 1;
             }
-            int lasti = _PyInterpreterFrame_LASTI(f);
             (*sites)[n].code = RECORD_CODE(f);
-            (*sites)[n].lasti = lasti < 0 ? -1 : lasti * (int)sizeof(_Py_CODEUNIT);
+            (*sites)[n].lasti = record_lasti(f);
             n++;
             if (f->frame_obj != NULL && f->frame_obj->f_back != NULL)
                 goto objects;
@@ -1058,16 +1066,9 @@ other_stacks(PyObject *self, PyObject *arg)
 #endif
         PyObject *sites = NULL;
         for (; f != NULL; f = f->previous) {
-            if (f->owner == FRAME_OWNED_BY_CSTACK || _PyFrame_IsIncomplete(f))
+            if (RECORD_SKIPPED(f))
                 continue;
-#if PY_VERSION_HEX >= 0x030D0000
-            PyCodeObject *co = _PyFrame_GetCode(f);
-#else
-            PyCodeObject *co = f->f_code;
-#endif
-            int lasti = _PyInterpreterFrame_LASTI(f);
-            lasti = lasti < 0 ? -1 : lasti * (int)sizeof(_Py_CODEUNIT);
-            PyObject *site = Py_BuildValue("(Oi)", (PyObject *)co, lasti);
+            PyObject *site = Py_BuildValue("(Oi)", (PyObject *)RECORD_CODE(f), record_lasti(f));
             if (site == NULL || (sites == NULL && (sites = PyList_New(0)) == NULL)
                 || PyList_Append(sites, site) < 0) {
                 Py_XDECREF(site);
