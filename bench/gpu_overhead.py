@@ -85,25 +85,30 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: the same loop on the CPU, without the callpath -e gpu=nvidia "
+                         "configuration (what the CPU sampler and callpath's launcher and "
+                         "conversion cost the whole command, on any machine)")
     args = ap.parse_args()
     py = sys.executable
     tmp = Path(tempfile.mkdtemp(prefix="callpath-gpu-bench-"))
+    prog = [str(TRAIN), "--steps", str(args.steps), "--device", args.device]
     modes: dict[str, Callable[[int], list[str]]] = {
-        "plain": lambda i: [py, str(TRAIN), "--steps", str(args.steps)],
+        "plain": lambda i: [py, *prog],
         "callpath": lambda i: [py, "-m", "callpath", "run", "-e", "gpu=nvidia", "-t",
-                               "--top", "0", "-o", str(tmp / f"m{i}"), "--", py, str(TRAIN),
-                               "--steps", str(args.steps)],
+                               "--top", "0", "-o", str(tmp / f"m{i}"), "--", py, *prog],
         "callpath-cpu": lambda i: [py, "-m", "callpath", "run", "-t", "--top", "0", "-o",
-                                   str(tmp / f"c{i}"), "--", py, str(TRAIN), "--steps",
-                                   str(args.steps)],
-        "torch.profiler": lambda i: [py, str(TRAIN), "--steps", str(args.steps),
-                                     "--torch-profiler", str(tmp / f"tp{i}.json")],
+                                   str(tmp / f"c{i}"), "--", py, *prog],
+        "torch.profiler": lambda i: [py, *prog, "--torch-profiler", str(tmp / f"tp{i}.json")],
     }
+    if args.device == "cpu":
+        del modes["callpath"]
     got: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     for i in range(args.repeat):
         for m, cmd in modes.items():
             got[m].append(_run(cmd(i)))
-    out: dict[str, object] = {"steps": args.steps, "repeat": args.repeat}
+    out: dict[str, object] = {"steps": args.steps, "repeat": args.repeat,
+                              "device": args.device}
 
     def median(runs: list[dict[str, float]], key: str) -> float:
         return statistics.median(r.get(key, float("nan")) for r in runs)

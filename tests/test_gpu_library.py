@@ -467,3 +467,73 @@ def test_launch_unwind_rules_are_the_post_mortem_unwinders(lib: ctypes.CDLL) -> 
     total = sum(checked.values())
     assert len(checked) >= 3 and all(n > 50 for n in checked.values()), checked
     assert covered > 0.9 * total and handed < 0.03 * total, (covered, handed, total)
+
+
+def _records(data: bytes) -> list[tuple[int, bytes]]:
+    out, pos = [], 0
+    while pos + 8 <= len(data):
+        tag, n = cv._HEAD.unpack_from(data, pos)
+        out.append((tag, data[pos + 8:pos + 8 + n]))
+        pos += 8 + n
+    return out
+
+
+def _whole(records: list[tuple[int, bytes]], start: int) -> bytes:
+    """The records, those from ``start`` on written as a library with a full table writes
+    them: each launch with its frames (R_API), each kernel with its name (R_KERNEL)."""
+    stacks: dict[int, bytes] = {}
+    names: dict[int, bytes] = {}
+    out = []
+    for i, (tag, body) in enumerate(records):
+        if tag == cv.R_STACK:
+            stacks[int.from_bytes(body[:8], "little")] = body[8:]
+        elif tag == cv.R_NAME:
+            names[int.from_bytes(body[:8], "little")] = body[8:]
+        if i >= start and tag == cv.R_LAUNCH:
+            tag, body = cv.R_API, body[:24] + stacks[int.from_bytes(body[24:], "little")]
+        elif i >= start and tag == cv.R_KERNEL_N:
+            tag, body = cv.R_KERNEL, body[:80] + names[int.from_bytes(body[80:], "little")]
+        out.append(cv._HEAD.pack(tag, len(body)) + body)
+    return b"".join(out)
+
+
+@pytest.mark.parametrize(("native", "native_depth", "in_thread"),
+                         [("0", 0, 0), ("1", 40, 0), ("0", 40, 1)])
+def test_each_context_and_kernel_name_is_written_once(lib: ctypes.CDLL, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      native: str, native_depth: int,
+                                                      in_thread: int) -> None:
+    """A launch from a context seen before is a 40-byte record naming it, a kernel record
+    names its kernel by number (a training loop launches from the same few hundred places):
+    500 launches from one place hold their frames and the kernel's name once. The file
+    converts to the same companion, byte for byte, as the same launches written whole (each
+    with its frames and its kernel's name, as a library with a full table writes them), and
+    as a file written whole from half-way on."""
+    monkeypatch.setenv("CALLPATH_GPU_NATIVE", native)
+    raw = tmp_path / "gpu-4250.raw"
+    assert lib.callpath_cupti_fake_launches(str(raw).encode(), 500, native_depth,
+                                            in_thread) == 0
+    records = _records(raw.read_bytes())
+    tags = [t for t, _ in records]
+    assert tags.count(cv.R_LAUNCH) == 500 and tags.count(cv.R_KERNEL_N) == 500
+    assert tags.count(cv.R_STACK) == 1 and tags.count(cv.R_NAME) == 1
+    assert cv.R_API not in tags and cv.R_KERNEL not in tags
+    (stack,) = [b for t, b in records if t == cv.R_STACK]
+    python_frames = 0 if in_thread else 10  # pytest's, at least
+    native_frames = native_depth if native == "1" or in_thread else 0
+    assert len(stack) >= 16 + 16 * python_frames + 8 * native_frames
+    assert all(len(b) == 32 for t, b in records if t == cv.R_LAUNCH)
+    companions = []
+    for i, start in enumerate((len(records), 0, len(records) // 2)):
+        d = tmp_path / f"m{i}"
+        d.mkdir()
+        (d / raw.name).write_bytes(_whole(records, start))
+        got = cv.read_raw(d / raw.name)
+        assert len(got.api_corr) == 500 and len(got.stacks) == 1 and got.names == \
+            ["_Z4axpyPfPKffi"]
+        companions.append(cv.convert(d / raw.name, d, trace=True, generation=0))
+    whole = companions[1].read_bytes()
+    assert all(c.read_bytes() == whole for c in companions)
+    assert raw.stat().st_size * 2 < (companions[1].parent / raw.name).stat().st_size
+    ops = next(iter(mdg.read(companions[0]).ops.values()))
+    assert ops["correlation"].tolist() == list(range(5, 1005, 2))

@@ -21,9 +21,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--torch-profiler", metavar="FILE")
-    args = ap.parse_args()
+    ap.add_argument("--device", default="cuda", help="cpu: the loop without a GPU")
+    dev = (args := ap.parse_args()).device  # (lines kept where tests/gpu_data recorded them)
     torch.manual_seed(0)
-    dev = "cuda"
     model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
                                 torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
                                 torch.nn.Linear(4096, 10)).to(dev)
@@ -41,13 +41,13 @@ def main() -> None:
 
     prof = None
     if args.torch_profiler:
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                  torch.profiler.ProfilerActivity.CUDA])
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if dev == "cuda" else []))
         prof.__enter__()
     t0 = time.perf_counter()
     for _ in range(args.steps):
         step()
-    torch.cuda.synchronize()
+    torch.cuda.synchronize() if dev == "cuda" else None
     steps_s = time.perf_counter() - t0
     if prof is not None:
         prof.__exit__(None, None, None)

@@ -3,11 +3,16 @@
 The library writes tagged records (``cupti_inject.c``): API calls with their calling context
 (native return addresses, innermost first, and Python frames as code-object keys and lines),
 code-object descriptions, activity records (kernels, copies, memsets, synchronizations),
-the process's ``/proc/self/maps`` at exit and a few text notes. Here the calling contexts
-become one calling context tree per launching thread (NATIVE nodes at link-time addresses
-of their load modules, PYTHON nodes at code locations, as the samplers record them), and the
-activity records :data:`~callpath.formats.measdir_gpu.GPUOP_DTYPE` operations naming the node
-of the API call with the same correlation id. The result is written as
+the process's ``/proc/self/maps`` at exit and a few text notes. Each distinct calling context
+and kernel name is written once (``R_STACK``, ``R_NAME``) and named by number in the launches
+(``R_LAUNCH``) and kernel records (``R_KERNEL_N``) that follow; a library whose table of them
+is full writes the rest whole (``R_API``, ``R_KERNEL``), and both forms are read here.
+
+Here the calling contexts become one calling context tree per launching thread (NATIVE nodes
+at link-time addresses of their load modules, PYTHON nodes at code locations, as the samplers
+record them), and the activity records :data:`~callpath.formats.measdir_gpu.GPUOP_DTYPE`
+operations naming the node of the API call with the same correlation id. The result is
+written as
 ``gpu-<pid>-<gen>.cpm`` (:mod:`callpath.formats.measdir_gpu`) and the raw file removed.
 
 Native paths are cut at the driver: the frames inside this library, libcupti and libcuda are
@@ -25,6 +30,8 @@ dispatch, cuBLAS) between them.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import mmap
 import os
 import struct
 from dataclasses import dataclass, field
@@ -41,7 +48,7 @@ from callpath.model import gpu_names as gpu
 from callpath.model.contexts import Identifier, IdKind
 
 (R_API, R_CODE, R_KERNEL, R_MEMCPY, R_MEMSET, R_SYNC, R_MAPS, R_INFO, R_CUBIN, R_MEMORY,
- R_API_END, R_CORR) = range(1, 13)
+ R_API_END, R_CORR, R_STACK, R_LAUNCH, R_NAME, R_KERNEL_N) = range(1, 17)
 CALL_ALLOC, CALL_FREE = 2, 3  # the library's kinds of an allocating or freeing API call
 _HEAD = struct.Struct("<II")
 _API = struct.Struct("<4Q")
@@ -55,13 +62,30 @@ DRIVER_MODULES = ("libcallpath_cupti", "libcupti.so", "libcuda.so")
 
 @dataclass
 class Raw:
-    """The decoded records of one raw file."""
+    """The decoded records of one raw file.
+
+    A training loop launches from the same few hundred places millions of times, so the
+    launches' calling contexts are kept as indices into the distinct ones (``stacks``, each
+    decoded once) and the launches and operations as arrays, in record order."""
 
     pid: int
-    apis: list[tuple[int, int, int, int, list[int], list[tuple[int, int]]]] = field(
-        default_factory=list)  # (correlation, tid, domain<<16|cbid, time, pcs, py frames)
+    # API calls: correlation id, thread, domain << 16 | callback id, time, index in ``stacks``
+    api_corr: npt.NDArray[np.uint64] = field(default_factory=lambda: _u64(0))
+    api_tid: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    api_kind: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    api_time: npt.NDArray[np.uint64] = field(default_factory=lambda: _u64(0))
+    api_stack: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: distinct calling contexts: native return addresses (innermost first) and Python frames
+    #: (code-object key, line | PY_ENTRY)
+    stacks: list[tuple[list[int], list[tuple[int, int]]]] = field(default_factory=list)
     codes: dict[int, tuple[str, str, int]] = field(default_factory=dict)
-    ops: list[tuple[int, list[int], str]] = field(default_factory=list)  # (record tag, words, name)
+    # activity records: tag, the record's words (kernels 10, the others 7 then zeros) and
+    # the kernel's index in ``names`` (-1 for the others)
+    op_tag: npt.NDArray[np.uint32] = field(default_factory=lambda: np.zeros(0, np.uint32))
+    op_words: npt.NDArray[np.uint64] = field(
+        default_factory=lambda: np.zeros((0, 10), np.uint64))
+    op_name: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    names: list[str] = field(default_factory=list)
     maps: str = ""
     notes: list[str] = field(default_factory=list)
     cubins: list[tuple[int, int, int]] = field(default_factory=list)  # (module id, hash, size)
@@ -75,55 +99,186 @@ class Raw:
     driver_corr: dict[int, int] = field(default_factory=dict)
     truncated: bool = False
 
+    @property
+    def apis(self) -> list[tuple[int, int, int, int, list[int], list[tuple[int, int]]]]:
+        """Each API call as (correlation, tid, kind, time, native pcs, Python frames)."""
+        return [(c, t, k, tm, list(self.stacks[s][0]), list(self.stacks[s][1]))
+                for c, t, k, tm, s in zip(self.api_corr.tolist(), self.api_tid.tolist(),
+                                          self.api_kind.tolist(), self.api_time.tolist(),
+                                          self.api_stack.tolist(), strict=True)]
 
-def read_raw(path: Path) -> Raw:
-    """Decode a raw file; a record cut off by a killed process ends it quietly."""
-    data = path.read_bytes()
+
+def _u64(n: int) -> npt.NDArray[np.uint64]:
+    return np.zeros(n, np.uint64)
+
+
+def _words(buf: npt.NDArray[np.uint8], positions: list[int], nwords: int
+           ) -> npt.NDArray[np.uint64]:
+    """The ``nwords`` little-endian 64-bit words at each byte position of ``buf`` (records
+    are not aligned), gathered in blocks so that the index stays small."""
+    out = np.empty((len(positions), nwords), np.uint64)
+    offsets = np.arange(8 * nwords, dtype=np.int64)
+    pos = np.asarray(positions, dtype=np.int64)
+    for lo in range(0, len(pos), 1 << 16):
+        chunk = buf[pos[lo:lo + (1 << 16), None] + offsets]
+        out[lo:lo + len(chunk)] = chunk.view("<u8").reshape(len(chunk), nwords)
+    return out
+
+
+def read_raw(path: Path, *, notes_only: bool = False) -> Raw:
+    """Decode a raw file; a record cut off by a killed process ends it quietly.
+    ``notes_only``: the text notes only (what ``summary_notes`` needs), skipping the rest.
+
+    One pass over the records' headers keeps the positions of the fixed-size ones (API
+    calls, activity records) and the distinct calling contexts (by their bytes); their
+    fields are then read as arrays."""
     pid = int(path.stem.split("-")[1]) if path.stem.count("-") >= 1 else 0
     raw = Raw(pid)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data: mmap.mmap | bytes = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) \
+            if size else b""
+    try:
+        _scan(raw, data, notes_only)
+    finally:
+        if isinstance(data, mmap.mmap):
+            with contextlib.suppress(BufferError):  # an array still on it: left to the GC
+                data.close()
+    return raw
+
+
+def _scan(raw: Raw, data: mmap.mmap | bytes, notes_only: bool) -> None:
+    head = _HEAD.unpack_from
+    end = len(data)
+    api_pos: list[int] = []
+    api_stack: list[int] = []
+    stack_of: dict[bytes, int] = {}
+    stack_of_id: dict[int, int] = {}  # the library's number of a context -> its index
+    name_of_id: dict[int, int] = {}
+    unpack_id = struct.Struct("<Q").unpack_from
+    op_pos: list[int] = []
+    op_tag: list[int] = []
+    kernel_pos: list[int] = []
+    kernel_name: list[int] = []
+    name_of: dict[bytes, int] = {}
     pos = 0
-    while pos + _HEAD.size <= len(data):
-        tag, n = _HEAD.unpack_from(data, pos)
-        body = data[pos + _HEAD.size:pos + _HEAD.size + n]
-        if len(body) < n:
+    while pos + 8 <= end:
+        tag, n = head(data, pos)
+        b = pos + 8
+        if b + n > end:
             raw.truncated = True
             break
-        pos += _HEAD.size + n
-        if tag == R_API and n >= _API.size:
-            corr, who, t, counts = _API.unpack_from(body, 0)
-            nnat, npy = counts & 0xFFFFFFFF, counts >> 32
-            pcs = list(struct.unpack_from(f"<{nnat}Q", body, _API.size))
-            flat = struct.unpack_from(f"<{2 * npy}Q", body, _API.size + 8 * nnat)
-            frames = list(zip(flat[0::2], flat[1::2], strict=True))
-            raw.apis.append((corr, who & 0xFFFFFFFF, (who >> 32) & 0xFFFFFFFF, t, pcs, frames))
-        elif tag == R_CODE and n >= _CODE.size:
-            key, first, flen, nlen = _CODE.unpack_from(body, 0)
-            f = body[_CODE.size:_CODE.size + flen].decode(errors="replace")
-            name = body[_CODE.size + flen:_CODE.size + flen + nlen].decode(errors="replace")
-            raw.codes[key] = (f, name, first)
-        elif tag == R_KERNEL and n >= 80:
-            raw.ops.append((tag, list(struct.unpack_from("<10Q", body, 0)),
-                            body[80:].decode(errors="replace")))
-        elif tag in (R_MEMCPY, R_MEMSET, R_SYNC) and n >= 56:
-            raw.ops.append((tag, list(struct.unpack_from("<7Q", body, 0)), ""))
+        pos = b + n
+        if notes_only:
+            if tag == R_INFO:
+                raw.notes.append(data[b:pos].decode(errors="replace"))
+            continue
+        if tag == R_LAUNCH:
+            if n >= 32:
+                s = stack_of_id.get(unpack_id(data, b + 24)[0])
+                if s is not None:
+                    api_pos.append(b)
+                    api_stack.append(s)
+        elif tag == R_KERNEL_N:
+            if n >= 88:
+                ni = name_of_id.get(unpack_id(data, b + 80)[0])
+                if ni is not None:
+                    op_pos.append(b)
+                    op_tag.append(R_KERNEL)
+                    kernel_pos.append(b)
+                    kernel_name.append(ni)
+        elif tag == R_STACK:
+            if n >= 16:
+                key = data[b + 8:pos]
+                s = stack_of.get(key)
+                if s is None:
+                    s = stack_of[key] = len(stack_of)
+                stack_of_id[unpack_id(data, b)[0]] = s
+        elif tag == R_NAME:
+            if n >= 8:
+                kname = data[b + 8:pos]
+                ni = name_of.get(kname)
+                if ni is None:
+                    ni = name_of[kname] = len(name_of)
+                name_of_id[unpack_id(data, b)[0]] = ni
+        elif tag == R_API:
+            if n >= _API.size:
+                api_pos.append(b)
+                key = data[b + 24:pos]  # the frame counts and the frames
+                s = stack_of.get(key)
+                if s is None:
+                    s = stack_of[key] = len(stack_of)
+                api_stack.append(s)
+        elif tag == R_KERNEL:
+            if n >= 80:
+                op_pos.append(b)
+                op_tag.append(tag)
+                kernel_pos.append(b)
+                kname = data[b + 80:pos]
+                ni = name_of.get(kname)
+                if ni is None:
+                    ni = name_of[kname] = len(name_of)
+                kernel_name.append(ni)
+        elif tag in (R_MEMCPY, R_MEMSET, R_SYNC):
+            if n >= 56:
+                op_pos.append(b)
+                op_tag.append(tag)
+        elif tag == R_CODE:
+            if n >= _CODE.size:
+                key, first, flen, nlen = _CODE.unpack_from(data, b)
+                c = b + _CODE.size
+                raw.codes[key] = (data[c:c + flen].decode(errors="replace"),
+                                  data[c + flen:c + flen + nlen].decode(errors="replace"),
+                                  first)
         elif tag == R_MAPS:
-            raw.maps = body.decode(errors="replace")
+            raw.maps = data[b:pos].decode(errors="replace")
         elif tag == R_INFO:
-            raw.notes.append(body.decode(errors="replace"))
+            raw.notes.append(data[b:pos].decode(errors="replace"))
         elif tag == R_API_END and n >= 24:
-            corr, end, what = struct.unpack_from("<3Q", body, 0)
-            raw.call_ends.append((corr, end, what))
+            corr, t_end, what = struct.unpack_from("<3Q", data, b)
+            raw.call_ends.append((corr, t_end, what))
         elif tag == R_CORR and n >= 16:
-            driver, runtime = struct.unpack_from("<2Q", body, 0)
+            driver, runtime = struct.unpack_from("<2Q", data, b)
             raw.driver_corr[driver] = runtime
         elif tag == R_MEMORY and n >= 48:
-            raw.memory.append(struct.unpack_from("<6Q", body, 0))
+            raw.memory.append(struct.unpack_from("<6Q", data, b))
         elif tag == R_CUBIN and n >= 24:
-            mid, h, size = struct.unpack_from("<3Q", body, 0)
+            mid, h, size = struct.unpack_from("<3Q", data, b)
             raw.cubins.append((mid, h, size))
-    if pos < len(data):
+    if pos < end:
         raw.truncated = True
-    return raw
+    if notes_only or not (api_pos or op_pos):
+        return
+    buf = np.frombuffer(data, dtype=np.uint8)
+    if api_pos:
+        w = _words(buf, api_pos, 3)
+        raw.api_corr, raw.api_time = w[:, 0], w[:, 2]
+        raw.api_tid = (w[:, 1] & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        raw.api_kind = ((w[:, 1] >> np.uint64(32)) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        raw.api_stack = np.asarray(api_stack, dtype=np.int64)
+        raw.stacks = [_stack(key) for key in stack_of]
+    if op_pos:
+        raw.op_tag = np.asarray(op_tag, dtype=np.uint32)
+        raw.op_words = np.zeros((len(op_pos), 10), np.uint64)
+        raw.op_words[:, :7] = _words(buf, op_pos, 7)
+        raw.op_name = np.full(len(op_pos), -1, dtype=np.int64)
+        if kernel_pos:
+            is_kernel = raw.op_tag == R_KERNEL
+            raw.op_words[is_kernel, 7:] = _words(buf, [p + 56 for p in kernel_pos], 3)
+            raw.op_name[is_kernel] = kernel_name
+            raw.names = [k.decode(errors="replace") for k in name_of]
+    del buf
+
+
+def _stack(key: bytes) -> tuple[list[int], list[tuple[int, int]]]:
+    """(native pcs, Python frames) of an API record's frame counts and frames; frames the
+    counts promise beyond the record's end are left out."""
+    (counts,) = struct.unpack_from("<Q", key, 0)
+    nnat = min(counts & 0xFFFFFFFF, (len(key) - 8) // 8)
+    npy = min(counts >> 32, (len(key) - 8 - 8 * nnat) // 16)
+    pcs = list(struct.unpack_from(f"<{nnat}Q", key, 8))
+    flat = struct.unpack_from(f"<{2 * npy}Q", key, 8 + 8 * nnat)
+    return pcs, list(zip(flat[0::2], flat[1::2], strict=True))
 
 
 @dataclass
@@ -180,7 +335,7 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
     --keep-interpreter-frames``, CPython's frames between Python frames stay in merged
     paths."""
     raw = read_raw(raw_path)
-    if not raw.apis and not raw.ops:
+    if not len(raw.api_corr) and not len(raw.op_tag):
         return None
     maps = parse_maps(raw.maps)
     starts = [m.start for m in maps]
@@ -189,8 +344,6 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
     code_index: dict[int, int] = {}
     pycode: list[md.PyCode] = []
     trees: dict[int, _Tree] = {}
-    slot_of_tid: dict[int, int] = {}
-    at: dict[int, tuple[int, int]] = {}  # correlation -> (slot, node)
 
     def module(mi: int) -> int | None:
         got = module_of_map.get(mi)
@@ -234,61 +387,73 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
             kept.pop()  # glibc's backtrace ends with a null or garbage return address
         return kept
 
-    natives = [native(pcs) for *_, pcs, _frames in raw.apis]
+    # everything below works on the distinct calling contexts, in order of first use, so
+    # that modules, code objects and tree nodes are numbered as a pass over the launches
+    # in record order would number them
+    natives = [native(pcs) for pcs, _frames in raw.stacks]
     merge = _LaunchMerge(modules, natives, keep_interpreter) if any(
-        n and a[5] for n, a in zip(natives, raw.apis, strict=True)) else None
+        n and st[1] for n, st in zip(natives, raw.stacks, strict=True)) else None
     if merge is not None and not merge.is_eval:
         # no frame of CPython's evaluation loop named in any native stack (a stripped
         # interpreter): nothing says where the Python frames belong, so Python paths, as
         # run --native falls back
         merge.save()
         merge = None
-    for (corr, tid, _api, _t, pcs, frames), kept in zip(raw.apis, natives, strict=True):
-        slot = slot_of_tid.setdefault(tid, len(slot_of_tid))
-        tree = trees.setdefault(slot, _Tree())
-        node = 0
+
+    def path(s: int) -> list[tuple[int, int, int]]:
+        """The tree path, root first, of distinct context ``s``: (kind, module, address)."""
+        (pcs, frames), kept = raw.stacks[s], natives[s]
         if frames and kept and merge is not None:
             stack = tuple((code(key), word & 0xFFFFFFFF, bool(word & PY_ENTRY))
                           for key, word in frames)
-            for k in merge.path(kept, stack, complete=len(pcs) < MAX_NATIVE):
-                node = tree.child(node, k[0], k[1], k[2])
-        elif frames:
-            for key, word in reversed(frames):
-                node = tree.child(node, int(md.NodeKind.PYTHON), code(key), word & 0xFFFFFFFF)
-        else:
-            for mi, addr in reversed(kept):
-                kind = md.NodeKind.NATIVE if mi >= 0 else md.NodeKind.UNKNOWN
-                node = tree.child(node, int(kind), mi, addr)
-        at[int(corr)] = (slot, node)
+            return [k[:3] for k in merge.path(kept, stack, complete=len(pcs) < MAX_NATIVE)]
+        if frames:
+            return [(int(md.NodeKind.PYTHON), code(key), word & 0xFFFFFFFF)
+                    for key, word in reversed(frames)]
+        return [(int(md.NodeKind.NATIVE if mi >= 0 else md.NodeKind.UNKNOWN), mi, addr)
+                for mi, addr in reversed(kept)]
+
+    # threads numbered in order of their first launch
+    slot_of_tid: dict[int, int] = {}
+    api_slot = np.zeros(len(raw.api_corr), dtype=np.int64)
+    api_node = np.zeros(len(raw.api_corr), dtype=np.int64)
+    if len(raw.api_corr):
+        tids, first_of_tid, tid_inv = np.unique(raw.api_tid, return_index=True,
+                                                return_inverse=True)
+        slot_of_uniq = np.empty(len(tids), dtype=np.int64)
+        slot_of_uniq[np.argsort(first_of_tid, kind="stable")] = np.arange(len(tids))
+        slot_of_tid = {int(t): int(sl) for t, sl in zip(tids, slot_of_uniq, strict=True)}
+        api_slot = slot_of_uniq[tid_inv.reshape(-1)]
+        # each (thread, context) pair once, in order of first use
+        pair = api_slot * len(raw.stacks) + raw.api_stack
+        pairs, first_of_pair, pair_inv = np.unique(pair, return_index=True,
+                                                   return_inverse=True)
+        node_of_pair = np.zeros(len(pairs), dtype=np.int64)
+        paths: dict[int, list[tuple[int, int, int]]] = {}
+        for j in np.argsort(first_of_pair, kind="stable").tolist():
+            slot, s = divmod(int(pairs[j]), len(raw.stacks))
+            tree = trees.setdefault(slot, _Tree())
+            got = paths.get(s)
+            if got is None:
+                got = paths[s] = path(s)
+            node = 0
+            for kind, mod, addr in got:
+                node = tree.child(node, kind, mod, addr)
+            node_of_pair[j] = node
+        api_node = node_of_pair[pair_inv.reshape(-1)]
     if merge is not None:
         merge.save()
     main_slot = slot_of_tid.get(raw.pid, 0)
     shift = clock_offset(raw.notes)
-    names: list[str] = []
-    name_index: dict[str, int] = {}
-    per_slot: dict[int, list[tuple[Any, ...]]] = {}
-    for tag, words, kname in raw.ops:
-        slot, node = at.get(int(words[0]), (main_slot, 0))
-        trees.setdefault(slot, _Tree())
-        dev_ctx = words[3]
-        if tag == R_KERNEL:
-            ni = name_index.setdefault(kname, len(names))
-            if ni == len(names):
-                names.append(kname)
-            row = (_on(words[1], shift), _on(words[2], shift), 0, words[9], node,
-                   dev_ctx & 0xFFFFFFFF,
-                   dev_ctx >> 32, words[4], ni, words[5], words[6], words[7],
-                   words[8] & 0xFFFFFFFF, words[8] >> 32, words[0] & 0xFFFFFFFF,
-                   _OPS[tag], 0, 0)
-        else:
-            row = (_on(words[1], shift), _on(words[2], shift), words[5], 0, node,
-                   dev_ctx & 0xFFFFFFFF, dev_ctx >> 32,
-                   words[4] & 0xFFFFFFFF, mdg.NO_NAME, 0, 0, 0, 0, 0, words[0] & 0xFFFFFFFF,
-                   _OPS[tag], words[6] & 0xFF, 0)
-        per_slot.setdefault(slot, []).append(row)
-    for slot, mrow in _memory_ops(raw, at, main_slot, shift):
-        trees.setdefault(slot, _Tree())
-        per_slot.setdefault(slot, []).append(mrow)
+    launches = _ByCorrelation(raw.api_corr, api_slot, api_node, raw.api_time)
+    op_slot, op_node = launches.find(raw.op_words[:, 0], main_slot)
+    ops = _activity_ops(raw, op_node, shift)
+    mem_slot, mem_ops = _memory_ops(raw, launches, main_slot, shift)
+    all_slot = np.concatenate([op_slot, mem_slot])
+    all_ops = np.concatenate([ops, mem_ops])
+    for slot in np.unique(all_slot).tolist():
+        trees.setdefault(int(slot), _Tree())
+    names = raw.names
     if raw.pid and (generation is None):
         gens = sorted(int(p.stem.split("-")[2]) for p in out_dir.glob(f"process-{raw.pid}-*.cpm")
                       if p.stem.split("-")[2].isdigit())
@@ -313,38 +478,115 @@ def convert(raw_path: Path, out_dir: Path, *, trace: bool, generation: int | Non
                      ids=[Identifier(int(IdKind.NODE), node_id, node_id, 1),
                           Identifier(int(IdKind.THREAD), idx, idx)])
             w.nodes(slot, trees[slot].nodes())
-            rows = per_slot.get(slot)
-            if rows:
-                mdg.write_ops(w, slot, ops_array(rows))
+            mine = all_ops[all_slot == slot]
+            if len(mine):
+                mdg.write_ops(w, slot, mine)
         mdg.write_names(w, names)
     return out_dir / name
 
 
-def _memory_ops(raw: Raw, at: dict[int, tuple[int, int]], main_slot: int,
-                shift: int | None) -> list[tuple[int, tuple[int, ...]]]:
-    """(thread slot, GPUOP row) of each allocation and free: the API call's time, from its
+class _ByCorrelation:
+    """The launching API calls by correlation id (the last record of an id wins)."""
+
+    def __init__(self, corr: npt.NDArray[np.uint64], slot: npt.NDArray[np.int64],
+                 node: npt.NDArray[np.int64], time: npt.NDArray[np.uint64]) -> None:
+        order = np.argsort(corr, kind="stable")
+        c = corr[order]
+        last = np.ones(len(c), dtype=bool)
+        last[:-1] = c[1:] != c[:-1]
+        keep = order[last]
+        self.corr, self.slot, self.node, self.time = c[last], slot[keep], node[keep], time[keep]
+
+    def index(self, corr: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.int64],
+                                                             npt.NDArray[np.bool_]]:
+        """Each id's index in the sorted arrays, and whether a launch has it."""
+        corr = np.asarray(corr, dtype=np.uint64)
+        if not len(self.corr):
+            return np.zeros(len(corr), dtype=np.int64), np.zeros(len(corr), dtype=bool)
+        i = np.minimum(np.searchsorted(self.corr, corr), len(self.corr) - 1)
+        return i, self.corr[i] == corr
+
+    def find(self, corr: npt.NDArray[np.uint64], main_slot: int
+             ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """(thread slot, node) of each id's launch; the main thread's root without one."""
+        i, hit = self.index(corr)
+        if not len(self.corr):
+            return np.full(len(corr), main_slot, dtype=np.int64), np.zeros(len(corr), np.int64)
+        return np.where(hit, self.slot[i], main_slot), np.where(hit, self.node[i], 0)
+
+
+def _on_monotonic(t: npt.NDArray[np.uint64], shift: int | None) -> npt.NDArray[np.uint64]:
+    """CUPTI timestamps on CLOCK_MONOTONIC (unchanged without a clock note)."""
+    if shift is None:
+        return t
+    out: npt.NDArray[np.uint64] = np.maximum(t.astype(np.int64) - np.int64(shift),
+                                             0).astype(np.uint64)
+    return out
+
+
+def _activity_ops(raw: Raw, node: npt.NDArray[np.int64], shift: int | None
+                  ) -> npt.NDArray[Any]:
+    """GPUOP records of the kernels, copies, memsets and synchronizations (record order)."""
+    w = raw.op_words
+    out = np.zeros(len(w), dtype=mdg.GPUOP_DTYPE)
+    if not len(w):
+        return out
+    kernel = raw.op_tag == R_KERNEL
+    low = np.uint64(0xFFFFFFFF)
+    out["start"] = _on_monotonic(w[:, 1], shift)
+    out["end"] = _on_monotonic(w[:, 2], shift)
+    out["bytes"] = np.where(kernel, 0, w[:, 5])
+    out["lmem"] = np.where(kernel, w[:, 9], 0)
+    out["node"] = node
+    out["device"] = w[:, 3] & low
+    out["context"] = w[:, 3] >> np.uint64(32)
+    out["stream"] = w[:, 4] & low
+    out["name"] = np.where(kernel, raw.op_name, mdg.NO_NAME)
+    out["grid"] = np.where(kernel, w[:, 5], 0)
+    out["block"] = np.where(kernel, w[:, 6], 0)
+    out["regs"] = np.where(kernel, w[:, 7], 0)
+    out["smem_static"] = np.where(kernel, w[:, 8] & low, 0)
+    out["smem_dynamic"] = np.where(kernel, w[:, 8] >> np.uint64(32), 0)
+    out["correlation"] = w[:, 0] & low
+    lut = np.zeros(max(_OPS) + 1, dtype=np.uint8)
+    for tag, kind in _OPS.items():
+        lut[tag] = kind
+    out["kind"] = lut[raw.op_tag]
+    out["sub"] = np.where(kernel, 0, w[:, 6] & np.uint64(0xFF))
+    return out
+
+
+def _memory_ops(raw: Raw, launches: _ByCorrelation, main_slot: int, shift: int | None
+                ) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
+    """(thread slot, GPUOP record) of each allocation and free: the API call's time, from its
     ENTER to its EXIT (what the program waits; CUPTI's memory record has one timestamp), the
     bytes, memory kind, device, context and stream of CUPTI's memory record with the same
     correlation id (an unknown kind and no bytes without one)."""
-    if not raw.call_ends:
-        return []
-    enter = {int(a[0]): int(a[3]) for a in raw.apis}
-    # by the recorded call's correlation id (the runtime's, where the record names the
-    # driver call inside it)
-    memory = {raw.driver_corr.get(int(m[0]), int(m[0])): m for m in raw.memory}
-    out: list[tuple[int, tuple[int, ...]]] = []
-    for corr, end, what in raw.call_ends:
-        start = enter.get(int(corr))
-        if start is None:
-            continue  # the call began before the library started
-        slot, node = at.get(int(corr), (main_slot, 0))
-        m = memory.get(int(corr))
-        nbytes, dev_ctx, stream, kind = (m[2], m[3], m[4], m[5] & 0xFF) if m else (0, 0, 0, 0)
-        op = gpu.OP_FREE if what == CALL_FREE else gpu.OP_ALLOC
-        out.append((slot, (_on(start, shift), _on(max(end, start), shift), nbytes, 0, node,
-                           dev_ctx & 0xFFFFFFFF, dev_ctx >> 32, stream & 0xFFFFFFFF,
-                           mdg.NO_NAME, 0, 0, 0, 0, 0, corr & 0xFFFFFFFF, op, kind, 0)))
-    return out
+    slots: list[int] = []
+    rows: list[tuple[int, ...]] = []
+    if raw.call_ends:
+        # by the recorded call's correlation id (the runtime's, where the record names the
+        # driver call inside it)
+        memory = {raw.driver_corr.get(int(m[0]), int(m[0])): m for m in raw.memory}
+        corrs = np.array([c for c, _, _ in raw.call_ends], dtype=np.uint64)
+        idx, hit = launches.index(corrs)
+        for (corr, end, what), i, h in zip(raw.call_ends, idx.tolist(), hit.tolist(),
+                                           strict=True):
+            if not h:
+                continue  # the call began before the library started
+            start = int(launches.time[i])
+            m = memory.get(int(corr))
+            nbytes, dev_ctx, stream, kind = (m[2], m[3], m[4], m[5] & 0xFF) if m \
+                else (0, 0, 0, 0)
+            op = gpu.OP_FREE if what == CALL_FREE else gpu.OP_ALLOC
+            slots.append(int(launches.slot[i]))
+            rows.append((_on(start, shift), _on(max(end, start), shift), nbytes, 0,
+                         int(launches.node[i]), dev_ctx & 0xFFFFFFFF, dev_ctx >> 32,
+                         stream & 0xFFFFFFFF, mdg.NO_NAME, 0, 0, 0, 0, 0, corr & 0xFFFFFFFF,
+                         op, kind, 0))
+    if not rows:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=mdg.GPUOP_DTYPE)
+    return np.asarray(slots, dtype=np.int64), ops_array(rows)
 
 
 class _LaunchMerge:
@@ -451,7 +693,7 @@ def summary_notes(raw_dir: Path) -> list[str]:
     subscriber, activity kinds that could not be enabled), one line each."""
     out = []
     for p in sorted(raw_dir.glob("gpu-*.raw")):
-        for note in read_raw(p).notes:
+        for note in read_raw(p, notes_only=True).notes:
             pid = p.stem.split("-")[1]
             words = note.split(" ", 2)
             if note.startswith("subscribe-failed") and len(words) > 1 and words[1] == \

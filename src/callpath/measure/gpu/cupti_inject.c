@@ -17,7 +17,9 @@
  *
  * Everything goes to CALLPATH_GPU_DIR/gpu-<pid>.raw as tagged little-endian records (see
  * convert.py, which turns them into the measurement directory's format). A write failure
- * stops recording, never the program.
+ * stops recording, never the program. A program launches from the same few hundred calling
+ * contexts and the same few hundred kernels over and over: each distinct context and kernel
+ * name is written once, and each launch and kernel names it by number (interning below).
  */
 #define _GNU_SOURCE
 /* not cupti.h: its generated API-parameter headers must match cuda.h exactly */
@@ -56,7 +58,7 @@
 
 enum { R_API = 1, R_CODE = 2, R_KERNEL = 3, R_MEMCPY = 4, R_MEMSET = 5, R_SYNC = 6,
        R_MAPS = 7, R_INFO = 8, R_CUBIN = 9, R_MEMORY = 10, R_API_END = 11,
-       R_CORR = 12 };
+       R_CORR = 12, R_STACK = 13, R_LAUNCH = 14, R_NAME = 15, R_KERNEL_N = 16 };
 /* what a chosen API call does: launches work (its activity records time it), or allocates
  * or frees memory (timed by the call itself: its ENTER and EXIT, an R_API_END record) */
 enum { CALL_WORK = 1, CALL_ALLOC = 2, CALL_FREE = 3 };
@@ -100,26 +102,139 @@ static void flush_locked(void) {
     out_len = 0;
 }
 
-/* One record: u32 tag, u32 payload length, then the payload pieces. */
-static void emit(uint32_t tag, const void *a, size_t na, const void *b, size_t nb,
-                 const void *c, size_t nc) {
+/* One record: u32 tag, u32 payload length, then the payload pieces. out_lock held. */
+static void emit_locked(uint32_t tag, const void *a, size_t na, const void *b, size_t nb,
+                        const void *c, size_t nc) {
     uint32_t head[2] = {tag, (uint32_t)(na + nb + nc)};
     size_t total = sizeof head + na + nb + nc;
-    pthread_mutex_lock(&out_lock);
-    if (out_fd >= 0) {
-        if (out_len + total > OUT_BUF) flush_locked();
-        if (total > OUT_BUF) { /* too big for the buffer: straight to the file */
-            if (write(out_fd, head, sizeof head) < 0 || (na && write(out_fd, a, na) < 0) ||
-                (nb && write(out_fd, b, nb) < 0) || (nc && write(out_fd, c, nc) < 0)) {
-                close(out_fd); out_fd = -1;
-            }
-        } else {
-            memcpy(out_buf + out_len, head, sizeof head); out_len += sizeof head;
-            if (na) { memcpy(out_buf + out_len, a, na); out_len += na; }
-            if (nb) { memcpy(out_buf + out_len, b, nb); out_len += nb; }
-            if (nc) { memcpy(out_buf + out_len, c, nc); out_len += nc; }
+    if (out_fd < 0) return;
+    if (out_len + total > OUT_BUF) flush_locked();
+    if (total > OUT_BUF) { /* too big for the buffer: straight to the file */
+        if (write(out_fd, head, sizeof head) < 0 || (na && write(out_fd, a, na) < 0) ||
+            (nb && write(out_fd, b, nb) < 0) || (nc && write(out_fd, c, nc) < 0)) {
+            close(out_fd); out_fd = -1;
         }
+    } else {
+        memcpy(out_buf + out_len, head, sizeof head); out_len += sizeof head;
+        if (na) { memcpy(out_buf + out_len, a, na); out_len += na; }
+        if (nb) { memcpy(out_buf + out_len, b, nb); out_len += nb; }
+        if (nc) { memcpy(out_buf + out_len, c, nc); out_len += nc; }
     }
+}
+
+static void emit(uint32_t tag, const void *a, size_t na, const void *b, size_t nb,
+                 const void *c, size_t nc) {
+    pthread_mutex_lock(&out_lock);
+    emit_locked(tag, a, na, b, nb, c, nc);
+    pthread_mutex_unlock(&out_lock);
+}
+
+/* --------------------------------------------------------------------------- interning
+ * Distinct calling contexts and kernel names, each written once (R_STACK, R_NAME: its
+ * number, then its bytes) before the first record that names it (R_LAUNCH, R_KERNEL_N), so
+ * that a launch costs a 40-byte record where a copy of its frames took 1-2 KB (100 native
+ * and 40 Python frames) and a kernel record keeps its 88 bytes without the name. Known by a
+ * 128-bit hash of their bytes (two 64-bit multiply-xorshift lanes: the chance that two of a
+ * million distinct contexts share one is about 10^-27). Looked up under out_lock, which the
+ * record's write takes anyway, so the definition and its first use reach the file in that
+ * order. A full table (far more distinct contexts than any program seen) writes launches
+ * whole, as R_API records, which the conversion reads as well. */
+#define STACK_SLOTS (1 << 16)
+#define NAME_SLOTS (1 << 14)
+struct interned { uint64_t h1, h2, id; };
+static struct interned stack_table[STACK_SLOTS], name_table[NAME_SLOTS];
+static uint64_t n_stack_ids, n_name_ids;
+
+static void hash_words(const uint64_t *w, size_t n, uint64_t *h1, uint64_t *h2) {
+    for (size_t i = 0; i < n; i++) {
+        *h1 = (*h1 ^ w[i]) * 0xff51afd7ed558ccdull; *h1 ^= *h1 >> 29;
+        *h2 = (*h2 ^ w[i]) * 0xc4ceb9fe1a85ec53ull; *h2 ^= *h2 >> 31;
+    }
+}
+
+static void hash_bytes(const char *p, size_t n, uint64_t *h1, uint64_t *h2) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        hash_words(&w, 1, h1, h2);
+    }
+    uint64_t tail = (uint64_t)n << 56;
+    memcpy(&tail, p + i, n - i); /* n - i < 8: the tail's bytes below the length */
+    hash_words(&tail, 1, h1, h2);
+}
+
+/* The number of the entry with this hash (1, 2, ...), *fresh set where this call made it;
+ * 0 where the table is full. out_lock held. */
+static uint64_t intern_locked(struct interned *table, size_t slots, uint64_t *count,
+                              uint64_t h1, uint64_t h2, int *fresh) {
+    *fresh = 0;
+    size_t at = (size_t)(h1 ^ (h1 >> 32)) & (slots - 1);
+    for (size_t probe = 0; probe < 64; probe++, at = (at + 1) & (slots - 1)) {
+        struct interned *e = &table[at];
+        if (e->id == 0) {
+            if (*count >= slots / 4 * 3) return 0;
+            e->h1 = h1; e->h2 = h2; e->id = ++*count;
+            *fresh = 1;
+            return e->id;
+        }
+        if (e->h1 == h1 && e->h2 == h2) return e->id;
+    }
+    return 0;
+}
+
+static void emit_locked(uint32_t tag, const void *a, size_t na, const void *b, size_t nb,
+                        const void *c, size_t nc);
+
+/* A launch: head = correlation id, thread and call, time, frame counts; its native return
+ * addresses and Python frames. */
+static void emit_launch(const uint64_t head[4], void *const *pcs, int nnat, const uint64_t *py,
+                        int npy) {
+    size_t nb = sizeof(void *) * (size_t)nnat, nc = 2 * sizeof(uint64_t) * (size_t)npy;
+    uint64_t h1 = 0x9E3779B97F4A7C15ull, h2 = 0x27D4EB2F165667C5ull;
+    hash_words(&head[3], 1, &h1, &h2);
+    hash_words((const uint64_t *)pcs, (size_t)nnat, &h1, &h2);
+    hash_words(py, 2 * (size_t)npy, &h1, &h2);
+    pthread_mutex_lock(&out_lock);
+    int fresh;
+    uint64_t id = intern_locked(stack_table, STACK_SLOTS, &n_stack_ids, h1, h2, &fresh);
+    if (id == 0) {
+        emit_locked(R_API, head, 4 * sizeof(uint64_t), pcs, nb, py, nc);
+    } else {
+        if (fresh) {
+            uint64_t def[2] = {id, head[3]};
+            emit_locked(R_STACK, def, sizeof def, pcs, nb, py, nc);
+        }
+        uint64_t rec[4] = {head[0], head[1], head[2], id};
+        emit_locked(R_LAUNCH, rec, sizeof rec, NULL, 0, NULL, 0);
+    }
+    pthread_mutex_unlock(&out_lock);
+}
+
+/* A kernel's activity record: ten words, then its name. */
+static void emit_kernel(const uint64_t v[10], const char *name) {
+    size_t len = strlen(name);
+    uint64_t h1 = 0x165667B19E3779F9ull, h2 = 0xC2B2AE3D27D4EB4Full;
+    hash_bytes(name, len, &h1, &h2);
+    pthread_mutex_lock(&out_lock);
+    int fresh;
+    uint64_t id = intern_locked(name_table, NAME_SLOTS, &n_name_ids, h1, h2, &fresh);
+    if (id == 0) {
+        emit_locked(R_KERNEL, v, 10 * sizeof(uint64_t), name, len, NULL, 0);
+    } else {
+        if (fresh) emit_locked(R_NAME, &id, sizeof id, name, len, NULL, 0);
+        emit_locked(R_KERNEL_N, v, 10 * sizeof(uint64_t), &id, sizeof id, NULL, 0);
+    }
+    pthread_mutex_unlock(&out_lock);
+}
+
+/* A new output file defines its contexts and names anew (the tests' runs, each to a file of
+ * its own; a real process opens one file). */
+static void forget_interned(void) {
+    pthread_mutex_lock(&out_lock);
+    memset(stack_table, 0, sizeof stack_table);
+    memset(name_table, 0, sizeof name_table);
+    n_stack_ids = n_name_ids = 0;
     pthread_mutex_unlock(&out_lock);
 }
 
@@ -411,8 +526,7 @@ static void chosen_call(int runtime, int what, CUpti_CallbackId cbid,
     head[2] = 0;
     cuptiGetTimestamp(&head[2]);
     head[3] = (uint64_t)(uint32_t)nnat | ((uint64_t)(uint32_t)npy << 32);
-    emit(R_API, head, sizeof head, pcs, sizeof(void *) * (size_t)nnat, py,
-         sizeof(uint64_t) * 2 * (size_t)npy);
+    emit_launch(head, pcs, nnat, py, npy);
     ADD(n_launch, 1);
 }
 
@@ -461,8 +575,7 @@ static void record(CUpti_Activity *r) {
         v[7] = k->registersPerThread;
         v[8] = k->staticSharedMemory | ((uint64_t)k->dynamicSharedMemory << 32);
         v[9] = k->localMemoryTotal;
-        const char *name = k->name ? k->name : "";
-        emit(R_KERNEL, v, 10 * sizeof(uint64_t), name, strlen(name), NULL, 0);
+        emit_kernel(v, k->name ? k->name : "");
         break;
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
@@ -694,6 +807,7 @@ static int fake_open(const char *path) {
     resolve_python();
     resolve_fast_unwind();
     forget_codes();
+    forget_interned();
     n_launch = n_calls = ns_calls = n_records = ns_records = 0;
     n_bins = bins_bytes = bins_saved = ns_bins = n_walks_fell_back = 0;
     return 0;
