@@ -41,13 +41,20 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``command``, only that subcommand's module is imported and the
+    others are names with their purpose (every command line pays for the modules imported
+    here: ``callpath run`` starts the program after them)."""
     parser = _Parser(prog="callpath", description="Call path performance analysis: measure, "
                      "recover structure, attribute, and view.")
     parser.add_argument("--version", action="version", version=f"callpath {__version__}")
     sub: argparse._SubParsersAction[argparse.ArgumentParser] = parser.add_subparsers(
         dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, text in COMMANDS.items():
+        if command is not None and name != command:
+            p = sub.add_parser(name, help=text, add_help=False)
+            p.add_argument("rest", nargs=argparse.REMAINDER)
+            continue
         try:
             module = importlib.import_module(f"callpath.cli.{MODULES.get(name, name)}")
         except ModuleNotFoundError as e:
@@ -89,8 +96,9 @@ def _reopen_closed_std_streams() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _reopen_closed_std_streams()
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
+    args = parser.parse_args(words)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
