@@ -19,7 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from callpath.structure.cubin import analyze_gpu_binary, cubins_of, find_nvdisasm
+from callpath.structure.cubin import (
+    Cubin,
+    _functions_of_elftools,
+    analyze_gpu_binary,
+    cubins_of,
+    find_nvdisasm,
+    functions_of,
+)
 from callpath.structure.model import Kind, Structure
 from conftest import run_cli, shared_path
 
@@ -144,6 +151,33 @@ def test_functions_and_lines_of_a_lineinfo_cubin(built: dict[str, Path]) -> None
     # every address of the function maps to a scope of it
     lo = int(s.range_lo[s.range_ptr[kern]])
     assert int(s.lookup([lo])[0]) in _inside(s, kern)
+
+
+def _same_as_pyelftools(cubins: list[Cubin]) -> None:
+    for cb in cubins:
+        got = functions_of(cb)
+        assert got and got == _functions_of_elftools(cb, "cubin")
+
+
+def test_function_symbols_are_pyelftools_reading(built: dict[str, Path]) -> None:
+    """The cubins' function symbols as read directly (the symbol table as one array: a
+    program's modules hold thousands) are pyelftools's reading of the same files, symbol for
+    symbol: name, file offset, size (after the whole-program rule) and section, for every
+    cubin built here, each architecture of the fatbin at its own offset."""
+    cubins = [cb for path in built.values()
+              for cb in cubins_of(path.read_bytes(), path=str(path))[0]]
+    assert len(cubins) == 5
+    _same_as_pyelftools(cubins)
+    kern = [f.address for cb in cubins_of(built["fatbin"].read_bytes())[0]
+            for f in functions_of(cb) if f.name == "_Z4kernPdi"]
+    assert len(kern) == 2 and kern[0] != kern[1]
+
+
+def test_function_symbols_of_hpcruns_cubin_are_pyelftools_reading() -> None:
+    """The same for the cubin hpcrun saved of HPCToolkit's ``loops.cu`` (no nvcc needed)."""
+    hpcrun = shared_path("hpctoolkit/meas/loops-cuda-nvidia-t.m/gpubins")
+    _same_as_pyelftools([cb for p in sorted(hpcrun.iterdir())
+                         for cb in cubins_of(p.read_bytes())[0]])
 
 
 def test_cubin_without_line_information(built: dict[str, Path]) -> None:
