@@ -62,8 +62,9 @@ def summarize(companions: list[Path]) -> dict[str, Any]:
                 got["seconds"] += float(secs[sel].sum())
                 got["bytes"] += int(a["bytes"][sel].sum())
         work = np.isin(a["kind"], (gn.OP_KERNEL, gn.OP_MEMCPY, gn.OP_MEMSET))
-        streams |= {(g.process.pid, int(c), int(s))
-                    for c, s in zip(a["context"][work], a["stream"][work], strict=True)}
+        pairs = np.unique((a["context"][work].astype(np.uint64) << np.uint64(32))
+                          | a["stream"][work].astype(np.uint64))
+        streams |= {(g.process.pid, int(p >> 32), int(p & 0xFFFFFFFF)) for p in pairs.tolist()}
     return {"operations": ops, "streams": len(streams), "processes": len(companions),
             "cost": cost}
 
