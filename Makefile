@@ -13,7 +13,7 @@ DEMO_DB := out/heat.d
 $(STAMP): pyproject.toml setup.py src/callpath/measure/python/_callpath_walk.c \
 		src/callpath/measure/python/_callpath_native.c scripts/setup-venv.sh \
 		src/callpath/structure/_callpath_decode.c src/callpath/structure/_x86_table.h \
-		src/callpath/measure/_callpath_unwind.c
+		src/callpath/measure/_callpath_unwind.c src/callpath/measure/gpu/_callpath_records.c
 	bash scripts/setup-venv.sh
 
 ## demo: set up, then profile the bundled example program and print its report

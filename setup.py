@@ -10,7 +10,9 @@ _callpath_decode.c``) decodes x86-64 instruction lengths and control flow for ``
 without it every instruction is decoded by iced-x86 (same rows, several times slower).
 ``_callpath_unwind`` (``src/callpath/measure/_callpath_unwind.c``) is the post-mortem unwinder's
 level loop; without it ``measure/unwind.py`` unwinds in numpy (same frames, 3-4x slower on a
-PyTorch run's 278-frame stacks).
+PyTorch run's 278-frame stacks). ``_callpath_records`` (``src/callpath/measure/gpu/
+_callpath_records.c``) finds the records of the CUPTI library's raw files; without it
+``measure/gpu/convert.py`` walks them in Python (same records, about 1 µs more per record).
 """
 
 from setuptools import Extension, setup
@@ -21,6 +23,10 @@ setup(ext_modules=[Extension("callpath.measure.python._callpath_walk",
                    # signal-time capture of Python + native stacks (callpath run --native)
                    Extension("callpath.measure.python._callpath_native",
                              ["src/callpath/measure/python/_callpath_native.c"],
+                             optional=True),
+                   # the records of the CUPTI library's raw files (measure/gpu/convert.py)
+                   Extension("callpath.measure.gpu._callpath_records",
+                             ["src/callpath/measure/gpu/_callpath_records.c"],
                              optional=True),
                    # the post-mortem unwinder's level loop (measure/unwind.py)
                    Extension("callpath.measure._callpath_unwind",

@@ -537,3 +537,31 @@ def test_each_context_and_kernel_name_is_written_once(lib: ctypes.CDLL, tmp_path
     assert raw.stat().st_size * 2 < (companions[1].parent / raw.name).stat().st_size
     ops = next(iter(mdg.read(companions[0]).ops.values()))
     assert ops["correlation"].tolist() == list(range(5, 1005, 2))
+
+
+def test_records_are_found_in_c_as_in_python(lib: ctypes.CDLL, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C scan of a raw file's records (``_callpath_records``) finds what the Python walk
+    finds, whole files and files cut inside a record (a killed process), each cut ending
+    before the cut record; the conversion reads a cut file as far as it goes."""
+    pytest.importorskip("callpath.measure.gpu._callpath_records",
+                        reason="the C extension is not built for this interpreter")
+    from callpath.measure.gpu import _callpath_records
+
+    monkeypatch.setenv("CALLPATH_GPU_NATIVE", "1")
+    raw = tmp_path / "gpu-4251.raw"
+    assert lib.callpath_cupti_fake_launches(str(raw).encode(), 50, 20, 0) == 0
+    data = raw.read_bytes()
+    whole, end = cv._walk_records(data)
+    assert end == len(data) and len(whole) > 100
+    for cut in (len(data), len(data) - 1, len(data) // 2, 5, 0):
+        table, pos = _callpath_records.scan(data[:cut])
+        got = np.frombuffer(table, dtype=np.int64).reshape(-1, 3)
+        py, py_end = cv._walk_records(data[:cut])
+        assert np.array_equal(got, py) and pos == py_end <= cut
+        assert np.array_equal(got, whole[:len(got)])
+        assert len(got) == len(whole) or pos + 8 + whole[len(got), 2] > cut
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / raw.name).write_bytes(data[:len(data) - 1])
+    got_raw = cv.read_raw(tmp_path / "cut" / raw.name)
+    assert got_raw.truncated and len(got_raw.api_corr) == 50

@@ -112,13 +112,13 @@ def _u64(n: int) -> npt.NDArray[np.uint64]:
     return np.zeros(n, np.uint64)
 
 
-def _words(buf: npt.NDArray[np.uint8], positions: list[int], nwords: int
+def _words(buf: npt.NDArray[np.uint8], positions: npt.ArrayLike, nwords: int
            ) -> npt.NDArray[np.uint64]:
     """The ``nwords`` little-endian 64-bit words at each byte position of ``buf`` (records
     are not aligned), gathered in blocks so that the index stays small."""
-    out = np.empty((len(positions), nwords), np.uint64)
-    offsets = np.arange(8 * nwords, dtype=np.int64)
     pos = np.asarray(positions, dtype=np.int64)
+    out = np.empty((len(pos), nwords), np.uint64)
+    offsets = np.arange(8 * nwords, dtype=np.int64)
     for lo in range(0, len(pos), 1 << 16):
         chunk = buf[pos[lo:lo + (1 << 16), None] + offsets]
         out[lo:lo + len(chunk)] = chunk.view("<u8").reshape(len(chunk), nwords)
@@ -147,82 +147,76 @@ def read_raw(path: Path, *, notes_only: bool = False) -> Raw:
     return raw
 
 
-def _scan(raw: Raw, data: mmap.mmap | bytes, notes_only: bool) -> None:
+def _record_table(data: mmap.mmap | bytes) -> tuple[npt.NDArray[np.int64], int]:
+    """(tag, payload offset, payload length) of each whole record, and the offset after the
+    last one: by ``_callpath_records`` where it is built, else :func:`_walk_records`."""
+    try:
+        from callpath.measure.gpu import _callpath_records
+    except ImportError:
+        return _walk_records(data)
+    table, pos = _callpath_records.scan(data)
+    return np.frombuffer(table, dtype=np.int64).reshape(-1, 3), int(pos)
+
+
+def _walk_records(data: mmap.mmap | bytes) -> tuple[npt.NDArray[np.int64], int]:
+    """:func:`_record_table` in Python."""
+    rows: list[int] = []
     head = _HEAD.unpack_from
-    end = len(data)
-    api_pos: list[int] = []
-    api_stack: list[int] = []
-    stack_of: dict[bytes, int] = {}
-    stack_of_id: dict[int, int] = {}  # the library's number of a context -> its index
-    name_of_id: dict[int, int] = {}
-    unpack_id = struct.Struct("<Q").unpack_from
-    op_pos: list[int] = []
-    op_tag: list[int] = []
-    kernel_pos: list[int] = []
-    kernel_name: list[int] = []
-    name_of: dict[bytes, int] = {}
-    pos = 0
+    pos, end = 0, len(data)
     while pos + 8 <= end:
         tag, n = head(data, pos)
-        b = pos + 8
-        if b + n > end:
-            raw.truncated = True
+        if pos + 8 + n > end:
             break
-        pos = b + n
-        if notes_only:
-            if tag == R_INFO:
-                raw.notes.append(data[b:pos].decode(errors="replace"))
-            continue
-        if tag == R_LAUNCH:
-            if n >= 32:
-                s = stack_of_id.get(unpack_id(data, b + 24)[0])
-                if s is not None:
-                    api_pos.append(b)
-                    api_stack.append(s)
-        elif tag == R_KERNEL_N:
-            if n >= 88:
-                ni = name_of_id.get(unpack_id(data, b + 80)[0])
-                if ni is not None:
-                    op_pos.append(b)
-                    op_tag.append(R_KERNEL)
-                    kernel_pos.append(b)
-                    kernel_name.append(ni)
-        elif tag == R_STACK:
-            if n >= 16:
-                key = data[b + 8:pos]
-                s = stack_of.get(key)
-                if s is None:
-                    s = stack_of[key] = len(stack_of)
-                stack_of_id[unpack_id(data, b)[0]] = s
-        elif tag == R_NAME:
-            if n >= 8:
-                kname = data[b + 8:pos]
-                ni = name_of.get(kname)
-                if ni is None:
-                    ni = name_of[kname] = len(name_of)
-                name_of_id[unpack_id(data, b)[0]] = ni
-        elif tag == R_API:
+        rows += (tag, pos + 8, n)
+        pos += 8 + n
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 3), pos
+
+
+def _scan(raw: Raw, data: mmap.mmap | bytes, notes_only: bool) -> None:
+    """Fill ``raw`` from the records: the launches and activity records as arrays, the
+    others (few: definitions, notes, the load map ...) one by one, in file order."""
+    table, end = _record_table(data)
+    raw.truncated = end < len(data)
+    tags, at, size = table[:, 0], table[:, 1], table[:, 2]
+    if notes_only:
+        for i in np.flatnonzero(tags == R_INFO).tolist():
+            raw.notes.append(data[at[i]:at[i] + size[i]].decode(errors="replace"))
+        return
+    launch = ((tags == R_LAUNCH) & (size >= 32)) | ((tags == R_API) & (size >= _API.size))
+    kernel = ((tags == R_KERNEL_N) & (size >= 88)) | ((tags == R_KERNEL) & (size >= 80))
+    activity = kernel | (np.isin(tags, (R_MEMCPY, R_MEMSET, R_SYNC)) & (size >= 56))
+    # the library's numbers of contexts and kernel names -> their indices here
+    stack_of: dict[bytes, int] = {}
+    name_of: dict[bytes, int] = {}
+    stack_defs: list[tuple[int, int, int]] = []  # (the library's number, record, index)
+    name_defs: list[tuple[int, int, int]] = []
+    whole_stack: dict[int, int] = {}  # record -> context, for launches written whole
+    whole_name: dict[int, int] = {}
+
+    def intern(table: dict[bytes, int], key: bytes) -> int:
+        got = table.get(key)
+        if got is None:
+            got = table[key] = len(table)
+        return got
+
+    rare = ~((tags == R_LAUNCH) | (tags == R_KERNEL_N) | (activity & (tags != R_KERNEL)))
+    for i in np.flatnonzero(rare).tolist():
+        tag, b, n = int(tags[i]), int(at[i]), int(size[i])
+        end_i = b + n
+        if tag == R_API:
             if n >= _API.size:
-                api_pos.append(b)
-                key = data[b + 24:pos]  # the frame counts and the frames
-                s = stack_of.get(key)
-                if s is None:
-                    s = stack_of[key] = len(stack_of)
-                api_stack.append(s)
+                whole_stack[i] = intern(stack_of, data[b + 24:end_i])  # counts and frames
         elif tag == R_KERNEL:
             if n >= 80:
-                op_pos.append(b)
-                op_tag.append(tag)
-                kernel_pos.append(b)
-                kname = data[b + 80:pos]
-                ni = name_of.get(kname)
-                if ni is None:
-                    ni = name_of[kname] = len(name_of)
-                kernel_name.append(ni)
-        elif tag in (R_MEMCPY, R_MEMSET, R_SYNC):
-            if n >= 56:
-                op_pos.append(b)
-                op_tag.append(tag)
+                whole_name[i] = intern(name_of, data[b + 80:end_i])
+        elif tag == R_STACK:
+            if n >= 16:
+                stack_defs.append((struct.unpack_from("<Q", data, b)[0], i,
+                                   intern(stack_of, data[b + 8:end_i])))
+        elif tag == R_NAME:
+            if n >= 8:
+                name_defs.append((struct.unpack_from("<Q", data, b)[0], i,
+                                  intern(name_of, data[b + 8:end_i])))
         elif tag == R_CODE:
             if n >= _CODE.size:
                 key, first, flen, nlen = _CODE.unpack_from(data, b)
@@ -231,9 +225,9 @@ def _scan(raw: Raw, data: mmap.mmap | bytes, notes_only: bool) -> None:
                                   data[c + flen:c + flen + nlen].decode(errors="replace"),
                                   first)
         elif tag == R_MAPS:
-            raw.maps = data[b:pos].decode(errors="replace")
+            raw.maps = data[b:end_i].decode(errors="replace")
         elif tag == R_INFO:
-            raw.notes.append(data[b:pos].decode(errors="replace"))
+            raw.notes.append(data[b:end_i].decode(errors="replace"))
         elif tag == R_API_END and n >= 24:
             corr, t_end, what = struct.unpack_from("<3Q", data, b)
             raw.call_ends.append((corr, t_end, what))
@@ -243,31 +237,66 @@ def _scan(raw: Raw, data: mmap.mmap | bytes, notes_only: bool) -> None:
         elif tag == R_MEMORY and n >= 48:
             raw.memory.append(struct.unpack_from("<6Q", data, b))
         elif tag == R_CUBIN and n >= 24:
-            mid, h, size = struct.unpack_from("<3Q", data, b)
-            raw.cubins.append((mid, h, size))
-    if pos < end:
-        raw.truncated = True
-    if notes_only or not (api_pos or op_pos):
+            mid, h, csize = struct.unpack_from("<3Q", data, b)
+            raw.cubins.append((mid, h, csize))
+    if not (launch.any() or activity.any()):
         return
     buf = np.frombuffer(data, dtype=np.uint8)
-    if api_pos:
-        w = _words(buf, api_pos, 3)
+    rows = np.flatnonzero(launch)
+    if len(rows):
+        by_id = (tags[rows] == R_LAUNCH)
+        stack = np.full(len(rows), -1, dtype=np.int64)
+        stack[by_id] = _numbered(_words(buf, at[rows[by_id]] + 24, 1)[:, 0], rows[by_id],
+                                 stack_defs)
+        stack[~by_id] = [whole_stack[i] for i in rows[~by_id].tolist()]
+        rows, stack = rows[stack >= 0], stack[stack >= 0]  # a number never defined: left out
+        w = _words(buf, at[rows], 3)
         raw.api_corr, raw.api_time = w[:, 0], w[:, 2]
         raw.api_tid = (w[:, 1] & np.uint64(0xFFFFFFFF)).astype(np.int64)
         raw.api_kind = ((w[:, 1] >> np.uint64(32)) & np.uint64(0xFFFFFFFF)).astype(np.int64)
-        raw.api_stack = np.asarray(api_stack, dtype=np.int64)
+        raw.api_stack = stack
         raw.stacks = [_stack(key) for key in stack_of]
-    if op_pos:
-        raw.op_tag = np.asarray(op_tag, dtype=np.uint32)
-        raw.op_words = np.zeros((len(op_pos), 10), np.uint64)
-        raw.op_words[:, :7] = _words(buf, op_pos, 7)
-        raw.op_name = np.full(len(op_pos), -1, dtype=np.int64)
-        if kernel_pos:
-            is_kernel = raw.op_tag == R_KERNEL
-            raw.op_words[is_kernel, 7:] = _words(buf, [p + 56 for p in kernel_pos], 3)
-            raw.op_name[is_kernel] = kernel_name
-            raw.names = [k.decode(errors="replace") for k in name_of]
+    rows = np.flatnonzero(activity)
+    if len(rows):
+        is_kernel = kernel[rows]
+        name = np.full(len(rows), -1, dtype=np.int64)
+        by_id = is_kernel & (tags[rows] == R_KERNEL_N)
+        name[by_id] = _numbered(_words(buf, at[rows[by_id]] + 80, 1)[:, 0], rows[by_id],
+                                name_defs)
+        whole = is_kernel & ~by_id
+        name[whole] = [whole_name[i] for i in rows[whole].tolist()]
+        keep = ~is_kernel | (name >= 0)
+        rows, is_kernel, name = rows[keep], is_kernel[keep], name[keep]
+        raw.op_tag = np.where(is_kernel, R_KERNEL, tags[rows]).astype(np.uint32)
+        raw.op_words = np.zeros((len(rows), 10), np.uint64)
+        raw.op_words[:, :7] = _words(buf, at[rows], 7)
+        raw.op_words[is_kernel, 7:] = _words(buf, at[rows[is_kernel]] + 56, 3)
+        raw.op_name = name
+        raw.names = [k.decode(errors="replace") for k in name_of]
     del buf
+
+
+def _numbered(ids: npt.NDArray[np.uint64], rows: npt.NDArray[np.int64],
+              defined: list[tuple[int, int, int]]) -> npt.NDArray[np.int64]:
+    """The index of each of the library's numbers used at each record, as the last definition
+    of that number before the record gives it (-1 where there is none). ``defined``: (number,
+    record, index) of each definition, in record order. (A process writes each number once;
+    files written one after the other reuse them.)"""
+    out = np.full(len(ids), -1, dtype=np.int64)
+    if not len(ids) or not defined:
+        return out
+    d = np.array(defined, dtype=np.int64).reshape(-1, 3)
+    d = d[np.lexsort((d[:, 1], d[:, 0]))]  # by number, then record
+    span = int(max(int(rows.max()), int(d[:, 1].max()))) + 1
+    known = d[:, 0].astype(np.uint64)
+    wanted = ids.astype(np.uint64)
+    key_def = d[:, 0] * span + d[:, 1]
+    ok = wanted <= np.uint64(int(d[:, 0].max()))
+    key = np.where(ok, wanted.astype(np.int64) * span + rows, 0)
+    j = np.searchsorted(key_def, key, side="right") - 1
+    hit = ok & (j >= 0) & (known[np.maximum(j, 0)] == wanted)
+    out[hit] = d[j[hit], 2]
+    return out
 
 
 def _stack(key: bytes) -> tuple[list[int], list[tuple[int, int]]]:
