@@ -42,9 +42,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser; with ``command``, only that subcommand's module is imported and the
-    others are names with their purpose (every command line pays for the modules imported
-    here: ``callpath run`` starts the program after them)."""
+    """The whole parser; with ``command``, that subcommand's alone, its module the only one
+    imported (every command line pays for the modules imported here: ``callpath run`` starts
+    the program after them)."""
     parser = _Parser(prog="callpath", description="Call path performance analysis: measure, "
                      "recover structure, attribute, and view.")
     parser.add_argument("--version", action="version", version=f"callpath {__version__}")
@@ -52,8 +52,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, text in COMMANDS.items():
         if command is not None and name != command:
-            p = sub.add_parser(name, help=text, add_help=False)
-            p.add_argument("rest", nargs=argparse.REMAINDER)
             continue
         try:
             module = importlib.import_module(f"callpath.cli.{MODULES.get(name, name)}")
