@@ -145,17 +145,21 @@ def test_flame_click_zoom_and_tree_selection(page: Any, server: Any) -> None:  #
     pg.click("#flame-pane .flame-reset")
     settle(pg)
     # the tree keeps the selected only_extra in view: its first rows may be scrolled out (and
-    # not drawn) when the pane is short, as with the share bar above it
-    pg.evaluate("() => { const t = window.__callpath.tree; t.scroller.scrollTop = 0; "
-                "t.scroller.dispatchEvent(new Event('scroll')); }")
-    # the rows are drawn for the new scroll position on a later frame: clicked before, the
-    # row found could be one of the old position's, below the tree pane, where the flame
-    # pane takes the click (a CI run: 20 s of retries)
+    # not drawn) when the pane is short, as with the share bar above it. Scrolled to the top
+    # until the row is drawn inside the tree pane: the rows are drawn for a new scroll position
+    # on a later frame (clicked before, the row found could be one of the old position's,
+    # below the tree pane, where the flame pane takes the click), and a reveal of the
+    # selection the reset's reload scheduled for a later frame may scroll back down after
+    # a single scroll to the top (a CI run: 20 s of waiting for a row scrolled out again)
     pg.wait_for_function(
-        "() => { const s = window.__callpath.tree.scroller.getBoundingClientRect(); "
+        "() => { const t = window.__callpath.tree; "
+        "const s = t.scroller.getBoundingClientRect(); "
         "const r = [...document.querySelectorAll('.tv-row')]"
-        ".find(e => e.textContent.includes('main thread')); if (!r) return false; "
-        "const b = r.getBoundingClientRect(); return b.top >= s.top && b.bottom <= s.bottom; }")
+        ".find(e => e.textContent.includes('main thread')); if (r) { "
+        "const b = r.getBoundingClientRect(); "
+        "if (b.top >= s.top && b.bottom <= s.bottom) return true; } "
+        "if (t.scroller.scrollTop !== 0) { t.scroller.scrollTop = 0; "
+        "t.scroller.dispatchEvent(new Event('scroll')); } return false; }")
     settle(pg)
     row = pg.locator(".tv-row", has_text="main thread").first
     row.click()
