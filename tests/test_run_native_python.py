@@ -274,7 +274,17 @@ def test_numpy_product_reaches_blas_frames(capture_ok: None, tmp_path: Path) -> 
     # copies a second window that ends at the outermost evaluation frame (0% here). The
     # bound is deterministic in the stack's layout, not in where samples fall.
     main = p.threads[0].stats
-    assert main["partial"] <= 0.05 * main["samples"], main
+    short = re.search(r"stack copy too short (\d+)", text)
+    assert short is None or int(short.group(1)) <= 0.05 * main["samples"], text
+    # Any other cause of partial paths is as rare, but one: code without unwind information,
+    # which this CFI-only run cannot step out of (the default mode's recipes do). OpenBLAS
+    # 0.3.21 (numpy 1.24, the oldest declared) does not know CPUs newer than it (seen: an
+    # AVX-512 Xeon that the VM names "Intel(R) Xeon(R) Processor") and runs its PRESCOTT
+    # kernels there, assembly without CFI: every sample inside them is partial for that
+    # reason alone. Newer OpenBLAS builds pick a kernel compiled with CFI (SKYLAKEX: 0%).
+    no_info = re.search(r"no unwind information (\d+)", text)
+    assert main["partial"] - (int(no_info.group(1)) if no_info else 0) \
+        <= 0.05 * main["samples"], (main, text)
     native_only = [t for t in p.threads[1:] if t.stats.get("python_samples") == 0
                    and t.stats.get("samples", 0) > 0]
     if (os.cpu_count() or 1) > 1:
