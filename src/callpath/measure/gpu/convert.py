@@ -69,7 +69,8 @@ class Raw:
     decoded once) and the launches and operations as arrays, in record order."""
 
     pid: int
-    # API calls: correlation id, thread, domain << 16 | callback id, time, index in ``stacks``
+    # API calls: correlation id, thread, the call (its domain, 1 driver or 2 runtime, | its
+    # callback id << 8), time, index in ``stacks``
     api_corr: npt.NDArray[np.uint64] = field(default_factory=lambda: _u64(0))
     api_tid: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     api_kind: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
