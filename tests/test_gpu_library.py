@@ -470,12 +470,8 @@ def test_launch_unwind_rules_are_the_post_mortem_unwinders(lib: ctypes.CDLL) -> 
 
 
 def _records(data: bytes) -> list[tuple[int, bytes]]:
-    out, pos = [], 0
-    while pos + 8 <= len(data):
-        tag, n = cv._HEAD.unpack_from(data, pos)
-        out.append((tag, data[pos + 8:pos + 8 + n]))
-        pos += 8 + n
-    return out
+    table, _end = cv._walk_records(data)
+    return [(tag, data[at:at + n]) for tag, at, n in table.tolist()]
 
 
 def _whole(records: list[tuple[int, bytes]], start: int) -> bytes:

@@ -610,13 +610,16 @@ def _memory_ops(raw: Raw, launches: _ByCorrelation, main_slot: int, shift: int |
                 else (0, 0, 0, 0)
             op = gpu.OP_FREE if what == CALL_FREE else gpu.OP_ALLOC
             slots.append(int(launches.slot[i]))
-            rows.append((_on(start, shift), _on(max(end, start), shift), nbytes, 0,
+            rows.append((start, max(end, start), nbytes, 0,
                          int(launches.node[i]), dev_ctx & 0xFFFFFFFF, dev_ctx >> 32,
                          stream & 0xFFFFFFFF, mdg.NO_NAME, 0, 0, 0, 0, 0, corr & 0xFFFFFFFF,
                          op, kind, 0))
     if not rows:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=mdg.GPUOP_DTYPE)
-    return np.asarray(slots, dtype=np.int64), ops_array(rows)
+    out = ops_array(rows)
+    out["start"] = _on_monotonic(out["start"], shift)
+    out["end"] = _on_monotonic(out["end"], shift)
+    return np.asarray(slots, dtype=np.int64), out
 
 
 class _LaunchMerge:
@@ -641,7 +644,8 @@ class _LaunchMerge:
         self.interpreter = frozenset(m for m, _ in self.is_eval)
         self.forwards = nm.Forwarding(self.elves, self.cache)
         self.classes = nm.PathClasses(self.interpreter, frozenset(), frozenset())
-        # a training loop launches from the same few hundred places: each merged once
+        # the caller merges each distinct context once; contexts that differ only in the
+        # frames cut (the library's, the driver's) are merged once too
         self.memo: dict[tuple[Any, ...], list[tuple[int, int, int, int]]] = {}
 
     def path(self, kept: list[tuple[int, int]], stack: tuple[tuple[int, int, bool], ...],
@@ -702,11 +706,6 @@ def clock_offset(notes: list[str]) -> int | None:
             except (KeyError, ValueError):
                 continue
     return sum(offs) // len(offs) if offs else None
-
-
-def _on(t: int, shift: int | None) -> int:
-    """A CUPTI timestamp on CLOCK_MONOTONIC (unchanged without a clock note)."""
-    return t if shift is None else max(int(t) - shift, 0)
 
 
 def ops_array(rows: list[tuple[Any, ...]]) -> npt.NDArray[Any]:

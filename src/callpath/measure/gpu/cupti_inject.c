@@ -183,9 +183,6 @@ static uint64_t intern_locked(struct interned *table, size_t slots, uint64_t *co
     return 0;
 }
 
-static void emit_locked(uint32_t tag, const void *a, size_t na, const void *b, size_t nb,
-                        const void *c, size_t nc);
-
 /* A launch: head = correlation id, thread and call, time, frame counts; its native return
  * addresses and Python frames. */
 static void emit_launch(const uint64_t head[4], void *const *pcs, int nnat, const uint64_t *py,
